@@ -1,0 +1,56 @@
+/*
+ * cli.c — helpers shared by the subcommands: error printing and parsing of
+ * numbers and sizes given on the command line.
+ */
+#include "cli.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+void cli_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("cellm: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+bool cli_parse_uint(const char *s, unsigned long long max, unsigned long long *out) {
+    if (!s || !isdigit((unsigned char)s[0])) return false;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end != '\0' || v > max) return false;
+    *out = v;
+    return true;
+}
+
+bool cli_parse_size(const char *s, size_t *out) {
+    if (!s || !isdigit((unsigned char)s[0])) return false;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno) return false;
+    unsigned long long mult = 1;
+    if (*end) {
+        switch (toupper((unsigned char)*end)) {
+        case 'K': mult = 1ull << 10; end++; break;
+        case 'M': mult = 1ull << 20; end++; break;
+        case 'G': mult = 1ull << 30; end++; break;
+        case 'B': break;
+        default: return false;
+        }
+        if (strcasecmp(end, "") != 0 && strcasecmp(end, "b") != 0 && strcasecmp(end, "ib") != 0)
+            return false;
+    }
+    unsigned long long r;
+    if (__builtin_mul_overflow(v, mult, &r) || r > (unsigned long long)SIZE_MAX) return false;
+    *out = (size_t)r;
+    return true;
+}

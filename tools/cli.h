@@ -1,0 +1,24 @@
+/*
+ * cli.h — the subcommands of the `cellm` command and what they share.
+ * Each cmd_* takes the arguments after the subcommand name (argv[0] is the
+ * subcommand) and returns the process exit status.
+ */
+#ifndef CELLM_CLI_H
+#define CELLM_CLI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "util.h"
+
+/* Prints "cellm: <message>" to stderr; the one error format of the tool. */
+void cli_error(const char *fmt, ...) CELLM_PRINTF(1, 2);
+
+/* Parses a byte size such as "512M", "2G", "1048576" (K, M, G are binary
+ * multiples; a trailing "B"/"iB" is accepted). False on junk or overflow. */
+bool cli_parse_size(const char *s, size_t *out);
+
+/* Parses a non-negative decimal integer no larger than `max`. */
+bool cli_parse_uint(const char *s, unsigned long long max, unsigned long long *out);
+
+#endif /* CELLM_CLI_H */

@@ -1,0 +1,44 @@
+/*
+ * main.c — the `cellm` command: dispatches to one subcommand per file.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cellm.h"
+#include "cli.h"
+
+typedef struct command {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} command;
+
+static const command commands[] = {
+    {NULL, NULL, NULL},
+};
+
+static void usage(FILE *out) {
+    fprintf(out, "cellm %s — on-device LLM inference and serving\n\n"
+                 "usage: cellm COMMAND [ARGS]\n\ncommands:\n",
+            cellm_version());
+    for (const command *c = commands; c->name; c++) fprintf(out, "  %-10s %s\n", c->name, c->help);
+    fprintf(out, "  %-10s %s\n", "version", "print the version");
+    fprintf(out, "\nMODEL is a path to a GGUF file or a name from the model store.\n"
+                 "Run `cellm COMMAND --help` for a command's options.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") ||
+        !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version")) {
+        printf("cellm %s\n", cellm_version());
+        return 0;
+    }
+    for (const command *c = commands; c->name; c++)
+        if (!strcmp(argv[1], c->name)) return c->fn(argc - 1, argv + 1);
+    cli_error("unknown command '%s' (see `cellm --help`)", argv[1]);
+    return 2;
+}
