@@ -1,0 +1,75 @@
+/*
+ * test_common.h — helpers the cmocka tests share: finding the real models
+ * and building GGUF bytes by hand for malformed-file tests.
+ *
+ * Real models are found through $CELLM_TEST_SMOLLM2 / $CELLM_TEST_GEMMA3
+ * (paths) or else in the model store (${CELLM_HOME:-~/.cache/cellm}/models);
+ * the test scripts pull them first. A missing model fails the test with a
+ * message saying how to get it: tests never skip.
+ */
+#ifndef CELLM_TEST_COMMON_H
+#define CELLM_TEST_COMMON_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Path of a real model by store name ("smollm2-135m", "gemma3-270m") into
+ * `buf`; calls fail() when it is not there. */
+static inline const char *test_model_path(const char *name, char *buf, size_t cap) {
+    const char *env = NULL;
+    if (!strcmp(name, "smollm2-135m")) env = getenv("CELLM_TEST_SMOLLM2");
+    if (!strcmp(name, "gemma3-270m")) env = getenv("CELLM_TEST_GEMMA3");
+    if (env && *env) {
+        snprintf(buf, cap, "%s", env);
+    } else {
+        const char *home = getenv("CELLM_HOME");
+        if (home && *home)
+            snprintf(buf, cap, "%s/models/%s.gguf", home, name);
+        else
+            snprintf(buf, cap, "%s/.cache/cellm/models/%s.gguf", getenv("HOME") ? getenv("HOME") : "",
+                     name);
+    }
+    if (access(buf, R_OK) != 0) {
+        print_error("real model %s not found at %s: run `cellm pull %s` (scripts/test.sh does)\n",
+                    name, buf, name);
+        fail();
+    }
+    return buf;
+}
+
+/* A growing byte buffer for hand-made files. */
+typedef struct tbuf {
+    uint8_t *p;
+    size_t len, cap;
+} tbuf;
+
+static inline void tb_put(tbuf *b, const void *src, size_t n) {
+    if (b->len + n > b->cap) {
+        b->cap = (b->len + n) * 2 + 64;
+        b->p = realloc(b->p, b->cap);
+        assert_non_null(b->p);
+    }
+    memcpy(b->p + b->len, src, n);
+    b->len += n;
+}
+static inline void tb_u8(tbuf *b, uint8_t v) {
+    tb_put(b, &v, 1);
+}
+static inline void tb_u32(tbuf *b, uint32_t v) {
+    tb_put(b, &v, 4);
+}
+static inline void tb_u64(tbuf *b, uint64_t v) {
+    tb_put(b, &v, 8);
+}
+static inline void tb_str(tbuf *b, const char *s) {
+    tb_u64(b, strlen(s));
+    tb_put(b, s, strlen(s));
+}
+static inline void tb_pad(tbuf *b, size_t align) {
+    while (b->len % align) tb_u8(b, 0);
+}
+
+#endif /* CELLM_TEST_COMMON_H */
