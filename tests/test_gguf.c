@@ -623,6 +623,42 @@ static void test_truncations_and_corruptions(void **state) {
     gguf_writer_free(w);
 }
 
+/* Files written by an independent writer (scripts/gen_fuzz_seeds.py, the
+ * fuzzer's seeds) parse with the values that script put in them. */
+static void test_independent_files(void **state) {
+    (void)state;
+    static const char *const valid[] = {"every_type.gguf", "tensors.gguf", "model_like.gguf",
+                                        "align64.gguf",    "v2.gguf",      "empty.gguf"};
+    for (size_t k = 0; k < sizeof valid / sizeof valid[0]; k++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/fuzz/corpus/gguf/%s", CELLM_SOURCE_DIR, valid[k]);
+        gguf_file *f;
+        cellm_error e;
+        if (gguf_open(path, &f, &e) != CELLM_OK) {
+            print_error("%s\n", e.msg);
+            fail();
+        }
+        int64_t i;
+        if (!strcmp(valid[k], "every_type.gguf")) {
+            assert_int_equal(f->n_kv, 15);
+            assert_true(gguf_get_int(f, "t.i64", &i) && i == -(1ll << 40));
+            const gguf_value *n = gguf_get_arr(f, "t.nested");
+            assert_non_null(n);
+            assert_true(gguf_str_eq(n->v.arr.items[1].v.arr.strs[0], "x"));
+        }
+        if (!strcmp(valid[k], "tensors.gguf")) {
+            const gguf_tensor *t = gguf_find_tensor(f, "c");
+            assert_non_null(t);
+            assert_int_equal(t->type, QT_Q4_K);
+            assert_int_equal(t->size, 144);
+            assert_int_equal(((const uint8_t *)t->data)[1], 10);
+        }
+        if (!strcmp(valid[k], "align64.gguf")) assert_int_equal(f->alignment, 64);
+        if (!strcmp(valid[k], "v2.gguf")) assert_int_equal(f->version, 2);
+        gguf_close(f);
+    }
+}
+
 /* ----------------------------------------------------------- real models */
 
 static void check_real_model(const char *name, const char *arch, uint64_t n_tensors,
@@ -672,6 +708,7 @@ int main(void) {
         cmocka_unit_test(test_malformed_tensors),
         cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_truncations_and_corruptions),
+        cmocka_unit_test(test_independent_files),
         cmocka_unit_test(test_real_smollm2),
         cmocka_unit_test(test_real_gemma3),
     };
