@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# setup.sh — installs what cellm needs on a Debian machine (only the packages
+# that are missing) and builds it into build/. Sourced by chat.sh and
+# test.sh; run it alone to just build.
+#   scripts/setup.sh [--test]   --test also installs what the tests need
+set -euo pipefail
+
+CELLM_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export CELLM_ROOT
+
+cellm_install_packages() {
+    local pkgs=(cmake ninja-build gcc libc6-dev libcmocka-dev libcjson-dev)
+    if [ "${1:-}" = "--test" ]; then
+        pkgs+=(clang libclang-rt-14-dev clang-format)
+    fi
+    command -v python3 >/dev/null 2>&1 || pkgs+=(python3 python3-pip)
+    local missing=()
+    for p in "${pkgs[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+            missing+=("$p")
+    done
+    if [ "${#missing[@]}" -gt 0 ]; then
+        echo "cellm setup: installing ${missing[*]}" >&2
+        local sudo=""
+        [ "$(id -u)" -eq 0 ] || sudo="sudo"
+        $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            "${missing[@]}" >/dev/null
+    fi
+    if ! python3 -m pip --version >/dev/null 2>&1; then
+        echo "cellm setup: python3 has no pip; models are fetched with pip" >&2
+        return 1
+    fi
+}
+
+# cellm_build DIR [cmake options...]
+cellm_build() {
+    local dir="$1"
+    shift
+    cmake -S "$CELLM_ROOT" -B "$CELLM_ROOT/$dir" -G Ninja "$@" >/dev/null
+    ninja -C "$CELLM_ROOT/$dir" >/dev/null
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    cellm_install_packages "$@"
+    cellm_build build -DCMAKE_BUILD_TYPE=Release
+    echo "cellm setup: built $CELLM_ROOT/build/cellm"
+fi

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# test.sh — sets everything up and runs the whole test suite: the unit and
+# real-model tests (warnings as errors), the same under ASan+UBSan and under
+# TSan, the fuzzers for a bounded time, and the format check. Exits non-zero
+# on any failure. CI runs exactly this (.ci/run).
+#   FUZZ_SECONDS=N   seconds per fuzzer (default 60 in all, split evenly)
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+cd "$CELLM_ROOT"
+
+cellm_install_packages --test
+
+passed=0
+failed=0
+run_ctest() { # run_ctest BUILD_DIR LABEL
+    local log
+    log="$(mktemp)"
+    echo "== ctest ($2)"
+    if (cd "$1" && ctest --output-on-failure -j2) >"$log" 2>&1; then :; fi
+    cat "$log"
+    local line
+    line="$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1)"
+    if [ -z "$line" ]; then
+        echo "test.sh: ctest ($2) printed no summary" >&2
+        failed=$((failed + 1))
+    else
+        local total nfail
+        total="$(sed -E 's/.*out of ([0-9]+).*/\1/' <<<"$line")"
+        nfail="$(sed -E 's/.* ([0-9]+) tests? failed.*/\1/' <<<"$line")"
+        passed=$((passed + total - nfail))
+        failed=$((failed + nfail))
+    fi
+    rm -f "$log"
+}
+
+echo "== build (warnings are errors)"
+cellm_build build -DCELLM_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+echo "== real models"
+"$CELLM_ROOT/build/cellm" pull smollm2-135m
+"$CELLM_ROOT/build/cellm" pull gemma3-270m
+
+run_ctest build "release"
+
+echo "== build (ASan + UBSan)"
+cellm_build build-asan -DCELLM_WERROR=ON -DCELLM_ASAN=ON -DCMAKE_BUILD_TYPE=Debug
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    run_ctest build-asan "ASan+UBSan"
+
+echo "== build (TSan)"
+cellm_build build-tsan -DCELLM_WERROR=ON -DCELLM_TSAN=ON -DCMAKE_BUILD_TYPE=Debug
+TSAN_OPTIONS=halt_on_error=1 run_ctest build-tsan "TSan"
+
+echo "== fuzzers"
+CC=clang cellm_build build-fuzz -DCELLM_FUZZ=ON -DCELLM_BUILD_TESTS=OFF \
+    -DCELLM_BUILD_TOOLS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+fuzzers=(build-fuzz/fuzz_*)
+per=$(( ${FUZZ_SECONDS:-60} / ${#fuzzers[@]} ))
+[ "$per" -ge 5 ] || per=5
+for fz in "${fuzzers[@]}"; do
+    name="$(basename "$fz")"
+    corpus="fuzz/corpus/${name#fuzz_}"
+    work="$(mktemp -d)"
+    echo "-- $name for ${per}s (seeds: $corpus)"
+    if "$fz" -max_total_time="$per" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+        -artifact_prefix="$work/" "$work" "$corpus" >"$work/log" 2>&1; then
+        grep -E "^Done|stat::number_of_executed_units" "$work/log" | head -2
+        passed=$((passed + 1))
+    else
+        tail -40 "$work/log"
+        echo "test.sh: $name found a failure; inputs in $work" >&2
+        failed=$((failed + 1))
+        continue
+    fi
+    rm -rf "$work"
+done
+
+echo "== format"
+if command -v clang-format >/dev/null 2>&1; then
+    mapfile -t files < <(git ls-files '*.c' '*.h' | grep -v '^src/unicode_data\.c$')
+    if clang-format --dry-run -Werror "${files[@]}" 2>/dev/null; then
+        passed=$((passed + 1))
+    else
+        clang-format --dry-run "${files[@]}" 2>&1 | head -20
+        echo "test.sh: files are not clang-formatted (run clang-format -i)" >&2
+        failed=$((failed + 1))
+    fi
+fi
+
+echo
+echo "summary: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
