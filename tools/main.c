@@ -6,6 +6,7 @@
 
 #include "cellm.h"
 #include "cli.h"
+#include "store.h"
 
 typedef struct command {
     const char *name;
@@ -14,6 +15,8 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
+    {"pull", cmd_pull, "fetch a known model into the model store"},
+    {"list", cmd_list, "list known models and the GGUF files in the store"},
     {NULL, NULL, NULL},
 };
 
