@@ -6,6 +6,7 @@
 
 #include "cellm.h"
 #include "cli.h"
+#include "inspect.h"
 #include "store.h"
 
 typedef struct command {
@@ -15,6 +16,8 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
+    {"run", cmd_run, "chat with a model (default: smollm2-135m)"},
+    {"inspect", cmd_inspect, "describe a model file and the memory it needs"},
     {"pull", cmd_pull, "fetch a known model into the model store"},
     {"list", cmd_list, "list known models and the GGUF files in the store"},
     {NULL, NULL, NULL},
