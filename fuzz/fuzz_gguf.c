@@ -54,7 +54,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     for (uint64_t k = 0; k < f->n_tensors; k++) {
         const gguf_tensor *t = &f->tensors[k];
-        if (t->size) sink += ((const uint8_t *)t->data)[0] + ((const uint8_t *)t->data)[t->size - 1];
+        if (t->size)
+            sink += ((const uint8_t *)t->data)[0] + ((const uint8_t *)t->data)[t->size - 1];
         memcpy(name, t->name.ptr, (size_t)t->name.len);
         name[t->name.len] = '\0';
         if (strlen(name) != t->name.len) ok = 0;

@@ -30,14 +30,14 @@ extern "C" {
 /* Status codes. Every fallible call returns one. */
 typedef enum cellm_status {
     CELLM_OK = 0,
-    CELLM_ERR_INVALID_ARG,   /* a NULL handle, an out-of-range parameter */
-    CELLM_ERR_IO,            /* open, read, write, mmap failed */
-    CELLM_ERR_FORMAT,        /* a malformed or truncated file */
-    CELLM_ERR_UNSUPPORTED,   /* a valid file using a feature cellm lacks */
-    CELLM_ERR_NO_MEMORY,     /* an allocation failed or the budget is spent */
-    CELLM_ERR_NOT_FOUND,     /* a key, tensor or model name does not exist */
-    CELLM_ERR_CHECKSUM,      /* data does not match its recorded checksum */
-    CELLM_ERR_NETWORK,       /* a model could not be fetched */
+    CELLM_ERR_INVALID_ARG, /* a NULL handle, an out-of-range parameter */
+    CELLM_ERR_IO,          /* open, read, write, mmap failed */
+    CELLM_ERR_FORMAT,      /* a malformed or truncated file */
+    CELLM_ERR_UNSUPPORTED, /* a valid file using a feature cellm lacks */
+    CELLM_ERR_NO_MEMORY,   /* an allocation failed or the budget is spent */
+    CELLM_ERR_NOT_FOUND,   /* a key, tensor or model name does not exist */
+    CELLM_ERR_CHECKSUM,    /* data does not match its recorded checksum */
+    CELLM_ERR_NETWORK,     /* a model could not be fetched */
     CELLM_ERR_NOT_IMPLEMENTED,
     CELLM_ERR_INTERNAL
 } cellm_status;

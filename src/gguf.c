@@ -41,8 +41,8 @@ size_t gguf_type_size(gguf_type t) {
 
 const char *gguf_type_name(gguf_type t) {
     static const char *const names[GGUF_TYPE_COUNT] = {
-        "uint8", "int8", "uint16", "int16", "uint32", "int32", "float32",
-        "bool",  "string", "array", "uint64", "int64", "float64"};
+        "uint8", "int8",   "uint16", "int16",  "uint32", "int32",  "float32",
+        "bool",  "string", "array",  "uint64", "int64",  "float64"};
     return (unsigned)t < GGUF_TYPE_COUNT ? names[t] : "?";
 }
 
@@ -149,8 +149,8 @@ static cellm_status read_array(cursor *c, gguf_value *out, int depth, const char
     if (st) return st;
     if (et >= GGUF_TYPE_COUNT)
         return err_set(c->err, CELLM_ERR_FORMAT,
-                       "%s: array element type %u at byte offset %zu is not a GGUF type",
-                       key_desc, et, at);
+                       "%s: array element type %u at byte offset %zu is not a GGUF type", key_desc,
+                       et, at);
     if (et == GGUF_TYPE_ARRAY && depth + 1 >= GGUF_MAX_ARRAY_DEPTH)
         return err_set(c->err, CELLM_ERR_FORMAT,
                        "%s: arrays nest deeper than %d levels at byte offset %zu", key_desc,
@@ -263,8 +263,9 @@ static cellm_status read_kvs(cursor *c, gguf_file *f) {
         char name[96];
         name_for_msg(kv->key, name, sizeof name);
         if (kv->key.len == 0)
-            return err_set(c->err, CELLM_ERR_FORMAT, "metadata key %llu at byte offset %llu is empty",
-                           (unsigned long long)i, (unsigned long long)kv->offset);
+            return err_set(c->err, CELLM_ERR_FORMAT,
+                           "metadata key %llu at byte offset %llu is empty", (unsigned long long)i,
+                           (unsigned long long)kv->offset);
         for (uint64_t j = 0; j < i; j++)
             if (str_eq(f->kv[j].key, kv->key))
                 return err_set(c->err, CELLM_ERR_FORMAT,
@@ -313,8 +314,8 @@ static cellm_status read_tensor_info(cursor *c, gguf_file *f, uint64_t i) {
                        (unsigned long long)i, at);
     for (uint64_t j = 0; j < i; j++)
         if (str_eq(f->tensors[j].name, t->name))
-            return err_set(c->err, CELLM_ERR_FORMAT, "duplicate tensor name '%s' at byte offset %zu",
-                           name, at);
+            return err_set(c->err, CELLM_ERR_FORMAT,
+                           "duplicate tensor name '%s' at byte offset %zu", name, at);
     size_t dims_at = c->pos;
     if ((st = cur_u32(c, &t->n_dims, "tensor dimension count"))) return st;
     if (t->n_dims == 0 || t->n_dims > GGUF_MAX_DIMS)
@@ -348,8 +349,8 @@ static cellm_status read_tensor_info(cursor *c, gguf_file *f, uint64_t i) {
                        "(byte offset %zu)",
                        name, (unsigned long long)t->ne[0], qi->name, qi->block_size, dims_at);
     if (!quant_nbytes(t->type, t->n_elems, &t->size))
-        return err_set(c->err, CELLM_ERR_FORMAT, "tensor '%s': byte size overflows (byte offset %zu)",
-                       name, dims_at);
+        return err_set(c->err, CELLM_ERR_FORMAT,
+                       "tensor '%s': byte size overflows (byte offset %zu)", name, dims_at);
     size_t off_at = c->pos;
     if ((st = cur_u64(c, &t->offset, "tensor data offset"))) return st;
     if (t->offset % f->alignment != 0)
@@ -371,9 +372,9 @@ static cellm_status check_tensor_layout(gguf_file *f, cellm_error *err) {
             return err_set(err, CELLM_ERR_FORMAT,
                            "tensor '%s': data [%llu, +%llu) runs past the end of the file "
                            "(data section starts at byte offset %llu and holds %llu bytes)",
-                           name_for_msg(t->name, name, sizeof name),
-                           (unsigned long long)t->offset, (unsigned long long)t->size,
-                           (unsigned long long)f->data_offset, (unsigned long long)data_size);
+                           name_for_msg(t->name, name, sizeof name), (unsigned long long)t->offset,
+                           (unsigned long long)t->size, (unsigned long long)f->data_offset,
+                           (unsigned long long)data_size);
         }
         t->data = f->base + f->data_offset + t->offset;
     }
@@ -526,7 +527,8 @@ cellm_status gguf_open(const char *path, gguf_file **out, cellm_error *err) {
     void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);
-    if (map == MAP_FAILED) return err_set(err, CELLM_ERR_IO, "cannot map '%s': %s", path, strerror(e));
+    if (map == MAP_FAILED)
+        return err_set(err, CELLM_ERR_IO, "cannot map '%s': %s", path, strerror(e));
     gguf_file *f = calloc(1, sizeof *f);
     if (!f) {
         munmap(map, size);

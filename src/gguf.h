@@ -20,8 +20,8 @@
 #define GGUF_MAGIC 0x46554747u /* "GGUF" read as a little-endian u32 */
 #define GGUF_DEFAULT_ALIGNMENT 32u
 #define GGUF_MAX_DIMS 4
-#define GGUF_MAX_ARRAY_DEPTH 8      /* arrays of arrays nest at most this deep */
-#define GGUF_MAX_NAME_LEN 65535u    /* longest key or tensor name accepted */
+#define GGUF_MAX_ARRAY_DEPTH 8   /* arrays of arrays nest at most this deep */
+#define GGUF_MAX_NAME_LEN 65535u /* longest key or tensor name accepted */
 
 /* Metadata value types, with GGUF's ids. */
 typedef enum gguf_type {
@@ -84,12 +84,12 @@ typedef struct gguf_kv {
 
 typedef struct gguf_tensor {
     gguf_str name;
-    uint32_t type;   /* a quant_type id */
-    uint32_t n_dims; /* 1..GGUF_MAX_DIMS */
+    uint32_t type;              /* a quant_type id */
+    uint32_t n_dims;            /* 1..GGUF_MAX_DIMS */
     uint64_t ne[GGUF_MAX_DIMS]; /* elements per dimension, ne[0] innermost; unused = 1 */
     uint64_t n_elems;
-    uint64_t offset; /* from the start of the data section */
-    uint64_t size;   /* bytes */
+    uint64_t offset;  /* from the start of the data section */
+    uint64_t size;    /* bytes */
     const void *data; /* into the map */
 } gguf_tensor;
 
@@ -160,7 +160,8 @@ void gguf_writer_free(gguf_writer *w);
 
 /* Sets `key` to a deep copy of `v` (replacing an earlier value of the same
  * key, keeping its position). Views into a reader's map are fine. */
-cellm_status gguf_writer_set(gguf_writer *w, const char *key, const gguf_value *v, cellm_error *err);
+cellm_status gguf_writer_set(gguf_writer *w, const char *key, const gguf_value *v,
+                             cellm_error *err);
 cellm_status gguf_writer_set_u32(gguf_writer *w, const char *key, uint32_t x, cellm_error *err);
 cellm_status gguf_writer_set_f32(gguf_writer *w, const char *key, float x, cellm_error *err);
 cellm_status gguf_writer_set_str(gguf_writer *w, const char *key, const char *s, cellm_error *err);

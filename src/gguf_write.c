@@ -90,8 +90,7 @@ static bool value_copy(const gguf_value *src, gguf_value *dst, int depth) {
         dst->v = src->v;
         return true;
     }
-    if (depth >= GGUF_MAX_ARRAY_DEPTH || (unsigned)src->v.arr.type >= GGUF_TYPE_COUNT)
-        return false;
+    if (depth >= GGUF_MAX_ARRAY_DEPTH || (unsigned)src->v.arr.type >= GGUF_TYPE_COUNT) return false;
     uint64_t n = src->v.arr.n;
     dst->v.arr.type = src->v.arr.type;
     if (src->v.arr.type == GGUF_TYPE_STRING) {
@@ -121,7 +120,8 @@ static bool value_copy(const gguf_value *src, gguf_value *dst, int depth) {
 
 cellm_status gguf_writer_set(gguf_writer *w, const char *key, const gguf_value *v,
                              cellm_error *err) {
-    if (!w || !key || !v) return err_set(err, CELLM_ERR_INVALID_ARG, "gguf_writer_set: NULL argument");
+    if (!w || !key || !v)
+        return err_set(err, CELLM_ERR_INVALID_ARG, "gguf_writer_set: NULL argument");
     if (!*key || strlen(key) > GGUF_MAX_NAME_LEN)
         return err_set(err, CELLM_ERR_INVALID_ARG, "gguf_writer_set: bad key length");
     gguf_value copy;
@@ -169,8 +169,7 @@ cellm_status gguf_writer_set_f32(gguf_writer *w, const char *key, float x, cellm
     return gguf_writer_set(w, key, &v, err);
 }
 
-cellm_status gguf_writer_set_str(gguf_writer *w, const char *key, const char *s,
-                                 cellm_error *err) {
+cellm_status gguf_writer_set_str(gguf_writer *w, const char *key, const char *s, cellm_error *err) {
     if (!s) return err_set(err, CELLM_ERR_INVALID_ARG, "gguf_writer_set_str: NULL string");
     gguf_value v = {.type = GGUF_TYPE_STRING, .v.str = {s, strlen(s)}};
     return gguf_writer_set(w, key, &v, err);
@@ -202,8 +201,7 @@ cellm_status gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t t
         return err_set(err, CELLM_ERR_INVALID_ARG,
                        "tensor '%s': row length %llu is not a multiple of the %s block size %u",
                        name, (unsigned long long)t.ne[0], qi->name, qi->block_size);
-    if (t.size && !data)
-        return err_set(err, CELLM_ERR_INVALID_ARG, "tensor '%s': NULL data", name);
+    if (t.size && !data) return err_set(err, CELLM_ERR_INVALID_ARG, "tensor '%s': NULL data", name);
     if (w->n_tensors == w->cap_tensors) {
         size_t cap = w->cap_tensors ? w->cap_tensors * 2 : 64;
         wtensor *p = realloc(w->tensors, cap * sizeof *p);
@@ -303,8 +301,7 @@ static void put_value(sink *s, const gguf_value *v) {
 
 static uint32_t writer_alignment(const gguf_writer *w) {
     for (size_t i = 0; i < w->n_kv; i++) {
-        if (!strcmp(w->kv[i].key, "general.alignment") &&
-            w->kv[i].value.type == GGUF_TYPE_UINT32) {
+        if (!strcmp(w->kv[i].key, "general.alignment") && w->kv[i].value.type == GGUF_TYPE_UINT32) {
             uint32_t a = w->kv[i].value.v.u32;
             if (a && !(a & (a - 1))) return a;
         }
@@ -369,7 +366,8 @@ cellm_status gguf_writer_write(gguf_writer *w, const char *path, cellm_error *er
     snprintf(tmp, n, "%s.part", path);
     FILE *fp = fopen(tmp, "wb");
     if (!fp) {
-        cellm_status st = err_set(err, CELLM_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
+        cellm_status st =
+            err_set(err, CELLM_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
         free(tmp);
         return st;
     }

@@ -30,8 +30,7 @@ typedef struct cellm_error {
 
 /* Records `code` and a printf-style message in `err` (if not NULL) and
  * returns `code`, so a failing path reads `return err_set(err, ...);`. */
-cellm_status err_set(cellm_error *err, cellm_status code, const char *fmt, ...)
-    CELLM_PRINTF(3, 4);
+cellm_status err_set(cellm_error *err, cellm_status code, const char *fmt, ...) CELLM_PRINTF(3, 4);
 
 /* Clears an error record to CELLM_OK and an empty message. */
 void err_clear(cellm_error *err);

@@ -29,8 +29,8 @@ static inline const char *test_model_path(const char *name, char *buf, size_t ca
         if (home && *home)
             snprintf(buf, cap, "%s/models/%s.gguf", home, name);
         else
-            snprintf(buf, cap, "%s/.cache/cellm/models/%s.gguf", getenv("HOME") ? getenv("HOME") : "",
-                     name);
+            snprintf(buf, cap, "%s/.cache/cellm/models/%s.gguf",
+                     getenv("HOME") ? getenv("HOME") : "", name);
     }
     if (access(buf, R_OK) != 0) {
         print_error("real model %s not found at %s: run `cellm pull %s` (scripts/test.sh does)\n",

@@ -46,10 +46,9 @@ static gguf_writer *make_full_writer(float *f32data, uint8_t *q4data, uint16_t *
     assert_int_equal(gguf_writer_set_str(w, "t.empty_str", "", &e), CELLM_OK);
     /* An array of every fixed-size type. */
     static const uint8_t raw[64] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 1};
-    static const gguf_type fixed[] = {GGUF_TYPE_UINT8,  GGUF_TYPE_INT8,   GGUF_TYPE_UINT16,
-                                      GGUF_TYPE_INT16,  GGUF_TYPE_UINT32, GGUF_TYPE_INT32,
-                                      GGUF_TYPE_FLOAT32, GGUF_TYPE_UINT64, GGUF_TYPE_INT64,
-                                      GGUF_TYPE_FLOAT64};
+    static const gguf_type fixed[] = {
+        GGUF_TYPE_UINT8, GGUF_TYPE_INT8,    GGUF_TYPE_UINT16, GGUF_TYPE_INT16, GGUF_TYPE_UINT32,
+        GGUF_TYPE_INT32, GGUF_TYPE_FLOAT32, GGUF_TYPE_UINT64, GGUF_TYPE_INT64, GGUF_TYPE_FLOAT64};
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
         char key[32];
         snprintf(key, sizeof key, "arr.%s", gguf_type_name(fixed[i]));
@@ -267,13 +266,16 @@ static void test_writer_rejects(void **state) {
     cellm_error e;
     uint8_t data[64] = {0};
     uint64_t ne[1] = {33};
-    assert_int_equal(gguf_writer_add_tensor(w, "x", QT_Q4_0, 1, ne, data, &e), CELLM_ERR_INVALID_ARG);
+    assert_int_equal(gguf_writer_add_tensor(w, "x", QT_Q4_0, 1, ne, data, &e),
+                     CELLM_ERR_INVALID_ARG);
     assert_non_null(strstr(e.msg, "block size"));
     ne[0] = 32;
     assert_int_equal(gguf_writer_add_tensor(w, "x", QT_Q4_0, 1, ne, data, &e), CELLM_OK);
-    assert_int_equal(gguf_writer_add_tensor(w, "x", QT_Q4_0, 1, ne, data, &e), CELLM_ERR_INVALID_ARG);
+    assert_int_equal(gguf_writer_add_tensor(w, "x", QT_Q4_0, 1, ne, data, &e),
+                     CELLM_ERR_INVALID_ARG);
     assert_int_equal(gguf_writer_add_tensor(w, "y", 4, 1, ne, data, &e), CELLM_ERR_INVALID_ARG);
-    assert_int_equal(gguf_writer_add_tensor(w, "z", QT_F32, 5, ne, data, &e), CELLM_ERR_INVALID_ARG);
+    assert_int_equal(gguf_writer_add_tensor(w, "z", QT_F32, 5, ne, data, &e),
+                     CELLM_ERR_INVALID_ARG);
     gguf_value bad = {.type = (gguf_type)42};
     assert_int_equal(gguf_writer_set(w, "k", &bad, &e), CELLM_ERR_INVALID_ARG);
     /* Setting a key twice replaces it in place. */
@@ -529,7 +531,8 @@ static void test_malformed_tensors(void **state) {
     tb_u64(&b, 64);
     tb_pad(&b, 32);
     for (int i = 0; i < 256; i++) tb_u8(&b, 0);
-    expect_fail(&b, CELLM_ERR_FORMAT, "tensors 'a' (data offset 0, 128 bytes) and 'b' (data offset 64) overlap");
+    expect_fail(&b, CELLM_ERR_FORMAT,
+                "tensors 'a' (data offset 0, 128 bytes) and 'b' (data offset 64) overlap");
     /* 36: duplicate tensor name */
     header(&b, 3, 2, 0);
     for (int k = 0; k < 2; k++) {

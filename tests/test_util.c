@@ -42,8 +42,8 @@ static void test_quant_table(void **state) {
     uint64_t n;
     assert_true(quant_nbytes(QT_Q4_K, 512, &n));
     assert_int_equal(n, 288);
-    assert_false(quant_nbytes(QT_Q4_K, 100, &n)); /* not whole blocks */
-    assert_false(quant_nbytes(4, 32, &n));        /* retired id */
+    assert_false(quant_nbytes(QT_Q4_K, 100, &n));       /* not whole blocks */
+    assert_false(quant_nbytes(4, 32, &n));              /* retired id */
     assert_false(quant_nbytes(QT_F32, UINT64_MAX, &n)); /* overflow */
     uint32_t t;
     assert_non_null(quant_type_by_name("q8_0", &t));

@@ -40,9 +40,18 @@ bool cli_parse_size(const char *s, size_t *out) {
     unsigned long long mult = 1;
     if (*end) {
         switch (toupper((unsigned char)*end)) {
-        case 'K': mult = 1ull << 10; end++; break;
-        case 'M': mult = 1ull << 20; end++; break;
-        case 'G': mult = 1ull << 30; end++; break;
+        case 'K':
+            mult = 1ull << 10;
+            end++;
+            break;
+        case 'M':
+            mult = 1ull << 20;
+            end++;
+            break;
+        case 'G':
+            mult = 1ull << 30;
+            end++;
+            break;
         case 'B': break;
         default: return false;
         }

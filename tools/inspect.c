@@ -119,9 +119,8 @@ cellm_status inspect_model(const char *path, const inspect_opts *opts, inspect_r
     /* The KV cache: per layer, per token, K and V rows for every KV head,
      * stored in whole blocks of the KV type. A sliding-window layer never
      * holds more than its window. Blocks of 16 tokens round the context. */
-    r->ctx = opts->ctx ? opts->ctx : (r->context_length && r->context_length < 4096
-                                          ? r->context_length
-                                          : 4096);
+    r->ctx = opts->ctx ? opts->ctx
+                       : (r->context_length && r->context_length < 4096 ? r->context_length : 4096);
     r->sessions = opts->sessions ? opts->sessions : 1;
     r->kv_qtype = opts->kv_qtype;
     r->budget = opts->budget;
@@ -169,8 +168,7 @@ static void print_bytes(FILE *out, uint64_t b) {
 static void print_text(FILE *out, const inspect_report *r) {
     fprintf(out, "file          %s (", r->path);
     print_bytes(out, r->file_size);
-    fprintf(out, ", GGUF v%u, %llu metadata keys)\n", r->gguf_version,
-            (unsigned long long)r->n_kv);
+    fprintf(out, ", GGUF v%u, %llu metadata keys)\n", r->gguf_version, (unsigned long long)r->n_kv);
     if (r->name[0]) fprintf(out, "name          %s\n", r->name);
     fprintf(out, "architecture  %s\n", r->arch);
     fprintf(out, "parameters    %.1f M\n", (double)r->n_params / 1e6);
@@ -180,8 +178,8 @@ static void print_text(FILE *out, const inspect_report *r) {
         fprintf(out, " (%llu local with a %llu-token window, %llu global)",
                 (unsigned long long)r->n_local_layers, (unsigned long long)r->sliding_window,
                 (unsigned long long)(r->block_count - r->n_local_layers));
-    fprintf(out, "\nembedding     %llu\nfeed-forward  %llu\n", (unsigned long long)r->embedding_length,
-            (unsigned long long)r->feed_forward_length);
+    fprintf(out, "\nembedding     %llu\nfeed-forward  %llu\n",
+            (unsigned long long)r->embedding_length, (unsigned long long)r->feed_forward_length);
     fprintf(out, "heads         %llu query, %llu key/value, head size %llu\n",
             (unsigned long long)r->head_count, (unsigned long long)r->head_count_kv,
             (unsigned long long)r->key_length);

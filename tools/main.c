@@ -24,8 +24,9 @@ static const command commands[] = {
 };
 
 static void usage(FILE *out) {
-    fprintf(out, "cellm %s — on-device LLM inference and serving\n\n"
-                 "usage: cellm COMMAND [ARGS]\n\ncommands:\n",
+    fprintf(out,
+            "cellm %s — on-device LLM inference and serving\n\n"
+            "usage: cellm COMMAND [ARGS]\n\ncommands:\n",
             cellm_version());
     for (const command *c = commands; c->name; c++) fprintf(out, "  %-10s %s\n", c->name, c->help);
     fprintf(out, "  %-10s %s\n", "version", "print the version");

@@ -46,8 +46,9 @@ int cmd_run(int argc, char **argv) {
     }
     gguf_str arch = {"?", 1};
     gguf_get_str(f, "general.architecture", &arch);
-    fprintf(stderr, "cellm: %s (%.*s, %llu tensors) is ready, but chat is not implemented yet: "
-                    "the forward pass comes next. Try `cellm inspect %s`.\n",
+    fprintf(stderr,
+            "cellm: %s (%.*s, %llu tensors) is ready, but chat is not implemented yet: "
+            "the forward pass comes next. Try `cellm inspect %s`.\n",
             path, (int)arch.len, arch.ptr, (unsigned long long)f->n_tensors, model);
     gguf_close(f);
     return 1;
