@@ -84,6 +84,8 @@ void sha256_init(sha256_ctx *ctx) {
 }
 
 void sha256_update(sha256_ctx *ctx, const void *data, size_t n) {
+    /* memcpy from NULL is undefined even for 0 bytes, and NULL is allowed. */
+    if (n == 0) return;
     const uint8_t *p = data;
     ctx->nbytes += n;
     if (ctx->nblock > 0) {
