@@ -74,7 +74,22 @@ static const char *kernels_name = "ref";
 
 /* Runs once, before any row is handed out. */
 static void select_kernels(void) {
-    /* SIMD variants are added here. */
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c")) {
+        quant_type_info *t = type_table;
+        t[QT_Q8_0].from_float = avx2_quantize_q8_0;
+        t[QT_F16].vec_dot = avx2_vec_dot_f16;
+        t[QT_Q4_0].vec_dot = avx2_vec_dot_q4_0_q8_0;
+        t[QT_Q4_1].vec_dot = avx2_vec_dot_q4_1_q8_0;
+        t[QT_Q8_0].vec_dot = avx2_vec_dot_q8_0_q8_0;
+        t[QT_Q4_K].vec_dot = avx2_vec_dot_q4_k_q8_k;
+        t[QT_Q5_K].vec_dot = avx2_vec_dot_q5_k_q8_k;
+        t[QT_Q6_K].vec_dot = avx2_vec_dot_q6_k_q8_k;
+        kernels_name = "avx2";
+    }
+#endif
 }
 
 static void ensure_selected(void) {

@@ -320,6 +320,13 @@ static void test_table_rows(void **state) {
     const char *name = quant_kernels_name();
     assert_non_null(name);
     print_message("kernels: %s\n", name);
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c")) {
+        assert_string_equal(name, "avx2");
+    }
+#endif
 }
 
 /* Zero rows stay zero; quantizers never write past n elements. */

@@ -77,7 +77,7 @@ typedef struct {
 } block_q3_K;
 
 /* 8 groups of 32: x = d * sc[g] * q - dmin * m[g], q in 0..15, sc and m
- * 6-bit (see kq_scale_min in ref.c). Bytes 32c..32c+31 of qs hold group
+ * 6-bit (see kq_scale_min below). Bytes 32c..32c+31 of qs hold group
  * 2c in the low nibbles and group 2c+1 in the high nibbles. */
 typedef struct {
     uint16_t d;
@@ -130,6 +130,20 @@ typedef struct {
     uint8_t scales_l[QK_K / 64];
     uint8_t qs[QK_K / 2];
 } block_iq4_xs;
+
+/* Scale and min of group j (0..7) from the 12 packed bytes of Q4_K/Q5_K:
+ * groups 0..3 keep 6 bits in bytes j and j+4; groups 4..7 keep their low 4
+ * bits in byte j+4 (scale low nibble, min high nibble) and their top 2 bits
+ * in the spare top bits of bytes j-4 and j. */
+static inline void kq_scale_min(int j, const uint8_t *s, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
 
 _Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 size");
 _Static_assert(sizeof(block_q4_1) == 20, "block_q4_1 size");

@@ -48,20 +48,6 @@ static inline uint32_t read_u32le(const uint8_t b[4]) {
     return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
 }
 
-/* Scale and min of group j (0..7) from the 12 packed bytes of Q4_K/Q5_K:
- * groups 0..3 keep 6 bits in bytes j and j+4; groups 4..7 keep their low 4
- * bits in byte j+4 (scale low nibble, min high nibble) and their top 2 bits
- * in the spare top bits of bytes j-4 and j. */
-static inline void kq_scale_min(int j, const uint8_t *s, int *sc, int *m) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
 /* The 16 signed scales (-32..31) of a Q3_K block. */
 static void q3k_scales(const uint8_t *s, int out[16]) {
     for (int g = 0; g < 16; g++) {
