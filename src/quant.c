@@ -1,56 +1,111 @@
 /*
  * quant.c — the table of tensor types (see quant.h). Block sizes and block
- * byte counts are GGUF's public layouts.
+ * byte counts are GGUF's public layouts. The kernel columns start as the
+ * scalar reference; on first use, select_kernels() swaps in the SIMD
+ * variants this CPU supports, once, under pthread_once, so every reader
+ * sees one finished table.
  */
 #include "quant.h"
 
+#include <pthread.h>
 #include <stddef.h>
 #include <strings.h>
 
+#include "kernels/kernels.h"
 #include "util.h"
 
-static const quant_type_info type_table[QT_COUNT] = {
-    [QT_F32] = {"F32", 1, 4},
-    [QT_F16] = {"F16", 1, 2},
-    [QT_Q4_0] = {"Q4_0", 32, 18},
-    [QT_Q4_1] = {"Q4_1", 32, 20},
-    [QT_Q5_0] = {"Q5_0", 32, 22},
-    [QT_Q5_1] = {"Q5_1", 32, 24},
-    [QT_Q8_0] = {"Q8_0", 32, 34},
-    [QT_Q8_1] = {"Q8_1", 32, 40},
-    [QT_Q2_K] = {"Q2_K", 256, 84},
-    [QT_Q3_K] = {"Q3_K", 256, 110},
-    [QT_Q4_K] = {"Q4_K", 256, 144},
-    [QT_Q5_K] = {"Q5_K", 256, 176},
-    [QT_Q6_K] = {"Q6_K", 256, 210},
-    [QT_Q8_K] = {"Q8_K", 256, 292},
-    [QT_IQ2_XXS] = {"IQ2_XXS", 256, 66},
-    [QT_IQ2_XS] = {"IQ2_XS", 256, 74},
-    [QT_IQ3_XXS] = {"IQ3_XXS", 256, 98},
-    [QT_IQ1_S] = {"IQ1_S", 256, 50},
-    [QT_IQ4_NL] = {"IQ4_NL", 32, 18},
-    [QT_IQ3_S] = {"IQ3_S", 256, 110},
-    [QT_IQ2_S] = {"IQ2_S", 256, 82},
-    [QT_IQ4_XS] = {"IQ4_XS", 256, 136},
-    [QT_I8] = {"I8", 1, 1},
-    [QT_I16] = {"I16", 1, 2},
-    [QT_I32] = {"I32", 1, 4},
-    [QT_I64] = {"I64", 1, 8},
-    [QT_F64] = {"F64", 1, 8},
-    [QT_IQ1_M] = {"IQ1_M", 256, 56},
-    [QT_BF16] = {"BF16", 1, 2},
-    [QT_TQ1_0] = {"TQ1_0", 256, 54},
-    [QT_TQ2_0] = {"TQ2_0", 256, 66},
-    [QT_MXFP4] = {"MXFP4", 32, 17},
+/* Rows with kernels: name, elements per block, bytes per block, to_float,
+ * from_float, vec_dot, vec_dot_type. SIZES_ONLY rows carry no kernels. */
+#define SIZES_ONLY(n, bs, ts)                                                                      \
+    { .name = n, .block_size = bs, .type_size = ts }
+
+static quant_type_info type_table[QT_COUNT] = {
+    [QT_F32] = {"F32", 1, 4, ref_dequantize_f32, ref_quantize_f32, ref_vec_dot_f32, QT_F32},
+    [QT_F16] = {"F16", 1, 2, ref_dequantize_f16, ref_quantize_f16, ref_vec_dot_f16, QT_F16},
+    [QT_BF16] = {"BF16", 1, 2, ref_dequantize_bf16, ref_quantize_bf16, ref_vec_dot_bf16, QT_BF16},
+    [QT_Q4_0] = {"Q4_0", 32, 18, ref_dequantize_q4_0, ref_quantize_q4_0, ref_vec_dot_q4_0_q8_0,
+                 QT_Q8_0},
+    [QT_Q4_1] = {"Q4_1", 32, 20, ref_dequantize_q4_1, ref_quantize_q4_1, ref_vec_dot_q4_1_q8_0,
+                 QT_Q8_0},
+    [QT_Q5_0] = {"Q5_0", 32, 22, ref_dequantize_q5_0, ref_quantize_q5_0, ref_vec_dot_q5_0_q8_0,
+                 QT_Q8_0},
+    [QT_Q5_1] = {"Q5_1", 32, 24, ref_dequantize_q5_1, ref_quantize_q5_1, ref_vec_dot_q5_1_q8_0,
+                 QT_Q8_0},
+    [QT_Q8_0] = {"Q8_0", 32, 34, ref_dequantize_q8_0, ref_quantize_q8_0, ref_vec_dot_q8_0_q8_0,
+                 QT_Q8_0},
+    [QT_Q2_K] = {"Q2_K", 256, 84, ref_dequantize_q2_k, ref_quantize_q2_k, ref_vec_dot_q2_k_q8_k,
+                 QT_Q8_K},
+    [QT_Q3_K] = {"Q3_K", 256, 110, ref_dequantize_q3_k, ref_quantize_q3_k, ref_vec_dot_q3_k_q8_k,
+                 QT_Q8_K},
+    [QT_Q4_K] = {"Q4_K", 256, 144, ref_dequantize_q4_k, ref_quantize_q4_k, ref_vec_dot_q4_k_q8_k,
+                 QT_Q8_K},
+    [QT_Q5_K] = {"Q5_K", 256, 176, ref_dequantize_q5_k, ref_quantize_q5_k, ref_vec_dot_q5_k_q8_k,
+                 QT_Q8_K},
+    [QT_Q6_K] = {"Q6_K", 256, 210, ref_dequantize_q6_k, ref_quantize_q6_k, ref_vec_dot_q6_k_q8_k,
+                 QT_Q8_K},
+    /* Q8_K is only ever the y of a dot product: no vec_dot of its own. */
+    [QT_Q8_K] = {"Q8_K", 256, 292, ref_dequantize_q8_k, ref_quantize_q8_k, NULL, QT_Q8_K},
+    [QT_IQ4_NL] = {"IQ4_NL", 32, 18, ref_dequantize_iq4_nl, ref_quantize_iq4_nl,
+                   ref_vec_dot_iq4_nl_q8_0, QT_Q8_0},
+    [QT_IQ4_XS] = {"IQ4_XS", 256, 136, ref_dequantize_iq4_xs, ref_quantize_iq4_xs,
+                   ref_vec_dot_iq4_xs_q8_k, QT_Q8_K},
+
+    /* Sizes only: no kernels yet. */
+    [QT_Q8_1] = SIZES_ONLY("Q8_1", 32, 40),
+    [QT_IQ2_XXS] = SIZES_ONLY("IQ2_XXS", 256, 66),
+    [QT_IQ2_XS] = SIZES_ONLY("IQ2_XS", 256, 74),
+    [QT_IQ3_XXS] = SIZES_ONLY("IQ3_XXS", 256, 98),
+    [QT_IQ1_S] = SIZES_ONLY("IQ1_S", 256, 50),
+    [QT_IQ3_S] = SIZES_ONLY("IQ3_S", 256, 110),
+    [QT_IQ2_S] = SIZES_ONLY("IQ2_S", 256, 82),
+    [QT_I8] = SIZES_ONLY("I8", 1, 1),
+    [QT_I16] = SIZES_ONLY("I16", 1, 2),
+    [QT_I32] = SIZES_ONLY("I32", 1, 4),
+    [QT_I64] = SIZES_ONLY("I64", 1, 8),
+    [QT_F64] = SIZES_ONLY("F64", 1, 8),
+    [QT_IQ1_M] = SIZES_ONLY("IQ1_M", 256, 56),
+    [QT_TQ1_0] = SIZES_ONLY("TQ1_0", 256, 54),
+    [QT_TQ2_0] = SIZES_ONLY("TQ2_0", 256, 66),
+    [QT_MXFP4] = SIZES_ONLY("MXFP4", 32, 17),
 };
 
+static pthread_once_t select_once = PTHREAD_ONCE_INIT;
+static const char *kernels_name = "ref";
+
+/* Runs once, before any row is handed out. */
+static void select_kernels(void) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c")) {
+        quant_type_info *t = type_table;
+        t[QT_Q8_0].from_float = avx2_quantize_q8_0;
+        t[QT_F16].vec_dot = avx2_vec_dot_f16;
+        t[QT_Q4_0].vec_dot = avx2_vec_dot_q4_0_q8_0;
+        t[QT_Q4_1].vec_dot = avx2_vec_dot_q4_1_q8_0;
+        t[QT_Q8_0].vec_dot = avx2_vec_dot_q8_0_q8_0;
+        t[QT_Q4_K].vec_dot = avx2_vec_dot_q4_k_q8_k;
+        t[QT_Q5_K].vec_dot = avx2_vec_dot_q5_k_q8_k;
+        t[QT_Q6_K].vec_dot = avx2_vec_dot_q6_k_q8_k;
+        kernels_name = "avx2";
+    }
+#endif
+}
+
+static void ensure_selected(void) {
+    /* pthread_once cannot fail with a valid once object and routine. */
+    (void)pthread_once(&select_once, select_kernels);
+}
+
 const quant_type_info *quant_type_get(uint32_t type) {
+    ensure_selected();
     if (type >= QT_COUNT || type_table[type].name == NULL) return NULL;
     return &type_table[type];
 }
 
 const quant_type_info *quant_type_by_name(const char *name, uint32_t *type) {
     if (!name) return NULL;
+    ensure_selected();
     for (uint32_t t = 0; t < QT_COUNT; t++) {
         if (type_table[t].name && strcasecmp(type_table[t].name, name) == 0) {
             if (type) *type = t;
@@ -64,4 +119,9 @@ bool quant_nbytes(uint32_t type, uint64_t n, uint64_t *bytes) {
     const quant_type_info *info = quant_type_get(type);
     if (!info || n % info->block_size != 0) return false;
     return u64_mul(n / info->block_size, info->type_size, bytes);
+}
+
+const char *quant_kernels_name(void) {
+    ensure_selected();
+    return kernels_name;
 }

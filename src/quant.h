@@ -1,13 +1,22 @@
 /*
  * quant.h — the table of tensor types. One row per GGML type id: its name,
- * how many elements make a block and how many bytes a block takes. The GGUF
- * reader uses it to size tensors; the kernels add conversion and dot-product
- * functions to the same rows. Nothing else switches on the type.
+ * how many elements make a block, how many bytes a block takes, and the
+ * kernels that work on it: to_float, from_float and the dot product against
+ * the activation type it pairs with. The GGUF reader uses the sizes; the
+ * forward pass uses the kernels. Nothing else switches on the type.
+ *
+ * A matrix-vector product with a weight matrix of type T is: quantize the
+ * activation row once with the from_float of T's vec_dot_type, then call
+ * T's vec_dot once per weight row. The kernels in the table are the best
+ * variant this CPU runs (AVX2 and so on), chosen once on first use of the
+ * table; every variant is tested against the scalar reference
+ * (src/kernels/ref.c). See docs/kernels.md.
  */
 #ifndef CELLM_QUANT_H
 #define CELLM_QUANT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* GGML type ids as GGUF stores them (gaps are ids GGML retired). */
@@ -47,13 +56,29 @@ typedef enum quant_type {
     QT_COUNT = 40 /* one past the largest id in the table */
 } quant_type;
 
+/* Kernel signatures. `n` counts elements and must be a whole number of the
+ * type's blocks; blocks need only the alignment GGUF gives them. Kernels
+ * keep no pointers, allocate nothing and are safe to call from any thread. */
+typedef void (*quant_to_float_fn)(const void *src, float *dst, size_t n);
+typedef void (*quant_from_float_fn)(const float *src, void *dst, size_t n);
+/* Dot product of x (a row of this type) and y (a row of vec_dot_type). */
+typedef float (*quant_vec_dot_fn)(size_t n, const void *x, const void *y);
+
 typedef struct quant_type_info {
     const char *name;    /* "Q4_K", as GGML names it */
     uint32_t block_size; /* elements per block */
     uint32_t type_size;  /* bytes per block */
+    /* Kernels; NULL where the type has none (integer types, and quant
+     * types cellm does not compute with yet: only their sizes are known). */
+    quant_to_float_fn to_float;
+    quant_from_float_fn from_float;
+    quant_vec_dot_fn vec_dot;
+    uint32_t vec_dot_type; /* type of vec_dot's y; meaningful when vec_dot is set */
 } quant_type_info;
 
-/* The row for a type id, or NULL when the id is not a known type. */
+/* The row for a type id, or NULL when the id is not a known type. The row
+ * is never modified after it is returned. Thread-safe; the first call picks
+ * the kernels for this CPU. */
 const quant_type_info *quant_type_get(uint32_t type);
 
 /* The row for a name ("q4_k" or "Q4_K"), or NULL. Sets *type. */
@@ -62,5 +87,9 @@ const quant_type_info *quant_type_by_name(const char *name, uint32_t *type);
 /* Bytes taken by `n` elements of `type`. False when the type is unknown,
  * `n` is not a whole number of blocks, or the size overflows. */
 bool quant_nbytes(uint32_t type, uint64_t n, uint64_t *bytes);
+
+/* Which kernel variant the table holds: "ref", "avx2", … (for logs and
+ * benchmarks). Thread-safe. */
+const char *quant_kernels_name(void);
 
 #endif /* CELLM_QUANT_H */

@@ -1,0 +1,91 @@
+/*
+ * kernels.h — every conversion and dot-product kernel, by instruction set.
+ * The type table (quant.c) is the only caller on the inference path: it
+ * holds one of these per type and slot, chosen once at start-up. Tests call
+ * them directly to compare a SIMD kernel with its reference.
+ *
+ * Signatures (the same for every variant, see quant.h):
+ *   dequantize: (const void *src, float *dst, size_t n)
+ *   quantize:   (const float *src, void *dst, size_t n)
+ *   vec_dot:    float (size_t n, const void *x, const void *y)
+ * `n` counts elements and must be a whole number of the type's blocks (any
+ * n for F32/F16/BF16). vec_dot's x is a row of the weight type, y a row of
+ * the activation type it pairs with (the name says both). None allocates,
+ * none keeps a pointer, all are thread-safe.
+ *
+ * ref_*: plain C, the truth every other variant is tested against.
+ * avx2_*: x86-64 with AVX2, FMA and F16C; call only when the CPU has them.
+ */
+#ifndef CELLM_KERNELS_H
+#define CELLM_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The 16 levels of IQ4_NL and IQ4_XS (a fixed non-linear grid). */
+extern const int8_t iq4nl_values[16];
+
+/* ---- scalar reference (ref.c) ---- */
+void ref_dequantize_f32(const void *src, float *dst, size_t n);
+void ref_dequantize_f16(const void *src, float *dst, size_t n);
+void ref_dequantize_bf16(const void *src, float *dst, size_t n);
+void ref_dequantize_q4_0(const void *src, float *dst, size_t n);
+void ref_dequantize_q4_1(const void *src, float *dst, size_t n);
+void ref_dequantize_q5_0(const void *src, float *dst, size_t n);
+void ref_dequantize_q5_1(const void *src, float *dst, size_t n);
+void ref_dequantize_q8_0(const void *src, float *dst, size_t n);
+void ref_dequantize_q2_k(const void *src, float *dst, size_t n);
+void ref_dequantize_q3_k(const void *src, float *dst, size_t n);
+void ref_dequantize_q4_k(const void *src, float *dst, size_t n);
+void ref_dequantize_q5_k(const void *src, float *dst, size_t n);
+void ref_dequantize_q6_k(const void *src, float *dst, size_t n);
+void ref_dequantize_q8_k(const void *src, float *dst, size_t n);
+void ref_dequantize_iq4_nl(const void *src, float *dst, size_t n);
+void ref_dequantize_iq4_xs(const void *src, float *dst, size_t n);
+
+void ref_quantize_f32(const float *src, void *dst, size_t n);
+void ref_quantize_f16(const float *src, void *dst, size_t n);
+void ref_quantize_bf16(const float *src, void *dst, size_t n);
+void ref_quantize_q4_0(const float *src, void *dst, size_t n);
+void ref_quantize_q4_1(const float *src, void *dst, size_t n);
+void ref_quantize_q5_0(const float *src, void *dst, size_t n);
+void ref_quantize_q5_1(const float *src, void *dst, size_t n);
+void ref_quantize_q8_0(const float *src, void *dst, size_t n);
+void ref_quantize_q2_k(const float *src, void *dst, size_t n);
+void ref_quantize_q3_k(const float *src, void *dst, size_t n);
+void ref_quantize_q4_k(const float *src, void *dst, size_t n);
+void ref_quantize_q5_k(const float *src, void *dst, size_t n);
+void ref_quantize_q6_k(const float *src, void *dst, size_t n);
+void ref_quantize_q8_k(const float *src, void *dst, size_t n);
+void ref_quantize_iq4_nl(const float *src, void *dst, size_t n);
+void ref_quantize_iq4_xs(const float *src, void *dst, size_t n);
+
+float ref_vec_dot_f32(size_t n, const void *x, const void *y);
+float ref_vec_dot_f16(size_t n, const void *x, const void *y);
+float ref_vec_dot_bf16(size_t n, const void *x, const void *y);
+float ref_vec_dot_q4_0_q8_0(size_t n, const void *x, const void *y);
+float ref_vec_dot_q4_1_q8_0(size_t n, const void *x, const void *y);
+float ref_vec_dot_q5_0_q8_0(size_t n, const void *x, const void *y);
+float ref_vec_dot_q5_1_q8_0(size_t n, const void *x, const void *y);
+float ref_vec_dot_q8_0_q8_0(size_t n, const void *x, const void *y);
+float ref_vec_dot_q2_k_q8_k(size_t n, const void *x, const void *y);
+float ref_vec_dot_q3_k_q8_k(size_t n, const void *x, const void *y);
+float ref_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);
+float ref_vec_dot_q5_k_q8_k(size_t n, const void *x, const void *y);
+float ref_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);
+float ref_vec_dot_iq4_nl_q8_0(size_t n, const void *x, const void *y);
+float ref_vec_dot_iq4_xs_q8_k(size_t n, const void *x, const void *y);
+
+/* ---- x86-64 AVX2 + FMA + F16C (x86_avx2.c) ---- */
+#if defined(__x86_64__)
+void avx2_quantize_q8_0(const float *src, void *dst, size_t n);
+float avx2_vec_dot_f16(size_t n, const void *x, const void *y);
+float avx2_vec_dot_q4_0_q8_0(size_t n, const void *x, const void *y);
+float avx2_vec_dot_q4_1_q8_0(size_t n, const void *x, const void *y);
+float avx2_vec_dot_q8_0_q8_0(size_t n, const void *x, const void *y);
+float avx2_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);
+float avx2_vec_dot_q5_k_q8_k(size_t n, const void *x, const void *y);
+float avx2_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);
+#endif
+
+#endif /* CELLM_KERNELS_H */

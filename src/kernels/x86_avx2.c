@@ -1,0 +1,305 @@
+/*
+ * x86_avx2.c — AVX2 + FMA + F16C versions of the hot kernels: the Q8_0
+ * activation quantizer and the dot products the common model files need
+ * (Q4_0, Q4_1, Q8_0 against Q8_0; Q4_K, Q5_K, Q6_K against Q8_K; F16).
+ * Same signatures and results as the reference (ref.c); quant.c puts them
+ * in the type table when the CPU has all three extensions. Each function
+ * carries its own target attribute, so the file needs no compiler flags
+ * and the rest of the library stays baseline x86-64.
+ *
+ * How they compare with the reference (tests/test_kernels_simd.c):
+ * - the Q8_0 quantizer writes the same bytes (same scale, same rounding:
+ *   half away from zero, done with truncate-and-compare);
+ * - the K-quant dots sum each super-block exactly in integers and add the
+ *   blocks in the same order and with the same float operations as the
+ *   reference, so they return the same float;
+ * - the 32-element and F16 dots keep eight float partial sums with FMA, so
+ *   they differ from the reference by float rounding only.
+ */
+#if defined(__x86_64__)
+
+#include <assert.h>
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/blocks.h"
+#include "kernels/fp16.h"
+#include "kernels/kernels.h"
+
+/* The K-quant dots must round exactly as the reference, which clang would
+ * otherwise contract into FMAs. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+AVX2 static inline float hsum_f32x8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AVX2 static inline int hsum_i32x8(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+AVX2 static inline float h2f(uint16_t h) {
+    return _cvtsh_ss(h);
+}
+
+/* 16 packed bytes → 32 nibbles in element order: low nibbles (elements
+ * 0..15) then high nibbles (16..31), as the 32-element blocks store them. */
+AVX2 static inline __m256i unpack_nibbles_32(const uint8_t *qs) {
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i both =
+        _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+/* Sum of x*y over 32 signed bytes, as 8 int32 lanes. |x| <= 128 as
+ * unsigned after sign(), |y| <= 127: pairs stay inside int16. */
+AVX2 static inline __m256i dot_i8x32(__m256i x, __m256i y) {
+    const __m256i ax = _mm256_sign_epi8(x, x);
+    const __m256i sy = _mm256_sign_epi8(y, x);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+}
+
+/* Sum of u*y for unsigned u (<= 63) and signed y, as 8 int32 lanes. */
+AVX2 static inline __m256i dot_u8i8x32(__m256i u, __m256i y) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), _mm256_set1_epi16(1));
+}
+
+/* round_clamp(v, -127, 127) of ref.c, eight at a time: clamp (NaN goes to
+ * -127 as there), then round half away from zero. Truncate and compare the
+ * fraction: adding 0.5 first would round 0.49999997 up. */
+AVX2 static inline __m256i round_clamp_127(__m256 v) {
+    v = _mm256_max_ps(v, _mm256_set1_ps(-127.0f)); /* max(NaN, lo) = lo */
+    v = _mm256_min_ps(v, _mm256_set1_ps(127.0f));
+    const __m256 sign = _mm256_and_ps(v, _mm256_set1_ps(-0.0f));
+    const __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
+    __m256 t = _mm256_round_ps(a, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 up = _mm256_cmp_ps(_mm256_sub_ps(a, t), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    t = _mm256_add_ps(t, _mm256_and_ps(up, _mm256_set1_ps(1.0f)));
+    return _mm256_cvtps_epi32(_mm256_or_ps(t, sign));
+}
+
+AVX2 void avx2_quantize_q8_0(const float *src, void *dst, size_t n) {
+    assert(n % QK8_0 == 0);
+    block_q8_0 *y = dst;
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (size_t ib = 0; ib < n / QK8_0; ib++, src += QK8_0) {
+        __m256 v[4];
+        __m256 amax = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(src + 8 * k);
+            /* max(|x|, acc) keeps acc when |x| is NaN, like fmaxf. */
+            amax = _mm256_max_ps(_mm256_and_ps(v[k], abs_mask), amax);
+        }
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        const float d = _mm_cvtss_f32(m) / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[ib].d = fp32_to_fp16(d);
+        const __m256 vid = _mm256_set1_ps(id);
+        __m256i i0 = round_clamp_127(_mm256_mul_ps(v[0], vid));
+        __m256i i1 = round_clamp_127(_mm256_mul_ps(v[1], vid));
+        __m256i i2 = round_clamp_127(_mm256_mul_ps(v[2], vid));
+        __m256i i3 = round_clamp_127(_mm256_mul_ps(v[3], vid));
+        /* Packing works per 128-bit lane; the permute restores order. */
+        i0 = _mm256_packs_epi32(i0, i1);
+        i2 = _mm256_packs_epi32(i2, i3);
+        i0 = _mm256_packs_epi16(i0, i2);
+        i0 = _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)y[ib].qs, i0);
+    }
+}
+
+AVX2 float avx2_vec_dot_f16(size_t n, const void *vx, const void *vy) {
+    const uint16_t *x = vx, *y = vy;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
+        const __m256 x1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i + 8)));
+        const __m256 y0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i)));
+        const __m256 y1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i + 8)));
+        acc0 = _mm256_fmadd_ps(x0, y0, acc0);
+        acc1 = _mm256_fmadd_ps(x1, y1, acc1);
+    }
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
+        const __m256 y0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i)));
+        acc0 = _mm256_fmadd_ps(x0, y0, acc0);
+    }
+    float sum = hsum_f32x8(_mm256_add_ps(acc0, acc1));
+    for (; i < n; i++) sum += h2f(x[i]) * h2f(y[i]);
+    return sum;
+}
+
+AVX2 float avx2_vec_dot_q4_0_q8_0(size_t n, const void *vx, const void *vy) {
+    assert(n % QK8_0 == 0);
+    const block_q4_0 *x = vx;
+    const block_q8_0 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t ib = 0; ib < n / QK8_0; ib++) {
+        const __m256 d = _mm256_set1_ps(h2f(x[ib].d) * h2f(y[ib].d));
+        const __m256i qx = _mm256_sub_epi8(unpack_nibbles_32(x[ib].qs), _mm256_set1_epi8(8));
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[ib].qs);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8x32(qx, qy)), acc);
+    }
+    return hsum_f32x8(acc);
+}
+
+AVX2 float avx2_vec_dot_q4_1_q8_0(size_t n, const void *vx, const void *vy) {
+    assert(n % QK8_0 == 0);
+    const block_q4_1 *x = vx;
+    const block_q8_0 *y = vy;
+    const __m256i ones = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t ib = 0; ib < n / QK8_0; ib++) {
+        const float dy = h2f(y[ib].d);
+        const __m256i qx = unpack_nibbles_32(x[ib].qs);
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[ib].qs);
+        const __m256 dot = _mm256_cvtepi32_ps(dot_u8i8x32(qx, qy));
+        const __m256 ysum = _mm256_cvtepi32_ps(dot_u8i8x32(ones, qy));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[ib].d) * dy), dot, acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[ib].m) * dy), ysum, acc);
+    }
+    return hsum_f32x8(acc);
+}
+
+AVX2 float avx2_vec_dot_q8_0_q8_0(size_t n, const void *vx, const void *vy) {
+    assert(n % QK8_0 == 0);
+    const block_q8_0 *x = vx;
+    const block_q8_0 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t ib = 0; ib < n / QK8_0; ib++) {
+        const __m256 d = _mm256_set1_ps(h2f(x[ib].d) * h2f(y[ib].d));
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[ib].qs);
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[ib].qs);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8x32(qx, qy)), acc);
+    }
+    return hsum_f32x8(acc);
+}
+
+/* sum over groups of 32 of scale[g] * dot(q, y) for Q4_K (hbits NULL) and
+ * Q5_K, one super-block, exact. */
+AVX2 static inline int q45k_block_isum(const uint8_t *qs, const uint8_t *qh, const int8_t *q8,
+                                       const int sc[8]) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), bit = _mm256_set1_epi8(1);
+    __m256i hb = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
+    __m256i isum = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        __m256i lo = _mm256_and_si256(q, low4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+        if (qh) {
+            /* Bit 0 of each byte is this group's bit; the 16-bit shifts
+             * only move neighbouring bytes' bits into positions >= 1. */
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(hb, bit), 4));
+            hi = _mm256_or_si256(
+                hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 1), bit), 4));
+            hb = _mm256_srli_epi16(hb, 2);
+        }
+        const __m256i y0 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * c));
+        const __m256i y1 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * c + 32));
+        const __m256i p0 =
+            _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16((int16_t)sc[2 * c]));
+        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1),
+                                             _mm256_set1_epi16((int16_t)sc[2 * c + 1]));
+        isum = _mm256_add_epi32(isum, _mm256_add_epi32(p0, p1));
+    }
+    return hsum_i32x8(isum);
+}
+
+/* The min term of Q4_K and Q5_K: sum of m[g] times the sum of y over g. */
+static inline int q45k_block_msum(const int m[8], const int16_t *bsums) {
+    int msum = 0;
+    for (int g = 0; g < 8; g++) msum += m[g] * (bsums[2 * g] + bsums[2 * g + 1]);
+    return msum;
+}
+
+AVX2 float avx2_vec_dot_q4_k_q8_k(size_t n, const void *vx, const void *vy) {
+    assert(n % QK_K == 0);
+    const block_q4_K *x = vx;
+    const block_q8_K *y = vy;
+    float sum = 0.0f;
+    for (size_t ib = 0; ib < n / QK_K; ib++) {
+        int sc[8], m[8];
+        for (int g = 0; g < 8; g++) kq_scale_min(g, x[ib].scales, &sc[g], &m[g]);
+        const int isum = q45k_block_isum(x[ib].qs, NULL, y[ib].qs, sc);
+        const int msum = q45k_block_msum(m, y[ib].bsums);
+        sum += y[ib].d * h2f(x[ib].d) * (float)isum - y[ib].d * h2f(x[ib].dmin) * (float)msum;
+    }
+    return sum;
+}
+
+AVX2 float avx2_vec_dot_q5_k_q8_k(size_t n, const void *vx, const void *vy) {
+    assert(n % QK_K == 0);
+    const block_q5_K *x = vx;
+    const block_q8_K *y = vy;
+    float sum = 0.0f;
+    for (size_t ib = 0; ib < n / QK_K; ib++) {
+        int sc[8], m[8];
+        for (int g = 0; g < 8; g++) kq_scale_min(g, x[ib].scales, &sc[g], &m[g]);
+        const int isum = q45k_block_isum(x[ib].qs, x[ib].qh, y[ib].qs, sc);
+        const int msum = q45k_block_msum(m, y[ib].bsums);
+        sum += y[ib].d * h2f(x[ib].d) * (float)isum - y[ib].d * h2f(x[ib].dmin) * (float)msum;
+    }
+    return sum;
+}
+
+/* Q6_K: the 6-bit values are unsigned 0..63 for maddubs; the -32 offset is
+ * applied once per block through the group sums of y. */
+AVX2 float avx2_vec_dot_q6_k_q8_k(size_t n, const void *vx, const void *vy) {
+    assert(n % QK_K == 0);
+    const block_q6_K *x = vx;
+    const block_q8_K *y = vy;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(3);
+    float sum = 0.0f;
+    for (size_t ib = 0; ib < n / QK_K; ib++) {
+        __m256i isum = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x[ib].ql + 64 * h, *qh = x[ib].qh + 32 * h;
+            const int8_t *sc = x[ib].scales + 8 * h, *q8 = y[ib].qs + 128 * h;
+            const __m256i qa = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i qb = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i hv = _mm256_loadu_si256((const __m256i *)qh);
+            __m256i v[4];
+            v[0] = _mm256_and_si256(qa, low4);
+            v[1] = _mm256_and_si256(qb, low4);
+            v[2] = _mm256_and_si256(_mm256_srli_epi16(qa, 4), low4);
+            v[3] = _mm256_and_si256(_mm256_srli_epi16(qb, 4), low4);
+            v[0] = _mm256_or_si256(v[0], _mm256_slli_epi16(_mm256_and_si256(hv, low2), 4));
+            v[1] = _mm256_or_si256(
+                v[1], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 2), low2), 4));
+            v[2] = _mm256_or_si256(
+                v[2], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 4), low2), 4));
+            v[3] = _mm256_or_si256(
+                v[3], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 6), low2), 4));
+            for (int k = 0; k < 4; k++) {
+                /* Elements 32k..32k+31 span groups 2k (low 128 bits of the
+                 * maddubs result) and 2k+1 (high 128 bits). */
+                const __m256i yk = _mm256_loadu_si256((const __m256i *)(q8 + 32 * k));
+                const __m256i scales =
+                    _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(sc[2 * k])),
+                                            _mm_set1_epi16(sc[2 * k + 1]), 1);
+                isum = _mm256_add_epi32(isum,
+                                        _mm256_madd_epi16(_mm256_maddubs_epi16(v[k], yk), scales));
+            }
+        }
+        int offset = 0;
+        for (int g = 0; g < 16; g++) offset += x[ib].scales[g] * y[ib].bsums[g];
+        const int total = hsum_i32x8(isum) - 32 * offset;
+        sum += y[ib].d * h2f(x[ib].d) * (float)total;
+    }
+    return sum;
+}
+
+#endif /* __x86_64__ */
