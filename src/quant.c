@@ -75,9 +75,7 @@ static const char *kernels_name = "ref";
 /* Runs once, before any row is handed out. */
 static void select_kernels(void) {
 #if defined(__x86_64__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c")) {
+    if (avx2_cpu_supported()) {
         quant_type_info *t = type_table;
         t[QT_Q8_0].from_float = avx2_quantize_q8_0;
         t[QT_F16].vec_dot = avx2_vec_dot_f16;

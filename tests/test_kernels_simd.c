@@ -53,9 +53,7 @@ static uint16_t rng_scale(void) {
 
 static bool have_avx2(void) {
 #if defined(__x86_64__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    return avx2_cpu_supported();
 #else
     return false;
 #endif

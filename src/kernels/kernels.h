@@ -19,6 +19,7 @@
 #ifndef CELLM_KERNELS_H
 #define CELLM_KERNELS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -78,6 +79,8 @@ float ref_vec_dot_iq4_xs_q8_k(size_t n, const void *x, const void *y);
 
 /* ---- x86-64 AVX2 + FMA + F16C (x86_avx2.c) ---- */
 #if defined(__x86_64__)
+/* True when this CPU (and OS) runs the avx2_* kernels. */
+bool avx2_cpu_supported(void);
 void avx2_quantize_q8_0(const float *src, void *dst, size_t n);
 float avx2_vec_dot_f16(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q4_0_q8_0(size_t n, const void *x, const void *y);
