@@ -75,9 +75,7 @@ static const char *kernels_name = "ref";
 /* Runs once, before any row is handed out. */
 static void select_kernels(void) {
 #if defined(__x86_64__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c")) {
+    if (avx2_cpu_supported()) {
         quant_type_info *t = type_table;
         t[QT_Q8_0].from_float = avx2_quantize_q8_0;
         t[QT_F16].vec_dot = avx2_vec_dot_f16;
@@ -89,6 +87,15 @@ static void select_kernels(void) {
         t[QT_Q6_K].vec_dot = avx2_vec_dot_q6_k_q8_k;
         kernels_name = "avx2";
     }
+#elif defined(__aarch64__)
+    quant_type_info *t = type_table;
+    const bool dp = neon_dotprod_supported();
+    t[QT_Q8_0].from_float = neon_quantize_q8_0;
+    t[QT_Q4_0].vec_dot = dp ? neon_dotprod_vec_dot_q4_0_q8_0 : neon_vec_dot_q4_0_q8_0;
+    t[QT_Q8_0].vec_dot = dp ? neon_dotprod_vec_dot_q8_0_q8_0 : neon_vec_dot_q8_0_q8_0;
+    t[QT_Q4_K].vec_dot = dp ? neon_dotprod_vec_dot_q4_k_q8_k : neon_vec_dot_q4_k_q8_k;
+    t[QT_Q6_K].vec_dot = dp ? neon_dotprod_vec_dot_q6_k_q8_k : neon_vec_dot_q6_k_q8_k;
+    kernels_name = dp ? "neon-dotprod" : "neon";
 #endif
 }
 

@@ -51,15 +51,11 @@ static uint16_t rng_scale(void) {
     return fp32_to_fp16(v);
 }
 
-static bool have_avx2(void) {
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
-#else
-    return false;
-#endif
+#if defined(__aarch64__)
+static bool have_neon(void) {
+    return true;
 }
+#endif
 
 #define NB32 64 /* 32-element blocks per row */
 #define NBK 8   /* 256-element super-blocks per row */
@@ -142,43 +138,156 @@ static void assert_same_float(const char *what, float got, float want) {
     }
 }
 
-#if defined(__x86_64__)
+/* ---- the kernels under test, per instruction set ---- */
 
-static void test_avx2_quantize_q8_0(void **state) {
-    (void)state;
-    if (!have_avx2()) skip();
-    enum { NB = 256 };
-    static float x[NB * QK8_0];
-    static block_q8_0 a[NB], b[NB];
-    for (int round = 0; round < 20; round++) {
-        for (int i = 0; i < NB * QK8_0; i++) x[i] = rng_normal() * powf(10.0f, (float)(i % 7) - 3);
-        /* Edge blocks: zeros, exact ties (k + 0.5 after scaling), the
-         * largest float below 0.5 after scaling, subnormals, -0, NaN,
-         * infinity, huge values that overflow the F16 scale. */
-        for (int j = 0; j < QK8_0; j++) {
-            x[0 * 32 + j] = 0.0f;
-            x[1 * 32 + j] = (j == 0) ? 127.0f : (float)j - 15.5f;
-            x[2 * 32 + j] = (j == 0) ? 127.0f : nextafterf(0.5f, 0.0f) * (float)(j % 3);
-            x[3 * 32 + j] = 1e-40f * (float)(j - 16);
-            x[4 * 32 + j] = (j % 2) ? -0.0f : 1e-3f;
-            x[5 * 32 + j] = (j == 7) ? NAN : (float)j;
-            x[6 * 32 + j] = (j == 3) ? INFINITY : (float)j;
-            x[7 * 32 + j] = 1e30f * (float)(j - 10);
-            x[8 * 32 + j] = -(float)j * 1.0000001f;
-        }
-        ref_quantize_q8_0(x, a, NB * QK8_0);
-        avx2_quantize_q8_0(x, b, NB * QK8_0);
-        for (int ib = 0; ib < NB; ib++) {
-            if (memcmp(&a[ib], &b[ib], sizeof a[ib]) != 0) {
-                fail_msg("round %d block %d: AVX2 Q8_0 bytes differ from reference", round, ib);
-            }
-        }
+typedef struct quant_case {
+    const char *name;
+    quant_from_float_fn ref, simd;
+    bool (*supported)(void);
+} quant_case;
+
+typedef struct dot_case {
+    const char *name;
+    uint32_t type; /* weight type; y is its vec_dot_type */
+    quant_vec_dot_fn ref, simd;
+    bool exact; /* must return the identical float */
+    bool (*supported)(void);
+} dot_case;
+
+static const quant_case quant_cases[] = {
+#if defined(__x86_64__)
+    {"avx2 Q8_0", ref_quantize_q8_0, avx2_quantize_q8_0, avx2_cpu_supported},
+#endif
+#if defined(__aarch64__)
+    {"neon Q8_0", ref_quantize_q8_0, neon_quantize_q8_0, have_neon},
+#endif
+    {NULL, NULL, NULL, NULL},
+};
+
+static const dot_case dot_cases[] = {
+#if defined(__x86_64__)
+    {"avx2 Q4_0", QT_Q4_0, ref_vec_dot_q4_0_q8_0, avx2_vec_dot_q4_0_q8_0, false,
+     avx2_cpu_supported},
+    {"avx2 Q4_1", QT_Q4_1, ref_vec_dot_q4_1_q8_0, avx2_vec_dot_q4_1_q8_0, false,
+     avx2_cpu_supported},
+    {"avx2 Q8_0", QT_Q8_0, ref_vec_dot_q8_0_q8_0, avx2_vec_dot_q8_0_q8_0, false,
+     avx2_cpu_supported},
+    {"avx2 Q4_K", QT_Q4_K, ref_vec_dot_q4_k_q8_k, avx2_vec_dot_q4_k_q8_k, true, avx2_cpu_supported},
+    {"avx2 Q5_K", QT_Q5_K, ref_vec_dot_q5_k_q8_k, avx2_vec_dot_q5_k_q8_k, true, avx2_cpu_supported},
+    {"avx2 Q6_K", QT_Q6_K, ref_vec_dot_q6_k_q8_k, avx2_vec_dot_q6_k_q8_k, true, avx2_cpu_supported},
+#endif
+#if defined(__aarch64__)
+    {"neon Q4_0", QT_Q4_0, ref_vec_dot_q4_0_q8_0, neon_vec_dot_q4_0_q8_0, false, have_neon},
+    {"neon Q8_0", QT_Q8_0, ref_vec_dot_q8_0_q8_0, neon_vec_dot_q8_0_q8_0, false, have_neon},
+    {"neon Q4_K", QT_Q4_K, ref_vec_dot_q4_k_q8_k, neon_vec_dot_q4_k_q8_k, true, have_neon},
+    {"neon Q6_K", QT_Q6_K, ref_vec_dot_q6_k_q8_k, neon_vec_dot_q6_k_q8_k, true, have_neon},
+    {"neon-dotprod Q4_0", QT_Q4_0, ref_vec_dot_q4_0_q8_0, neon_dotprod_vec_dot_q4_0_q8_0, false,
+     neon_dotprod_supported},
+    {"neon-dotprod Q8_0", QT_Q8_0, ref_vec_dot_q8_0_q8_0, neon_dotprod_vec_dot_q8_0_q8_0, false,
+     neon_dotprod_supported},
+    {"neon-dotprod Q4_K", QT_Q4_K, ref_vec_dot_q4_k_q8_k, neon_dotprod_vec_dot_q4_k_q8_k, true,
+     neon_dotprod_supported},
+    {"neon-dotprod Q6_K", QT_Q6_K, ref_vec_dot_q6_k_q8_k, neon_dotprod_vec_dot_q6_k_q8_k, true,
+     neon_dotprod_supported},
+#endif
+    {NULL, 0, NULL, NULL, false, NULL},
+};
+
+/* Where each weight type keeps its F16 scales. */
+static int f16_fields(uint32_t type, size_t offs[2]) {
+    switch (type) {
+    case QT_Q4_1: offs[0] = 0, offs[1] = 2; return 2;
+    case QT_Q4_K:
+    case QT_Q5_K: offs[0] = 0, offs[1] = 2; return 2;
+    case QT_Q6_K: offs[0] = 208; return 1;
+    default: offs[0] = 0; return 1; /* Q4_0, Q8_0 */
     }
 }
 
+static void test_quantizers(void **state) {
+    (void)state;
+    enum { NB = 256 };
+    static float x[NB * QK8_0];
+    static block_q8_0 a[NB], b[NB];
+    int ran = 0;
+    for (const quant_case *c = quant_cases; c->name; c++) {
+        if (!c->supported()) continue;
+        ran++;
+        for (int round = 0; round < 20; round++) {
+            for (int i = 0; i < NB * QK8_0; i++) {
+                x[i] = rng_normal() * powf(10.0f, (float)(i % 7) - 3);
+            }
+            /* Edge blocks: zeros, exact ties (k + 0.5 after scaling), the
+             * largest float below 0.5 after scaling, subnormals, -0, NaN,
+             * infinity, huge values that overflow the F16 scale. */
+            for (int j = 0; j < QK8_0; j++) {
+                x[0 * 32 + j] = 0.0f;
+                x[1 * 32 + j] = (j == 0) ? 127.0f : (float)j - 15.5f;
+                x[2 * 32 + j] = (j == 0) ? 127.0f : nextafterf(0.5f, 0.0f) * (float)(j % 3);
+                x[3 * 32 + j] = 1e-40f * (float)(j - 16);
+                x[4 * 32 + j] = (j % 2) ? -0.0f : 1e-3f;
+                x[5 * 32 + j] = (j == 7) ? NAN : (float)j;
+                x[6 * 32 + j] = (j == 3) ? INFINITY : (float)j;
+                x[7 * 32 + j] = 1e30f * (float)(j - 10);
+                x[8 * 32 + j] = -(float)j * 1.0000001f;
+            }
+            c->ref(x, a, NB * QK8_0);
+            c->simd(x, b, NB * QK8_0);
+            for (int ib = 0; ib < NB; ib++) {
+                if (memcmp(&a[ib], &b[ib], sizeof a[ib]) != 0) {
+                    fail_msg("%s: round %d block %d differs from the reference", c->name, round,
+                             ib);
+                }
+            }
+        }
+    }
+    print_message("%d quantizer variant(s) checked\n", ran);
+}
+
+/* Random and edge weight blocks against random and extreme activations.
+ * Random bytes include -128 Q8_0 weights, which the kernels must handle. */
+static void test_vec_dots(void **state) {
+    (void)state;
+    static uint8_t x[NB32 * 40 + NBK * 210];
+    static block_q8_0 y0[NB32];
+    static block_q8_K yk[NBK];
+    int ran = 0;
+    for (const dot_case *c = dot_cases; c->name; c++) {
+        if (!c->supported()) continue;
+        ran++;
+        const quant_type_info *info = quant_type_get(c->type);
+        const quant_type_info *yinfo = quant_type_get(info->vec_dot_type);
+        const bool k = info->block_size == QK_K;
+        const int nb = k ? NBK : NB32;
+        const size_t n = (size_t)nb * info->block_size;
+        size_t offs[2];
+        const int n_offs = f16_fields(c->type, offs);
+        for (int round = 0; round < ROUNDS; round++) {
+            make_blocks(x, nb, info->type_size, offs, n_offs, round);
+            const void *y = k ? (const void *)yk : (const void *)y0;
+            if (k)
+                make_q8_k(yk, nb, round % 3);
+            else
+                make_q8_0(y0, nb, round % 3);
+            for (int whole = 0; whole < 2; whole++) {
+                const size_t len = whole ? n : info->block_size; /* one block, then all */
+                const float got = c->simd(len, x, y), want = c->ref(len, x, y);
+                if (c->exact) {
+                    assert_same_float(c->name, got, want);
+                } else {
+                    assert_close(c->name, got, want, x, y, info->to_float, yinfo->to_float, len,
+                                 len / info->block_size);
+                }
+            }
+        }
+    }
+    print_message("%d vec_dot variant(s) checked\n", ran);
+}
+
+#if defined(__x86_64__)
 static void test_avx2_vec_dot_f16(void **state) {
     (void)state;
-    if (!have_avx2()) skip();
+    if (!avx2_cpu_supported()) skip();
     static uint16_t x[4099], y[4099];
     static const size_t sizes[] = {1, 7, 8, 15, 16, 17, 31, 33, 100, 4096, 4099};
     for (int round = 0; round < 20; round++) {
@@ -190,8 +299,9 @@ static void test_avx2_vec_dot_f16(void **state) {
             const size_t n = sizes[s];
             const float want = ref_vec_dot_f16(n, x, y), got = avx2_vec_dot_f16(n, x, y);
             double mag = 0;
-            for (size_t i = 0; i < n; i++)
+            for (size_t i = 0; i < n; i++) {
                 mag += fabs((double)fp16_to_fp32(x[i]) * fp16_to_fp32(y[i]));
+            }
             /* 16 float lanes summed in order, then the tail: n/16 + 20
              * roundings at most, against the reference's exact sum. */
             const double tol = ((double)n / 16 + 20) * FLT_EPSILON * mag;
@@ -201,99 +311,13 @@ static void test_avx2_vec_dot_f16(void **state) {
         }
     }
 }
+#endif
 
-typedef struct case32 {
-    const char *name;
-    size_t size;
-    size_t f16_offs[2];
-    int n_offs;
-    quant_vec_dot_fn ref, simd;
-    quant_to_float_fn to_float;
-} case32;
-
-static void test_avx2_vec_dot_32(void **state) {
+/* The table holds a SIMD kernel where this CPU has one, and the matvec
+ * path (quantize the activation once, vec_dot per row) agrees with the
+ * reference on realistic rows. */
+static void test_matvec_path(void **state) {
     (void)state;
-    if (!have_avx2()) skip();
-    const case32 cases[] = {
-        {"Q4_0",
-         sizeof(block_q4_0),
-         {0},
-         1,
-         ref_vec_dot_q4_0_q8_0,
-         avx2_vec_dot_q4_0_q8_0,
-         ref_dequantize_q4_0},
-        {"Q4_1",
-         sizeof(block_q4_1),
-         {0, 2},
-         2,
-         ref_vec_dot_q4_1_q8_0,
-         avx2_vec_dot_q4_1_q8_0,
-         ref_dequantize_q4_1},
-        /* Random bytes include -128 weights: the sign trick handles them. */
-        {"Q8_0",
-         sizeof(block_q8_0),
-         {0},
-         1,
-         ref_vec_dot_q8_0_q8_0,
-         avx2_vec_dot_q8_0_q8_0,
-         ref_dequantize_q8_0},
-    };
-    static uint8_t x[NB32 * 40];
-    static block_q8_0 y[NB32];
-    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-        for (int round = 0; round < ROUNDS; round++) {
-            make_blocks(x, NB32, cases[c].size, cases[c].f16_offs, cases[c].n_offs, round);
-            make_q8_0(y, NB32, round % 3);
-            const size_t n = NB32 * QK8_0;
-            assert_close(cases[c].name, cases[c].simd(n, x, y), cases[c].ref(n, x, y), x, y,
-                         cases[c].to_float, ref_dequantize_q8_0, n, NB32);
-        }
-    }
-}
-
-static void test_avx2_vec_dot_k(void **state) {
-    (void)state;
-    if (!have_avx2()) skip();
-    const case32 cases[] = {
-        {"Q4_K",
-         sizeof(block_q4_K),
-         {0, 2},
-         2,
-         ref_vec_dot_q4_k_q8_k,
-         avx2_vec_dot_q4_k_q8_k,
-         NULL},
-        {"Q5_K",
-         sizeof(block_q5_K),
-         {0, 2},
-         2,
-         ref_vec_dot_q5_k_q8_k,
-         avx2_vec_dot_q5_k_q8_k,
-         NULL},
-        {"Q6_K", sizeof(block_q6_K), {208}, 1, ref_vec_dot_q6_k_q8_k, avx2_vec_dot_q6_k_q8_k, NULL},
-    };
-    static uint8_t x[NBK * 210];
-    static block_q8_K y[NBK];
-    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-        for (int round = 0; round < ROUNDS; round++) {
-            make_blocks(x, NBK, cases[c].size, cases[c].f16_offs, cases[c].n_offs, round);
-            make_q8_k(y, NBK, round % 3);
-            const size_t n = NBK * QK_K;
-            assert_same_float(cases[c].name, cases[c].simd(n, x, y), cases[c].ref(n, x, y));
-            /* Also a single super-block. */
-            assert_same_float(cases[c].name, cases[c].simd(QK_K, x, y), cases[c].ref(QK_K, x, y));
-        }
-    }
-}
-
-/* The table holds the AVX2 kernels and they agree with the reference on
- * quantized real-looking data too (the matvec path end to end). */
-static void test_avx2_matvec_path(void **state) {
-    (void)state;
-    if (!have_avx2()) skip();
-    const uint32_t types[] = {QT_Q4_0, QT_Q4_1, QT_Q8_0, QT_Q4_K, QT_Q5_K, QT_Q6_K};
-    const quant_vec_dot_fn refs[] = {ref_vec_dot_q4_0_q8_0, ref_vec_dot_q4_1_q8_0,
-                                     ref_vec_dot_q8_0_q8_0, ref_vec_dot_q4_k_q8_k,
-                                     ref_vec_dot_q5_k_q8_k, ref_vec_dot_q6_k_q8_k};
     enum { N = 2048, ROWS = 8 };
     static float w[ROWS][N], act[N];
     static uint8_t qw[ROWS][N * 2], qa[N * 2];
@@ -301,35 +325,34 @@ static void test_avx2_matvec_path(void **state) {
     for (int r = 0; r < ROWS; r++) {
         for (int i = 0; i < N; i++) w[r][i] = rng_normal() * 0.02f;
     }
-    for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
-        const quant_type_info *info = quant_type_get(types[t]);
+    print_message("table kernels: %s\n", quant_kernels_name());
+    for (const dot_case *c = dot_cases; c->name; c++) {
+        if (!c->supported()) continue;
+        const quant_type_info *info = quant_type_get(c->type);
         const quant_type_info *yi = quant_type_get(info->vec_dot_type);
-        assert_ptr_not_equal(info->vec_dot, refs[t]);
-        yi->from_float(act, qa, N); /* once per activation row */
+        assert_ptr_not_equal(info->vec_dot, c->ref);
+        yi->from_float(act, qa, N);
         for (int r = 0; r < ROWS; r++) {
             info->from_float(w[r], qw[r], N);
-            const float got = info->vec_dot(N, qw[r], qa), want = refs[t](N, qw[r], qa);
-            if (info->block_size == QK_K) {
-                assert_same_float(info->name, got, want);
+            const float got = c->simd(N, qw[r], qa), want = c->ref(N, qw[r], qa);
+            if (c->exact) {
+                assert_same_float(c->name, got, want);
             } else {
-                assert_close(info->name, got, want, qw[r], qa, info->to_float, yi->to_float, N,
+                assert_close(c->name, got, want, qw[r], qa, info->to_float, yi->to_float, N,
                              N / info->block_size);
             }
         }
     }
 }
 
-#endif /* __x86_64__ */
-
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_quantizers),
+        cmocka_unit_test(test_vec_dots),
 #if defined(__x86_64__)
-        cmocka_unit_test(test_avx2_quantize_q8_0),
         cmocka_unit_test(test_avx2_vec_dot_f16),
-        cmocka_unit_test(test_avx2_vec_dot_32),
-        cmocka_unit_test(test_avx2_vec_dot_k),
-        cmocka_unit_test(test_avx2_matvec_path),
 #endif
+        cmocka_unit_test(test_matvec_path),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,10 +15,12 @@
  *
  * ref_*: plain C, the truth every other variant is tested against.
  * avx2_*: x86-64 with AVX2, FMA and F16C; call only when the CPU has them.
+ * neon_*: any AArch64; neon_dotprod_*: AArch64 with SDOT (ARMv8.2 dotprod).
  */
 #ifndef CELLM_KERNELS_H
 #define CELLM_KERNELS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -78,6 +80,8 @@ float ref_vec_dot_iq4_xs_q8_k(size_t n, const void *x, const void *y);
 
 /* ---- x86-64 AVX2 + FMA + F16C (x86_avx2.c) ---- */
 #if defined(__x86_64__)
+/* True when this CPU (and OS) runs the avx2_* kernels. */
+bool avx2_cpu_supported(void);
 void avx2_quantize_q8_0(const float *src, void *dst, size_t n);
 float avx2_vec_dot_f16(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q4_0_q8_0(size_t n, const void *x, const void *y);
@@ -86,6 +90,22 @@ float avx2_vec_dot_q8_0_q8_0(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q5_k_q8_k(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);
+#endif
+
+/* ---- AArch64 NEON, with SDOT variants (arm_neon.c) ---- */
+#if defined(__aarch64__)
+/* True when this CPU runs the neon_dotprod_* kernels (plain neon_* run on
+ * every AArch64 CPU). */
+bool neon_dotprod_supported(void);
+void neon_quantize_q8_0(const float *src, void *dst, size_t n);
+float neon_vec_dot_q4_0_q8_0(size_t n, const void *x, const void *y);
+float neon_vec_dot_q8_0_q8_0(size_t n, const void *x, const void *y);
+float neon_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);
+float neon_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);
+float neon_dotprod_vec_dot_q4_0_q8_0(size_t n, const void *x, const void *y);
+float neon_dotprod_vec_dot_q8_0_q8_0(size_t n, const void *x, const void *y);
+float neon_dotprod_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);
+float neon_dotprod_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);
 #endif
 
 #endif /* CELLM_KERNELS_H */

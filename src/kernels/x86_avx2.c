@@ -19,7 +19,9 @@
 #if defined(__x86_64__)
 
 #include <assert.h>
+#include <cpuid.h>
 #include <immintrin.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "kernels/blocks.h"
@@ -33,6 +35,16 @@
 #endif
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+/* __builtin_cpu_supports checks that the OS saves the YMM registers along
+ * with the CPUID bits; clang's does not know "f16c", so that bit comes
+ * from CPUID leaf 1 directly. */
+bool avx2_cpu_supported(void) {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return false;
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
 
 AVX2 static inline float hsum_f32x8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
