@@ -1,0 +1,421 @@
+/*
+ * forward.c — the decoder forward pass over a flat batch (see forward.h).
+ *
+ * For every layer, top to bottom:
+ *   norm → Q, K, V → (QK-norm) → RoPE → store K, V in the paged cache →
+ *   attention through the block table → output → (post-norm) → residual →
+ *   norm → gate, up → activation → down → (post-norm) → residual
+ * then the final norm and the classifier, for the rows that want logits.
+ * Architecture differences are fields of the model and layer descriptions.
+ *
+ * Every step treats each row alone with a fixed order of operations, so a
+ * row's result does not depend on the other rows of the batch or on the
+ * number of threads (DESIGN.md: batch-invariant).
+ */
+#include "forward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "kernels/fp16.h"
+#include "matmul.h"
+#include "quant.h"
+
+struct forward_ctx {
+    const model *m;
+    kv_cache *kv;
+    threadpool *tp;
+    const attn_kernels *ak;
+    int32_t max_rows, max_logit_rows;
+    float *x;      /* [rows][n_embd] the residual stream */
+    float *xb;     /* [rows][max(n_embd, q_dim)] normed input / attention output */
+    float *q;      /* [rows][n_head * head_dim] */
+    float *k;      /* [rows][n_head_kv * head_dim] */
+    float *v;      /* [rows][n_head_kv * head_dim_v] */
+    float *att;    /* [rows][n_head * head_dim_v] */
+    float *hb;     /* [rows][max(n_ff, n_embd)] */
+    float *hb2;    /* [rows][n_ff] */
+    float *logits; /* [max_logit_rows][n_vocab] */
+    float *acc;    /* [threads][head_dim_v] attention accumulators */
+    void *scratch; /* quantized activations for matmul */
+    int32_t *logit_rows;
+};
+
+static int32_t max_i32(int32_t a, int32_t b) {
+    return a > b ? a : b;
+}
+
+/* Sizes of each buffer in floats, shared by forward_bytes and create. */
+typedef struct fwd_sizes {
+    size_t x, xb, q, k, v, att, hb, hb2, logits, acc, scratch;
+} fwd_sizes;
+
+static size_t scratch_for(const weight *w, int32_t rows) {
+    return matmul_scratch_size(w->type, w->ne0, rows);
+}
+
+static fwd_sizes sizes_for(const model *m, int32_t rows, int32_t logit_rows, int n_threads) {
+    fwd_sizes s;
+    size_t r = (size_t)rows;
+    int32_t qd = m->n_head * m->head_dim, vd = m->n_head * m->head_dim_v;
+    s.x = r * (size_t)m->n_embd;
+    s.xb = r * (size_t)max_i32(max_i32(m->n_embd, qd), vd);
+    s.q = r * (size_t)qd;
+    s.k = r * (size_t)(m->n_head_kv * m->head_dim);
+    s.v = r * (size_t)(m->n_head_kv * m->head_dim_v);
+    s.att = r * (size_t)vd;
+    s.hb = r * (size_t)max_i32(m->n_ff, m->n_embd);
+    s.hb2 = r * (size_t)m->n_ff;
+    s.logits = (size_t)logit_rows * (size_t)m->n_vocab;
+    s.acc = (size_t)n_threads * (size_t)m->head_dim_v;
+    /* The largest quantized activation buffer any matmul needs. */
+    size_t sc = scratch_for(&m->output, logit_rows);
+    for (int32_t il = 0; il < m->n_layer; il++) {
+        const layer_desc *L = &m->layers[il];
+        const weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+            size_t b = scratch_for(ws[i], rows);
+            if (b > sc) sc = b;
+        }
+    }
+    s.scratch = sc;
+    return s;
+}
+
+size_t forward_bytes(const model *m, int32_t max_rows, int32_t max_logit_rows, int n_threads) {
+    fwd_sizes s = sizes_for(m, max_rows, max_logit_rows, n_threads);
+    return (s.x + s.xb + s.q + s.k + s.v + s.att + s.hb + s.hb2 + s.logits + s.acc) *
+               sizeof(float) +
+           s.scratch + (size_t)max_rows * sizeof(int32_t);
+}
+
+void forward_free(forward_ctx *f) {
+    if (!f) return;
+    free(f->x);
+    free(f->xb);
+    free(f->q);
+    free(f->k);
+    free(f->v);
+    free(f->att);
+    free(f->hb);
+    free(f->hb2);
+    free(f->logits);
+    free(f->acc);
+    free(f->scratch);
+    free(f->logit_rows);
+    free(f);
+}
+
+cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_t max_rows,
+                            int32_t max_logit_rows, forward_ctx **out, cellm_error *err) {
+    *out = NULL;
+    if (max_rows < 1 || max_rows > 65536 || max_logit_rows < 1 || max_logit_rows > max_rows)
+        return err_set(err, CELLM_ERR_INVALID_ARG, "batch limits %d rows / %d logit rows are bad",
+                       max_rows, max_logit_rows);
+    forward_ctx *f = calloc(1, sizeof *f);
+    if (!f) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    f->m = m;
+    f->kv = kv;
+    f->tp = tp;
+    f->ak = attn_kernels_get();
+    f->max_rows = max_rows;
+    f->max_logit_rows = max_logit_rows;
+    fwd_sizes s = sizes_for(m, max_rows, max_logit_rows, tp_size(tp));
+    f->x = malloc(s.x * sizeof(float));
+    f->xb = malloc(s.xb * sizeof(float));
+    f->q = malloc(s.q * sizeof(float));
+    f->k = malloc(s.k * sizeof(float));
+    f->v = malloc(s.v * sizeof(float));
+    f->att = malloc(s.att * sizeof(float));
+    f->hb = malloc(s.hb * sizeof(float));
+    f->hb2 = malloc(s.hb2 * sizeof(float));
+    f->logits = malloc(s.logits * sizeof(float));
+    f->acc = malloc(s.acc * sizeof(float));
+    f->scratch = malloc(s.scratch ? s.scratch : 1);
+    f->logit_rows = malloc((size_t)max_rows * sizeof(int32_t));
+    if (!f->x || !f->xb || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2 || !f->logits ||
+        !f->acc || !f->scratch || !f->logit_rows) {
+        forward_free(f);
+        return err_set(err, CELLM_ERR_NO_MEMORY, "cannot allocate %zu bytes of activations",
+                       forward_bytes(m, max_rows, max_logit_rows, tp_size(tp)));
+    }
+    *out = f;
+    return CELLM_OK;
+}
+
+/* ------------------------------------------------------------ row kernels */
+
+/* out = x / rms(x) * w, over n elements. */
+static void rmsnorm(float *out, const float *x, const float *w, int32_t n, float eps) {
+    double ss = 0;
+    for (int32_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int32_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+/* Rotates the first rope_dim dimensions of one head at position `pos`. */
+static void rope_head(const model *m, float *h, int32_t pos, float base) {
+    int32_t half = m->rope_dim / 2;
+    for (int32_t i = 0; i < half; i++) {
+        double freq = pow((double)base, -2.0 * i / m->rope_dim);
+        if (m->rope_freqs) freq /= m->rope_freqs[i];
+        double theta = (double)pos * m->rope_freq_scale * freq;
+        float c = (float)cos(theta), s = (float)sin(theta);
+        int32_t a = m->rope == ROPE_NEOX ? i : 2 * i;
+        int32_t b = m->rope == ROPE_NEOX ? i + half : 2 * i + 1;
+        float x0 = h[a], x1 = h[b];
+        h[a] = x0 * c - x1 * s;
+        h[b] = x0 * s + x1 * c;
+    }
+}
+
+static float gelu_tanh(float x) {
+    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+static float silu(float x) {
+    return x / (1.0f + expf(-x));
+}
+
+/* ------------------------------------------------------------ the steps */
+
+typedef struct step {
+    forward_ctx *f;
+    const fwd_row *rows;
+    int32_t n;
+    const layer_desc *L;
+    int32_t il;
+} step;
+
+/* xb = norm(x) with the layer's attention (which = 0) or MLP (1) norm, or
+ * the final norm (2). */
+static void task_norm(void *arg, int ith, int nth, int which) {
+    step *s = arg;
+    const model *m = s->f->m;
+    const weight *w = which == 0 ? &s->L->attn_norm : which == 1 ? &s->L->ffn_norm : &m->out_norm;
+    long b, e;
+    tp_split(s->n, ith, nth, &b, &e);
+    for (long r = b; r < e; r++)
+        rmsnorm(s->f->xb + r * m->n_embd, s->f->x + r * m->n_embd, w->data, m->n_embd, m->norm_eps);
+}
+static void task_attn_norm(void *arg, int ith, int nth) {
+    task_norm(arg, ith, nth, 0);
+}
+static void task_ffn_norm(void *arg, int ith, int nth) {
+    task_norm(arg, ith, nth, 1);
+}
+
+/* QK-norm, RoPE, and K/V into the cache, per row. */
+static void task_qk(void *arg, int ith, int nth) {
+    step *s = arg;
+    forward_ctx *f = s->f;
+    const model *m = f->m;
+    const layer_desc *L = s->L;
+    int32_t hd = m->head_dim, hdv = m->head_dim_v, qd = m->n_head * hd, kd = m->n_head_kv * hd,
+            vd = m->n_head_kv * hdv;
+    long b, e;
+    tp_split(s->n, ith, nth, &b, &e);
+    for (long r = b; r < e; r++) {
+        float *q = f->q + r * qd, *k = f->k + r * kd, *v = f->v + r * vd;
+        int32_t pos = s->rows[r].pos;
+        for (int32_t h = 0; h < m->n_head; h++) {
+            if (L->q_norm.data) rmsnorm(q + h * hd, q + h * hd, L->q_norm.data, hd, m->norm_eps);
+            rope_head(m, q + h * hd, pos, L->rope_base);
+        }
+        for (int32_t h = 0; h < m->n_head_kv; h++) {
+            if (L->k_norm.data) rmsnorm(k + h * hd, k + h * hd, L->k_norm.data, hd, m->norm_eps);
+            rope_head(m, k + h * hd, pos, L->rope_base);
+        }
+        uint16_t *kc = kv_k(f->kv, s->rows[r].seq, L->kv_group, L->kv_index, pos);
+        uint16_t *vc = kv_v(f->kv, s->rows[r].seq, L->kv_group, L->kv_index, pos);
+        for (int32_t i = 0; i < kd; i++) kc[i] = fp32_to_fp16(k[i]);
+        for (int32_t i = 0; i < vd; i++) vc[i] = fp32_to_fp16(v[i]);
+    }
+}
+
+/* Attention of every (row, head) pair: online softmax over the row's
+ * visible positions, block by block, in position order. */
+static void task_attention(void *arg, int ith, int nth) {
+    step *s = arg;
+    forward_ctx *f = s->f;
+    const model *m = f->m;
+    const layer_desc *L = s->L;
+    const attn_kernels *ak = f->ak;
+    int32_t hd = m->head_dim, hdv = m->head_dim_v, group = m->n_head / m->n_head_kv;
+    float *acc = f->acc + (size_t)ith * (size_t)hdv;
+    long b, e;
+    tp_split((long)s->n * m->n_head, ith, nth, &b, &e);
+    for (long t = b; t < e; t++) {
+        long r = t / m->n_head;
+        int32_t h = (int32_t)(t % m->n_head), kvh = h / group;
+        const kv_seq *seq = s->rows[r].seq;
+        int32_t pos = s->rows[r].pos;
+        int32_t lo = L->window > 0 && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
+        const float *q = f->q + r * (long)m->n_head * hd + (long)h * hd;
+        float mx = -INFINITY, sum = 0;
+        memset(acc, 0, (size_t)hdv * sizeof(float));
+        for (int32_t p0 = lo; p0 <= pos;) {
+            int32_t p1 = (p0 / KV_BLOCK_TOKENS + 1) * KV_BLOCK_TOKENS;
+            if (p1 > pos + 1) p1 = pos + 1;
+            float sc[KV_BLOCK_TOKENS];
+            float bmax = -INFINITY;
+            for (int32_t p = p0; p < p1; p++) {
+                const uint16_t *kr = kv_k(f->kv, seq, L->kv_group, L->kv_index, p) + kvh * hd;
+                float x = ak->dot_f16(q, kr, (size_t)hd) * m->attn_scale;
+                if (m->attn_softcap > 0) x = m->attn_softcap * tanhf(x / m->attn_softcap);
+                sc[p - p0] = x;
+                if (x > bmax) bmax = x;
+            }
+            if (bmax > mx) {
+                float corr = expf(mx - bmax); /* 0 on the first block */
+                sum *= corr;
+                ak->scale(acc, corr, (size_t)hdv);
+                mx = bmax;
+            }
+            for (int32_t p = p0; p < p1; p++) {
+                float w = expf(sc[p - p0] - mx);
+                sum += w;
+                const uint16_t *vr = kv_v(f->kv, seq, L->kv_group, L->kv_index, p) + kvh * hdv;
+                ak->axpy_f16(acc, w, vr, (size_t)hdv);
+            }
+            p0 = p1;
+        }
+        float *out = f->att + r * (long)m->n_head * hdv + (long)h * hdv;
+        float inv = 1.0f / sum;
+        for (int32_t i = 0; i < hdv; i++) out[i] = acc[i] * inv;
+    }
+}
+
+/* The residual: x += y, after the layer's post-norm of y where it has one. */
+static void residual_add(step *s, float *y, const weight *post, int ith, int nth) {
+    const model *m = s->f->m;
+    long b, e;
+    tp_split(s->n, ith, nth, &b, &e);
+    for (long r = b; r < e; r++) {
+        float *x = s->f->x + r * m->n_embd;
+        float *yr = y + r * m->n_embd;
+        if (post->data) rmsnorm(yr, yr, post->data, m->n_embd, m->norm_eps); /* in place */
+        for (int32_t i = 0; i < m->n_embd; i++) x[i] += yr[i];
+    }
+}
+static void task_attn_residual(void *arg, int ith, int nth) {
+    step *s = arg;
+    residual_add(s, s->f->hb, &s->L->post_attn_norm, ith, nth);
+}
+static void task_ffn_residual(void *arg, int ith, int nth) {
+    step *s = arg;
+    residual_add(s, s->f->hb, &s->L->post_ffn_norm, ith, nth);
+}
+
+/* hb2 = act(gate) * up, with gate in hb2 and up in hb. */
+static void task_act(void *arg, int ith, int nth) {
+    step *s = arg;
+    const model *m = s->f->m;
+    long b, e;
+    tp_split(s->n, ith, nth, &b, &e);
+    for (long r = b; r < e; r++) {
+        float *g = s->f->hb2 + r * m->n_ff;
+        const float *u = s->f->hb + r * m->n_ff;
+        if (m->act == ACT_GELU_TANH)
+            for (int32_t i = 0; i < m->n_ff; i++) g[i] = gelu_tanh(g[i]) * u[i];
+        else
+            for (int32_t i = 0; i < m->n_ff; i++) g[i] = silu(g[i]) * u[i];
+    }
+}
+
+static void mm(forward_ctx *f, const weight *w, const float *x, int32_t rows, float *y) {
+    matmul(f->tp, w->data, w->type, w->ne1, w->ne0, x, rows, y, f->scratch);
+}
+
+/* Checks the batch, reserves KV blocks for its new positions. */
+static cellm_status prepare(forward_ctx *f, const fwd_row *rows, int32_t n, cellm_error *err) {
+    if (n < 1 || n > f->max_rows)
+        return err_set(err, CELLM_ERR_INVALID_ARG, "batch of %d rows (limit %d)", n, f->max_rows);
+    int32_t n_logits = 0;
+    for (int32_t r = 0; r < n; r++) {
+        if (!rows[r].seq) return err_set(err, CELLM_ERR_INVALID_ARG, "row %d has no sequence", r);
+        if (rows[r].token < 0 || rows[r].token >= f->m->n_vocab)
+            return err_set(err, CELLM_ERR_INVALID_ARG, "row %d: token %d is not in 0..%d", r,
+                           rows[r].token, f->m->n_vocab - 1);
+        n_logits += rows[r].logits;
+    }
+    if (n_logits > f->max_logit_rows)
+        return err_set(err, CELLM_ERR_INVALID_ARG, "%d rows want logits (limit %d)", n_logits,
+                       f->max_logit_rows);
+    /* Each sequence's rows must continue it in order: row positions are
+     * n_pos, n_pos + 1, ... in batch order. Count them per sequence using
+     * n_pos as a cursor, then reserve and rewind. */
+    cellm_status st = CELLM_OK;
+    int32_t r = 0;
+    for (; r < n; r++) {
+        kv_seq *s = rows[r].seq;
+        if (rows[r].pos != s->n_pos) {
+            st = err_set(err, CELLM_ERR_INVALID_ARG,
+                         "row %d: position %d does not continue its sequence (next is %d)", r,
+                         rows[r].pos, s->n_pos);
+            break;
+        }
+        if ((st = kv_seq_reserve(f->kv, s, 1, err))) break;
+        s->n_pos++;
+    }
+    /* Rewind the cursors; blocks reserved stay with their sequences. */
+    for (int32_t i = r - 1; i >= 0; i--) rows[i].seq->n_pos--;
+    return st;
+}
+
+cellm_status forward_run(forward_ctx *f, const fwd_row *rows, int32_t n, const float **logits,
+                         cellm_error *err) {
+    cellm_status st = prepare(f, rows, n, err);
+    if (st) return st;
+    const model *m = f->m;
+    int32_t d = m->n_embd;
+    for (int32_t r = 0; r < n; r++) {
+        matrix_get_row(m->tok_embd.data, m->tok_embd.type, d, rows[r].token, f->x + (size_t)r * d);
+        if (m->emb_scale != 1.0f)
+            for (int32_t i = 0; i < d; i++) f->x[(size_t)r * d + i] *= m->emb_scale;
+    }
+    step s = {f, rows, n, NULL, 0};
+    for (int32_t il = 0; il < m->n_layer; il++) {
+        const layer_desc *L = &m->layers[il];
+        s.L = L;
+        s.il = il;
+        tp_run(f->tp, task_attn_norm, &s);
+        mm(f, &L->wq, f->xb, n, f->q);
+        mm(f, &L->wk, f->xb, n, f->k);
+        mm(f, &L->wv, f->xb, n, f->v);
+        tp_run(f->tp, task_qk, &s);
+        tp_run(f->tp, task_attention, &s);
+        mm(f, &L->wo, f->att, n, f->hb);
+        tp_run(f->tp, task_attn_residual, &s);
+        tp_run(f->tp, task_ffn_norm, &s);
+        mm(f, &L->w_gate, f->xb, n, f->hb2);
+        mm(f, &L->w_up, f->xb, n, f->hb);
+        tp_run(f->tp, task_act, &s);
+        mm(f, &L->w_down, f->hb2, n, f->hb);
+        tp_run(f->tp, task_ffn_residual, &s);
+    }
+    /* The classifier, only for rows that want logits: gather their normed
+     * states into xb, in batch order. */
+    int32_t nl = 0;
+    for (int32_t r = 0; r < n; r++) {
+        if (!rows[r].logits) continue;
+        rmsnorm(f->xb + (size_t)nl * d, f->x + (size_t)r * d, m->out_norm.data, d, m->norm_eps);
+        nl++;
+    }
+    if (nl) {
+        mm(f, &m->output, f->xb, nl, f->logits);
+        if (m->logit_softcap > 0) {
+            float c = m->logit_softcap;
+            for (size_t i = 0; i < (size_t)nl * (size_t)m->n_vocab; i++)
+                f->logits[i] = c * tanhf(f->logits[i] / c);
+        }
+    }
+    /* Advance the sequences and drop blocks that left their windows. */
+    for (int32_t r = 0; r < n; r++) rows[r].seq->n_pos = rows[r].pos + 1;
+    for (int32_t r = 0; r < n; r++) kv_seq_trim(f->kv, rows[r].seq);
+    *logits = f->logits;
+    return CELLM_OK;
+}

@@ -1,0 +1,99 @@
+/*
+ * kv_cache.h — the paged KV cache. Memory is a pool of fixed-size blocks
+ * (16 token positions by default), allocated once from a byte budget. Each
+ * sequence owns a block table that maps its positions to blocks, so a
+ * sequence grows block by block and its memory returns to the pool the
+ * moment it ends.
+ *
+ * Layers are split in KV groups: layers with full attention share one
+ * group; layers with a sliding window (Gemma 3's local layers) share
+ * another, whose blocks are freed as soon as they fall out of the window.
+ * A block of a group holds K and V for every layer of the group:
+ *
+ *   block = [layer 0: K[16][kv_dim] V[16][kv_dim]] [layer 1: ...] ...
+ *
+ * K and V are stored as f16. Blocks carry a reference count so that later
+ * prefix sharing and copy-on-write fit without changing the layout.
+ */
+#ifndef CELLM_KV_CACHE_H
+#define CELLM_KV_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "util.h"
+
+#define KV_BLOCK_TOKENS 16
+
+typedef struct kv_group {
+    int32_t n_layers;
+    int32_t window;      /* 0: full attention */
+    size_t k_row, v_row; /* bytes of one token's K (V) for one layer */
+    size_t layer_bytes;  /* one layer's slice of a block */
+    size_t block_bytes;
+    int32_t n_blocks;
+    uint8_t *mem;
+    int32_t *free_list; /* stack of free block ids */
+    int32_t n_free;
+    uint16_t *ref; /* references per block */
+} kv_group;
+
+typedef struct kv_cache {
+    int32_t n_groups;
+    kv_group groups[2];
+    int32_t max_blocks_per_seq; /* table capacity: max context / 16 */
+    int32_t max_ctx;
+} kv_cache;
+
+/* A sequence's view of the cache: its length and block tables. */
+typedef struct kv_seq {
+    int32_t n_pos;     /* positions stored: the next token goes at n_pos */
+    int32_t *table[2]; /* block id per 16 positions, -1: none (freed or not yet) */
+} kv_seq;
+
+/* Creates a cache for `m` holding up to `budget` bytes of blocks, sequences
+ * of up to `max_ctx` positions. The budget is split between the groups in
+ * proportion to what one sequence of `max_ctx` needs in each. */
+cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, kv_cache **out,
+                             cellm_error *err);
+void kv_cache_free(kv_cache *c);
+
+/* Bytes the cache needs per sequence of `ctx` positions (all groups). */
+size_t kv_cache_seq_bytes(const model *m, int32_t ctx);
+
+cellm_status kv_seq_init(kv_cache *c, kv_seq *s, cellm_error *err);
+/* Returns every block of the sequence to the pool and empties it. */
+void kv_seq_reset(kv_cache *c, kv_seq *s);
+/* Frees the tables too. */
+void kv_seq_free(kv_cache *c, kv_seq *s);
+
+/* Makes room for positions [s->n_pos, s->n_pos + n): allocates the blocks
+ * they need in every group. CELLM_ERR_NO_MEMORY when the pool is short (the
+ * sequence is left as it was) or the context would pass max_ctx. */
+cellm_status kv_seq_reserve(kv_cache *c, kv_seq *s, int32_t n, cellm_error *err);
+
+/* After a step has written positions up to s->n_pos - 1: frees the blocks
+ * of windowed groups that no later position can see. */
+void kv_seq_trim(kv_cache *c, kv_seq *s);
+
+/* Where K and V of one position of one layer live. The block must exist. */
+static inline uint16_t *kv_k(const kv_cache *c, const kv_seq *s, int32_t group, int32_t layer,
+                             int32_t pos) {
+    const kv_group *g = &c->groups[group];
+    int32_t b = s->table[group][pos / KV_BLOCK_TOKENS];
+    return (uint16_t *)(g->mem + (size_t)b * g->block_bytes + (size_t)layer * g->layer_bytes +
+                        (size_t)(pos % KV_BLOCK_TOKENS) * g->k_row);
+}
+static inline uint16_t *kv_v(const kv_cache *c, const kv_seq *s, int32_t group, int32_t layer,
+                             int32_t pos) {
+    const kv_group *g = &c->groups[group];
+    int32_t b = s->table[group][pos / KV_BLOCK_TOKENS];
+    return (uint16_t *)(g->mem + (size_t)b * g->block_bytes + (size_t)layer * g->layer_bytes +
+                        KV_BLOCK_TOKENS * g->k_row + (size_t)(pos % KV_BLOCK_TOKENS) * g->v_row);
+}
+
+/* Blocks in use in a group (for metrics and tests). */
+int32_t kv_cache_used_blocks(const kv_cache *c, int32_t group);
+
+#endif /* CELLM_KV_CACHE_H */

@@ -1,0 +1,75 @@
+/*
+ * matmul.c — quantized matrix times a batch of activation rows (see
+ * matmul.h).
+ */
+#include "matmul.h"
+
+#include "quant.h"
+
+#define TILE_ROWS 16 /* weight rows kept hot while every activation row passes */
+
+typedef struct mm_task {
+    const quant_type_info *wt, *xt;
+    const uint8_t *w;
+    size_t w_row, x_row; /* bytes per weight row, per quantized activation row */
+    int64_t n, k, m;
+    const float *x;
+    float *y;
+    uint8_t *xq;
+} mm_task;
+
+static void quantize_rows(void *arg, int ith, int nth) {
+    mm_task *t = arg;
+    long b, e;
+    tp_split((long)t->m, ith, nth, &b, &e);
+    for (long r = b; r < e; r++)
+        t->xt->from_float(t->x + (size_t)r * (size_t)t->k, t->xq + (size_t)r * t->x_row,
+                          (size_t)t->k);
+}
+
+static void dot_rows(void *arg, int ith, int nth) {
+    mm_task *t = arg;
+    long b, e;
+    tp_split((long)t->n, ith, nth, &b, &e);
+    for (long j0 = b; j0 < e; j0 += TILE_ROWS) {
+        long j1 = j0 + TILE_ROWS < e ? j0 + TILE_ROWS : e;
+        for (int64_t r = 0; r < t->m; r++) {
+            const uint8_t *xq = t->xq + (size_t)r * t->x_row;
+            float *yr = t->y + (size_t)r * (size_t)t->n;
+            for (long j = j0; j < j1; j++)
+                yr[j] = t->wt->vec_dot((size_t)t->k, t->w + (size_t)j * t->w_row, xq);
+        }
+    }
+}
+
+size_t matmul_scratch_size(uint32_t type, int64_t k, int64_t m) {
+    const quant_type_info *wt = quant_type_get(type);
+    if (!wt || !wt->vec_dot) return 0;
+    uint64_t row;
+    if (!quant_nbytes(wt->vec_dot_type, (uint64_t)k, &row)) return 0;
+    return (size_t)row * (size_t)m;
+}
+
+void matmul(threadpool *tp, const void *w, uint32_t type, int64_t n, int64_t k, const float *x,
+            int64_t m, float *y, void *scratch) {
+    mm_task t = {
+        .wt = quant_type_get(type), .w = w, .n = n, .k = k, .m = m, .x = x, .y = y, .xq = scratch};
+    t.xt = quant_type_get(t.wt->vec_dot_type);
+    uint64_t wr, xr;
+    quant_nbytes(type, (uint64_t)k, &wr);
+    quant_nbytes(t.wt->vec_dot_type, (uint64_t)k, &xr);
+    t.w_row = (size_t)wr;
+    t.x_row = (size_t)xr;
+    if (m < 4)
+        quantize_rows(&t, 0, 1); /* not worth a dispatch */
+    else
+        tp_run(tp, quantize_rows, &t);
+    tp_run(tp, dot_rows, &t);
+}
+
+void matrix_get_row(const void *w, uint32_t type, int64_t k, int64_t row, float *out) {
+    const quant_type_info *wt = quant_type_get(type);
+    uint64_t rb;
+    quant_nbytes(type, (uint64_t)k, &rb);
+    wt->to_float((const uint8_t *)w + (size_t)rb * (size_t)row, out, (size_t)k);
+}

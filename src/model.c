@@ -1,0 +1,272 @@
+/*
+ * model.c — the architecture table and model loading (see model.h).
+ *
+ * Each architecture is one row: its RoPE pairing, MLP activation, whether it
+ * scales embeddings, and its fixed sliding-window pattern. Everything else
+ * comes from the file's metadata (`ARCH.*` keys) and from which tensors are
+ * present (QK-norm, post-norms, a separate output matrix), so one forward
+ * pass serves every row.
+ */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant.h"
+
+typedef struct arch_row {
+    const char *name;
+    rope_kind rope;
+    mlp_act act;
+    bool emb_scale_sqrt;   /* embeddings times sqrt(n_embd) */
+    int32_t swa_period;    /* with a window: every period-th layer is global */
+    float rope_base_local; /* RoPE base of windowed layers; 0: the global base */
+} arch_row;
+
+static const arch_row arch_table[] = {
+    {"llama", ROPE_NORM, ACT_SILU, false, 0, 0},
+    {"gemma3", ROPE_NEOX, ACT_GELU_TANH, true, 6, 10000.0f},
+};
+
+static const arch_row *arch_find(const char *name) {
+    for (size_t i = 0; i < sizeof arch_table / sizeof arch_table[0]; i++)
+        if (!strcmp(arch_table[i].name, name)) return &arch_table[i];
+    return NULL;
+}
+
+static bool meta_u32(const gguf_file *f, const char *arch, const char *suffix, int32_t *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    uint64_t v;
+    if (!gguf_get_uint(f, key, &v) || v > INT32_MAX) return false;
+    *out = (int32_t)v;
+    return true;
+}
+
+static bool meta_f32(const gguf_file *f, const char *arch, const char *suffix, float *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    double v;
+    if (!gguf_get_float(f, key, &v)) return false;
+    *out = (float)v;
+    return true;
+}
+
+/* Finds tensor `name` and checks its shape is [ne0, ne1] (ne1 = 0: a
+ * vector) and that it can be used as asked: a matrix needs a vec_dot and a
+ * dequantizer, a vector must be F32. Missing and optional: data stays NULL. */
+static cellm_status get_weight(const gguf_file *f, const char *name, int64_t ne0, int64_t ne1,
+                               bool optional, weight *w, cellm_error *err) {
+    memset(w, 0, sizeof *w);
+    const gguf_tensor *t = gguf_find_tensor(f, name);
+    if (!t) {
+        if (optional) return CELLM_OK;
+        return err_set(err, CELLM_ERR_FORMAT, "tensor '%s' is missing", name);
+    }
+    bool vec = ne1 == 0;
+    uint64_t want1 = vec ? 1 : (uint64_t)ne1;
+    if (t->ne[0] != (uint64_t)ne0 || t->ne[1] != want1 || t->ne[2] != 1 || t->ne[3] != 1)
+        return err_set(err, CELLM_ERR_FORMAT,
+                       "tensor '%s' has shape [%llu, %llu, %llu, %llu], expected [%lld, %lld]",
+                       name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+                       (unsigned long long)t->ne[2], (unsigned long long)t->ne[3], (long long)ne0,
+                       (long long)want1);
+    const quant_type_info *qi = quant_type_get(t->type);
+    if (vec) {
+        if (t->type != QT_F32)
+            return err_set(err, CELLM_ERR_UNSUPPORTED,
+                           "tensor '%s' is %s; norm weights must be F32", name, qi->name);
+    } else {
+        if (!qi->vec_dot || !qi->to_float)
+            return err_set(err, CELLM_ERR_UNSUPPORTED,
+                           "tensor '%s' has type %s, which cellm cannot compute with yet", name,
+                           qi->name);
+        const quant_type_info *vt = quant_type_get(qi->vec_dot_type);
+        if (ne0 % vt->block_size)
+            return err_set(err, CELLM_ERR_UNSUPPORTED,
+                           "tensor '%s': rows of %lld are not whole %s blocks", name,
+                           (long long)ne0, vt->name);
+    }
+    w->data = t->data;
+    w->type = t->type;
+    w->ne0 = ne0;
+    w->ne1 = vec ? 1 : ne1;
+    return CELLM_OK;
+}
+
+static cellm_status load_layer(const gguf_file *f, model *m, int il, cellm_error *err) {
+    layer_desc *L = &m->layers[il];
+    int64_t d = m->n_embd, qd = (int64_t)m->n_head * m->head_dim,
+            kd = (int64_t)m->n_head_kv * m->head_dim, vd = (int64_t)m->n_head_kv * m->head_dim_v;
+    char name[96];
+    cellm_status st;
+#define W(field, suffix, ne0, ne1, opt)                                                            \
+    do {                                                                                           \
+        snprintf(name, sizeof name, "blk.%d." suffix ".weight", il);                               \
+        if ((st = get_weight(f, name, ne0, ne1, opt, &L->field, err))) return st;                  \
+    } while (0)
+    W(attn_norm, "attn_norm", d, 0, false);
+    W(wq, "attn_q", d, qd, false);
+    W(wk, "attn_k", d, kd, false);
+    W(wv, "attn_v", d, vd, false);
+    W(wo, "attn_output", qd, d, false);
+    W(q_norm, "attn_q_norm", m->head_dim, 0, true);
+    W(k_norm, "attn_k_norm", m->head_dim, 0, true);
+    W(post_attn_norm, "post_attention_norm", d, 0, true);
+    W(ffn_norm, "ffn_norm", d, 0, false);
+    W(w_gate, "ffn_gate", d, m->n_ff, false);
+    W(w_up, "ffn_up", d, m->n_ff, false);
+    W(w_down, "ffn_down", m->n_ff, d, false);
+    W(post_ffn_norm, "post_ffw_norm", d, 0, true);
+#undef W
+    return CELLM_OK;
+}
+
+cellm_status model_load(const char *path, model **out, cellm_error *err) {
+    *out = NULL;
+    model *m = calloc(1, sizeof *m);
+    if (!m) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    cellm_status st = gguf_open(path, &m->file, err);
+    if (st) {
+        free(m);
+        return st;
+    }
+    const gguf_file *f = m->file;
+    gguf_str s;
+    if (!gguf_get_str(f, "general.architecture", &s) || s.len == 0 || s.len >= sizeof m->arch) {
+        st =
+            err_set(err, CELLM_ERR_FORMAT, "%s: general.architecture is missing or too long", path);
+        goto fail;
+    }
+    memcpy(m->arch, s.ptr, (size_t)s.len);
+    const arch_row *ar = arch_find(m->arch);
+    if (!ar) {
+        st = err_set(err, CELLM_ERR_UNSUPPORTED,
+                     "%s: architecture '%s' is not supported (cellm knows: llama, gemma3)", path,
+                     m->arch);
+        goto fail;
+    }
+    const char *a = m->arch;
+    if (!meta_u32(f, a, "embedding_length", &m->n_embd) ||
+        !meta_u32(f, a, "block_count", &m->n_layer) ||
+        !meta_u32(f, a, "feed_forward_length", &m->n_ff) ||
+        !meta_u32(f, a, "attention.head_count", &m->n_head)) {
+        st = err_set(err, CELLM_ERR_FORMAT,
+                     "%s: %s.embedding_length, block_count, feed_forward_length or "
+                     "attention.head_count is missing",
+                     path, a);
+        goto fail;
+    }
+    if (!meta_u32(f, a, "attention.head_count_kv", &m->n_head_kv)) m->n_head_kv = m->n_head;
+    if (!meta_u32(f, a, "context_length", &m->n_ctx_train)) m->n_ctx_train = 2048;
+    if (m->n_embd <= 0 || m->n_layer <= 0 || m->n_layer > 4096 || m->n_head <= 0 ||
+        m->n_head_kv <= 0 || m->n_head % m->n_head_kv != 0 || m->n_ff <= 0) {
+        st = err_set(err, CELLM_ERR_FORMAT,
+                     "%s: inconsistent sizes (embedding %d, layers %d, heads %d/%d, ff %d)", path,
+                     m->n_embd, m->n_layer, m->n_head, m->n_head_kv, m->n_ff);
+        goto fail;
+    }
+    if (!meta_u32(f, a, "attention.key_length", &m->head_dim)) m->head_dim = m->n_embd / m->n_head;
+    if (!meta_u32(f, a, "attention.value_length", &m->head_dim_v)) m->head_dim_v = m->head_dim;
+    if (m->head_dim <= 0 || m->head_dim > 1024 || m->head_dim % 2 || m->head_dim_v <= 0 ||
+        m->head_dim_v > 1024) {
+        st = err_set(err, CELLM_ERR_FORMAT, "%s: head size %d/%d is not supported", path,
+                     m->head_dim, m->head_dim_v);
+        goto fail;
+    }
+    if (!meta_f32(f, a, "attention.layer_norm_rms_epsilon", &m->norm_eps)) m->norm_eps = 1e-5f;
+    float base = 10000.0f;
+    meta_f32(f, a, "rope.freq_base", &base);
+    if (!meta_u32(f, a, "rope.dimension_count", &m->rope_dim)) m->rope_dim = m->head_dim;
+    if (m->rope_dim <= 0 || m->rope_dim > m->head_dim || m->rope_dim % 2) {
+        st = err_set(err, CELLM_ERR_FORMAT, "%s: rope.dimension_count %d does not fit head size %d",
+                     path, m->rope_dim, m->head_dim);
+        goto fail;
+    }
+    m->rope = ar->rope;
+    m->rope_freq_scale = 1.0f;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    if (gguf_get_str(f, key, &s) && !gguf_str_eq(s, "none")) {
+        float factor = 1.0f;
+        if (!gguf_str_eq(s, "linear") || !meta_f32(f, a, "rope.scaling.factor", &factor) ||
+            !(factor > 0)) {
+            st = err_set(err, CELLM_ERR_UNSUPPORTED,
+                         "%s: RoPE scaling '%.*s' is not supported (only linear)", path,
+                         (int)(s.len < 32 ? s.len : 32), s.ptr);
+            goto fail;
+        }
+        m->rope_freq_scale = 1.0f / factor;
+    }
+    const gguf_tensor *rf = gguf_find_tensor(f, "rope_freqs.weight");
+    if (rf) {
+        if (rf->type != QT_F32 || rf->n_elems != (uint64_t)m->rope_dim / 2) {
+            st = err_set(err, CELLM_ERR_FORMAT, "%s: rope_freqs.weight must be %d F32 values", path,
+                         m->rope_dim / 2);
+            goto fail;
+        }
+        m->rope_freqs = rf->data;
+    }
+    m->act = ar->act;
+    m->emb_scale = ar->emb_scale_sqrt ? sqrtf((float)m->n_embd) : 1.0f;
+    m->attn_scale = 1.0f / sqrtf((float)m->head_dim);
+    meta_f32(f, a, "attn_logit_softcapping", &m->attn_softcap);
+    meta_f32(f, a, "final_logit_softcapping", &m->logit_softcap);
+
+    const gguf_value *toks = gguf_get_arr(f, "tokenizer.ggml.tokens");
+    const gguf_tensor *te = gguf_find_tensor(f, "token_embd.weight");
+    if (!te) {
+        st = err_set(err, CELLM_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing", path);
+        goto fail;
+    }
+    m->n_vocab = (int32_t)te->ne[1];
+    if (toks && toks->v.arr.n != te->ne[1]) {
+        st = err_set(err, CELLM_ERR_FORMAT,
+                     "%s: the vocabulary has %llu tokens but token_embd.weight has %llu rows", path,
+                     (unsigned long long)toks->v.arr.n, (unsigned long long)te->ne[1]);
+        goto fail;
+    }
+    if ((st = get_weight(f, "token_embd.weight", m->n_embd, m->n_vocab, false, &m->tok_embd, err)))
+        goto fail;
+    if ((st = get_weight(f, "output_norm.weight", m->n_embd, 0, false, &m->out_norm, err)))
+        goto fail;
+    if ((st = get_weight(f, "output.weight", m->n_embd, m->n_vocab, true, &m->output, err)))
+        goto fail;
+    if (!m->output.data) m->output = m->tok_embd; /* tied */
+
+    int32_t window = 0;
+    meta_u32(f, a, "attention.sliding_window", &window);
+    m->layers = calloc((size_t)m->n_layer, sizeof *m->layers);
+    if (!m->layers) {
+        st = err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+        goto fail;
+    }
+    m->n_kv_groups = 1;
+    for (int il = 0; il < m->n_layer; il++) {
+        if ((st = load_layer(f, m, il, err))) goto fail;
+        layer_desc *L = &m->layers[il];
+        bool local = window > 0 && (ar->swa_period == 0 || (il + 1) % ar->swa_period != 0);
+        L->window = local ? window : 0;
+        L->rope_base = local && ar->rope_base_local > 0 ? ar->rope_base_local : base;
+        /* Windowed layers keep their own block table, so blocks that left
+         * the window can be freed for them alone. */
+        L->kv_group = local && ar->swa_period ? 1 : 0;
+        if (L->kv_group) m->n_kv_groups = 2;
+        L->kv_index = m->kv_group_layers[L->kv_group]++;
+        m->kv_group_window[L->kv_group] = L->window;
+    }
+    *out = m;
+    return CELLM_OK;
+fail:
+    model_free(m);
+    return st;
+}
+
+void model_free(model *m) {
+    if (!m) return;
+    free(m->layers);
+    gguf_close(m->file);
+    free(m);
+}
