@@ -21,4 +21,7 @@ bool cli_parse_size(const char *s, size_t *out);
 /* Parses a non-negative decimal integer no larger than `max`. */
 bool cli_parse_uint(const char *s, unsigned long long max, unsigned long long *out);
 
+/* `cellm tokenize MODEL TEXT`: print a text's token ids and pieces. */
+int cmd_tokenize(int argc, char **argv);
+
 #endif /* CELLM_CLI_H */

@@ -14,6 +14,7 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
+    {"tokenize", cmd_tokenize, "show the token ids and pieces of a text"},
     {NULL, NULL, NULL},
 };
 
