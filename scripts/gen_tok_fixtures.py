@@ -9,6 +9,11 @@ writing the expected ids to tests/data/tok/<name>.bin for
 tests/test_tokenizer.c. It also records the id count and hash of a 1 MB
 text that the test generates itself (big_text() below, mirrored in C).
 
+For a BPE model it also checks the other pre-tokenizers on the same
+vocabulary: a vocabulary-only copy of the file with tokenizer.ggml.pre
+set to each of PRE_VARIANTS goes through llama.cpp, and the ids go to
+tests/data/tok/<name>-<pre>.bin (the test builds the same copy in memory).
+
     pip install llama-cpp-python   # builds llama.cpp from source
     python3 scripts/gen_tok_fixtures.py smollm2=/path/smollm2.gguf gemma3=/path/gemma3.gguf
 
@@ -243,35 +248,69 @@ def lenient_decode_ok(b):
     return True
 
 
-def main():
+PRE_VARIANTS = ["llama-bpe", "qwen2", "gpt-2", "default"]
+
+
+def write_pre_variant(src, dst, pre):
+    """Copies the metadata of GGUF `src` (no tensors) to `dst` with
+    tokenizer.ggml.pre = pre."""
+    from gguf import GGUFReader, GGUFWriter, GGUFValueType
+    r = GGUFReader(src)
+    w = GGUFWriter(dst, arch=r.fields["general.architecture"].contents())
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        v = pre if k == "tokenizer.ggml.pre" else f.contents()
+        t = f.types[0]
+        w.add_key_value(k, v, t, sub_type=f.types[1] if t == GGUFValueType.ARRAY else None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_fixture(name, path, cases):
     from llama_cpp import Llama
     import llama_cpp
+
+    m = Llama(model_path=path, vocab_only=True, verbose=False)
+    bpe = m.metadata.get("tokenizer.ggml.model") == "gpt2"
+    blob = bytearray()
+    n = 0
+    for b, flags in cases:
+        if bpe and not lenient_decode_ok(b):
+            continue
+        ids = m.tokenize(b, add_bos=bool(flags & 1), special=bool(flags & 2))
+        blob += struct.pack("<BI", flags, len(b)) + b + struct.pack("<I", len(ids))
+        blob += struct.pack("<%di" % len(ids), *ids)
+        n += 1
+    big = big_text()
+    big_ids = m.tokenize(big, add_bos=False, special=False)
+    data = b"CTOKFIX1" + struct.pack("<I", n) + bytes(blob)
+    data += struct.pack("<QIQ", len(big), len(big_ids), ids_hash(big_ids))
+    out = "tests/data/tok/%s.bin" % name
+    with open(out, "wb") as f:
+        f.write(data)
+    print("%s: %d cases, %d bytes, 1 MB text -> %d ids (llama-cpp-python %s, Unicode %s)"
+          % (out, n, len(data), len(big_ids), llama_cpp.__version__, unicodedata.unidata_version))
+    return bpe
+
+
+def main():
+    import os
+    import tempfile
 
     targets = dict(a.split("=", 1) for a in sys.argv[1:])
     if not targets:
         sys.exit(__doc__)
     cases = corpus()
     for name, path in targets.items():
-        m = Llama(model_path=path, vocab_only=True, verbose=False)
-        bpe = m.metadata.get("tokenizer.ggml.model") == "gpt2"
-        blob = bytearray()
-        n = 0
-        for b, flags in cases:
-            if bpe and not lenient_decode_ok(b):
-                continue
-            ids = m.tokenize(b, add_bos=bool(flags & 1), special=bool(flags & 2))
-            blob += struct.pack("<BI", flags, len(b)) + b + struct.pack("<I", len(ids))
-            blob += struct.pack("<%di" % len(ids), *ids)
-            n += 1
-        big = big_text()
-        big_ids = m.tokenize(big, add_bos=False, special=False)
-        data = b"CTOKFIX1" + struct.pack("<I", n) + bytes(blob)
-        data += struct.pack("<QIQ", len(big), len(big_ids), ids_hash(big_ids))
-        out = "tests/data/tok/%s.bin" % name
-        with open(out, "wb") as f:
-            f.write(data)
-        print("%s: %d cases, %d bytes, 1 MB text -> %d ids (llama-cpp-python %s, Unicode %s)"
-              % (out, n, len(data), len(big_ids), llama_cpp.__version__, unicodedata.unidata_version))
+        if write_fixture(name, path, cases):
+            with tempfile.TemporaryDirectory() as tmp:
+                for pre in PRE_VARIANTS:
+                    dst = os.path.join(tmp, "%s-%s.gguf" % (name, pre))
+                    write_pre_variant(path, dst, pre)
+                    write_fixture("%s-%s" % (name, pre), dst, cases)
 
 
 if __name__ == "__main__":

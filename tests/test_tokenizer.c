@@ -183,10 +183,8 @@ static uint64_t ids_hash(const int32_t *ids, size_t n) {
     return h;
 }
 
-/* Encodes every fixture string and compares ids with llama.cpp's. */
-static void check_parity(const char *env, const char *name) {
-    model m;
-    model_open(env, &m);
+/* Encodes every fixture string with `t` and compares ids with llama.cpp's. */
+static void check_parity_tok(const tokenizer *t, const char *name) {
     fixture fx;
     fixture_load(name, &fx);
     size_t bad = 0;
@@ -195,8 +193,7 @@ static void check_parity(const char *env, const char *name) {
     for (size_t i = 0; i < fx.n_cases; i++) {
         const fx_case *c = &fx.cases[i];
         tok_ids got = {0};
-        cellm_status st =
-            tokenizer_encode(m.t, c->text, c->n_text, enc_flags(c->flags), &got, &err);
+        cellm_status st = tokenizer_encode(t, c->text, c->n_text, enc_flags(c->flags), &got, &err);
         bool same = st == CELLM_OK && got.n == c->n_ids &&
                     (!got.n || !memcmp(got.ids, c->ids, got.n * sizeof *got.ids));
         if (!same && ++bad <= 10) print_case(name, c, &got);
@@ -206,7 +203,7 @@ static void check_parity(const char *env, const char *name) {
     char *big = big_text(&blen);
     tok_ids got = {0};
     assert_int_equal(blen, fx.big_len);
-    assert_int_equal(tokenizer_encode(m.t, big, blen, 0, &got, &err), CELLM_OK);
+    assert_int_equal(tokenizer_encode(t, big, blen, 0, &got, &err), CELLM_OK);
     fprintf(stderr, "%s: %zu strings checked, %zu mismatches; 1 MB text: %zu ids (want %u)\n", name,
             fx.n_cases, bad, got.n, fx.big_n_ids);
     assert_int_equal(got.n, fx.big_n_ids);
@@ -215,12 +212,57 @@ static void check_parity(const char *env, const char *name) {
     free(big);
     assert_int_equal(bad, 0);
     fixture_free(&fx);
+}
+
+static void check_parity(const char *env, const char *name) {
+    model m;
+    model_open(env, &m);
+    check_parity_tok(m.t, name);
     model_close(&m);
 }
 
 static void test_parity_smollm2(void **state) {
     (void)state;
     check_parity("CELLM_TEST_SMOLLM2", "smollm2");
+}
+
+/* The other pre-tokenizers, on SmolLM2's vocabulary: a copy of its
+ * tokenizer metadata with another tokenizer.ggml.pre, as the fixture
+ * script made for llama.cpp. */
+static void test_parity_pre_variants(void **state) {
+    (void)state;
+    static const char *pres[] = {"llama-bpe", "qwen2", "gpt-2", "default"};
+    model m;
+    model_open("CELLM_TEST_SMOLLM2", &m);
+    for (size_t v = 0; v < sizeof pres / sizeof pres[0]; v++) {
+        gguf_writer *w = gguf_writer_new();
+        assert_non_null(w);
+        for (uint64_t i = 0; i < m.f->n_kv; i++) {
+            const gguf_kv *kv = &m.f->kv[i];
+            if (kv->key.len < 10 || memcmp(kv->key.ptr, "tokenizer.", 10)) continue;
+            char key[256];
+            snprintf(key, sizeof key, "%.*s", (int)kv->key.len, kv->key.ptr);
+            assert_int_equal(gguf_writer_set(w, key, &kv->value, NULL), CELLM_OK);
+        }
+        assert_int_equal(gguf_writer_set_str(w, "tokenizer.ggml.pre", pres[v], NULL), CELLM_OK);
+        uint8_t *buf;
+        size_t size;
+        gguf_file *f;
+        tokenizer *t;
+        cellm_error err;
+        assert_int_equal(gguf_writer_write_mem(w, &buf, &size, NULL), CELLM_OK);
+        assert_int_equal(gguf_open_memory(buf, size, &f, NULL), CELLM_OK);
+        assert_int_equal(tokenizer_load(f, &t, &err), CELLM_OK);
+        assert_string_equal(tokenizer_pre_name(t), pres[v]);
+        char name[64];
+        snprintf(name, sizeof name, "smollm2-%s", pres[v]);
+        check_parity_tok(t, name);
+        tokenizer_free(t);
+        gguf_close(f);
+        free(buf);
+        gguf_writer_free(w);
+    }
+    model_close(&m);
 }
 
 static void test_parity_gemma3(void **state) {
@@ -593,10 +635,15 @@ static void test_unicode_table(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_unicode_table),    cmocka_unit_test(test_tiny_bpe),
-        cmocka_unit_test(test_tiny_spm),         cmocka_unit_test(test_parity_smollm2),
-        cmocka_unit_test(test_parity_gemma3),    cmocka_unit_test(test_roundtrip_smollm2),
-        cmocka_unit_test(test_roundtrip_gemma3), cmocka_unit_test(test_stream_holds_partial),
+        cmocka_unit_test(test_unicode_table),
+        cmocka_unit_test(test_tiny_bpe),
+        cmocka_unit_test(test_tiny_spm),
+        cmocka_unit_test(test_parity_smollm2),
+        cmocka_unit_test(test_parity_gemma3),
+        cmocka_unit_test(test_parity_pre_variants),
+        cmocka_unit_test(test_roundtrip_smollm2),
+        cmocka_unit_test(test_roundtrip_gemma3),
+        cmocka_unit_test(test_stream_holds_partial),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
