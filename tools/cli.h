@@ -24,4 +24,7 @@ bool cli_parse_uint(const char *s, unsigned long long max, unsigned long long *o
 /* `cellm run` (tools/run.c). */
 int cmd_run(int argc, char **argv);
 
+/* `cellm tokenize MODEL TEXT`: print a text's token ids and pieces. */
+int cmd_tokenize(int argc, char **argv);
+
 #endif /* CELLM_CLI_H */

@@ -20,6 +20,7 @@ static const command commands[] = {
     {"inspect", cmd_inspect, "describe a model file and the memory it needs"},
     {"pull", cmd_pull, "fetch a known model into the model store"},
     {"list", cmd_list, "list known models and the GGUF files in the store"},
+    {"tokenize", cmd_tokenize, "show the token ids and pieces of a text"},
     {NULL, NULL, NULL},
 };
 

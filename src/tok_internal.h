@@ -1,0 +1,144 @@
+/*
+ * tok_internal.h — the inside of a tokenizer, shared by tokenizer.c (loading,
+ * special tokens, decoding), tok_bpe.c (pre-tokenizers and BPE merges) and
+ * tok_spm.c (SentencePiece merges). Nothing outside these files includes it.
+ */
+#ifndef CELLM_TOK_INTERNAL_H
+#define CELLM_TOK_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tokenizer.h"
+
+typedef enum tok_kind { TOK_KIND_SPM, TOK_KIND_BPE } tok_kind;
+
+/* Pre-tokenizers, as llama.cpp groups tokenizer.ggml.pre names. */
+typedef enum tok_pre {
+    TOK_PRE_NONE,    /* SentencePiece: no pre-tokenizer */
+    TOK_PRE_DEFAULT, /* punctuation runs, GPT-2 rule, digit runs, digit triples */
+    TOK_PRE_GPT2,    /* the GPT-2 rule */
+    TOK_PRE_SMOLLM,  /* each digit alone, then the GPT-2 rule (also starcoder, refact) */
+    TOK_PRE_LLAMA3,  /* the Llama 3 rule, digits in threes */
+    TOK_PRE_QWEN2,   /* the Llama 3 rule, digits one by one */
+} tok_pre;
+
+/* Token attributes: how a token behaves, from its type plus the fix-ups
+ * llama.cpp applies by name (see tokenizer.c). Bits, as llama.cpp's. */
+enum {
+    TOK_ATTR_NORMAL = 1u << 0,
+    TOK_ATTR_UNKNOWN = 1u << 1,
+    TOK_ATTR_CONTROL = 1u << 2,
+    TOK_ATTR_USER = 1u << 3,
+    TOK_ATTR_UNUSED = 1u << 4,
+    TOK_ATTR_BYTE = 1u << 5,
+};
+
+/* One slot of an open-addressing hash table: `tag` is the top bits of the
+ * key's hash (to skip most compares), `idx` an index, -1 when empty. */
+typedef struct tok_slot {
+    uint32_t tag;
+    int32_t idx;
+} tok_slot;
+
+struct tokenizer {
+    tok_kind kind;
+    tok_pre pre;
+    char pre_name[32];
+
+    int32_t n_vocab;
+    char *text;         /* every token's text, back to back */
+    uint32_t *text_off; /* n_vocab + 1 offsets into text */
+    float *score;       /* n_vocab scores (0 when the file has none) */
+    uint8_t *type;      /* n_vocab tok_type values, as in the file */
+    uint8_t *attr;      /* n_vocab TOK_ATTR_* masks */
+    char *piece;        /* every token's decoded bytes, back to back */
+    uint32_t *piece_off;
+    size_t max_piece;
+
+    tok_slot *vocab_slots; /* token text -> id */
+    uint32_t vocab_mask;
+
+    /* BPE merges: merge i joins merge_text[merge_off[i] ..][0..merge_split[i])
+     * and the rest up to merge_off[i + 1]; its rank is i. */
+    int32_t n_merges;
+    char *merge_text;
+    uint32_t *merge_off;
+    uint32_t *merge_split;
+    tok_slot *merge_slots;
+    uint32_t merge_mask;
+
+    /* Special tokens (control, user-defined, unknown) as a trie whose edges
+     * are a hash table keyed by (node, byte). */
+    int32_t n_nodes;
+    int32_t *node_tok;  /* the token ending at each node, or -1 */
+    uint64_t *edge_key; /* (node << 8 | byte) + 1; 0 = empty */
+    int32_t *edge_child;
+    uint32_t edge_mask;
+    size_t max_special; /* longest special token, in bytes */
+    /* first[k][L]: bitmap of the bytes a special token of length L starts
+     * with; k = 0 counts user-defined tokens only, k = 1 all of them. */
+    uint8_t (*first[2])[32];
+    bool has_special[2];
+
+    int32_t bos, eos, unk;
+    bool add_bos, add_eos, add_space_prefix, ignore_merges;
+    int32_t byte_tok[256]; /* token of each byte (<0xNN> or its BPE char), or -1 */
+};
+
+/* A 64-bit hash of n bytes. */
+uint64_t tok_hash(const void *p, size_t n);
+
+/* The id of the token whose text is s[0..n), or -1. */
+int32_t tok_vocab_find(const tokenizer *t, const char *s, size_t n);
+
+/* The rank of the merge joining s[0..n_left) and s[n_left..n_left+n_right),
+ * or -1 when there is none. */
+int32_t tok_merge_rank(const tokenizer *t, const char *s, size_t n_left, size_t n_right);
+
+/* Appends one id; false when out of memory. */
+bool tok_ids_push(tok_ids *v, int32_t id);
+
+/* A linked symbol of a word being merged: bytes [off, off + n) of the word;
+ * n == 0 once merged into its left neighbour. */
+typedef struct tok_sym {
+    uint32_t off, n;
+    int32_t prev, next;
+} tok_sym;
+
+/* A candidate merge of symbols left and right, `size` bytes in all.
+ * `key` orders the heap: the smallest pops first. */
+typedef struct tok_bigram {
+    uint64_t key;
+    int32_t left, right;
+    uint32_t size;
+} tok_bigram;
+
+/* Scratch memory one tokenizer_encode call reuses across words. */
+typedef struct tok_scratch {
+    tok_sym *syms;
+    size_t syms_cap;
+    tok_bigram *heap;
+    size_t heap_n, heap_cap;
+    uint8_t *buf; /* a word's bytes (BPE: byte-mapped; SPM: escaped) */
+    size_t buf_cap;
+    uint32_t *cps;
+    uint8_t *cls;
+    size_t cps_cap, cls_cap;
+    size_t *segs, *segs2;
+    size_t segs_cap, segs2_cap;
+} tok_scratch;
+
+void tok_scratch_free(tok_scratch *s);
+bool tok_grow(void **p, size_t *cap, size_t need, size_t elem);
+bool tok_heap_push(tok_scratch *s, tok_bigram b);
+tok_bigram tok_heap_pop(tok_scratch *s);
+
+/* Encodes one stretch of text free of special tokens. */
+cellm_status tok_bpe_encode(const tokenizer *t, tok_scratch *s, const uint8_t *text, size_t n,
+                            tok_ids *out, cellm_error *err);
+cellm_status tok_spm_encode(const tokenizer *t, tok_scratch *s, const uint8_t *text, size_t n,
+                            bool space_prefix, tok_ids *out, cellm_error *err);
+
+#endif /* CELLM_TOK_INTERNAL_H */
