@@ -38,7 +38,8 @@ struct forward_ctx {
     float *hb;     /* [rows][max(n_ff, n_embd)] */
     float *hb2;    /* [rows][n_ff] */
     float *logits; /* [max_logit_rows][n_vocab] */
-    float *acc;    /* [threads][head_dim_v] attention accumulators */
+    float *acc;    /* [threads][head_dim_v + head_dim + max_ctx] attention scratch */
+    size_t acc_stride;
     void *scratch; /* quantized activations for matmul */
     int32_t *logit_rows;
 };
@@ -56,7 +57,12 @@ static size_t scratch_for(const weight *w, int32_t rows) {
     return matmul_scratch_size(w->type, w->ne0, rows);
 }
 
-static fwd_sizes sizes_for(const model *m, int32_t rows, int32_t logit_rows, int n_threads) {
+static size_t acc_per_thread(const model *m, int32_t max_ctx) {
+    return (size_t)m->head_dim_v + (size_t)m->head_dim + (size_t)max_ctx;
+}
+
+static fwd_sizes sizes_for(const model *m, int32_t rows, int32_t logit_rows, int n_threads,
+                           int32_t max_ctx) {
     fwd_sizes s;
     size_t r = (size_t)rows;
     int32_t qd = m->n_head * m->head_dim, vd = m->n_head * m->head_dim_v;
@@ -69,7 +75,7 @@ static fwd_sizes sizes_for(const model *m, int32_t rows, int32_t logit_rows, int
     s.hb = r * (size_t)max_i32(m->n_ff, m->n_embd);
     s.hb2 = r * (size_t)m->n_ff;
     s.logits = (size_t)logit_rows * (size_t)m->n_vocab;
-    s.acc = (size_t)n_threads * (size_t)m->head_dim_v;
+    s.acc = (size_t)n_threads * acc_per_thread(m, max_ctx);
     /* The largest quantized activation buffer any matmul needs. */
     size_t sc = scratch_for(&m->output, logit_rows);
     for (int32_t il = 0; il < m->n_layer; il++) {
@@ -84,8 +90,9 @@ static fwd_sizes sizes_for(const model *m, int32_t rows, int32_t logit_rows, int
     return s;
 }
 
-size_t forward_bytes(const model *m, int32_t max_rows, int32_t max_logit_rows, int n_threads) {
-    fwd_sizes s = sizes_for(m, max_rows, max_logit_rows, n_threads);
+size_t forward_bytes(const model *m, int32_t max_rows, int32_t max_logit_rows, int n_threads,
+                     int32_t max_ctx) {
+    fwd_sizes s = sizes_for(m, max_rows, max_logit_rows, n_threads, max_ctx);
     return (s.x + s.xb + s.q + s.k + s.v + s.att + s.hb + s.hb2 + s.logits + s.acc) *
                sizeof(float) +
            s.scratch + (size_t)max_rows * sizeof(int32_t);
@@ -122,7 +129,8 @@ cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_
     f->ak = attn_kernels_get();
     f->max_rows = max_rows;
     f->max_logit_rows = max_logit_rows;
-    fwd_sizes s = sizes_for(m, max_rows, max_logit_rows, tp_size(tp));
+    fwd_sizes s = sizes_for(m, max_rows, max_logit_rows, tp_size(tp), kv->max_ctx);
+    f->acc_stride = acc_per_thread(m, kv->max_ctx);
     f->x = malloc(s.x * sizeof(float));
     f->xb = malloc(s.xb * sizeof(float));
     f->q = malloc(s.q * sizeof(float));
@@ -139,7 +147,7 @@ cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_
         !f->acc || !f->scratch || !f->logit_rows) {
         forward_free(f);
         return err_set(err, CELLM_ERR_NO_MEMORY, "cannot allocate %zu bytes of activations",
-                       forward_bytes(m, max_rows, max_logit_rows, tp_size(tp)));
+                       forward_bytes(m, max_rows, max_logit_rows, tp_size(tp), kv->max_ctx));
     }
     *out = f;
     return CELLM_OK;
@@ -236,8 +244,11 @@ static void task_qk(void *arg, int ith, int nth) {
     }
 }
 
-/* Attention of every (row, head) pair: online softmax over the row's
- * visible positions, block by block, in position order. */
+/* Attention of every (row, head) pair over the row's visible positions,
+ * read through the block table in position order. The rounding follows
+ * llama.cpp's (non-flash) attention: Q is rounded to f16 like the K it
+ * meets, the softmax is taken in f32 with a double sum, and the
+ * probabilities are rounded to f16 before they weight V. */
 static void task_attention(void *arg, int ith, int nth) {
     step *s = arg;
     forward_ctx *f = s->f;
@@ -245,7 +256,7 @@ static void task_attention(void *arg, int ith, int nth) {
     const layer_desc *L = s->L;
     const attn_kernels *ak = f->ak;
     int32_t hd = m->head_dim, hdv = m->head_dim_v, group = m->n_head / m->n_head_kv;
-    float *acc = f->acc + (size_t)ith * (size_t)hdv;
+    float *acc = f->acc + (size_t)ith * f->acc_stride, *q16 = acc + hdv, *sc = q16 + hd;
     long b, e;
     tp_split((long)s->n * m->n_head, ith, nth, &b, &e);
     for (long t = b; t < e; t++) {
@@ -255,37 +266,29 @@ static void task_attention(void *arg, int ith, int nth) {
         int32_t pos = s->rows[r].pos;
         int32_t lo = L->window > 0 && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
         const float *q = f->q + r * (long)m->n_head * hd + (long)h * hd;
-        float mx = -INFINITY, sum = 0;
-        memset(acc, 0, (size_t)hdv * sizeof(float));
-        for (int32_t p0 = lo; p0 <= pos;) {
-            int32_t p1 = (p0 / KV_BLOCK_TOKENS + 1) * KV_BLOCK_TOKENS;
-            if (p1 > pos + 1) p1 = pos + 1;
-            float sc[KV_BLOCK_TOKENS];
-            float bmax = -INFINITY;
-            for (int32_t p = p0; p < p1; p++) {
-                const uint16_t *kr = kv_k(f->kv, seq, L->kv_group, L->kv_index, p) + kvh * hd;
-                float x = ak->dot_f16(q, kr, (size_t)hd) * m->attn_scale;
-                if (m->attn_softcap > 0) x = m->attn_softcap * tanhf(x / m->attn_softcap);
-                sc[p - p0] = x;
-                if (x > bmax) bmax = x;
-            }
-            if (bmax > mx) {
-                float corr = expf(mx - bmax); /* 0 on the first block */
-                sum *= corr;
-                ak->scale(acc, corr, (size_t)hdv);
-                mx = bmax;
-            }
-            for (int32_t p = p0; p < p1; p++) {
-                float w = expf(sc[p - p0] - mx);
-                sum += w;
-                const uint16_t *vr = kv_v(f->kv, seq, L->kv_group, L->kv_index, p) + kvh * hdv;
-                ak->axpy_f16(acc, w, vr, (size_t)hdv);
-            }
-            p0 = p1;
+        for (int32_t i = 0; i < hd; i++) q16[i] = fp16_to_fp32(fp32_to_fp16(q[i]));
+        float mx = -INFINITY;
+        for (int32_t p = lo; p <= pos; p++) {
+            const uint16_t *kr = kv_k(f->kv, seq, L->kv_group, L->kv_index, p) + kvh * hd;
+            float x = ak->dot_f16(q16, kr, (size_t)hd) * m->attn_scale;
+            if (m->attn_softcap > 0) x = m->attn_softcap * tanhf(x / m->attn_softcap);
+            sc[p - lo] = x;
+            if (x > mx) mx = x;
         }
-        float *out = f->att + r * (long)m->n_head * hdv + (long)h * hdv;
-        float inv = 1.0f / sum;
-        for (int32_t i = 0; i < hdv; i++) out[i] = acc[i] * inv;
+        double sum = 0;
+        for (int32_t p = lo; p <= pos; p++) {
+            float w = expf(sc[p - lo] - mx);
+            sc[p - lo] = w;
+            sum += w;
+        }
+        float inv = (float)(1.0 / sum);
+        memset(acc, 0, (size_t)hdv * sizeof(float));
+        for (int32_t p = lo; p <= pos; p++) {
+            float w = fp16_to_fp32(fp32_to_fp16(sc[p - lo] * inv));
+            const uint16_t *vr = kv_v(f->kv, seq, L->kv_group, L->kv_index, p) + kvh * hdv;
+            ak->axpy_f16(acc, w, vr, (size_t)hdv);
+        }
+        memcpy(f->att + r * (long)m->n_head * hdv + (long)h * hdv, acc, (size_t)hdv * sizeof(float));
     }
 }
 

@@ -31,7 +31,8 @@ cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_
 void forward_free(forward_ctx *f);
 
 /* Bytes forward_create() allocates for these limits (for budgeting). */
-size_t forward_bytes(const model *m, int32_t max_rows, int32_t max_logit_rows, int n_threads);
+size_t forward_bytes(const model *m, int32_t max_rows, int32_t max_logit_rows, int n_threads,
+                     int32_t max_ctx);
 
 /* Runs the batch. Reserves KV blocks for the new positions first (nothing
  * is computed if they do not fit: CELLM_ERR_NO_MEMORY), writes K/V, and

@@ -9,6 +9,7 @@
 #include "threadpool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -20,7 +21,7 @@
 #define cpu_relax() ((void)0)
 #endif
 
-#define SPIN_ROUNDS 200000 /* roughly 100 microseconds to a few ms of polling */
+#define SPIN_ROUNDS 50000 /* tens of microseconds to a millisecond of polling */
 
 typedef struct worker {
     threadpool *tp;
@@ -53,7 +54,10 @@ static void *worker_main(void *p) {
         while ((gen = atomic_load_explicit(&tp->generation, memory_order_acquire)) == seen &&
                !atomic_load_explicit(&tp->stop, memory_order_acquire)) {
             if (++spins < SPIN_ROUNDS) {
-                cpu_relax();
+                if (spins % 1024 == 0)
+                    sched_yield(); /* let a waiting thread run on a busy machine */
+                else
+                    cpu_relax();
                 continue;
             }
             pthread_mutex_lock(&tp->lock);
@@ -132,5 +136,12 @@ void tp_run(threadpool *tp, tp_task_fn fn, void *arg) {
         pthread_mutex_unlock(&tp->lock);
     }
     fn(arg, 0, tp->n);
-    while (atomic_load_explicit(&tp->pending, memory_order_acquire) > 0) cpu_relax();
+    /* Spin while the others finish; yield once it takes long, which it
+     * does when the machine has more runnable threads than cores. */
+    for (int spins = 0; atomic_load_explicit(&tp->pending, memory_order_acquire) > 0; spins++) {
+        if (spins < 2000)
+            cpu_relax();
+        else
+            sched_yield();
+    }
 }

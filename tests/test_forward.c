@@ -457,5 +457,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_smollm2),     cmocka_unit_test(test_greedy_gemma3),
         cmocka_unit_test(test_ppl_smollm2),        cmocka_unit_test(test_ppl_gemma3),
     };
+    /* CELLM_TEST_FILTER=test_logits* runs a subset while developing. */
+    if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
