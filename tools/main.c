@@ -7,6 +7,7 @@
 #include "cellm.h"
 #include "cli.h"
 #include "inspect.h"
+#include "quantize.h"
 #include "store.h"
 
 typedef struct command {
@@ -20,6 +21,7 @@ static const command commands[] = {
     {"inspect", cmd_inspect, "describe a model file and the memory it needs"},
     {"pull", cmd_pull, "fetch a known model into the model store"},
     {"list", cmd_list, "list known models and the GGUF files in the store"},
+    {"quantize", cmd_quantize, "re-quantize a model file (Q4_0 ... Q8_0, Q4_K_M, Q5_K_M, Q6_K)"},
     {NULL, NULL, NULL},
 };
 
