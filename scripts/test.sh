@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test.sh — sets everything up and runs the whole test suite: the unit and
 # real-model tests (warnings as errors), the same under ASan+UBSan and under
-# TSan, the fuzzers for a bounded time, and the format check. Exits non-zero
-# on any failure. CI runs exactly this (.ci/run).
+# TSan, the fuzzers for a bounded time, the kernel tests cross-compiled for
+# aarch64 under QEMU, and the format check. Exits non-zero on any failure.
+# CI runs exactly this (.ci/run).
 #   FUZZ_SECONDS=N   seconds per fuzzer (default 60 in all, split evenly)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
@@ -74,6 +75,37 @@ for fz in "${fuzzers[@]}"; do
     fi
     rm -rf "$work"
 done
+
+# The NEON kernels: cross-compile the library and the kernel tests for
+# aarch64 and run them under qemu-aarch64, with its default CPU (has SDOT)
+# and with a Cortex-A53 (plain NEON). Only cmocka is needed for arm64,
+# from Debian multiarch.
+install_aarch64() {
+    local missing=()
+    for p in gcc-aarch64-linux-gnu qemu-user libcmocka-dev:arm64; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+            missing+=("$p")
+    done
+    [ "${#missing[@]}" -gt 0 ] || return 0
+    echo "test.sh: installing ${missing[*]}" >&2
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    dpkg --print-foreign-architectures | grep -qx arm64 || $sudo dpkg --add-architecture arm64
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+        $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            "${missing[@]}" >/dev/null
+}
+echo "== aarch64 (cross-compiled, under qemu-aarch64)"
+if install_aarch64 &&
+    cellm_build build-aarch64 -DCMAKE_TOOLCHAIN_FILE="$CELLM_ROOT/cmake/aarch64-linux-gnu.cmake" \
+        -DCELLM_WERROR=ON -DCELLM_BUILD_TOOLS=OFF -DCELLM_TESTS="test_quant;test_kernels_simd" \
+        -DCMAKE_BUILD_TYPE=RelWithDebInfo; then
+    run_ctest build-aarch64 "aarch64, default CPU (dotprod)"
+    QEMU_CPU=cortex-a53 run_ctest build-aarch64 "aarch64, cortex-a53"
+else
+    echo "test.sh: could not set up or build the aarch64 cross build" >&2
+    failed=$((failed + 1))
+fi
 
 echo "== format"
 if command -v clang-format >/dev/null 2>&1; then

@@ -78,9 +78,11 @@ static void select_kernels(void) {
     if (avx2_cpu_supported()) {
         quant_type_info *t = type_table;
         t[QT_Q8_0].from_float = avx2_quantize_q8_0;
+        t[QT_Q8_K].from_float = avx2_quantize_q8_k;
         t[QT_F16].vec_dot = avx2_vec_dot_f16;
         t[QT_Q4_0].vec_dot = avx2_vec_dot_q4_0_q8_0;
         t[QT_Q4_1].vec_dot = avx2_vec_dot_q4_1_q8_0;
+        t[QT_Q5_0].vec_dot = avx2_vec_dot_q5_0_q8_0;
         t[QT_Q8_0].vec_dot = avx2_vec_dot_q8_0_q8_0;
         t[QT_Q4_K].vec_dot = avx2_vec_dot_q4_k_q8_k;
         t[QT_Q5_K].vec_dot = avx2_vec_dot_q5_k_q8_k;
@@ -92,6 +94,8 @@ static void select_kernels(void) {
     const bool dp = neon_dotprod_supported();
     t[QT_Q8_0].from_float = neon_quantize_q8_0;
     t[QT_Q4_0].vec_dot = dp ? neon_dotprod_vec_dot_q4_0_q8_0 : neon_vec_dot_q4_0_q8_0;
+    t[QT_Q4_1].vec_dot = dp ? neon_dotprod_vec_dot_q4_1_q8_0 : neon_vec_dot_q4_1_q8_0;
+    t[QT_Q5_0].vec_dot = dp ? neon_dotprod_vec_dot_q5_0_q8_0 : neon_vec_dot_q5_0_q8_0;
     t[QT_Q8_0].vec_dot = dp ? neon_dotprod_vec_dot_q8_0_q8_0 : neon_vec_dot_q8_0_q8_0;
     t[QT_Q4_K].vec_dot = dp ? neon_dotprod_vec_dot_q4_k_q8_k : neon_vec_dot_q4_k_q8_k;
     t[QT_Q6_K].vec_dot = dp ? neon_dotprod_vec_dot_q6_k_q8_k : neon_vec_dot_q6_k_q8_k;

@@ -142,6 +142,7 @@ static void assert_same_float(const char *what, float got, float want) {
 
 typedef struct quant_case {
     const char *name;
+    uint32_t type; /* the type written */
     quant_from_float_fn ref, simd;
     bool (*supported)(void);
 } quant_case;
@@ -156,12 +157,13 @@ typedef struct dot_case {
 
 static const quant_case quant_cases[] = {
 #if defined(__x86_64__)
-    {"avx2 Q8_0", ref_quantize_q8_0, avx2_quantize_q8_0, avx2_cpu_supported},
+    {"avx2 Q8_0", QT_Q8_0, ref_quantize_q8_0, avx2_quantize_q8_0, avx2_cpu_supported},
+    {"avx2 Q8_K", QT_Q8_K, ref_quantize_q8_k, avx2_quantize_q8_k, avx2_cpu_supported},
 #endif
 #if defined(__aarch64__)
-    {"neon Q8_0", ref_quantize_q8_0, neon_quantize_q8_0, have_neon},
+    {"neon Q8_0", QT_Q8_0, ref_quantize_q8_0, neon_quantize_q8_0, have_neon},
 #endif
-    {NULL, NULL, NULL, NULL},
+    {NULL, 0, NULL, NULL, NULL},
 };
 
 static const dot_case dot_cases[] = {
@@ -169,6 +171,8 @@ static const dot_case dot_cases[] = {
     {"avx2 Q4_0", QT_Q4_0, ref_vec_dot_q4_0_q8_0, avx2_vec_dot_q4_0_q8_0, false,
      avx2_cpu_supported},
     {"avx2 Q4_1", QT_Q4_1, ref_vec_dot_q4_1_q8_0, avx2_vec_dot_q4_1_q8_0, false,
+     avx2_cpu_supported},
+    {"avx2 Q5_0", QT_Q5_0, ref_vec_dot_q5_0_q8_0, avx2_vec_dot_q5_0_q8_0, false,
      avx2_cpu_supported},
     {"avx2 Q8_0", QT_Q8_0, ref_vec_dot_q8_0_q8_0, avx2_vec_dot_q8_0_q8_0, false,
      avx2_cpu_supported},
@@ -178,10 +182,16 @@ static const dot_case dot_cases[] = {
 #endif
 #if defined(__aarch64__)
     {"neon Q4_0", QT_Q4_0, ref_vec_dot_q4_0_q8_0, neon_vec_dot_q4_0_q8_0, false, have_neon},
+    {"neon Q4_1", QT_Q4_1, ref_vec_dot_q4_1_q8_0, neon_vec_dot_q4_1_q8_0, false, have_neon},
+    {"neon Q5_0", QT_Q5_0, ref_vec_dot_q5_0_q8_0, neon_vec_dot_q5_0_q8_0, false, have_neon},
     {"neon Q8_0", QT_Q8_0, ref_vec_dot_q8_0_q8_0, neon_vec_dot_q8_0_q8_0, false, have_neon},
     {"neon Q4_K", QT_Q4_K, ref_vec_dot_q4_k_q8_k, neon_vec_dot_q4_k_q8_k, true, have_neon},
     {"neon Q6_K", QT_Q6_K, ref_vec_dot_q6_k_q8_k, neon_vec_dot_q6_k_q8_k, true, have_neon},
     {"neon-dotprod Q4_0", QT_Q4_0, ref_vec_dot_q4_0_q8_0, neon_dotprod_vec_dot_q4_0_q8_0, false,
+     neon_dotprod_supported},
+    {"neon-dotprod Q4_1", QT_Q4_1, ref_vec_dot_q4_1_q8_0, neon_dotprod_vec_dot_q4_1_q8_0, false,
+     neon_dotprod_supported},
+    {"neon-dotprod Q5_0", QT_Q5_0, ref_vec_dot_q5_0_q8_0, neon_dotprod_vec_dot_q5_0_q8_0, false,
      neon_dotprod_supported},
     {"neon-dotprod Q8_0", QT_Q8_0, ref_vec_dot_q8_0_q8_0, neon_dotprod_vec_dot_q8_0_q8_0, false,
      neon_dotprod_supported},
@@ -206,9 +216,11 @@ static int f16_fields(uint32_t type, size_t offs[2]) {
 
 static void test_quantizers(void **state) {
     (void)state;
-    enum { NB = 256 };
+    enum { NB = 256 }; /* in 32-element blocks: 32 Q8_K blocks */
     static float x[NB * QK8_0];
-    static block_q8_0 a[NB], b[NB];
+    /* Room for the larger output: Q8_K takes more bytes per element. */
+    static uint8_t a[NB * QK8_0 / QK_K * sizeof(block_q8_K)];
+    static uint8_t b[sizeof a];
     int ran = 0;
     for (const quant_case *c = quant_cases; c->name; c++) {
         if (!c->supported()) continue;
@@ -231,11 +243,14 @@ static void test_quantizers(void **state) {
                 x[7 * 32 + j] = 1e30f * (float)(j - 10);
                 x[8 * 32 + j] = -(float)j * 1.0000001f;
             }
+            const quant_type_info *info = quant_type_get(c->type);
+            const size_t nb = (size_t)NB * QK8_0 / info->block_size;
             c->ref(x, a, NB * QK8_0);
             c->simd(x, b, NB * QK8_0);
-            for (int ib = 0; ib < NB; ib++) {
-                if (memcmp(&a[ib], &b[ib], sizeof a[ib]) != 0) {
-                    fail_msg("%s: round %d block %d differs from the reference", c->name, round,
+            for (size_t ib = 0; ib < nb; ib++) {
+                const size_t off = ib * info->type_size;
+                if (memcmp(a + off, b + off, info->type_size) != 0) {
+                    fail_msg("%s: round %d block %zu differs from the reference", c->name, round,
                              ib);
                 }
             }

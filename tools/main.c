@@ -4,9 +4,11 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "bench_kernels.h"
 #include "cellm.h"
 #include "cli.h"
 #include "inspect.h"
+#include "quantize.h"
 #include "store.h"
 
 typedef struct command {
@@ -21,6 +23,8 @@ static const command commands[] = {
     {"pull", cmd_pull, "fetch a known model into the model store"},
     {"list", cmd_list, "list known models and the GGUF files in the store"},
     {"tokenize", cmd_tokenize, "show the token ids and pieces of a text"},
+    {"bench-kernels", cmd_bench_kernels, "measure matvec kernels against memory bandwidth"},
+    {"quantize", cmd_quantize, "re-quantize a model file (Q4_0 ... Q8_0, Q4_K_M, Q5_K_M, Q6_K)"},
     {NULL, NULL, NULL},
 };
 
@@ -29,8 +33,8 @@ static void usage(FILE *out) {
             "cellm %s — on-device LLM inference and serving\n\n"
             "usage: cellm COMMAND [ARGS]\n\ncommands:\n",
             cellm_version());
-    for (const command *c = commands; c->name; c++) fprintf(out, "  %-10s %s\n", c->name, c->help);
-    fprintf(out, "  %-10s %s\n", "version", "print the version");
+    for (const command *c = commands; c->name; c++) fprintf(out, "  %-14s %s\n", c->name, c->help);
+    fprintf(out, "  %-14s %s\n", "version", "print the version");
     fprintf(out, "\nMODEL is a path to a GGUF file or a name from the model store.\n"
                  "Run `cellm COMMAND --help` for a command's options.\n");
 }

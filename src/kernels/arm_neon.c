@@ -1,7 +1,7 @@
 /*
  * arm_neon.c — AArch64 NEON versions of the hot kernels: the Q8_0
- * activation quantizer and the Q4_0, Q8_0 (against Q8_0), Q4_K and Q6_K
- * (against Q8_K) dot products. NEON is part of every AArch64 CPU; each dot
+ * activation quantizer and the Q4_0, Q4_1, Q5_0, Q8_0 (against Q8_0), Q4_K
+ * and Q6_K (against Q8_K) dot products. NEON is part of every AArch64 CPU; each dot
  * product also comes in a variant using the SDOT instruction (ARMv8.2
  * dotprod), compiled per function with a target attribute and chosen by
  * quant.c when neon_dotprod_supported() says the CPU has it.
@@ -113,6 +113,60 @@ static inline __attribute__((always_inline)) float q4_0_body(size_t n, const voi
     return vaddvq_f32(acc);
 }
 
+/* Q4_1: codes 0..15 are valid signed bytes; the min multiplies the sum of
+ * y, which a widening pairwise add takes exactly. */
+static inline __attribute__((always_inline)) float q4_1_body(size_t n, const void *vx,
+                                                             const void *vy, dot_fn dot) {
+    assert(n % QK8_0 == 0);
+    const block_q4_1 *x = vx;
+    const block_q8_0 *y = vy;
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    for (size_t ib = 0; ib < n / QK8_0; ib++) {
+        const uint8x16_t q = vld1q_u8(x[ib].qs);
+        const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0F)));
+        const int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(q, 4));
+        const int8x16_t y0 = vld1q_s8(y[ib].qs), y1 = vld1q_s8(y[ib].qs + 16);
+        int32x4_t s = dot(vdupq_n_s32(0), lo, y0);
+        s = dot(s, hi, y1);
+        const int32x4_t ys = vpaddlq_s16(vaddq_s16(vpaddlq_s8(y0), vpaddlq_s8(y1)));
+        const float dy = fp16_to_fp32(y[ib].d);
+        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), fp16_to_fp32(x[ib].d) * dy);
+        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(ys), fp16_to_fp32(x[ib].m) * dy);
+    }
+    return vaddvq_f32(acc);
+}
+
+/* Q5_0: the fifth bit of element j is bit j of qh; test each byte of qh
+ * against one bit per lane, then codes minus 16 are signed bytes. */
+static inline __attribute__((always_inline)) float q5_0_body(size_t n, const void *vx,
+                                                             const void *vy, dot_fn dot) {
+    assert(n % QK8_0 == 0);
+    const block_q5_0 *x = vx;
+    const block_q8_0 *y = vy;
+    static const uint8_t bit_of_lane[16] = {1, 2, 4, 8, 16, 32, 64, 128,
+                                            1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t lane_bits = vld1q_u8(bit_of_lane);
+    const uint8x16_t b4 = vdupq_n_u8(0x10);
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    for (size_t ib = 0; ib < n / QK8_0; ib++) {
+        const uint8_t *qh = x[ib].qh;
+        const uint8x16_t h0 = vcombine_u8(vdup_n_u8(qh[0]), vdup_n_u8(qh[1]));
+        const uint8x16_t h1 = vcombine_u8(vdup_n_u8(qh[2]), vdup_n_u8(qh[3]));
+        const uint8x16_t hb0 = vandq_u8(vtstq_u8(h0, lane_bits), b4);
+        const uint8x16_t hb1 = vandq_u8(vtstq_u8(h1, lane_bits), b4);
+        const uint8x16_t q = vld1q_u8(x[ib].qs);
+        const int8x16_t lo = vsubq_s8(
+            vreinterpretq_s8_u8(vorrq_u8(vandq_u8(q, vdupq_n_u8(0x0F)), hb0)), vdupq_n_s8(16));
+        const int8x16_t hi =
+            vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(q, 4), hb1)), vdupq_n_s8(16));
+        int32x4_t s = dot(vdupq_n_s32(0), lo, vld1q_s8(y[ib].qs));
+        s = dot(s, hi, vld1q_s8(y[ib].qs + 16));
+        const float d = fp16_to_fp32(x[ib].d) * fp16_to_fp32(y[ib].d);
+        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), d);
+    }
+    return vaddvq_f32(acc);
+}
+
 static inline __attribute__((always_inline)) float q8_0_body(size_t n, const void *vx,
                                                              const void *vy, dot_fn dot) {
     assert(n % QK8_0 == 0);
@@ -198,6 +252,12 @@ static inline __attribute__((always_inline)) float q6_k_body(size_t n, const voi
 float neon_vec_dot_q4_0_q8_0(size_t n, const void *x, const void *y) {
     return q4_0_body(n, x, y, dot_plain);
 }
+float neon_vec_dot_q4_1_q8_0(size_t n, const void *x, const void *y) {
+    return q4_1_body(n, x, y, dot_plain);
+}
+float neon_vec_dot_q5_0_q8_0(size_t n, const void *x, const void *y) {
+    return q5_0_body(n, x, y, dot_plain);
+}
 float neon_vec_dot_q8_0_q8_0(size_t n, const void *x, const void *y) {
     return q8_0_body(n, x, y, dot_plain);
 }
@@ -210,6 +270,12 @@ float neon_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y) {
 
 DOTPROD float neon_dotprod_vec_dot_q4_0_q8_0(size_t n, const void *x, const void *y) {
     return q4_0_body(n, x, y, dot_sdot);
+}
+DOTPROD float neon_dotprod_vec_dot_q4_1_q8_0(size_t n, const void *x, const void *y) {
+    return q4_1_body(n, x, y, dot_sdot);
+}
+DOTPROD float neon_dotprod_vec_dot_q5_0_q8_0(size_t n, const void *x, const void *y) {
+    return q5_0_body(n, x, y, dot_sdot);
 }
 DOTPROD float neon_dotprod_vec_dot_q8_0_q8_0(size_t n, const void *x, const void *y) {
     return q8_0_body(n, x, y, dot_sdot);

@@ -1,15 +1,16 @@
 /*
- * x86_avx2.c — AVX2 + FMA + F16C versions of the hot kernels: the Q8_0
- * activation quantizer and the dot products the common model files need
- * (Q4_0, Q4_1, Q8_0 against Q8_0; Q4_K, Q5_K, Q6_K against Q8_K; F16).
+ * x86_avx2.c — AVX2 + FMA + F16C versions of the hot kernels: the Q8_0 and
+ * Q8_K activation quantizers and the dot products the common model files
+ * need (Q4_0, Q4_1, Q5_0, Q8_0 against Q8_0; Q4_K, Q5_K, Q6_K against
+ * Q8_K; F16).
  * Same signatures and results as the reference (ref.c); quant.c puts them
  * in the type table when the CPU has all three extensions. Each function
  * carries its own target attribute, so the file needs no compiler flags
  * and the rest of the library stays baseline x86-64.
  *
  * How they compare with the reference (tests/test_kernels_simd.c):
- * - the Q8_0 quantizer writes the same bytes (same scale, same rounding:
- *   half away from zero, done with truncate-and-compare);
+ * - the Q8_0 and Q8_K quantizers write the same bytes (same scale, same
+ *   rounding: half away from zero, done with truncate-and-compare);
  * - the K-quant dots sum each super-block exactly in integers and add the
  *   blocks in the same order and with the same float operations as the
  *   reference, so they return the same float;
@@ -132,6 +133,57 @@ AVX2 void avx2_quantize_q8_0(const float *src, void *dst, size_t n) {
     }
 }
 
+/* Eight floats, already scaled, to eight int32 codes of the reference. */
+AVX2 static inline __m256i scale_round_127(const float *src, __m256 vid) {
+    return round_clamp_127(_mm256_mul_ps(_mm256_loadu_ps(src), vid));
+}
+
+/* Largest |x| over 8k floats; NaN ignored as fmaxf does. */
+AVX2 static inline float absmax_f32(const float *src, size_t n) {
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 amax = _mm256_setzero_ps();
+    for (size_t i = 0; i < n; i += 8) {
+        amax = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(src + i), abs_mask), amax);
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* Q8_K: as Q8_0 over 256 elements with a float scale, plus the sums of
+ * each group of 16 codes, taken from the packed bytes. */
+AVX2 void avx2_quantize_q8_k(const float *src, void *dst, size_t n) {
+    assert(n % QK_K == 0);
+    block_q8_K *y = dst;
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    for (size_t ib = 0; ib < n / QK_K; ib++, src += QK_K) {
+        const float d = absmax_f32(src, QK_K) / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[ib].d = d;
+        const __m256 vid = _mm256_set1_ps(id);
+        for (int c = 0; c < QK_K / 32; c++) {
+            const float *s = src + 32 * c;
+            __m256i i0 = scale_round_127(s, vid), i1 = scale_round_127(s + 8, vid);
+            __m256i i2 = scale_round_127(s + 16, vid), i3 = scale_round_127(s + 24, vid);
+            i0 = _mm256_packs_epi32(i0, i1);
+            i2 = _mm256_packs_epi32(i2, i3);
+            i0 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i0, i2), order);
+            _mm256_storeu_si256((__m256i *)(y[ib].qs + 32 * c), i0);
+            /* Group 2c is the low 128 bits, group 2c+1 the high: sum pairs
+             * (maddubs with 1 as the unsigned side), then quads, then the
+             * four quads of each half. */
+            const __m256i pairs = _mm256_maddubs_epi16(ones8, i0);
+            __m256i q = _mm256_madd_epi16(pairs, ones16);
+            q = _mm256_hadd_epi32(q, q);
+            q = _mm256_hadd_epi32(q, q);
+            y[ib].bsums[2 * c] = (int16_t)_mm256_extract_epi32(q, 0);
+            y[ib].bsums[2 * c + 1] = (int16_t)_mm256_extract_epi32(q, 4);
+        }
+    }
+}
+
 AVX2 float avx2_vec_dot_f16(size_t n, const void *vx, const void *vy) {
     const uint16_t *x = vx, *y = vy;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
@@ -182,6 +234,35 @@ AVX2 float avx2_vec_dot_q4_1_q8_0(size_t n, const void *vx, const void *vy) {
         const __m256 ysum = _mm256_cvtepi32_ps(dot_u8i8x32(ones, qy));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[ib].d) * dy), dot, acc);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[ib].m) * dy), ysum, acc);
+    }
+    return hsum_f32x8(acc);
+}
+
+/* 32 bits → 32 bytes, 0xFF where the bit is set: byte j tests bit j. */
+AVX2 static inline __m256i bits_to_bytes_32(const uint8_t qh[4]) {
+    uint32_t bits;
+    memcpy(&bits, qh, 4);
+    const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                          2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf);
+    const __m256i mask = _mm256_set1_epi64x(0x8040201008040201ll);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
+}
+
+/* Q5_0: codes 0..31 with the fifth bit from qh, minus 16, so -16..15 are
+ * signed bytes for dot_i8x32. */
+AVX2 float avx2_vec_dot_q5_0_q8_0(size_t n, const void *vx, const void *vy) {
+    assert(n % QK8_0 == 0);
+    const block_q5_0 *x = vx;
+    const block_q8_0 *y = vy;
+    const __m256i bit4 = _mm256_set1_epi8(0x10), off = _mm256_set1_epi8(16);
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t ib = 0; ib < n / QK8_0; ib++) {
+        const __m256 d = _mm256_set1_ps(h2f(x[ib].d) * h2f(y[ib].d));
+        const __m256i hi = _mm256_and_si256(bits_to_bytes_32(x[ib].qh), bit4);
+        const __m256i qx = _mm256_sub_epi8(_mm256_or_si256(unpack_nibbles_32(x[ib].qs), hi), off);
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[ib].qs);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8x32(qx, qy)), acc);
     }
     return hsum_f32x8(acc);
 }

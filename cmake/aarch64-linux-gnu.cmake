@@ -1,0 +1,21 @@
+# aarch64-linux-gnu.cmake — cross-compile cellm for 64-bit ARM Linux on a
+# Debian x86-64 machine and run its tests under QEMU user mode. Needs
+# gcc-aarch64-linux-gnu and qemu-user; the tests also need the arm64 cmocka
+# from Debian multiarch (libcmocka-dev:arm64). scripts/test.sh uses it as
+#   cmake -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake
+#         -DCELLM_BUILD_TOOLS=OFF -DCELLM_TESTS="test_quant;test_kernels_simd"
+# and ctest then runs each test through qemu-aarch64 (QEMU_CPU picks the CPU).
+set(CMAKE_SYSTEM_NAME Linux)
+set(CMAKE_SYSTEM_PROCESSOR aarch64)
+set(CMAKE_C_COMPILER aarch64-linux-gnu-gcc)
+
+# The cross libc lives under /usr/aarch64-linux-gnu; multiarch libraries in
+# /usr/lib/aarch64-linux-gnu (found through the library architecture) and
+# their headers in /usr/include, shared with the host.
+set(CMAKE_LIBRARY_ARCHITECTURE aarch64-linux-gnu)
+set(CMAKE_FIND_ROOT_PATH /usr/aarch64-linux-gnu /)
+set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
+set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY ONLY)
+set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE BOTH)
+
+set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64 -L /usr/aarch64-linux-gnu)

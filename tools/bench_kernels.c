@@ -1,0 +1,294 @@
+/*
+ * bench_kernels.c — `cellm bench-kernels` (see bench_kernels.h).
+ *
+ * 1. Read bandwidth: threads sum disjoint parts of a buffer (256 MiB by
+ *    default, pages touched first), best of the repetitions, for 1 and for
+ *    the maximum number of threads.
+ * 2. For each weight type: a matrix of COLS columns and enough rows to fill
+ *    the same size, made by quantizing 16 random rows and repeating them
+ *    (the bytes still come from memory: the matrix is many times the cache).
+ *    One matvec is: quantize the activation with the type's vec_dot_type,
+ *    then vec_dot per row, rows split evenly over the threads (plain
+ *    pthreads, created per run: microseconds against milliseconds). Reported
+ *    per thread count: median time, GB/s of weights streamed, the spread
+ *    ((max - min) / median) and the GB/s as a percentage of the read
+ *    bandwidth measured with as many threads.
+ */
+#include "bench_kernels.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "quant.h"
+
+#define MAX_THREADS 64
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Runs fn(arg_i) on n threads (the caller's thread takes part 0) and
+ * returns the wall time. False when a thread cannot start. */
+static bool run_parallel(void *(*fn)(void *), void *args, size_t arg_size, unsigned n,
+                         double *secs) {
+    pthread_t tid[MAX_THREADS];
+    const double t0 = now_s();
+    unsigned started = 1;
+    for (; started < n; started++) {
+        if (pthread_create(&tid[started], NULL, fn, (char *)args + started * arg_size) != 0) break;
+    }
+    fn(args);
+    for (unsigned i = 1; i < started; i++) pthread_join(tid[i], NULL);
+    *secs = now_s() - t0;
+    return started == n;
+}
+
+/* ---- read bandwidth ---- */
+
+typedef struct sum_arg {
+    const uint64_t *p;
+    size_t n;
+    uint64_t sum;
+} sum_arg;
+
+static void *sum_part(void *v) {
+    sum_arg *a = v;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    size_t i = 0;
+    for (; i + 4 <= a->n; i += 4) {
+        s0 += a->p[i];
+        s1 += a->p[i + 1];
+        s2 += a->p[i + 2];
+        s3 += a->p[i + 3];
+    }
+    for (; i < a->n; i++) s0 += a->p[i];
+    a->sum = s0 + s1 + s2 + s3;
+    return NULL;
+}
+
+/* Best GB/s summing `bytes` with n threads over `reps` runs. */
+static double read_bandwidth(const uint64_t *buf, size_t bytes, unsigned n, int reps,
+                             uint64_t *sink) {
+    sum_arg args[MAX_THREADS];
+    const size_t words = bytes / 8;
+    double best = 0;
+    for (int r = 0; r < reps; r++) {
+        for (unsigned i = 0; i < n; i++)
+            args[i] = (sum_arg){buf + words * i / n, words * (i + 1) / n - words * i / n, 0};
+        double t;
+        if (!run_parallel(sum_part, args, sizeof *args, n, &t)) return 0;
+        for (unsigned i = 0; i < n; i++) *sink += args[i].sum;
+        const double gbs = (double)bytes / t / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    return best;
+}
+
+/* ---- matvec ---- */
+
+typedef struct mv_arg {
+    const quant_type_info *info;
+    const uint8_t *w;
+    size_t row_bytes, cols;
+    size_t row0, row1;
+    const void *xq;
+    float *y;
+} mv_arg;
+
+static void *matvec_part(void *v) {
+    const mv_arg *a = v;
+    for (size_t r = a->row0; r < a->row1; r++)
+        a->y[r] = a->info->vec_dot(a->cols, a->w + r * a->row_bytes, a->xq);
+    return NULL;
+}
+
+typedef struct bench_opts {
+    size_t mib; /* weights per matrix and bandwidth buffer */
+    size_t cols;
+    int reps;
+    unsigned threads; /* the largest count measured */
+} bench_opts;
+
+typedef struct mv_result {
+    double median_s, min_s, max_s;
+    bool ok;
+} mv_result;
+
+/* Times `reps` matvecs of the matrix with n threads, after one warm-up. */
+static mv_result time_matvec(const quant_type_info *info, const quant_type_info *yi,
+                             const uint8_t *w, size_t rows, size_t row_bytes, size_t cols,
+                             const float *x, void *xq, float *y, unsigned n, int reps) {
+    mv_result res = {0};
+    double *times = malloc((size_t)reps * sizeof *times);
+    if (!times) return res;
+    mv_arg args[MAX_THREADS];
+    for (int r = -1; r < reps; r++) {
+        const double t0 = now_s();
+        yi->from_float(x, xq, cols); /* part of every matvec */
+        for (unsigned i = 0; i < n; i++)
+            args[i] = (mv_arg){info, w, row_bytes, cols, rows * i / n, rows * (i + 1) / n, xq, y};
+        double t;
+        if (!run_parallel(matvec_part, args, sizeof *args, n, &t)) {
+            free(times);
+            return res;
+        }
+        if (r >= 0) times[r] = now_s() - t0;
+    }
+    qsort(times, (size_t)reps, sizeof *times, cmp_double);
+    res.median_s = reps % 2 ? times[reps / 2] : 0.5 * (times[reps / 2 - 1] + times[reps / 2]);
+    res.min_s = times[0];
+    res.max_s = times[reps - 1];
+    res.ok = true;
+    free(times);
+    return res;
+}
+
+/* Builds the matrix for `type` and prints its rows of the table. */
+static bool bench_type(uint32_t type, const bench_opts *o, const double *bw) {
+    const quant_type_info *info = quant_type_get(type);
+    const quant_type_info *yi = quant_type_get(info->vec_dot_type);
+    const size_t cols = o->cols, seed_rows = 16;
+    const size_t row_bytes = cols / info->block_size * info->type_size;
+    const size_t rows = (o->mib << 20) / row_bytes;
+    const size_t bytes = rows * row_bytes;
+    uint8_t *w = malloc(bytes);
+    float *seed = malloc(seed_rows * cols * sizeof(float));
+    float *x = malloc(cols * sizeof(float));
+    void *xq = malloc(cols / yi->block_size * yi->type_size);
+    float *y = malloc(rows * sizeof(float));
+    bool ok = w && seed && x && xq && y;
+    if (ok) {
+        srand(1234);
+        for (size_t i = 0; i < seed_rows * cols; i++)
+            seed[i] = ((float)rand() / (float)RAND_MAX - 0.5f) * 0.1f;
+        for (size_t i = 0; i < cols; i++) x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+        for (size_t r = 0; r < seed_rows && r < rows; r++)
+            info->from_float(seed + r * cols, w + r * row_bytes, cols);
+        for (size_t r = seed_rows; r < rows; r++)
+            memcpy(w + r * row_bytes, w + (r % seed_rows) * row_bytes, row_bytes);
+        for (unsigned n = 1; n <= o->threads;
+             n = n < o->threads && 2 * n > o->threads ? o->threads : 2 * n) {
+            const mv_result m =
+                time_matvec(info, yi, w, rows, row_bytes, cols, x, xq, y, n, o->reps);
+            if (!m.ok) {
+                ok = false;
+                break;
+            }
+            const double gbs = (double)bytes / m.median_s / 1e9;
+            printf("%-6s %7u %7zu %8.1f %9.2f %8.2f %7.1f%% %7.1f%%\n", info->name, n, rows,
+                   (double)bytes / (1 << 20), m.median_s * 1e3, gbs,
+                   100.0 * (m.max_s - m.min_s) / m.median_s, 100.0 * gbs / bw[n]);
+            fflush(stdout);
+        }
+    }
+    free(y);
+    free(xq);
+    free(x);
+    free(seed);
+    free(w);
+    return ok;
+}
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: cellm bench-kernels [--threads N] [--reps N] [--mib N] [--cols N]\n\n"
+                 "Measures the read bandwidth, then the matrix-vector product (one activation\n"
+                 "row) for Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K over a matrix much larger than\n"
+                 "the cache: GB/s of weights streamed and the share of the bandwidth, with 1\n"
+                 "thread up to N.\n"
+                 "  --threads N  most threads (default 2)\n"
+                 "  --reps N     timed repetitions per measurement (default 10)\n"
+                 "  --mib N      MiB of weights per matrix and of the bandwidth buffer (256)\n"
+                 "  --cols N     columns, a multiple of 256 (default 8192)\n");
+}
+
+int cmd_bench_kernels(int argc, char **argv) {
+    bench_opts o = {.mib = 256, .cols = 8192, .reps = 10, .threads = 2};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        unsigned long long v;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        const bool has_val = i + 1 < argc;
+        if (!strcmp(a, "--threads")) {
+            if (!has_val || !cli_parse_uint(argv[++i], MAX_THREADS, &v) || !v) {
+                cli_error("--threads needs a count from 1 to %d", MAX_THREADS);
+                return 2;
+            }
+            o.threads = (unsigned)v;
+        } else if (!strcmp(a, "--reps")) {
+            if (!has_val || !cli_parse_uint(argv[++i], 10000, &v) || !v) {
+                cli_error("--reps needs a count from 1 to 10000");
+                return 2;
+            }
+            o.reps = (int)v;
+        } else if (!strcmp(a, "--mib")) {
+            if (!has_val || !cli_parse_uint(argv[++i], 1 << 16, &v) || !v) {
+                cli_error("--mib needs a size in MiB from 1 to 65536");
+                return 2;
+            }
+            o.mib = (size_t)v;
+        } else if (!strcmp(a, "--cols")) {
+            if (!has_val || !cli_parse_uint(argv[++i], 1 << 20, &v) || !v || v % 256) {
+                cli_error("--cols needs a multiple of 256 up to 1048576");
+                return 2;
+            }
+            o.cols = (size_t)v;
+        } else {
+            cli_error("bench-kernels: unknown argument '%s' (see `cellm bench-kernels --help`)", a);
+            return 2;
+        }
+    }
+
+    const size_t bytes = o.mib << 20;
+    uint64_t *buf = malloc(bytes);
+    if (!buf) {
+        cli_error("bench-kernels: cannot allocate %zu MiB", o.mib);
+        return 1;
+    }
+    for (size_t i = 0; i < bytes / 8; i++) buf[i] = i; /* touch every page */
+    double bw[MAX_THREADS + 1] = {0};
+    uint64_t sink = 0;
+    printf("cellm bench-kernels: kernels %s, %d repetitions, %zu MiB of weights per matrix, "
+           "%zu columns\n",
+           quant_kernels_name(), o.reps, o.mib, o.cols);
+    printf("read bandwidth (best of %d, %zu MiB):", o.reps, o.mib);
+    for (unsigned n = 1; n <= o.threads;
+         n = n < o.threads && 2 * n > o.threads ? o.threads : 2 * n) {
+        bw[n] = read_bandwidth(buf, bytes, n, o.reps, &sink);
+        if (bw[n] <= 0) {
+            cli_error("bench-kernels: cannot start %u threads", n);
+            free(buf);
+            return 1;
+        }
+        printf(" %u thread%s %.2f GB/s%s", n, n > 1 ? "s" : "", bw[n], n < o.threads ? "," : "");
+    }
+    printf("%s\n", sink == 1 ? " " : ""); /* keeps the sums live */
+    free(buf);
+
+    printf("\n%-6s %7s %7s %8s %9s %8s %8s %8s\n", "type", "threads", "rows", "MiB", "median ms",
+           "GB/s", "spread", "% of bw");
+    static const uint32_t types[] = {QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q8_0, QT_Q4_K, QT_Q6_K};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        if (!bench_type(types[i], &o, bw)) {
+            cli_error("bench-kernels: out of memory or threads for %s",
+                      quant_type_get(types[i])->name);
+            return 1;
+        }
+    }
+    printf("\nGB/s counts weight bytes per matvec; %% of bw compares with the read bandwidth\n"
+           "at the same thread count; spread is (max - min) / median.\n");
+    return 0;
+}

@@ -1,0 +1,13 @@
+/*
+ * bench_kernels.h — `cellm bench-kernels`: how close the matrix-vector
+ * kernels come to the machine's memory bandwidth. Decoding one token reads
+ * every weight once, so a matvec (m = 1) over a matrix far larger than the
+ * last-level cache should stream its weights at the speed memory delivers
+ * them; the ratio of the two says how much the kernel itself costs.
+ */
+#ifndef CELLM_BENCH_KERNELS_H
+#define CELLM_BENCH_KERNELS_H
+
+int cmd_bench_kernels(int argc, char **argv);
+
+#endif /* CELLM_BENCH_KERNELS_H */
