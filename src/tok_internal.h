@@ -78,7 +78,8 @@ struct tokenizer {
     uint32_t edge_mask;
     size_t max_special; /* longest special token, in bytes */
     /* first[k][L]: bitmap of the bytes a special token of length L starts
-     * with; k = 0 counts user-defined tokens only, k = 1 all of them. */
+     * with (L = 0: of any length); k = 0 counts the tokens recognised
+     * without TOK_PARSE_SPECIAL (user-defined), k = 1 all of them. */
     uint8_t (*first[2])[32];
     bool has_special[2];
 

@@ -230,6 +230,7 @@ static cellm_status build_specials(tokenizer *t, cellm_error *err) {
         bool user = !(t->attr[id] & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN));
         for (int k = user ? 0 : 1; k < 2; k++) {
             t->first[k][len][s[0] >> 3] |= (uint8_t)(1u << (s[0] & 7));
+            t->first[k][0][s[0] >> 3] |= (uint8_t)(1u << (s[0] & 7));
             t->has_special[k] = true;
         }
     }
@@ -247,10 +248,22 @@ static int match_cmp(const void *a, const void *b) {
     return x->off < y->off ? -1 : x->off > y->off;
 }
 
+/* Where an allowed special token may start: its position and the length
+ * of the longest one that matches there. */
+typedef struct tok_cand {
+    size_t off, longest;
+} tok_cand;
+
+static bool special_allowed(const tokenizer *t, int32_t id, bool all) {
+    return id >= 0 && (all || !(t->attr[id] & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN)));
+}
+
 /* Finds the special tokens in text[0..n) the way llama.cpp's
  * tokenizer_st_partition does: longer tokens first, each taking its
  * leftmost non-overlapping occurrences in what is still plain text.
- * Returns the matches sorted by offset in *out (malloc'd, maybe NULL). */
+ * One trie walk per position finds the candidates; then one pass per
+ * token length over the candidates only. Returns the matches sorted by
+ * offset in *out (malloc'd, maybe NULL). */
 static cellm_status find_specials(const tokenizer *t, const uint8_t *text, size_t n, bool all,
                                   tok_match **out, size_t *n_out, cellm_error *err) {
     *out = NULL;
@@ -259,39 +272,52 @@ static cellm_status find_specials(const tokenizer *t, const uint8_t *text, size_
     if (!t->has_special[k] || n == 0) return CELLM_OK;
     uint8_t *claimed = NULL;
     tok_match *m = NULL;
-    size_t nm = 0, cap = 0;
+    tok_cand *cand = NULL;
+    size_t nm = 0, cap = 0, nc = 0, ccap = 0;
+    const uint8_t *first = t->first[k][0]; /* any length */
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = text[i];
+        if (!(first[c >> 3] & (1u << (c & 7)))) continue;
+        int32_t node = 0;
+        size_t longest = 0;
+        for (size_t d = 0; i + d < n && (node = trie_child(t, node, text[i + d])) >= 0; d++)
+            if (special_allowed(t, t->node_tok[node], all)) longest = d + 1;
+        if (!longest) continue;
+        if (nc == ccap && !tok_grow((void **)&cand, &ccap, nc + 1, sizeof *cand)) goto oom;
+        cand[nc++] = (tok_cand){i, longest};
+    }
+    if (!nc) return CELLM_OK;
+    if (!(claimed = calloc(n, 1))) goto oom;
     size_t maxlen = t->max_special < n ? t->max_special : n;
     for (size_t len = maxlen; len >= 1; len--) {
-        const uint8_t *first = t->first[k][len];
+        const uint8_t *fl = t->first[k][len];
         bool any = false;
-        for (int b = 0; b < 32; b++) any |= first[b] != 0;
+        for (int b = 0; b < 32; b++) any |= fl[b] != 0;
         if (!any) continue;
-        for (size_t i = 0; i + len <= n; i++) {
-            uint8_t c = text[i];
-            if (!(first[c >> 3] & (1u << (c & 7)))) continue;
+        for (size_t j = 0; j < nc; j++) {
+            size_t i = cand[j].off;
+            if (cand[j].longest < len) continue;
             /* Claimed stretches are at least `len` long, so one that
              * overlaps [i, i + len) covers one of its ends. */
-            if (claimed && (claimed[i] || claimed[i + len - 1])) continue;
+            if (claimed[i] || claimed[i + len - 1]) continue;
             int32_t node = 0;
             size_t d = 0;
             while (d < len && (node = trie_child(t, node, text[i + d])) >= 0) d++;
-            if (d < len) continue;
-            int32_t id = t->node_tok[node];
-            if (id < 0 || (!all && (t->attr[id] & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN)))) continue;
-            if (!claimed && !(claimed = calloc(n, 1))) goto oom;
+            if (d < len || !special_allowed(t, t->node_tok[node], all)) continue;
             if (nm == cap && !tok_grow((void **)&m, &cap, nm + 1, sizeof *m)) goto oom;
-            m[nm++] = (tok_match){i, len, id};
+            m[nm++] = (tok_match){i, len, t->node_tok[node]};
             memset(claimed + i, 1, len);
-            i += len - 1;
         }
     }
     free(claimed);
+    free(cand);
     if (nm > 1) qsort(m, nm, sizeof *m, match_cmp);
     *out = m;
     *n_out = nm;
     return CELLM_OK;
 oom:
     free(claimed);
+    free(cand);
     free(m);
     return err_set(err, CELLM_ERR_NO_MEMORY, "tokenizer: out of memory finding special tokens");
 }

@@ -1,18 +1,24 @@
 /*
  * tokenize.c — `cellm tokenize MODEL TEXT`: shows how a model's tokenizer
- * cuts a text, one token per line (id and piece), or just the ids.
- * MODEL is a GGUF path; only its tokenizer metadata is read.
+ * cuts a text, one token per line (id and piece), or just the ids, or
+ * (--count) how many and how fast. MODEL is a GGUF path; only its
+ * tokenizer metadata is read.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli.h"
 #include "gguf.h"
 #include "tokenizer.h"
 
 static void usage(FILE *out) {
-    fprintf(out, "usage: cellm tokenize MODEL TEXT [--ids] [--special] [--no-bos]\n"
+    fprintf(out, "usage: cellm tokenize MODEL (TEXT | -f FILE) [--ids] [--count] [--special] "
+                 "[--no-bos]\n"
+                 "  -f FILE     tokenize the contents of FILE ('-': standard input)\n"
                  "  --ids       print the ids only, on one line\n"
+                 "  --count     print the number of tokens and the time taken only\n"
                  "  --special   recognise special tokens written in TEXT (<|im_start|>, <bos>)\n"
                  "  --no-bos    do not add the model's BOS/EOS tokens\n");
 }
@@ -49,9 +55,37 @@ static void print_quoted(const char *p, size_t n) {
     putchar('\'');
 }
 
+/* Reads a whole file ("-": stdin) into a malloc'd buffer. */
+static char *read_all(const char *path, size_t *len) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (n < cap) break;
+        char *b2 = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
+        if (!b2) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = b2;
+        cap *= 2;
+    }
+    if (buf && ferror(f)) {
+        free(buf);
+        buf = NULL;
+    }
+    if (f != stdin) fclose(f);
+    *len = n;
+    return buf;
+}
+
 int cmd_tokenize(int argc, char **argv) {
-    const char *model = NULL, *text = NULL;
-    bool ids_only = false;
+    const char *model = NULL, *text = NULL, *file = NULL;
+    bool ids_only = false, count_only = false;
     unsigned flags = TOK_ADD_SPECIAL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -60,6 +94,14 @@ int cmd_tokenize(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "--ids")) {
             ids_only = true;
+        } else if (!strcmp(a, "--count")) {
+            count_only = true;
+        } else if (!strcmp(a, "-f")) {
+            if (++i == argc) {
+                cli_error("tokenize: -f needs a file");
+                return 2;
+            }
+            file = argv[i];
         } else if (!strcmp(a, "--special")) {
             flags |= TOK_PARSE_SPECIAL;
         } else if (!strcmp(a, "--no-bos")) {
@@ -70,16 +112,27 @@ int cmd_tokenize(int argc, char **argv) {
             return 2;
         } else if (!model) {
             model = a;
-        } else if (!text) {
+        } else if (!text && !file) {
             text = a;
         } else {
             cli_error("tokenize: one TEXT only (quote it)");
             return 2;
         }
     }
-    if (!model || !text) {
+    if (!model || (!text && !file) || (text && file)) {
         usage(stderr);
         return 2;
+    }
+    char *buf = NULL;
+    size_t len = 0;
+    if (file) {
+        if (!(buf = read_all(file, &len))) {
+            cli_error("tokenize: cannot read %s", file);
+            return 1;
+        }
+        text = buf;
+    } else {
+        len = strlen(text);
     }
     cellm_error err;
     err_clear(&err);
@@ -87,26 +140,37 @@ int cmd_tokenize(int argc, char **argv) {
     tokenizer *t = NULL;
     tok_ids ids = {0};
     int rc = 1;
-    if (gguf_open(model, &f, &err) != CELLM_OK || tokenizer_load(f, &t, &err) != CELLM_OK ||
-        tokenizer_encode(t, text, strlen(text), flags, &ids, &err) != CELLM_OK) {
+    struct timespec t0, t1;
+    if (gguf_open(model, &f, &err) != CELLM_OK || tokenizer_load(f, &t, &err) != CELLM_OK) {
         cli_error("%s: %s", model, err.msg);
         goto done;
     }
-    if (ids_only) {
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (tokenizer_encode(t, text, len, flags, &ids, &err) != CELLM_OK) {
+        cli_error("%s: %s", model, err.msg);
+        goto done;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (count_only) {
+        double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        printf("%zu tokens from %zu bytes in %.3f s (%.1f MB/s)\n", ids.n, len, s,
+               s > 0 ? (double)len / s / 1e6 : 0.0);
+    } else if (ids_only) {
         for (size_t i = 0; i < ids.n; i++) printf("%s%d", i ? " " : "", ids.ids[i]);
         putchar('\n');
     } else {
         for (size_t i = 0; i < ids.n; i++) {
-            size_t len;
-            const char *p = tokenizer_piece(t, ids.ids[i], TOK_DECODE_SPECIAL, &len);
+            size_t plen;
+            const char *p = tokenizer_piece(t, ids.ids[i], TOK_DECODE_SPECIAL, &plen);
             printf("%6d ", ids.ids[i]);
-            print_quoted(p, len);
+            print_quoted(p, plen);
             putchar('\n');
         }
         fprintf(stderr, "%zu tokens\n", ids.n);
     }
     rc = 0;
 done:
+    free(buf);
     tok_ids_free(&ids);
     tokenizer_free(t);
     gguf_close(f);
