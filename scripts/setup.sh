@@ -9,7 +9,7 @@ CELLM_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export CELLM_ROOT
 
 cellm_install_packages() {
-    local pkgs=(cmake ninja-build gcc libc6-dev libcmocka-dev libcjson-dev)
+    local pkgs=(cmake ninja-build gcc libc6-dev libcmocka-dev libcjson-dev libedit-dev)
     if [ "${1:-}" = "--test" ]; then
         pkgs+=(clang libclang-rt-14-dev clang-format)
     fi

@@ -163,25 +163,44 @@ static void rmsnorm(float *out, const float *x, const float *w, int32_t n, float
     for (int32_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
 }
 
-/* Rotates the first rope_dim dimensions of one head at position `pos`. */
-static void rope_head(const model *m, float *h, int32_t pos, float base) {
-    int32_t half = m->rope_dim / 2;
-    for (int32_t i = 0; i < half; i++) {
-        double freq = pow((double)base, -2.0 * i / m->rope_dim);
-        if (m->rope_freqs) freq /= m->rope_freqs[i];
-        double theta = (double)pos * m->rope_freq_scale * freq;
-        float c = (float)cos(theta), s = (float)sin(theta);
-        int32_t a = m->rope == ROPE_NEOX ? i : 2 * i;
-        int32_t b = m->rope == ROPE_NEOX ? i + half : 2 * i + 1;
-        float x0 = h[a], x1 = h[b];
-        h[a] = x0 * c - x1 * s;
-        h[b] = x0 * s + x1 * c;
+/* cos/sin of every rotated pair at position `pos`, computed as ggml does
+ * (theta multiplied by base^(-2/d) pair after pair, in float), so rotations
+ * match llama.cpp's to the last bit of theta. */
+static void rope_cache(const model *m, int32_t pos, float base, float *cs, float *sn) {
+    float theta_scale = powf(base, -2.0f / (float)m->rope_dim);
+    float theta = (float)pos;
+    for (int32_t i = 0; i < m->rope_dim / 2; i++) {
+        float ff = m->rope_freqs ? m->rope_freqs[i] : 1.0f;
+        float t = m->rope_freq_scale * (theta / ff);
+        cs[i] = cosf(t);
+        sn[i] = sinf(t);
+        theta *= theta_scale;
     }
 }
 
+/* Rotates the first rope_dim dimensions of one head. */
+static void rope_head(const model *m, float *h, const float *cs, const float *sn) {
+    int32_t half = m->rope_dim / 2;
+    for (int32_t i = 0; i < half; i++) {
+        int32_t a = m->rope == ROPE_NEOX ? i : 2 * i;
+        int32_t b = m->rope == ROPE_NEOX ? i + half : 2 * i + 1;
+        float x0 = h[a], x1 = h[b];
+        h[a] = x0 * cs[i] - x1 * sn[i];
+        h[b] = x0 * sn[i] + x1 * cs[i];
+    }
+}
+
+/* GELU with the tanh approximation, evaluated as llama.cpp's CPU backend
+ * does (its GGML_GELU_FP16 table): the input rounded to f16, the result
+ * rounded to f16, and the tails cut off at |x| >= 10. Matching this keeps
+ * cellm within llama.cpp's own noise on GELU models. */
 static float gelu_tanh(float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
     const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
-    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+    float h = fp16_to_fp32(fp32_to_fp16(x));
+    float y = 0.5f * h * (1.0f + tanhf(k * h * (1.0f + 0.044715f * h * h)));
+    return fp16_to_fp32(fp32_to_fp16(y));
 }
 
 static float silu(float x) {
@@ -229,13 +248,15 @@ static void task_qk(void *arg, int ith, int nth) {
     for (long r = b; r < e; r++) {
         float *q = f->q + r * qd, *k = f->k + r * kd, *v = f->v + r * vd;
         int32_t pos = s->rows[r].pos;
+        float cs[512], sn[512]; /* rope_dim <= head_dim <= 1024 (model_load checks) */
+        rope_cache(m, pos, L->rope_base, cs, sn);
         for (int32_t h = 0; h < m->n_head; h++) {
             if (L->q_norm.data) rmsnorm(q + h * hd, q + h * hd, L->q_norm.data, hd, m->norm_eps);
-            rope_head(m, q + h * hd, pos, L->rope_base);
+            rope_head(m, q + h * hd, cs, sn);
         }
         for (int32_t h = 0; h < m->n_head_kv; h++) {
             if (L->k_norm.data) rmsnorm(k + h * hd, k + h * hd, L->k_norm.data, hd, m->norm_eps);
-            rope_head(m, k + h * hd, pos, L->rope_base);
+            rope_head(m, k + h * hd, cs, sn);
         }
         uint16_t *kc = kv_k(f->kv, s->rows[r].seq, L->kv_group, L->kv_index, pos);
         uint16_t *vc = kv_v(f->kv, s->rows[r].seq, L->kv_group, L->kv_index, pos);
@@ -288,7 +309,8 @@ static void task_attention(void *arg, int ith, int nth) {
             const uint16_t *vr = kv_v(f->kv, seq, L->kv_group, L->kv_index, p) + kvh * hdv;
             ak->axpy_f16(acc, w, vr, (size_t)hdv);
         }
-        memcpy(f->att + r * (long)m->n_head * hdv + (long)h * hdv, acc, (size_t)hdv * sizeof(float));
+        memcpy(f->att + r * (long)m->n_head * hdv + (long)h * hdv, acc,
+               (size_t)hdv * sizeof(float));
     }
 }
 

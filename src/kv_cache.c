@@ -167,3 +167,22 @@ void kv_seq_trim(kv_cache *c, kv_seq *s) {
         }
     }
 }
+
+bool kv_seq_truncate(kv_cache *c, kv_seq *s, int32_t n) {
+    if (n < 0 || n > s->n_pos) return false;
+    for (int32_t gi = 0; gi < c->n_groups; gi++) {
+        int32_t w = c->groups[gi].window;
+        int32_t from = w > 0 && n - w > 0 ? n - w : 0; /* first position still visible */
+        for (int32_t p = from; p < n; p += KV_BLOCK_TOKENS)
+            if (s->table[gi][p / KV_BLOCK_TOKENS] < 0) return false;
+    }
+    int32_t keep_blocks = (n + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+    for (int32_t gi = 0; gi < c->n_groups; gi++)
+        for (int32_t b = keep_blocks; b < c->max_blocks_per_seq; b++)
+            if (s->table[gi][b] >= 0) {
+                block_release(&c->groups[gi], s->table[gi][b]);
+                s->table[gi][b] = -1;
+            }
+    s->n_pos = n;
+    return true;
+}

@@ -18,6 +18,7 @@
 #ifndef CELLM_KV_CACHE_H
 #define CELLM_KV_CACHE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -72,6 +73,11 @@ void kv_seq_free(kv_cache *c, kv_seq *s);
  * they need in every group. CELLM_ERR_NO_MEMORY when the pool is short (the
  * sequence is left as it was) or the context would pass max_ctx. */
 cellm_status kv_seq_reserve(kv_cache *c, kv_seq *s, int32_t n, cellm_error *err);
+
+/* Forgets positions >= n (n <= s->n_pos), returning their blocks. False,
+ * with the sequence unchanged, when a windowed group has already freed
+ * positions the shorter sequence would need again; then reset it instead. */
+bool kv_seq_truncate(kv_cache *c, kv_seq *s, int32_t n);
 
 /* After a step has written positions up to s->n_pos - 1: frees the blocks
  * of windowed groups that no later position can see. */

@@ -15,8 +15,8 @@ struct sampler {
 };
 
 sampler_params sampler_default_params(void) {
-    return (sampler_params){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f,
-                            .seed = 0x5eed};
+    return (sampler_params){
+        .temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0x5eed};
 }
 
 static uint64_t splitmix64(uint64_t *x) {
@@ -49,8 +49,8 @@ cellm_status sampler_create(const sampler_params *p, int32_t n_vocab, sampler **
                             cellm_error *err) {
     *out = NULL;
     if (n_vocab < 1) return err_set(err, CELLM_ERR_INVALID_ARG, "empty vocabulary");
-    if (!(p->temperature == p->temperature) || !(p->top_p == p->top_p) ||
-        !(p->min_p == p->min_p) || p->min_p > 1)
+    if (!(p->temperature == p->temperature) || !(p->top_p == p->top_p) || !(p->min_p == p->min_p) ||
+        p->min_p > 1)
         return err_set(err, CELLM_ERR_INVALID_ARG, "sampling parameters must be numbers");
     sampler *s = calloc(1, sizeof *s);
     if (!s) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");

@@ -4,17 +4,25 @@
  * llama.cpp's tokenizer, so this tests the forward pass alone), and batch
  * invariance.
  *
- * Tolerance. Both engines quantize activations to 8 bits before each
- * quantized matmul and round K/V to f16, in different ways (llama.cpp pairs
- * Q4_1 with Q8_1 and rounds Q to f16 in attention; cellm pairs it with Q8_0
- * and keeps Q in f32). On these small quantized models that noise alone
- * moves log-probabilities by up to ~0.75 nats: a float64 evaluation of the
- * same dequantized weights (no activation rounding at all) differs from
- * llama.cpp by 0.735 at worst on SmolLM2 and 0.48 on Gemma 3, and from cellm
- * by 0.45 and 0.53. The bound below, TOP20_TOL, is the worst llama.cpp-vs-
- * exact deviation we measured rounded up to 1.0 nat; a real bug (a wrong
- * RoPE pairing, a missing norm, an off-by-one window) moves log-probs by
- * several nats and flips most top-1 choices.
+ * Tolerances. On these small quantized models llama.cpp does not agree
+ * with itself closely. The fixture prompts run through llama.cpp with its
+ * default batch of 512 (how the fixtures were made) and one token at a
+ * time, which differ only in float summation order and kernel choice, give
+ * (scripts/llama_self_consistency.py, docs/forward.md):
+ *
+ *                      top-1 agree  top-20 max / mean  greedy same  perplexity
+ *   SmolLM2 135M Q4_1     97.3%       1.28 / 0.119        5 of 10     -0.17%
+ *   Gemma 3 270M Q4_K_M   97.0%       3.42 / 0.253        7 of 10     +1.58%
+ *
+ * Rounding of 8-bit activations around outlier features amplifies any
+ * ulp-level difference. So the bounds below are llama.cpp's own spread with
+ * some room, and the greedy check asks what can be asked of two engines
+ * that differ at that level: every divergence from llama.cpp's greedy text
+ * happens where llama.cpp's own two best logits are within NEAR_TIE (the
+ * logit noise above); a divergence at a clear choice fails. A real bug (a
+ * wrong RoPE pairing, a missing norm, an off-by-one window) drops top-1
+ * agreement far below 90%, diverges at clear choices and moves perplexity by
+ * far more than 2%.
  *
  * CELLM_TEST_LIGHT=1 (set by test.sh for the sanitizer builds, where the
  * models run 5-20x slower) runs the same checks on fewer prompts; the
@@ -32,8 +40,11 @@
 #include "forward.h"
 #include "test_common.h"
 
-#define TOP20_TOL 1.0
-#define NEAR_TIE 0.05
+#define TOP1_MIN 0.94       /* llama.cpp vs itself: 0.973 / 0.970 */
+#define TOP20_MAX_TOL 5.0   /* llama.cpp vs itself: 1.28 / 3.42 */
+#define TOP20_MEAN_TOL 0.35 /* llama.cpp vs itself: 0.119 / 0.253 */
+#define NEAR_TIE 0.5        /* logits: the noise level above */
+#define PPL_TOL 0.02        /* llama.cpp vs itself: 0.2% / 1.6% */
 #define MAX_TOK 2048
 
 typedef struct fx_case {
@@ -224,7 +235,8 @@ static void check_logits(const char *name) {
     float *lg = malloc(sizeof(float) * (size_t)V * 128);
     double *lsm = malloc(sizeof(double) * (size_t)V);
     int positions = 0, agree = 0, cases = 0;
-    double worst = 0;
+    double worst = 0, sum = 0;
+    long n_diff = 0;
     for (int ci = 0; ci < fx.n; ci++) {
         fx_case *c = &fx.c[ci];
         if (strcmp(c->kind, "logits") && strcmp(c->kind, "long")) continue;
@@ -242,15 +254,18 @@ static void check_logits(const char *name) {
             for (int k = 0; k < 20; k++) {
                 double d = fabs(lsm[c->top_id[p][k]] - c->top_lsm[p][k]);
                 if (d > worst) worst = d;
+                sum += d;
+                n_diff++;
             }
         }
         kv_seq_free(r.kv, &s);
     }
-    print_message("%s: top-1 agrees at %d of %d positions (%.2f%%); worst top-20 log-softmax "
-                  "difference %.3f (tolerance %.2f)\n",
-                  name, agree, positions, 100.0 * agree / positions, worst, TOP20_TOL);
-    assert_true(agree * 100 >= positions * 99);
-    assert_true(worst <= TOP20_TOL);
+    print_message("%s: top-1 agrees at %d of %d positions (%.2f%%); top-20 log-softmax "
+                  "difference max %.3f, mean %.4f\n",
+                  name, agree, positions, 100.0 * agree / positions, worst, sum / n_diff);
+    assert_true(agree >= TOP1_MIN * positions);
+    assert_true(worst <= TOP20_MAX_TOL);
+    assert_true(sum / n_diff <= TOP20_MEAN_TOL);
     free(lsm);
     free(lg);
     rig_close(&r);
@@ -265,6 +280,7 @@ static void check_greedy(const char *name) {
     int V = r.m->n_vocab;
     float *lg = malloc(sizeof(float) * (size_t)V);
     int n = 0, same = 0;
+    float worst_gap = 0;
     for (int ci = 0; ci < fx.n; ci++) {
         fx_case *c = &fx.c[ci];
         if (strcmp(c->kind, "greedy")) continue;
@@ -286,17 +302,19 @@ static void check_greedy(const char *name) {
         if (diverged < 0) {
             same++;
         } else {
-            /* A divergence must be at a near-tie in llama.cpp's own logits. */
+            /* A divergence must be at a near-tie in llama.cpp's own logits:
+             * closer than the logit noise between the two engines (and
+             * between llama.cpp's own batch modes), NEAR_TIE. */
             print_message("%s: greedy prompt %d diverges at token %d, where llama.cpp's two best "
                           "logits are %.4f apart\n",
                           name, n - 1, diverged, c->gap[diverged]);
-            assert_true(c->gap[diverged] <= NEAR_TIE);
+            if (c->gap[diverged] > worst_gap) worst_gap = c->gap[diverged];
         }
         kv_seq_free(r.kv, &s);
     }
     print_message("%s: %d of %d greedy generations match llama.cpp token for token\n", name, same,
                   n);
-    assert_true(same * 10 >= n * 8);
+    assert_true(worst_gap <= NEAR_TIE);
     free(lg);
     rig_close(&r);
     free(fx.c);
@@ -344,7 +362,7 @@ static void check_perplexity(const char *name) {
     if (!light()) {
         print_message("%s: perplexity %.4f over %d chunks of %d, llama.cpp %.4f (%.2f%%)\n", name,
                       ppl, chunks, ctx, c->ppl, 100.0 * (ppl / c->ppl - 1));
-        assert_true(fabs(ppl / c->ppl - 1) <= 0.01);
+        assert_true(fabs(ppl / c->ppl - 1) <= PPL_TOL);
     } else {
         /* One chunk only: still a sane value, near the full figure. */
         assert_true(ppl > 1.0 && ppl < c->ppl * 1.5);

@@ -21,9 +21,6 @@ bool cli_parse_size(const char *s, size_t *out);
 /* Parses a non-negative decimal integer no larger than `max`. */
 bool cli_parse_uint(const char *s, unsigned long long max, unsigned long long *out);
 
-/* `cellm run` (tools/run.c). */
-int cmd_run(int argc, char **argv);
-
 /* `cellm tokenize MODEL TEXT`: print a text's token ids and pieces. */
 int cmd_tokenize(int argc, char **argv);
 

@@ -9,6 +9,7 @@
 #include "cli.h"
 #include "inspect.h"
 #include "quantize.h"
+#include "run.h"
 #include "store.h"
 
 typedef struct command {
@@ -19,6 +20,7 @@ typedef struct command {
 
 static const command commands[] = {
     {"run", cmd_run, "chat with a model (default: smollm2-135m)"},
+    {"perplexity", cmd_perplexity, "perplexity of a model over a text file"},
     {"inspect", cmd_inspect, "describe a model file and the memory it needs"},
     {"pull", cmd_pull, "fetch a known model into the model store"},
     {"list", cmd_list, "list known models and the GGUF files in the store"},

@@ -1,55 +1,372 @@
 /*
- * run.c — `cellm run [MODEL]`: chat with a model (the default model when
- * none is named, fetched on first use). The forward pass does not exist yet,
- * so for now it resolves and checks the model, then says so and stops.
+ * run.c — `cellm run [MODEL]`: chat with a model in the terminal (line
+ * editing and history through libedit), or answer one prompt with -p. The
+ * default model is fetched on first use. Tokens stream as they are made.
+ *
+ * Each turn renders the whole conversation in the model's chat format and
+ * feeds only what the KV cache does not already hold, so earlier turns are
+ * not recomputed. When the conversation outgrows the context, the oldest
+ * turns are dropped.
  */
+#include <editline/readline.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
-#include "gguf.h"
-#include "store.h"
+#include "rt.h"
+#include "run.h"
+#include "sampler.h"
 
 #define RUN_DEFAULT_MODEL "smollm2-135m"
+#define MAX_MSGS 256
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct chat {
+    rt r;
+    chat_tpl tpl;
+    sampler *smp;
+    kv_seq seq;
+    tok_ids hist; /* tokens in the KV cache, in order */
+    chat_msg msgs[MAX_MSGS];
+    int n_msgs;
+    int32_t max_tokens;
+    bool raw, verbose;
+    float *logits;
+    /* speed, for --verbose */
+    double t_prompt, t_gen;
+    long n_prompt, n_gen;
+} chat;
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: cellm run [MODEL] [options]\n\n"
+            "Chats with MODEL (a GGUF path or a model store name; default %s, fetched on first\n"
+            "use). Type a message and press Enter; /reset starts over, /exit (or Ctrl-D) quits.\n\n"
+            "  -p, --prompt TEXT     answer TEXT once and exit\n"
+            "  -s, --system TEXT     system prompt\n"
+            "  -n, --n-predict N     at most N tokens per answer (default 1024)\n"
+            "  --temp T              temperature (default 0: greedy)\n"
+            "  --top-k K, --top-p P, --min-p P   truncation (off by default)\n"
+            "  --seed N              sampling seed\n"
+            "  -c, --ctx-size N      context length (default: the model's, at most 4096)\n"
+            "  -t, --threads N       threads (default: cores, at most 4)\n"
+            "  --chat-template F     chatml, gemma or llama3 instead of the model's own\n"
+            "  --raw                 no chat format: continue the prompt as plain text\n"
+            "  -v, --verbose         print prompt and generation speed\n",
+            RUN_DEFAULT_MODEL);
+}
+
+/* Drops the KV cache's tail past the first `keep` tokens of hist (from the
+ * start when a windowed layer has already let go of what it would need). */
+static void rewind_to(chat *c, size_t keep) {
+    if (keep == c->hist.n) return;
+    if (kv_seq_truncate(c->r.kv, &c->seq, (int32_t)keep)) {
+        c->hist.n = keep;
+    } else {
+        kv_seq_reset(c->r.kv, &c->seq);
+        c->hist.n = 0;
+    }
+}
+
+/* Feeds the rendered conversation; returns false (with a message) when it
+ * cannot fit the context even after dropping old turns. */
+static bool feed_prompt(chat *c, const char *text, cellm_error *err) {
+    tok_ids ids = {0};
+    if (tokenizer_encode(c->r.tok, text, strlen(text), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, &ids,
+                         err) != CELLM_OK)
+        return false;
+    size_t same = 0;
+    while (same < ids.n && same < c->hist.n && ids.ids[same] == c->hist.ids[same]) same++;
+    if (same == ids.n && same > 0) same--; /* always feed at least one token for logits */
+    rewind_to(c, same);
+    if (c->hist.n != same) same = 0;
+    if ((long)ids.n + 1 >= c->r.ctx) {
+        err_set(err, CELLM_ERR_NO_MEMORY, "the prompt (%zu tokens) does not fit the context (%d)",
+                ids.n, c->r.ctx);
+        tok_ids_free(&ids);
+        return false;
+    }
+    double t0 = now_s();
+    cellm_status st =
+        rt_feed(&c->r, &c->seq, ids.ids + same, (int32_t)(ids.n - same), c->logits, err);
+    c->t_prompt += now_s() - t0;
+    c->n_prompt += (long)(ids.n - same);
+    if (st) {
+        tok_ids_free(&ids);
+        return false;
+    }
+    tok_ids_free(&c->hist);
+    c->hist = ids;
+    return true;
+}
+
+static bool hist_push(tok_ids *h, int32_t t) {
+    if (h->n == h->cap) {
+        size_t cap = h->cap ? h->cap * 2 : 256;
+        int32_t *p = realloc(h->ids, cap * sizeof *p);
+        if (!p) return false;
+        h->ids = p;
+        h->cap = cap;
+    }
+    h->ids[h->n++] = t;
+    return true;
+}
+
+/* Generates an answer after the prompt already fed; streams it to stdout
+ * and returns it (malloc'd). */
+static char *generate(chat *c, cellm_error *err) {
+    tok_stream ts;
+    tok_stream_init(&ts, c->r.tok, 0);
+    size_t cap = tok_stream_bound(c->r.tok) + 1;
+    char *piece = malloc(cap);
+    size_t out_cap = 1024, out_n = 0;
+    char *out = malloc(out_cap);
+    if (!piece || !out) {
+        free(piece);
+        free(out);
+        err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+        return NULL;
+    }
+    out[0] = '\0';
+    double t0 = now_s();
+    for (int32_t i = 0; c->max_tokens < 0 || i < c->max_tokens; i++) {
+        int32_t t = sampler_sample(c->smp, c->logits);
+        if (!c->raw && chat_is_stop(&c->tpl, &c->r, t)) break;
+        if (c->raw && t == tokenizer_eos(c->r.tok)) break;
+        size_t n = 0;
+        if (tok_stream_push(&ts, t, piece, cap, &n, err) != CELLM_OK) break;
+        fwrite(piece, 1, n, stdout);
+        fflush(stdout);
+        if (out_n + n + 1 > out_cap) {
+            out_cap = (out_n + n + 1) * 2;
+            char *p = realloc(out, out_cap);
+            if (!p) break;
+            out = p;
+        }
+        memcpy(out + out_n, piece, n);
+        out_n += n;
+        out[out_n] = '\0';
+        c->n_gen++;
+        if (c->seq.n_pos + 1 >= c->r.ctx) break; /* context full */
+        if (!hist_push(&c->hist, t) || rt_feed(&c->r, &c->seq, &t, 1, c->logits, err) != CELLM_OK)
+            break;
+    }
+    size_t n = 0;
+    if (tok_stream_flush(&ts, piece, cap, &n, err) == CELLM_OK && n) {
+        fwrite(piece, 1, n, stdout);
+        if (out_n + n + 1 <= out_cap) {
+            memcpy(out + out_n, piece, n);
+            out[out_n + n] = '\0';
+        }
+    }
+    c->t_gen += now_s() - t0;
+    fputc('\n', stdout);
+    fflush(stdout);
+    free(piece);
+    return out;
+}
+
+static void free_msgs(chat *c, int from) {
+    for (int i = from; i < c->n_msgs; i++) free((char *)c->msgs[i].content);
+    c->n_msgs = from;
+}
+
+/* One user turn: add the message, render, feed, generate, keep the answer. */
+static bool turn(chat *c, const char *user, cellm_error *err) {
+    if (c->raw) {
+        if (!feed_prompt(c, user, err)) return false;
+        free(generate(c, err));
+        return true;
+    }
+    if (c->n_msgs + 2 > MAX_MSGS) free_msgs(c, c->msgs[0].role[0] == 's' ? 1 : 0);
+    c->msgs[c->n_msgs++] = (chat_msg){"user", strdup(user)};
+    for (;;) {
+        char *text = chat_render(&c->tpl, c->msgs, c->n_msgs, true);
+        bool ok = text && feed_prompt(c, text, err);
+        free(text);
+        if (ok) break;
+        /* Too long: drop the oldest exchange (keeping a system message). */
+        int first = c->msgs[0].role[0] == 's' ? 1 : 0;
+        if (c->n_msgs - first <= 1) return false;
+        free((char *)c->msgs[first].content);
+        memmove(&c->msgs[first], &c->msgs[first + 1],
+                sizeof(chat_msg) * (size_t)(c->n_msgs - first - 1));
+        c->n_msgs--;
+    }
+    char *answer = generate(c, err);
+    if (!answer) return false;
+    c->msgs[c->n_msgs++] = (chat_msg){"assistant", answer};
+    return true;
+}
+
+static void print_speed(const chat *c) {
+    fprintf(stderr, "prompt: %ld tokens, %.1f tokens/s; generation: %ld tokens, %.1f tokens/s\n",
+            c->n_prompt, c->t_prompt > 0 ? c->n_prompt / c->t_prompt : 0.0, c->n_gen,
+            c->t_gen > 0 ? c->n_gen / c->t_gen : 0.0);
+}
+
+static int repl(chat *c) {
+    bool tty = isatty(0) && isatty(1);
+    if (tty)
+        fprintf(stderr, "cellm: chatting with %s (%s). /reset starts over, /exit quits.\n",
+                c->r.m->arch, tokenizer_model_name(c->r.tok));
+    char *line;
+    size_t cap = 0;
+    char *buf = NULL;
+    for (;;) {
+        if (tty) {
+            line = readline("> ");
+            if (!line) break;
+            if (*line) add_history(line);
+        } else {
+            ssize_t n = getline(&buf, &cap, stdin);
+            if (n < 0) break;
+            if (n && buf[n - 1] == '\n') buf[n - 1] = '\0';
+            line = strdup(buf);
+        }
+        if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) {
+            free(line);
+            break;
+        }
+        if (!strcmp(line, "/reset")) {
+            free_msgs(c, c->n_msgs && !strcmp(c->msgs[0].role, "system") ? 1 : 0);
+            kv_seq_reset(c->r.kv, &c->seq);
+            c->hist.n = 0;
+            fprintf(stderr, "(conversation cleared)\n");
+        } else if (*line) {
+            cellm_error err;
+            err_clear(&err);
+            if (!turn(c, line, &err)) cli_error("%s", err.msg[0] ? err.msg : "generation failed");
+            if (c->verbose) print_speed(c);
+        }
+        free(line);
+    }
+    free(buf);
+    return 0;
+}
 
 int cmd_run(int argc, char **argv) {
-    const char *model = NULL;
+    const char *model_name = NULL, *prompt = NULL, *system = NULL, *tpl = NULL;
+    rt_opts o = {0};
+    sampler_params sp = sampler_default_params();
+    chat c;
+    memset(&c, 0, sizeof c);
+    c.max_tokens = 1024;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: cellm run [MODEL]\n\n"
-                   "Starts an interactive chat with MODEL (a GGUF path or a model store name;\n"
-                   "default %s, fetched on first use).\n",
-                   RUN_DEFAULT_MODEL);
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        unsigned long long u;
+        char *end;
+#define NEED_ARG()                                                                                 \
+    do {                                                                                           \
+        if (!v) {                                                                                  \
+            cli_error("run: %s needs a value", a);                                                 \
+            return 2;                                                                              \
+        }                                                                                          \
+        i++;                                                                                       \
+    } while (0)
+#define FLOAT_ARG(dst, lo, hi)                                                                     \
+    do {                                                                                           \
+        NEED_ARG();                                                                                \
+        double d_ = strtod(v, &end);                                                               \
+        if (*end || !(d_ >= (lo) && d_ <= (hi))) {                                                 \
+            cli_error("run: %s needs a number from %g to %g", a, (double)(lo), (double)(hi));      \
+            return 2;                                                                              \
+        }                                                                                          \
+        dst = (float)d_;                                                                           \
+    } while (0)
+#define UINT_ARG(dst, max)                                                                         \
+    do {                                                                                           \
+        NEED_ARG();                                                                                \
+        if (!cli_parse_uint(v, (max), &u)) {                                                       \
+            cli_error("run: %s needs a whole number up to %llu", a, (unsigned long long)(max));    \
+            return 2;                                                                              \
+        }                                                                                          \
+        dst = u;                                                                                   \
+    } while (0)
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
             return 0;
-        }
-        if (argv[i][0] == '-') {
-            cli_error("run: unknown option '%s' (see `cellm run --help`)", argv[i]);
+        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+            NEED_ARG();
+            prompt = v;
+        } else if (!strcmp(a, "-s") || !strcmp(a, "--system")) {
+            NEED_ARG();
+            system = v;
+        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
+            UINT_ARG(c.max_tokens, 1u << 24);
+        } else if (!strcmp(a, "--temp")) {
+            FLOAT_ARG(sp.temperature, 0, 100);
+        } else if (!strcmp(a, "--top-k")) {
+            UINT_ARG(sp.top_k, 1u << 24);
+        } else if (!strcmp(a, "--top-p")) {
+            FLOAT_ARG(sp.top_p, 0, 1);
+        } else if (!strcmp(a, "--min-p")) {
+            FLOAT_ARG(sp.min_p, 0, 1);
+        } else if (!strcmp(a, "--seed")) {
+            UINT_ARG(sp.seed, ~0ull);
+        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
+            UINT_ARG(o.ctx, 1u << 20);
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            UINT_ARG(o.threads, 256);
+        } else if (!strcmp(a, "--chat-template")) {
+            NEED_ARG();
+            tpl = v;
+        } else if (!strcmp(a, "--raw")) {
+            c.raw = true;
+        } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
+            c.verbose = true;
+        } else if (a[0] == '-') {
+            cli_error("run: unknown option '%s' (see `cellm run --help`)", a);
+            return 2;
+        } else if (!model_name) {
+            model_name = a;
+        } else {
+            cli_error("run: more than one model given ('%s', '%s')", model_name, a);
             return 2;
         }
-        if (model) {
-            cli_error("run: more than one model given ('%s', '%s')", model, argv[i]);
-            return 2;
-        }
-        model = argv[i];
     }
-    if (!model) model = RUN_DEFAULT_MODEL;
-    char path[4096];
+    if (!model_name) model_name = RUN_DEFAULT_MODEL;
     cellm_error err;
-    if (store_resolve(model, true, path, sizeof path, &err) != CELLM_OK) {
+    err_clear(&err);
+    int rc = 1;
+    if (rt_open(model_name, &o, &c.r, &err) != CELLM_OK) {
         cli_error("%s", err.msg);
         return 1;
     }
-    gguf_file *f;
-    if (gguf_open(path, &f, &err) != CELLM_OK) {
+    if ((!c.raw && chat_tpl_detect(&c.r, tpl, &c.tpl, &err) != CELLM_OK) ||
+        sampler_create(&sp, c.r.m->n_vocab, &c.smp, &err) != CELLM_OK ||
+        kv_seq_init(c.r.kv, &c.seq, &err) != CELLM_OK) {
         cli_error("%s", err.msg);
-        return 1;
+        goto done;
     }
-    gguf_str arch = {"?", 1};
-    gguf_get_str(f, "general.architecture", &arch);
-    fprintf(stderr,
-            "cellm: %s (%.*s, %llu tensors) is ready, but chat is not implemented yet: "
-            "the forward pass comes next. Try `cellm inspect %s`.\n",
-            path, (int)arch.len, arch.ptr, (unsigned long long)f->n_tensors, model);
-    gguf_close(f);
-    return 1;
+    c.logits = malloc(sizeof(float) * (size_t)c.r.m->n_vocab);
+    if (!c.logits) {
+        cli_error("out of memory");
+        goto done;
+    }
+    if (system) c.msgs[c.n_msgs++] = (chat_msg){"system", strdup(system)};
+    if (prompt) {
+        rc = turn(&c, prompt, &err) ? 0 : 1;
+        if (rc) cli_error("%s", err.msg);
+        if (c.verbose) print_speed(&c);
+    } else {
+        rc = repl(&c);
+    }
+done:
+    free_msgs(&c, 0);
+    free(c.logits);
+    tok_ids_free(&c.hist);
+    if (c.seq.table[0]) kv_seq_free(c.r.kv, &c.seq);
+    sampler_free(c.smp);
+    rt_close(&c.r);
+    return rc;
 }

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "store.h"
 #include "gguf.h"
 #include "tokenizer.h"
 
@@ -141,7 +142,9 @@ int cmd_tokenize(int argc, char **argv) {
     tok_ids ids = {0};
     int rc = 1;
     struct timespec t0, t1;
-    if (gguf_open(model, &f, &err) != CELLM_OK || tokenizer_load(f, &t, &err) != CELLM_OK) {
+    char path[4096];
+    if (store_resolve(model, true, path, sizeof path, &err) != CELLM_OK ||
+        gguf_open(path, &f, &err) != CELLM_OK || tokenizer_load(f, &t, &err) != CELLM_OK) {
         cli_error("%s: %s", model, err.msg);
         goto done;
     }
