@@ -1,0 +1,130 @@
+/*
+ * test_commands.c — the generating commands end to end, through the real
+ * `cellm` binary: `cellm perplexity` on the start of Genesis (KJV, public
+ * domain; tests/data/genesis-kjv-start.txt) against llama.cpp's perplexity
+ * of the same tokens (tests/data/forward fixtures), and `cellm run` giving a
+ * sensible one-shot answer, chatting over several turns from a pipe, and
+ * refusing bad arguments.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <cmocka.h>
+#include <math.h>
+
+#include "test_common.h"
+
+static int run_cmd(const char *cmd, char **out) {
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t cap = 1 << 16, len = 0, n;
+    char *buf = malloc(cap);
+    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+        len += n;
+        if (cap - len < 1024) buf = realloc(buf, cap *= 2);
+    }
+    buf[len] = '\0';
+    int status = pclose(p);
+    *out = buf;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static const char *bin(void) {
+    const char *b = getenv("CELLM_BIN");
+    assert_non_null(b);
+    return b;
+}
+
+/* llama.cpp's perplexity from the forward fixture of `name`. */
+static double fixture_ppl(const char *name) {
+    char path[1024], line[256];
+    snprintf(path, sizeof path, "%s/tests/data/forward/%s.txt", CELLM_SOURCE_DIR, name);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    double ppl = 0;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "ppl ", 4)) {
+            int a, b, c;
+            assert_int_equal(sscanf(line, "ppl %d %d %d %lf", &a, &b, &c, &ppl), 4);
+        }
+    fclose(f);
+    return ppl;
+}
+
+static void check_perplexity(const char *name) {
+    char model[1024], cmd[4096], *out;
+    test_model_path(name, model, sizeof model);
+    snprintf(cmd, sizeof cmd,
+             "'%s' perplexity '%s' '%s/tests/data/genesis-kjv-start.txt' -c 512 "
+             "--chunks 4 2>/dev/null",
+             bin(), model, CELLM_SOURCE_DIR);
+    assert_int_equal(run_cmd(cmd, &out), 0);
+    const char *fin = strstr(out, "Final estimate: PPL = ");
+    assert_non_null(fin);
+    assert_non_null(strstr(out, "[1]"));
+    assert_non_null(strstr(out, "[4]"));
+    double ppl = strtod(fin + strlen("Final estimate: PPL = "), NULL), want = fixture_ppl(name);
+    print_message("%s: cellm perplexity %.4f, llama.cpp %.4f\n", name, ppl, want);
+    assert_true(fabs(ppl / want - 1) <= 0.02); /* the bound of test_forward */
+    free(out);
+}
+
+static void test_perplexity_smollm2(void **st) {
+    (void)st;
+    check_perplexity("smollm2-135m");
+}
+
+static void test_perplexity_gemma3(void **st) {
+    (void)st;
+    check_perplexity("gemma3-270m");
+}
+
+static void test_run_answers(void **st) {
+    (void)st;
+    char model[1024], cmd[4096], *out;
+    test_model_path("smollm2-135m", model, sizeof model);
+    snprintf(cmd, sizeof cmd, "'%s' run '%s' -p 'What is 2+2?' -n 32 2>/dev/null", bin(), model);
+    assert_int_equal(run_cmd(cmd, &out), 0);
+    assert_non_null(strstr(out, "4"));
+    free(out);
+    /* Two turns from a pipe: the second refers to the first. */
+    snprintf(cmd, sizeof cmd,
+             "printf 'What is 2+2?\\nAnd what is that times 3?\\n' | '%s' run '%s' -n 32 "
+             "2>/dev/null",
+             bin(), model);
+    assert_int_equal(run_cmd(cmd, &out), 0);
+    assert_non_null(strstr(out, "4"));
+    assert_non_null(strstr(out, "6") ? strstr(out, "6") : strstr(out, "12"));
+    free(out);
+}
+
+static void test_run_errors(void **st) {
+    (void)st;
+    char cmd[4096], *out;
+    snprintf(cmd, sizeof cmd, "'%s' run --temp abc 2>&1", bin());
+    assert_int_equal(run_cmd(cmd, &out), 2);
+    assert_non_null(strstr(out, "--temp"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' run no-such-model -p hi 2>&1", bin());
+    assert_int_equal(run_cmd(cmd, &out), 1);
+    assert_non_null(strstr(out, "no-such-model"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' perplexity smollm2-135m /nonexistent 2>&1", bin());
+    assert_int_equal(run_cmd(cmd, &out), 1);
+    assert_non_null(strstr(out, "/nonexistent"));
+    free(out);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_run_errors),
+        cmocka_unit_test(test_run_answers),
+        cmocka_unit_test(test_perplexity_smollm2),
+        cmocka_unit_test(test_perplexity_gemma3),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
