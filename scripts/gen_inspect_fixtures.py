@@ -2,7 +2,7 @@
 """Writes the expected `cellm inspect --json` values for the real models,
 read with the `gguf` Python package (an independent GGUF reader), to
 tests/data/inspect/NAME.json. The memory figures are computed here from the
-metadata with the rule docs/models.md states, independently of cellm's code.
+metadata with the paged cache's rule (docs/forward.md), independently of cellm's code.
 
 Usage: pip install gguf==0.19.0
        python3 scripts/gen_inspect_fixtures.py SMOLLM2.gguf GEMMA3.gguf
@@ -82,7 +82,8 @@ def describe(path):
         kv_bytes = 0
         for layer in range(n_layers):
             local = window and (period == 0 or (layer + 1) % period != 0)
-            held = min(ctx, -(-window // 16) * 16) if local else ctx
+            # the window plus the 16-token block being filled
+            held = min(ctx, -(-window // 16) * 16 + 16) if local else ctx
             kv_bytes += held * per_tok
         kv_bytes *= SESSIONS
         out["memory"][kv] = {

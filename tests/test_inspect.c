@@ -15,6 +15,7 @@
 #include <cmocka.h>
 #include <math.h>
 
+#include "kv_cache.h"
 #include "test_common.h"
 
 /* Runs a shell command, returns its exit status and its stdout in a new
@@ -95,8 +96,8 @@ static void expect_subset(const cJSON *want, const cJSON *got, const char *where
 }
 
 static void check_model(const char *name) {
-    char model[1024], fixture[1024], cmd[4096];
-    test_model_path(name, model, sizeof model);
+    char mpath[1024], fixture[1024], cmd[4096];
+    test_model_path(name, mpath, sizeof mpath);
     snprintf(fixture, sizeof fixture, "%s/tests/data/inspect/%s.json", CELLM_SOURCE_DIR, name);
     char *text = read_file(fixture);
     cJSON *want = cJSON_Parse(text);
@@ -107,7 +108,7 @@ static void check_model(const char *name) {
     cJSON_ArrayForEach(per_kv, mem) {
         snprintf(cmd, sizeof cmd,
                  "'%s' inspect '%s' --json --ctx 2048 --sessions 4 --kv-type %s --mem-budget 512M",
-                 cellm_bin(), model, per_kv->string);
+                 cellm_bin(), mpath, per_kv->string);
         char *out;
         assert_int_equal(run_cmd(cmd, &out), 0);
         cJSON *got = cJSON_Parse(out);
@@ -142,19 +143,44 @@ static void test_gemma3(void **state) {
 /* The text form says whether the model fits a budget. */
 static void test_budget_text(void **state) {
     (void)state;
-    char model[1024], cmd[4096];
-    test_model_path("gemma3-270m", model, sizeof model);
+    char mpath[1024], cmd[4096];
+    test_model_path("gemma3-270m", mpath, sizeof mpath);
     char *out;
-    snprintf(cmd, sizeof cmd, "'%s' inspect '%s' --mem-budget 100M", cellm_bin(), model);
+    snprintf(cmd, sizeof cmd, "'%s' inspect '%s' --mem-budget 100M", cellm_bin(), mpath);
     assert_int_equal(run_cmd(cmd, &out), 0);
     assert_non_null(strstr(out, "does NOT fit"));
     assert_non_null(strstr(out, "architecture  gemma3"));
     assert_non_null(strstr(out, "SentencePiece"));
     free(out);
-    snprintf(cmd, sizeof cmd, "'%s' inspect '%s' --mem-budget 512M", cellm_bin(), model);
+    snprintf(cmd, sizeof cmd, "'%s' inspect '%s' --mem-budget 512M", cellm_bin(), mpath);
     assert_int_equal(run_cmd(cmd, &out), 0);
     assert_non_null(strstr(out, ": fits"));
     free(out);
+}
+
+/* inspect's f16 KV figure is what the paged cache really takes. */
+static void test_kv_matches_cache(void **state) {
+    (void)state;
+    static const char *const names[] = {"smollm2-135m", "gemma3-270m"};
+    for (int i = 0; i < 2; i++) {
+        char model_path[1024], fixture[1024];
+        test_model_path(names[i], model_path, sizeof model_path);
+        snprintf(fixture, sizeof fixture, "%s/tests/data/inspect/%s.json", CELLM_SOURCE_DIR,
+                 names[i]);
+        char *text = read_file(fixture);
+        cJSON *j = cJSON_Parse(text);
+        const cJSON *kv = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "memory"), "f16"),
+            "kv_bytes");
+        assert_non_null(kv);
+        model *m;
+        cellm_error e;
+        assert_int_equal(model_load(model_path, &m, &e), CELLM_OK);
+        assert_true(kv->valuedouble == 4.0 * (double)kv_cache_seq_bytes(m, 2048));
+        model_free(m);
+        cJSON_Delete(j);
+        free(text);
+    }
 }
 
 static void test_errors(void **state) {
@@ -183,9 +209,8 @@ static void test_errors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_smollm2),
-        cmocka_unit_test(test_gemma3),
-        cmocka_unit_test(test_budget_text),
+        cmocka_unit_test(test_smollm2),     cmocka_unit_test(test_gemma3),
+        cmocka_unit_test(test_budget_text), cmocka_unit_test(test_kv_matches_cache),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

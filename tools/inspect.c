@@ -117,8 +117,9 @@ cellm_status inspect_model(const char *path, const inspect_opts *opts, inspect_r
     gguf_close(f);
 
     /* The KV cache: per layer, per token, K and V rows for every KV head,
-     * stored in whole blocks of the KV type. A sliding-window layer never
-     * holds more than its window. Blocks of 16 tokens round the context. */
+     * stored in whole blocks of the KV type. A sliding-window layer holds
+     * its window plus the 16-token block being filled, as the paged cache
+     * does (src/kv_cache.c). Blocks of 16 tokens round the context. */
     r->ctx = opts->ctx ? opts->ctx
                        : (r->context_length && r->context_length < 4096 ? r->context_length : 4096);
     r->sessions = opts->sessions ? opts->sessions : 1;
@@ -133,7 +134,7 @@ cellm_status inspect_model(const char *path, const inspect_opts *opts, inspect_r
                        quant_type_get(r->kv_qtype)->name, (unsigned long long)r->key_length,
                        (unsigned long long)r->value_length);
     uint32_t period = swa_period(r->arch);
-    uint64_t window = r->sliding_window ? (r->sliding_window + 15) / 16 * 16 : 0;
+    uint64_t window = r->sliding_window ? (r->sliding_window + 15) / 16 * 16 + 16 : 0;
     for (uint64_t l = 0; l < r->block_count; l++) {
         bool local = window && (period == 0 || (l + 1) % period != 0);
         uint64_t tokens_held = local && window < ctx ? window : ctx;
