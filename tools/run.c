@@ -38,7 +38,7 @@ typedef struct chat {
     chat_msg msgs[MAX_MSGS];
     int n_msgs;
     int32_t max_tokens;
-    bool raw, verbose;
+    bool raw, verbose, ignore_eos;
     float *logits;
     /* speed, for --verbose */
     double t_prompt, t_gen;
@@ -60,6 +60,7 @@ static void usage(FILE *out) {
             "  -t, --threads N       threads (default: cores, at most 4)\n"
             "  --chat-template F     chatml, gemma or llama3 instead of the model's own\n"
             "  --raw                 no chat format: continue the prompt as plain text\n"
+            "  --ignore-eos          keep generating past end-of-text (for benchmarks)\n"
             "  -v, --verbose         print prompt and generation speed\n",
             RUN_DEFAULT_MODEL);
 }
@@ -139,8 +140,8 @@ static char *generate(chat *c, cellm_error *err) {
     double t0 = now_s();
     for (int32_t i = 0; c->max_tokens < 0 || i < c->max_tokens; i++) {
         int32_t t = sampler_sample(c->smp, c->logits);
-        if (!c->raw && chat_is_stop(&c->tpl, &c->r, t)) break;
-        if (c->raw && t == tokenizer_eos(c->r.tok)) break;
+        if (!c->ignore_eos && !c->raw && chat_is_stop(&c->tpl, &c->r, t)) break;
+        if (!c->ignore_eos && c->raw && t == tokenizer_eos(c->r.tok)) break;
         size_t n = 0;
         if (tok_stream_push(&ts, t, piece, cap, &n, err) != CELLM_OK) break;
         fwrite(piece, 1, n, stdout);
@@ -322,6 +323,8 @@ int cmd_run(int argc, char **argv) {
             tpl = v;
         } else if (!strcmp(a, "--raw")) {
             c.raw = true;
+        } else if (!strcmp(a, "--ignore-eos")) {
+            c.ignore_eos = true;
         } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
             c.verbose = true;
         } else if (a[0] == '-') {

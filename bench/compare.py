@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Side-by-side speed of cellm and llama.cpp on the same GGUF files, thread
+count and prompt/generation lengths, alternating the two in one run.
+
+For each model and repetition: prompt processing of a PP-token prompt and
+generation of TG tokens (greedy, past end-of-text), with cellm through
+`cellm run --raw -v` and llama.cpp through llama-cpp-python (its own
+eval calls, timed the same way: wall time around prompt and decode). Prints
+a markdown table with the median and the spread (min-max) of each figure
+and the ratio cellm / llama.cpp. Nothing of llama.cpp is committed; it comes
+from the package registry (pip install llama-cpp-python).
+
+Usage: python3 bench/compare.py [--reps 5] [--threads 2] [--pp 512] [--tg 128]
+       [MODEL ...]   (store names or paths; default smollm2-135m gemma3-270m)
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CELLM = os.path.join(ROOT, "build", "cellm")
+
+
+def model_path(name):
+    if os.path.exists(name):
+        return name
+    home = os.environ.get("CELLM_HOME") or os.path.expanduser("~/.cache/cellm")
+    return os.path.join(home, "models", name + ".gguf")
+
+
+def prompt_text(n_words):
+    base = open(os.path.join(ROOT, "tests", "data", "genesis-kjv-start.txt")).read().split()
+    return " ".join(base[:n_words])
+
+
+def cellm_run(model, text, tg, threads):
+    out = subprocess.run([CELLM, "run", model, "--raw", "-p", text, "-n", str(tg), "--ignore-eos",
+                          "-t", str(threads), "-c", "2048", "-v"],
+                         capture_output=True, text=True, check=True).stderr
+    m = re.search(r"prompt: (\d+) tokens, ([\d.]+) tokens/s; generation: (\d+) tokens, ([\d.]+)",
+                  out)
+    return int(m.group(1)), float(m.group(2)), int(m.group(3)), float(m.group(4))
+
+
+def llama_run(llm, toks, tg):
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(toks)
+    t1 = time.perf_counter()
+    tok = 198  # any token: decode speed does not depend on which
+    t2 = time.perf_counter()
+    for _ in range(tg):
+        llm.eval([tok])
+    t3 = time.perf_counter()
+    return len(toks) / (t1 - t0), tg / (t3 - t2)
+
+
+def fmt(xs):
+    return f"{statistics.median(xs):.1f} ({min(xs):.1f}-{max(xs):.1f})"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("models", nargs="*", default=["smollm2-135m", "gemma3-270m"])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pp", type=int, default=512)
+    ap.add_argument("--tg", type=int, default=128)
+    a = ap.parse_args()
+    from llama_cpp import Llama
+
+    print(f"| model | test | cellm tokens/s | llama.cpp tokens/s | cellm / llama.cpp |")
+    print("| --- | --- | --- | --- | --- |")
+    for name in a.models:
+        path = model_path(name)
+        llm = Llama(model_path=path, n_ctx=2048, n_threads=a.threads, n_threads_batch=a.threads,
+                    n_batch=512, n_ubatch=512, verbose=False)
+        # A prompt of exactly PP tokens by cellm's (= llama.cpp's) tokenizer.
+        words = a.pp
+        while True:
+            text = prompt_text(words)
+            toks = llm.tokenize(text.encode(), add_bos=True, special=False)
+            if len(toks) <= a.pp:
+                break
+            words -= max(1, (len(toks) - a.pp) // 2)
+        cp, ct, lp, lt = [], [], [], []
+        for _ in range(a.reps):
+            n_pp, pp, n_tg, tg = cellm_run(path, text, a.tg, a.threads)
+            cp.append(pp)
+            ct.append(tg)
+            p, t = llama_run(llm, toks, a.tg)
+            lp.append(p)
+            lt.append(t)
+        del llm
+        print(f"| {name} | pp{len(toks)} | {fmt(cp)} | {fmt(lp)} | "
+              f"{statistics.median(cp) / statistics.median(lp):.2f} |")
+        print(f"| {name} | tg{a.tg} | {fmt(ct)} | {fmt(lt)} | "
+              f"{statistics.median(ct) / statistics.median(lt):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
