@@ -18,27 +18,6 @@
 
 #include "test_common.h"
 
-static int run_cmd(const char *cmd, char **out) {
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t cap = 1 << 16, len = 0, n;
-    char *buf = malloc(cap);
-    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += n;
-        if (cap - len < 1024) buf = realloc(buf, cap *= 2);
-    }
-    buf[len] = '\0';
-    int status = pclose(p);
-    *out = buf;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-static const char *bin(void) {
-    const char *b = getenv("CELLM_BIN");
-    assert_non_null(b);
-    return b;
-}
-
 /* llama.cpp's perplexity from the forward fixture of `name`. */
 static double fixture_ppl(const char *name) {
     char path[1024], line[256];
@@ -61,8 +40,8 @@ static void check_perplexity(const char *name) {
     snprintf(cmd, sizeof cmd,
              "'%s' perplexity '%s' '%s/tests/data/genesis-kjv-start.txt' -c 512 "
              "--chunks 4 2>/dev/null",
-             bin(), model, CELLM_SOURCE_DIR);
-    assert_int_equal(run_cmd(cmd, &out), 0);
+             test_cellm_bin(), model, CELLM_SOURCE_DIR);
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
     const char *fin = strstr(out, "Final estimate: PPL = ");
     assert_non_null(fin);
     assert_non_null(strstr(out, "[1]"));
@@ -87,16 +66,17 @@ static void test_run_answers(void **st) {
     (void)st;
     char model[1024], cmd[4096], *out;
     test_model_path("smollm2-135m", model, sizeof model);
-    snprintf(cmd, sizeof cmd, "'%s' run '%s' -p 'What is 2+2?' -n 32 2>/dev/null", bin(), model);
-    assert_int_equal(run_cmd(cmd, &out), 0);
+    snprintf(cmd, sizeof cmd, "'%s' run '%s' -p 'What is 2+2?' -n 32 2>/dev/null", test_cellm_bin(),
+             model);
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
     assert_non_null(strstr(out, "4"));
     free(out);
     /* Two turns from a pipe: the second refers to the first. */
     snprintf(cmd, sizeof cmd,
              "printf 'What is 2+2?\\nAnd what is that times 3?\\n' | '%s' run '%s' -n 32 "
              "2>/dev/null",
-             bin(), model);
-    assert_int_equal(run_cmd(cmd, &out), 0);
+             test_cellm_bin(), model);
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
     assert_non_null(strstr(out, "4"));
     assert_non_null(strstr(out, "6") ? strstr(out, "6") : strstr(out, "12"));
     free(out);
@@ -105,16 +85,16 @@ static void test_run_answers(void **st) {
 static void test_run_errors(void **st) {
     (void)st;
     char cmd[4096], *out;
-    snprintf(cmd, sizeof cmd, "'%s' run --temp abc 2>&1", bin());
-    assert_int_equal(run_cmd(cmd, &out), 2);
+    snprintf(cmd, sizeof cmd, "'%s' run --temp abc 2>&1", test_cellm_bin());
+    assert_int_equal(test_run_cmd(cmd, &out), 2);
     assert_non_null(strstr(out, "--temp"));
     free(out);
-    snprintf(cmd, sizeof cmd, "'%s' run no-such-model -p hi 2>&1", bin());
-    assert_int_equal(run_cmd(cmd, &out), 1);
+    snprintf(cmd, sizeof cmd, "'%s' run no-such-model -p hi 2>&1", test_cellm_bin());
+    assert_int_equal(test_run_cmd(cmd, &out), 1);
     assert_non_null(strstr(out, "no-such-model"));
     free(out);
-    snprintf(cmd, sizeof cmd, "'%s' perplexity smollm2-135m /nonexistent 2>&1", bin());
-    assert_int_equal(run_cmd(cmd, &out), 1);
+    snprintf(cmd, sizeof cmd, "'%s' perplexity smollm2-135m /nonexistent 2>&1", test_cellm_bin());
+    assert_int_equal(test_run_cmd(cmd, &out), 1);
     assert_non_null(strstr(out, "/nonexistent"));
     free(out);
 }

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* Path of a real model by store name ("smollm2-135m", "gemma3-270m") into
@@ -38,6 +39,37 @@ static inline const char *test_model_path(const char *name, char *buf, size_t ca
         fail();
     }
     return buf;
+}
+
+/* Runs a shell command; returns its exit status and its stdout in a new
+ * buffer the caller frees. */
+static inline int test_run_cmd(const char *cmd, char **out) {
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t cap = 1 << 16, len = 0, n;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+        len += n;
+        if (cap - len < 1024) {
+            buf = realloc(buf, cap *= 2);
+            assert_non_null(buf);
+        }
+    }
+    buf[len] = '\0';
+    int status = pclose(p);
+    *out = buf;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* The `cellm` binary under test ($CELLM_BIN, set by ctest). */
+static inline const char *test_cellm_bin(void) {
+    const char *b = getenv("CELLM_BIN");
+    if (!b || !*b) {
+        print_error("CELLM_BIN is not set (ctest sets it)\n");
+        fail();
+    }
+    return b;
 }
 
 /* A growing byte buffer for hand-made files. */

@@ -18,33 +18,6 @@
 #include "kv_cache.h"
 #include "test_common.h"
 
-/* Runs a shell command, returns its exit status and its stdout in a new
- * buffer (stderr goes to `err_out` when not NULL). */
-static int run_cmd(const char *cmd, char **out) {
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    size_t n;
-    while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += n;
-        if (cap - len < 1024) buf = realloc(buf, cap *= 2);
-    }
-    buf[len] = '\0';
-    int status = pclose(p);
-    *out = buf;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-static const char *cellm_bin(void) {
-    const char *b = getenv("CELLM_BIN");
-    if (!b || !*b) {
-        print_error("CELLM_BIN is not set (ctest sets it)\n");
-        fail();
-    }
-    return b;
-}
-
 static char *read_file(const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -108,9 +81,9 @@ static void check_model(const char *name) {
     cJSON_ArrayForEach(per_kv, mem) {
         snprintf(cmd, sizeof cmd,
                  "'%s' inspect '%s' --json --ctx 2048 --sessions 4 --kv-type %s --mem-budget 512M",
-                 cellm_bin(), mpath, per_kv->string);
+                 test_cellm_bin(), mpath, per_kv->string);
         char *out;
-        assert_int_equal(run_cmd(cmd, &out), 0);
+        assert_int_equal(test_run_cmd(cmd, &out), 0);
         cJSON *got = cJSON_Parse(out);
         if (!got) {
             print_error("not JSON: %s\n", out);
@@ -146,14 +119,14 @@ static void test_budget_text(void **state) {
     char mpath[1024], cmd[4096];
     test_model_path("gemma3-270m", mpath, sizeof mpath);
     char *out;
-    snprintf(cmd, sizeof cmd, "'%s' inspect '%s' --mem-budget 100M", cellm_bin(), mpath);
-    assert_int_equal(run_cmd(cmd, &out), 0);
+    snprintf(cmd, sizeof cmd, "'%s' inspect '%s' --mem-budget 100M", test_cellm_bin(), mpath);
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
     assert_non_null(strstr(out, "does NOT fit"));
     assert_non_null(strstr(out, "architecture  gemma3"));
     assert_non_null(strstr(out, "SentencePiece"));
     free(out);
-    snprintf(cmd, sizeof cmd, "'%s' inspect '%s' --mem-budget 512M", cellm_bin(), mpath);
-    assert_int_equal(run_cmd(cmd, &out), 0);
+    snprintf(cmd, sizeof cmd, "'%s' inspect '%s' --mem-budget 512M", test_cellm_bin(), mpath);
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
     assert_non_null(strstr(out, ": fits"));
     free(out);
 }
@@ -187,23 +160,23 @@ static void test_errors(void **state) {
     (void)state;
     char cmd[4096], *out;
     /* Not a GGUF file: exit 1 and one line naming the problem. */
-    snprintf(cmd, sizeof cmd, "'%s' inspect '%s/CMakeLists.txt' 2>&1", cellm_bin(),
+    snprintf(cmd, sizeof cmd, "'%s' inspect '%s/CMakeLists.txt' 2>&1", test_cellm_bin(),
              CELLM_SOURCE_DIR);
-    assert_int_equal(run_cmd(cmd, &out), 1);
+    assert_int_equal(test_run_cmd(cmd, &out), 1);
     assert_non_null(strstr(out, "cellm: "));
     assert_non_null(strstr(out, "not a GGUF file: magic at byte offset 0"));
     assert_null(strchr(strchr(out, '\n') + 1, '\n')); /* one line */
     free(out);
-    snprintf(cmd, sizeof cmd, "'%s' inspect no-such-model 2>&1", cellm_bin());
-    assert_int_equal(run_cmd(cmd, &out), 1);
+    snprintf(cmd, sizeof cmd, "'%s' inspect no-such-model 2>&1", test_cellm_bin());
+    assert_int_equal(test_run_cmd(cmd, &out), 1);
     assert_non_null(strstr(out, "no-such-model"));
     free(out);
-    snprintf(cmd, sizeof cmd, "'%s' inspect x --kv-type q9 2>&1", cellm_bin());
-    assert_int_equal(run_cmd(cmd, &out), 2);
+    snprintf(cmd, sizeof cmd, "'%s' inspect x --kv-type q9 2>&1", test_cellm_bin());
+    assert_int_equal(test_run_cmd(cmd, &out), 2);
     assert_non_null(strstr(out, "--kv-type"));
     free(out);
-    snprintf(cmd, sizeof cmd, "'%s' inspect x --ctx -5 2>&1", cellm_bin());
-    assert_int_equal(run_cmd(cmd, &out), 2);
+    snprintf(cmd, sizeof cmd, "'%s' inspect x --ctx -5 2>&1", test_cellm_bin());
+    assert_int_equal(test_run_cmd(cmd, &out), 2);
     free(out);
 }
 
