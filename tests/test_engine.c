@@ -2,7 +2,7 @@
  * test_engine.c — the public engine API (include/cellm.h) on SmolLM2:
  *  - batch invariance: greedy completions of 8 prompts (text, chat messages
  *    and token inputs) are token-identical run alone, all 8 at once, and
- *    with 1 or 2 compute threads;
+ *    with 1 or 2 compute threads; seeded sampled ones alone and together;
  *  - a KV budget too small for all requests at once: every one completes
  *    with the text it has alone, through queueing and preemption;
  *  - argument and budget errors come back as status codes with messages;
@@ -71,10 +71,15 @@ static const char *const prompts[N_PROMPTS] = {
     "Explain why the sky is blue in one sentence.",
 };
 
+static float g_temperature; /* 0: greedy; else sampled with seed = prompt index */
+
 static cellm_request_params input(int i, int32_t max_tokens, sink *s, cellm_chat_message *msgs,
                                   int32_t **ids) {
     cellm_request_params p = cellm_request_default_params();
     p.max_tokens = max_tokens;
+    p.sampling.temperature = g_temperature;
+    p.sampling.top_p = 0.95f;
+    p.sampling.seed = 1000u + (uint64_t)i;
     p.on_piece = on_piece;
     p.on_done = on_done;
     p.user = s;
@@ -188,8 +193,15 @@ static void test_batch_invariance(void **state) {
     e = engine_new(2, 0);
     run_prompts(e, N_PROMPTS, 16, &two_threads);
     assert_same(&alone, &two_threads);
-    cellm_engine_free(e);
     for (int i = 0; i < N_PROMPTS; i++) assert_true(alone.n[i] > 0);
+
+    /* Sampled with a seed per request: the same text alone and together. */
+    g_temperature = 0.8f;
+    run_prompts(e, 1, 16, &alone);
+    run_prompts(e, N_PROMPTS, 16, &together);
+    g_temperature = 0.0f;
+    assert_same(&alone, &together);
+    cellm_engine_free(e);
 }
 
 /* (c) a budget that holds a few of the requests at a time. */
