@@ -64,6 +64,220 @@ typedef void (*cellm_log_fn)(cellm_log_level level, const char *msg, void *user)
  * Thread-safe. */
 void cellm_set_log_callback(cellm_log_fn fn, void *user);
 
+/* ------------------------------------------------------------------ errors */
+
+/* The message of the last call that failed on the calling thread ("" when
+ * none has). Every fallible function below sets it, also those that take a
+ * handle, so a thread can always read why its own call failed. Owned by
+ * the library; valid until the next failing call on this thread. */
+const char *cellm_last_error(void);
+
+/* ------------------------------------------------------------------ models */
+
+/* A loaded model: its weights (mapped read-only from the file, never
+ * copied), its tokenizer and its chat format. Immutable once loaded: any
+ * number of engines and threads may use one model at once. */
+typedef struct cellm_model cellm_model;
+
+typedef struct cellm_model_params {
+    /* The chat format for chat-message requests: "chatml", "gemma",
+     * "llama3", or NULL (the default) to detect it from the model. */
+    const char *chat_template;
+} cellm_model_params;
+
+cellm_model_params cellm_model_default_params(void);
+
+/* Loads the GGUF file at `path` into *out. The library takes paths only;
+ * store names ("smollm2-135m") are resolved by the `cellm` command, not
+ * here. `params` may be NULL for the defaults. Thread-safe. Errors:
+ * CELLM_ERR_IO, CELLM_ERR_FORMAT, CELLM_ERR_UNSUPPORTED,
+ * CELLM_ERR_NO_MEMORY. Free with cellm_model_free() after every engine
+ * that uses the model. */
+cellm_status cellm_model_load(const char *path, const cellm_model_params *params,
+                              cellm_model **out);
+
+/* Frees a model (NULL is fine). Every engine made from it must be freed
+ * first. */
+void cellm_model_free(cellm_model *model);
+
+/* Token ids of `text` (special tokens such as "<|im_start|>" recognised,
+ * BOS added where the model wants it) into a new array *ids of *n ids;
+ * free it with free(). Thread-safe. */
+cellm_status cellm_tokenize(const cellm_model *model, const char *text, int32_t **ids, int32_t *n);
+
+/* ----------------------------------------------------------------- engines */
+
+/* An engine serves many requests on one model at once: one engine thread
+ * runs steps, each a single forward pass over a flat batch that holds the
+ * next token of every running request and chunks of waiting prompts
+ * (continuous batching). Its memory (KV cache and activations) is
+ * allocated once, at creation, within mem_budget_bytes; when the KV cache
+ * runs out, requests wait in a queue, and the lowest-priority, most recent
+ * running request is preempted (its cache freed, recomputed later), so the
+ * engine never exceeds its budget. */
+typedef struct cellm_engine cellm_engine;
+
+typedef enum cellm_kv_type {
+    CELLM_KV_F16 = 0 /* the only type for now */
+} cellm_kv_type;
+
+typedef struct cellm_engine_params {
+    int n_threads;            /* compute threads; 0 (default): cores, at most 4 */
+    size_t mem_budget_bytes;  /* KV cache + activations; default 256 MiB */
+    int32_t max_batch_tokens; /* rows in one step (decode tokens + prompt chunks); default 256 */
+    int32_t max_seqs;         /* requests running at once; default 16 */
+    int32_t max_ctx;          /* positions per request; 0 (default): the model's, at most 4096 */
+    cellm_kv_type kv_type;    /* default CELLM_KV_F16 */
+} cellm_engine_params;
+
+cellm_engine_params cellm_engine_default_params(void);
+
+/* Creates an engine on `model` (which must outlive it) and starts its
+ * engine thread. `params` may be NULL for the defaults. Thread-safe.
+ * Errors: CELLM_ERR_INVALID_ARG (a parameter out of range),
+ * CELLM_ERR_NO_MEMORY (the budget does not hold the activations for
+ * max_batch_tokens plus at least one KV block, or allocation failed). */
+cellm_status cellm_engine_create(const cellm_model *model, const cellm_engine_params *params,
+                                 cellm_engine **out);
+
+/* Stops the engine thread and frees the engine (NULL is fine). Requests
+ * still running or waiting finish as CELLM_FINISH_CANCELLED first (their
+ * done callbacks run). Every request handle must be freed before this call.
+ * Must not be called from a callback. */
+void cellm_engine_free(cellm_engine *engine);
+
+/* A snapshot of the engine's state, for metrics. */
+typedef struct cellm_stats {
+    size_t bytes_in_use;                            /* activations + KV blocks in use */
+    size_t bytes_activations;                       /* fixed, allocated at creation */
+    size_t bytes_kv_total;                          /* the KV cache pool */
+    int32_t blocks_total, blocks_used, blocks_free; /* KV blocks of 16 positions */
+    int32_t n_running, n_waiting;                   /* requests */
+    uint64_t n_steps, n_preemptions;
+    uint64_t n_prompt_tokens, n_completion_tokens; /* computed since creation */
+    double prompt_tokens_per_s;                    /* over the last second or so of work */
+    double completion_tokens_per_s;
+} cellm_stats;
+
+/* Fills *out. Thread-safe; a consistent snapshot as of the last step. */
+cellm_status cellm_engine_stats(cellm_engine *engine, cellm_stats *out);
+
+/* The first error a step of the engine met ("" if none: the usual case),
+ * such as a failed forward pass; the requests of that step finished with
+ * CELLM_FINISH_ERROR and the engine went on serving the others. Owned by
+ * the engine; once set it never changes. */
+const char *cellm_engine_error(const cellm_engine *engine);
+
+/* ---------------------------------------------------------------- requests */
+
+/* One generation: a prompt in, text out through callbacks. */
+typedef struct cellm_request cellm_request;
+
+typedef enum cellm_finish_reason {
+    CELLM_FINISH_NONE = 0,  /* not finished yet */
+    CELLM_FINISH_STOP,      /* a stop token (EOS, end of turn, or one of stop_tokens) */
+    CELLM_FINISH_LENGTH,    /* max_tokens, the context, or a KV budget one request outgrew */
+    CELLM_FINISH_CANCELLED, /* cellm_cancel, cellm_request_free or cellm_engine_free */
+    CELLM_FINISH_ERROR      /* see result.status and cellm_request_error() */
+} cellm_finish_reason;
+
+typedef struct cellm_result {
+    cellm_finish_reason finish_reason;
+    cellm_status status; /* CELLM_OK unless finish_reason is CELLM_FINISH_ERROR */
+    int32_t n_prompt_tokens;
+    int32_t n_completion_tokens;
+    int32_t n_preemptions; /* times the request was preempted and recomputed */
+    double queue_ms;       /* submit to first step that ran it */
+    double first_token_ms; /* submit to first completion token */
+    double total_ms;       /* submit to finish */
+} cellm_result;
+
+/* Called on the engine thread with each piece of text as it is made:
+ * whole UTF-8 characters, `piece` not NUL-terminated and valid only during
+ * the call. Keep it short: every request of the engine waits for it. It may
+ * call cellm_cancel (any request) and cellm_submit, not cellm_wait. */
+typedef void (*cellm_piece_fn)(const char *piece, size_t len, void *user);
+
+/* Called once on the engine thread when the request finishes, however it
+ * finishes (also after a cancel); `result` is valid only during the call.
+ * After it returns, no callback of the request runs again. Same rules as
+ * cellm_piece_fn. */
+typedef void (*cellm_done_fn)(const cellm_result *result, void *user);
+
+typedef struct cellm_chat_message {
+    const char *role; /* "system", "user" or "assistant" */
+    const char *content;
+} cellm_chat_message;
+
+typedef struct cellm_sampling {
+    float temperature; /* <= 0: greedy (the default) */
+    int32_t top_k;     /* <= 0: off */
+    float top_p;       /* >= 1: off */
+    float min_p;       /* <= 0: off */
+    uint64_t seed;     /* the same seed gives the same text, alone or batched */
+} cellm_sampling;
+
+typedef struct cellm_request_params {
+    /* The input: exactly one of these three. A prompt is text continued as
+     * is (special tokens recognised, BOS added where the model wants it);
+     * messages are rendered in the model's chat format with the assistant's
+     * turn opened; tokens are used as given. */
+    const char *prompt;
+    const cellm_chat_message *messages;
+    int32_t n_messages;
+    const int32_t *tokens;
+    int32_t n_tokens;
+
+    cellm_sampling sampling;
+    int32_t max_tokens; /* completion tokens at most; < 0: until the context is full. Default 256 */
+    const int32_t *stop_tokens; /* besides EOS (and the end-of-turn token for messages) */
+    int32_t n_stop_tokens;      /* at most 16 */
+    int32_t priority;           /* higher runs first and is preempted last; default 0 */
+
+    cellm_piece_fn on_piece; /* may be NULL */
+    cellm_done_fn on_done;   /* may be NULL */
+    void *user;              /* passed to both */
+} cellm_request_params;
+
+cellm_request_params cellm_request_default_params(void);
+
+/* Queues a request; *out gets its handle, which the caller owns and frees
+ * with cellm_request_free(). The library copies what `params` points to
+ * before returning. Thread-safe: any thread may submit at any time, also
+ * from a callback. Tokenizing happens here, on the caller's thread.
+ * Errors: CELLM_ERR_INVALID_ARG (no input or more than one, an empty or
+ * over-long prompt, a bad token id), CELLM_ERR_UNSUPPORTED (messages for a
+ * model whose chat format cellm does not know), CELLM_ERR_NO_MEMORY (the
+ * prompt alone needs more KV blocks than the engine has). */
+cellm_status cellm_submit(cellm_engine *engine, const cellm_request_params *params,
+                          cellm_request **out);
+
+/* Asks the request to stop. It finishes as CELLM_FINISH_CANCELLED at the
+ * start of the engine's next step (its KV blocks return to the pool then),
+ * unless it has finished already. Thread-safe, callable from callbacks. */
+cellm_status cellm_cancel(cellm_request *request);
+
+/* Blocks until the request has finished and its done callback has
+ * returned; copies the result to *result (may be NULL). Thread-safe; must
+ * not be called from a callback. */
+cellm_status cellm_wait(cellm_request *request, cellm_result *result);
+
+/* Completion token ids so far, in *ids (owned by the request) and *n. Call
+ * after cellm_wait (or from the request's own callbacks); valid until the
+ * request is freed. */
+cellm_status cellm_request_tokens(cellm_request *request, const int32_t **ids, int32_t *n);
+
+/* Message of the request's error ("" unless it finished with
+ * CELLM_FINISH_ERROR). Owned by the request; read it after cellm_wait. */
+const char *cellm_request_error(const cellm_request *request);
+
+/* Releases the caller's handle (NULL is fine). A request that has not
+ * finished is cancelled first and this waits for it to finish, so no
+ * callback of it runs after this returns. From a callback of the same
+ * engine it does not wait: the request is cancelled, and freed when it
+ * finishes. */
+void cellm_request_free(cellm_request *request);
+
 #ifdef __cplusplus
 }
 #endif

@@ -24,4 +24,7 @@ bool cli_parse_uint(const char *s, unsigned long long max, unsigned long long *o
 /* `cellm tokenize MODEL TEXT`: print a text's token ids and pieces. */
 int cmd_tokenize(int argc, char **argv);
 
+/* `cellm bench [MODEL]`: aggregate decode speed with 1..16 sessions. */
+int cmd_bench(int argc, char **argv);
+
 #endif /* CELLM_CLI_H */

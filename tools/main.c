@@ -25,6 +25,7 @@ static const command commands[] = {
     {"pull", cmd_pull, "fetch a known model into the model store"},
     {"list", cmd_list, "list known models and the GGUF files in the store"},
     {"tokenize", cmd_tokenize, "show the token ids and pieces of a text"},
+    {"bench", cmd_bench, "aggregate decode tokens/s with 1, 2, 4, 8, 16 sessions"},
     {"bench-kernels", cmd_bench_kernels, "measure matvec kernels against memory bandwidth"},
     {"quantize", cmd_quantize, "re-quantize a model file (Q4_0 ... Q8_0, Q4_K_M, Q5_K_M, Q6_K)"},
     {NULL, NULL, NULL},

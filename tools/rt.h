@@ -1,9 +1,9 @@
 /*
  * rt.h — what the generating commands (run, perplexity) share until the
  * engine API exists: a model with its tokenizer, KV cache, thread pool and
- * forward context, opened from a path or store name; one sequence helper
- * that feeds tokens in chunks; and the built-in chat formats of the models
- * cellm knows.
+ * forward context, opened from a path or store name; and one sequence helper
+ * that feeds tokens in chunks. The chat formats live in the library
+ * (src/chat.h).
  */
 #ifndef CELLM_RT_H
 #define CELLM_RT_H
@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "chat.h"
 #include "forward.h"
 #include "tokenizer.h"
 
@@ -39,31 +40,5 @@ void rt_close(rt *r);
  * logits there (n_vocab floats). */
 cellm_status rt_feed(rt *r, kv_seq *s, const int32_t *tok, int32_t n, float *logits,
                      cellm_error *err);
-
-/* ---- chat formats ---- */
-
-typedef enum chat_format { CHAT_CHATML, CHAT_GEMMA, CHAT_LLAMA3 } chat_format;
-
-typedef struct chat_msg {
-    const char *role; /* "system", "user", "assistant" */
-    const char *content;
-} chat_msg;
-
-typedef struct chat_tpl {
-    chat_format format;
-    char default_system[512]; /* used when there is no system message */
-    int32_t stop[4];          /* end-of-turn token ids besides EOS, -1 padded */
-} chat_tpl;
-
-/* The chat format of the model (from its template, or its architecture
- * when it has none); `name` ("chatml", "gemma", "llama3") overrides. */
-cellm_status chat_tpl_detect(const rt *r, const char *name, chat_tpl *t, cellm_error *err);
-
-/* Renders messages (and the assistant's opening when `add_generation`)
- * into a new string the caller frees. */
-char *chat_render(const chat_tpl *t, const chat_msg *msgs, int n, bool add_generation);
-
-/* True for EOS and the format's end-of-turn tokens. */
-bool chat_is_stop(const chat_tpl *t, const rt *r, int32_t tok);
 
 #endif /* CELLM_RT_H */

@@ -140,7 +140,7 @@ static char *generate(chat *c, cellm_error *err) {
     double t0 = now_s();
     for (int32_t i = 0; c->max_tokens < 0 || i < c->max_tokens; i++) {
         int32_t t = sampler_sample(c->smp, c->logits);
-        if (!c->ignore_eos && !c->raw && chat_is_stop(&c->tpl, &c->r, t)) break;
+        if (!c->ignore_eos && !c->raw && chat_is_stop(&c->tpl, c->r.tok, t)) break;
         if (!c->ignore_eos && c->raw && t == tokenizer_eos(c->r.tok)) break;
         size_t n = 0;
         if (tok_stream_push(&ts, t, piece, cap, &n, err) != CELLM_OK) break;
@@ -345,7 +345,7 @@ int cmd_run(int argc, char **argv) {
         cli_error("%s", err.msg);
         return 1;
     }
-    if ((!c.raw && chat_tpl_detect(&c.r, tpl, &c.tpl, &err) != CELLM_OK) ||
+    if ((!c.raw && chat_tpl_detect(c.r.m, c.r.tok, tpl, &c.tpl, &err) != CELLM_OK) ||
         sampler_create(&sp, c.r.m->n_vocab, &c.smp, &err) != CELLM_OK ||
         kv_seq_init(c.r.kv, &c.seq, &err) != CELLM_OK) {
         cli_error("%s", err.msg);

@@ -1,0 +1,636 @@
+/*
+ * engine.c — the public API of include/cellm.h: models, engines, requests,
+ * and the engine thread that serves them (see engine.h for who owns what
+ * and which lock guards it; scheduler.c plans each step).
+ *
+ * The engine thread loops: take new requests and cancellations (under the
+ * engine's mutex), plan a step, run it as one forward pass, then sample the
+ * next token of every request whose row asked for logits, stream its text
+ * and finish it on a stop token or a length limit. Callbacks run on this
+ * thread, outside the mutex. Everything a request needs on the way
+ * (token array, sampler, block table, text buffer) is allocated when it is
+ * submitted, so a step allocates nothing.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+#define DEFAULT_BUDGET ((size_t)256 << 20)
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------------ last error */
+
+static _Thread_local char tl_error[CELLM_ERR_MSG_MAX];
+
+const char *cellm_last_error(void) {
+    return tl_error;
+}
+
+/* Records err's message as this thread's last error; returns its code. */
+static cellm_status fail(const cellm_error *err) {
+    snprintf(tl_error, sizeof tl_error, "%s", err->msg);
+    return err->code;
+}
+
+static cellm_status fail_msg(cellm_status code, const char *msg) {
+    snprintf(tl_error, sizeof tl_error, "%s", msg);
+    return code;
+}
+
+/* ------------------------------------------------------------------ models */
+
+cellm_model_params cellm_model_default_params(void) {
+    cellm_model_params p;
+    memset(&p, 0, sizeof p);
+    return p;
+}
+
+cellm_status cellm_model_load(const char *path, const cellm_model_params *params,
+                              cellm_model **out) {
+    if (!out) return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_model_load: out is NULL");
+    *out = NULL;
+    if (!path) return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_model_load: path is NULL");
+    cellm_model_params p = params ? *params : cellm_model_default_params();
+    cellm_error err;
+    err_clear(&err);
+    cellm_model *cm = calloc(1, sizeof *cm);
+    if (!cm) return fail_msg(CELLM_ERR_NO_MEMORY, "out of memory");
+    if (model_load(path, &cm->m, &err) || tokenizer_load(cm->m->file, &cm->tok, &err)) {
+        cellm_model_free(cm);
+        return fail(&err);
+    }
+    /* A model without a known chat format still serves prompts and tokens;
+     * only chat-message requests need it, and they get this message. */
+    cellm_error cerr;
+    err_clear(&cerr);
+    cm->has_chat = chat_tpl_detect(cm->m, cm->tok, p.chat_template, &cm->chat, &cerr) == CELLM_OK;
+    if (!cm->has_chat) {
+        if (cerr.code == CELLM_ERR_INVALID_ARG) { /* a bad format name is the caller's error */
+            cellm_model_free(cm);
+            return fail(&cerr);
+        }
+        snprintf(cm->chat_err, sizeof cm->chat_err, "%s", cerr.msg);
+    }
+    *out = cm;
+    return CELLM_OK;
+}
+
+void cellm_model_free(cellm_model *cm) {
+    if (!cm) return;
+    tokenizer_free(cm->tok);
+    model_free(cm->m);
+    free(cm);
+}
+
+cellm_status cellm_tokenize(const cellm_model *cm, const char *text, int32_t **ids, int32_t *n) {
+    if (!cm || !text || !ids || !n)
+        return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_tokenize: a NULL argument");
+    cellm_error err;
+    err_clear(&err);
+    tok_ids v = {0};
+    if (tokenizer_encode(cm->tok, text, strlen(text), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, &v,
+                         &err))
+        return fail(&err);
+    *ids = v.ids;
+    *n = (int32_t)v.n;
+    return CELLM_OK;
+}
+
+/* ------------------------------------------------------------ the thread */
+
+/* Publishes counts for cellm_engine_stats. Engine thread, e->mu held. */
+static void publish_locked(cellm_engine *e) {
+    cellm_stats *s = &e->stats;
+    size_t kv_used = 0;
+    s->blocks_total = s->blocks_used = 0;
+    for (int32_t g = 0; g < e->kv->n_groups; g++) {
+        const kv_group *kg = &e->kv->groups[g];
+        int32_t used = kv_cache_used_blocks(e->kv, g);
+        s->blocks_total += kg->n_blocks;
+        s->blocks_used += used;
+        kv_used += (size_t)used * kg->block_bytes;
+    }
+    s->blocks_free = s->blocks_total - s->blocks_used;
+    s->bytes_in_use = e->act_bytes + kv_used;
+    s->n_running = e->n_running;
+    s->n_waiting = e->n_waiting;
+    s->n_steps = e->n_steps;
+    s->n_preemptions = e->n_preempt;
+    s->n_prompt_tokens = e->n_prompt_tok;
+    s->n_completion_tokens = e->n_gen_tok;
+    s->prompt_tokens_per_s = e->rate_prompt;
+    s->completion_tokens_per_s = e->rate_gen;
+}
+
+/* Calls the piece callback unless the owner has let go of the request. */
+static void emit(cellm_request *r, const char *piece, size_t n) {
+    if (n && r->on_piece && !r->detached) r->on_piece(piece, n, r->user);
+}
+
+void engine_finish(cellm_engine *e, cellm_request *r, cellm_finish_reason why, cellm_status st,
+                   const char *msg) {
+    sched_remove(e, r);
+    kv_seq_free(e->kv, &r->seq); /* blocks back to the pool now */
+    size_t n = 0;
+    if (tok_stream_flush(&r->ts, r->piece, r->piece_cap, &n, NULL) == CELLM_OK)
+        emit(r, r->piece, n);
+    double t = now_s();
+    cellm_result res;
+    memset(&res, 0, sizeof res);
+    res.finish_reason = why;
+    res.status = st;
+    res.n_prompt_tokens = r->n_prompt;
+    res.n_completion_tokens = r->n_tokens - r->n_prompt;
+    res.n_preemptions = r->n_preempt;
+    res.queue_ms = ((r->t_first_step > 0 ? r->t_first_step : t) - r->t_submit) * 1e3;
+    res.first_token_ms = r->t_first_token > 0 ? (r->t_first_token - r->t_submit) * 1e3 : 0;
+    res.total_ms = (t - r->t_submit) * 1e3;
+    if (msg) snprintf(r->err, sizeof r->err, "%s", msg);
+    if (r->on_done && !r->detached) r->on_done(&res, r->user);
+    pthread_mutex_lock(&e->mu);
+    r->result = res;
+    r->done = true;
+    bool last = --r->refs == 0;
+    publish_locked(e);
+    pthread_cond_broadcast(&e->cv_done);
+    pthread_mutex_unlock(&e->mu);
+    if (last) {
+        sampler_free(r->smp);
+        free(r->tokens);
+        free(r->piece);
+        free(r);
+    }
+}
+
+/* Everything fed in the step is lost: fail those requests. The first such
+ * error is kept for cellm_engine_error. */
+static void fail_fed(cellm_engine *e, const cellm_error *err) {
+    if (!atomic_load_explicit(&e->failed, memory_order_relaxed)) {
+        snprintf(e->error, sizeof e->error, "%s", err->msg);
+        atomic_store_explicit(&e->failed, true, memory_order_release);
+    }
+    for (int32_t i = 0; i < e->n_fed; i++)
+        engine_finish(e, e->fed[i], CELLM_FINISH_ERROR, err->code, err->msg);
+}
+
+static bool is_stop(const cellm_request *r, int32_t t) {
+    for (int32_t i = 0; i < r->n_stop; i++)
+        if (r->stop[i] == t) return true;
+    return false;
+}
+
+/* After a forward pass: the next token of every request that asked. */
+static void step_outputs(cellm_engine *e, const float *logits, double t_now) {
+    int32_t n_vocab = e->model->m->n_vocab, li = 0;
+    for (int32_t i = 0; i < e->n_fed; i++) {
+        cellm_request *r = e->fed[i];
+        if (r->seq.n_pos < r->n_tokens) continue; /* mid-prompt: no logits */
+        const float *row = logits + (size_t)li++ * (size_t)n_vocab;
+        int32_t t = sampler_sample(r->smp, row);
+        if (r->t_first_token == 0) r->t_first_token = t_now;
+        if (is_stop(r, t)) {
+            engine_finish(e, r, CELLM_FINISH_STOP, CELLM_OK, NULL);
+            continue;
+        }
+        r->tokens[r->n_tokens++] = t;
+        e->n_gen_tok++;
+        e->win_gen++;
+        size_t n = 0;
+        if (tok_stream_push(&r->ts, t, r->piece, r->piece_cap, &n, NULL) == CELLM_OK)
+            emit(r, r->piece, n);
+        int32_t n_gen = r->n_tokens - r->n_prompt;
+        if ((r->max_tokens >= 0 && n_gen >= r->max_tokens) || r->n_tokens >= r->cap)
+            engine_finish(e, r, CELLM_FINISH_LENGTH, CELLM_OK, NULL);
+    }
+}
+
+/* Takes new requests in, and finishes the cancelled ones (all of them
+ * when the engine stops). Returns false when the thread should end. */
+static bool step_intake(cellm_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    while (!e->stop && !e->incoming && e->n_running == 0 && !e->waiting) {
+        e->win_t0 = 0; /* idle time is not in the rates */
+        pthread_cond_wait(&e->cv_work, &e->mu);
+    }
+    bool stopping = e->stop;
+    while (e->incoming) {
+        cellm_request *r = e->incoming;
+        e->incoming = r->next;
+        e->n_incoming--;
+        sched_enqueue(e, r);
+    }
+    for (int32_t i = 0; i < e->n_running; i++)
+        e->running[i]->cancel_seen = e->running[i]->cancel || stopping;
+    for (cellm_request *r = e->waiting; r; r = r->next) r->cancel_seen = r->cancel || stopping;
+    pthread_mutex_unlock(&e->mu);
+
+    for (int32_t i = e->n_running - 1; i >= 0; i--)
+        if (e->running[i]->cancel_seen)
+            engine_finish(e, e->running[i], CELLM_FINISH_CANCELLED, CELLM_OK, NULL);
+    for (cellm_request *r = e->waiting, *next; r; r = next) {
+        next = r->next;
+        if (r->cancel_seen) engine_finish(e, r, CELLM_FINISH_CANCELLED, CELLM_OK, NULL);
+    }
+    return !stopping;
+}
+
+static void *engine_main(void *arg) {
+    cellm_engine *e = arg;
+    cellm_error err;
+    while (step_intake(e)) {
+        int32_t n_rows = sched_plan_step(e);
+        if (n_rows == 0) continue;
+        double t0 = now_s();
+        if (e->win_t0 == 0) e->win_t0 = t0;
+        for (int32_t i = 0; i < e->n_fed; i++)
+            if (e->fed[i]->t_first_step == 0) e->fed[i]->t_first_step = t0;
+        const float *logits = NULL;
+        err_clear(&err);
+        if (forward_run(e->fwd, e->rows, n_rows, &logits, &err) != CELLM_OK) {
+            /* The scheduler counted the blocks, so this is a bug or a bad
+             * input we did not catch at submit: fail the step's requests,
+             * keep serving the others. */
+            fail_fed(e, &err);
+            continue;
+        }
+        int32_t n_prompt_rows = 0;
+        for (int32_t i = 0; i < n_rows; i++) n_prompt_rows += !e->rows[i].logits;
+        e->n_prompt_tok += (uint64_t)n_prompt_rows;
+        e->win_prompt += (uint64_t)n_prompt_rows;
+        double t1 = now_s();
+        step_outputs(e, logits, t1);
+        e->n_steps++;
+        if (t1 - e->win_t0 >= 1.0) {
+            e->rate_prompt = (double)e->win_prompt / (t1 - e->win_t0);
+            e->rate_gen = (double)e->win_gen / (t1 - e->win_t0);
+            e->win_prompt = e->win_gen = 0;
+            e->win_t0 = t1;
+        }
+        pthread_mutex_lock(&e->mu);
+        publish_locked(e);
+        pthread_mutex_unlock(&e->mu);
+    }
+    return NULL;
+}
+
+/* ----------------------------------------------------------------- engines */
+
+cellm_engine_params cellm_engine_default_params(void) {
+    cellm_engine_params p;
+    memset(&p, 0, sizeof p);
+    p.n_threads = 0;
+    p.mem_budget_bytes = DEFAULT_BUDGET;
+    p.max_batch_tokens = 256;
+    p.max_seqs = 16;
+    p.max_ctx = 0;
+    p.kv_type = CELLM_KV_F16;
+    return p;
+}
+
+/* Frees what engine_create made, in reverse; the thread is not running. */
+static void engine_destroy(cellm_engine *e) {
+    forward_free(e->fwd);
+    tp_destroy(e->tp);
+    kv_cache_free(e->kv);
+    free(e->rows);
+    free(e->running);
+    free(e->fed);
+    free(e);
+}
+
+cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_params *params,
+                                 cellm_engine **out) {
+    if (!out) return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_engine_create: out is NULL");
+    *out = NULL;
+    if (!cm) return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_engine_create: model is NULL");
+    cellm_error err;
+    err_clear(&err);
+    cellm_engine_params p = params ? *params : cellm_engine_default_params();
+    const model *m = cm->m;
+    if (p.n_threads < 0 || p.n_threads > 256)
+        return fail_msg(CELLM_ERR_INVALID_ARG, "n_threads must be 0..256");
+    if (p.n_threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        p.n_threads = n < 1 ? 1 : n > 4 ? 4 : (int)n;
+    }
+    if (p.max_batch_tokens < 1 || p.max_batch_tokens > 65536)
+        return fail_msg(CELLM_ERR_INVALID_ARG, "max_batch_tokens must be 1..65536");
+    if (p.max_seqs < 1 || p.max_seqs > 4096)
+        return fail_msg(CELLM_ERR_INVALID_ARG, "max_seqs must be 1..4096");
+    if (p.max_ctx < 0 || p.max_ctx > (1 << 24))
+        return fail_msg(CELLM_ERR_INVALID_ARG, "max_ctx must be 0..16777216");
+    if (p.max_ctx == 0)
+        p.max_ctx = m->n_ctx_train > 0 && m->n_ctx_train < 4096 ? m->n_ctx_train : 4096;
+    if (p.kv_type != CELLM_KV_F16)
+        return fail_msg(CELLM_ERR_UNSUPPORTED, "only the f16 KV cache type exists so far");
+
+    cellm_engine *e = calloc(1, sizeof *e);
+    if (!e) return fail_msg(CELLM_ERR_NO_MEMORY, "out of memory");
+    e->model = cm;
+    e->p = p;
+    e->logit_rows = p.max_seqs < p.max_batch_tokens ? p.max_seqs : p.max_batch_tokens;
+    e->act_bytes = forward_bytes(m, p.max_batch_tokens, e->logit_rows, p.n_threads, p.max_ctx) +
+                   (size_t)p.max_batch_tokens * sizeof(fwd_row) +
+                   2 * (size_t)p.max_seqs * sizeof(cellm_request *);
+    if (p.mem_budget_bytes <= e->act_bytes) {
+        err_set(&err, CELLM_ERR_NO_MEMORY,
+                "a memory budget of %zu bytes does not cover the %zu bytes of activations for "
+                "batches of %d tokens; raise it or lower max_batch_tokens / max_seqs",
+                p.mem_budget_bytes, e->act_bytes, p.max_batch_tokens);
+        free(e);
+        return fail(&err);
+    }
+    e->rows = malloc((size_t)p.max_batch_tokens * sizeof *e->rows);
+    e->running = malloc((size_t)p.max_seqs * sizeof *e->running);
+    e->fed = malloc((size_t)p.max_seqs * sizeof *e->fed);
+    if (!e->rows || !e->running || !e->fed) {
+        engine_destroy(e);
+        return fail_msg(CELLM_ERR_NO_MEMORY, "out of memory");
+    }
+    if (kv_cache_create(m, p.mem_budget_bytes - e->act_bytes, p.max_ctx, &e->kv, &err) ||
+        tp_create(p.n_threads, &e->tp, &err) ||
+        forward_create(m, e->kv, e->tp, p.max_batch_tokens, e->logit_rows, &e->fwd, &err)) {
+        engine_destroy(e);
+        return fail(&err);
+    }
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv_work, NULL);
+    pthread_cond_init(&e->cv_done, NULL);
+    atomic_init(&e->failed, false);
+    e->stats.bytes_activations = e->act_bytes;
+    for (int32_t g = 0; g < e->kv->n_groups; g++)
+        e->stats.bytes_kv_total += (size_t)e->kv->groups[g].n_blocks * e->kv->groups[g].block_bytes;
+    publish_locked(e); /* no other thread yet */
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        pthread_cond_destroy(&e->cv_done);
+        pthread_cond_destroy(&e->cv_work);
+        pthread_mutex_destroy(&e->mu);
+        engine_destroy(e);
+        return fail_msg(CELLM_ERR_INTERNAL, "cannot start the engine thread");
+    }
+    *out = e;
+    return CELLM_OK;
+}
+
+void cellm_engine_free(cellm_engine *e) {
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    e->stop = true;
+    pthread_cond_signal(&e->cv_work);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    pthread_cond_destroy(&e->cv_done);
+    pthread_cond_destroy(&e->cv_work);
+    pthread_mutex_destroy(&e->mu);
+    engine_destroy(e);
+}
+
+cellm_status cellm_engine_stats(cellm_engine *e, cellm_stats *out) {
+    if (!e || !out) return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_engine_stats: a NULL argument");
+    pthread_mutex_lock(&e->mu);
+    *out = e->stats;
+    out->n_waiting += e->n_incoming;
+    pthread_mutex_unlock(&e->mu);
+    return CELLM_OK;
+}
+
+const char *cellm_engine_error(const cellm_engine *e) {
+    if (!e) return "";
+    return atomic_load_explicit(&e->failed, memory_order_acquire) ? e->error : "";
+}
+
+/* ---------------------------------------------------------------- requests */
+
+cellm_request_params cellm_request_default_params(void) {
+    cellm_request_params p;
+    memset(&p, 0, sizeof p);
+    p.sampling.temperature = 0.0f;
+    p.sampling.top_p = 1.0f;
+    p.max_tokens = 256;
+    return p;
+}
+
+/* The prompt's token ids into *ids, from whichever input the params have. */
+static cellm_status request_input(const cellm_engine *e, const cellm_request_params *p,
+                                  tok_ids *ids, cellm_error *err) {
+    const cellm_model *cm = e->model;
+    int n_inputs = (p->prompt != NULL) + (p->messages != NULL) + (p->tokens != NULL);
+    if (n_inputs != 1)
+        return err_set(err, CELLM_ERR_INVALID_ARG,
+                       "a request needs exactly one of prompt, messages and tokens (it has %d)",
+                       n_inputs);
+    unsigned flags = TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL;
+    if (p->prompt) return tokenizer_encode(cm->tok, p->prompt, strlen(p->prompt), flags, ids, err);
+    if (p->messages) {
+        if (!cm->has_chat) return err_set(err, CELLM_ERR_UNSUPPORTED, "%s", cm->chat_err);
+        if (p->n_messages < 1 || p->n_messages > 65536)
+            return err_set(err, CELLM_ERR_INVALID_ARG, "n_messages must be 1..65536");
+        chat_msg *msgs = malloc((size_t)p->n_messages * sizeof *msgs);
+        if (!msgs) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+        for (int32_t i = 0; i < p->n_messages; i++) {
+            if (!p->messages[i].role || !p->messages[i].content) {
+                free(msgs);
+                return err_set(err, CELLM_ERR_INVALID_ARG, "message %d has no role or content", i);
+            }
+            msgs[i] = (chat_msg){p->messages[i].role, p->messages[i].content};
+        }
+        char *text = chat_render(&cm->chat, msgs, p->n_messages, true);
+        free(msgs);
+        if (!text) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+        cellm_status st = tokenizer_encode(cm->tok, text, strlen(text), flags, ids, err);
+        free(text);
+        return st;
+    }
+    if (p->n_tokens < 1) return err_set(err, CELLM_ERR_INVALID_ARG, "n_tokens must be >= 1");
+    ids->ids = malloc((size_t)p->n_tokens * sizeof(int32_t));
+    if (!ids->ids) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    ids->cap = ids->n = (size_t)p->n_tokens;
+    for (int32_t i = 0; i < p->n_tokens; i++) {
+        if (p->tokens[i] < 0 || p->tokens[i] >= cm->m->n_vocab)
+            return err_set(err, CELLM_ERR_INVALID_ARG, "token %d (at %d) is not in 0..%d",
+                           p->tokens[i], i, cm->m->n_vocab - 1);
+        ids->ids[i] = p->tokens[i];
+    }
+    return CELLM_OK;
+}
+
+/* Frees a request the engine never saw. */
+static void request_discard(cellm_engine *e, cellm_request *r) {
+    if (r->seq.table[0]) kv_seq_free(e->kv, &r->seq);
+    sampler_free(r->smp);
+    free(r->tokens);
+    free(r->piece);
+    free(r);
+}
+
+cellm_status cellm_submit(cellm_engine *e, const cellm_request_params *p, cellm_request **out) {
+    if (!out) return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_submit: out is NULL");
+    *out = NULL;
+    if (!e || !p) return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_submit: a NULL argument");
+    cellm_error err;
+    err_clear(&err);
+    const cellm_model *cm = e->model;
+    if (p->n_stop_tokens < 0 || p->n_stop_tokens > REQ_MAX_STOP ||
+        (p->n_stop_tokens && !p->stop_tokens))
+        return fail_msg(CELLM_ERR_INVALID_ARG, "n_stop_tokens must be 0..16, with stop_tokens");
+    tok_ids ids = {0};
+    if (request_input(e, p, &ids, &err)) {
+        tok_ids_free(&ids);
+        return fail(&err);
+    }
+    int32_t max_ctx = e->kv->max_ctx;
+    if (ids.n == 0 || ids.n > (size_t)max_ctx) {
+        err_set(&err, CELLM_ERR_INVALID_ARG, "the prompt has %zu tokens; it must have 1..%d", ids.n,
+                max_ctx);
+        tok_ids_free(&ids);
+        return fail(&err);
+    }
+    cellm_request *r = calloc(1, sizeof *r);
+    if (!r) {
+        tok_ids_free(&ids);
+        return fail_msg(CELLM_ERR_NO_MEMORY, "out of memory");
+    }
+    r->e = e;
+    r->n_prompt = r->n_tokens = (int32_t)ids.n;
+    /* Room for the whole completion, so the engine never grows it. */
+    int64_t cap = p->max_tokens < 0 ? max_ctx : (int64_t)r->n_prompt + p->max_tokens;
+    r->cap = (int32_t)(cap > max_ctx ? max_ctx : cap);
+    if (r->cap < r->n_prompt + 1) r->cap = r->n_prompt + 1; /* one token even at max_ctx */
+    r->tokens = malloc((size_t)r->cap * sizeof(int32_t));
+    r->piece_cap = tok_stream_bound(cm->tok) + 1;
+    r->piece = malloc(r->piece_cap);
+    if (!r->tokens || !r->piece) {
+        tok_ids_free(&ids);
+        request_discard(e, r);
+        return fail_msg(CELLM_ERR_NO_MEMORY, "out of memory");
+    }
+    memcpy(r->tokens, ids.ids, ids.n * sizeof(int32_t));
+    tok_ids_free(&ids);
+    /* The whole prompt must fit an empty cache. */
+    for (int32_t g = 0; g < e->kv->n_groups; g++) {
+        const kv_group *kg = &e->kv->groups[g];
+        int32_t pos = r->n_prompt;
+        if (kg->window > 0 && pos > kg->window + KV_BLOCK_TOKENS + e->p.max_batch_tokens)
+            pos = kg->window + KV_BLOCK_TOKENS + e->p.max_batch_tokens;
+        if ((pos + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS > kg->n_blocks) {
+            err_set(&err, CELLM_ERR_NO_MEMORY,
+                    "the prompt (%d tokens) needs more KV blocks than the engine's budget holds "
+                    "(%d blocks of %d tokens)",
+                    r->n_prompt, kg->n_blocks, KV_BLOCK_TOKENS);
+            request_discard(e, r);
+            return fail(&err);
+        }
+    }
+    r->max_tokens = p->max_tokens;
+    r->priority = p->priority;
+    r->on_piece = p->on_piece;
+    r->on_done = p->on_done;
+    r->user = p->user;
+    r->stop[r->n_stop++] = tokenizer_eos(cm->tok);
+    for (int32_t i = 0; i < p->n_stop_tokens; i++) r->stop[r->n_stop++] = p->stop_tokens[i];
+    if (p->messages)
+        for (int i = 0; i < CHAT_MAX_STOP; i++)
+            if (cm->chat.stop[i] >= 0) r->stop[r->n_stop++] = cm->chat.stop[i];
+    sampler_params sp = sampler_default_params();
+    sp.temperature = p->sampling.temperature;
+    sp.top_k = p->sampling.top_k;
+    sp.top_p = p->sampling.top_p;
+    sp.min_p = p->sampling.min_p;
+    sp.seed = p->sampling.seed;
+    if (sampler_create(&sp, cm->m->n_vocab, &r->smp, &err) || kv_seq_init(e->kv, &r->seq, &err)) {
+        request_discard(e, r);
+        return fail(&err);
+    }
+    tok_stream_init(&r->ts, cm->tok, 0);
+    r->refs = 2;
+    r->t_submit = now_s();
+
+    pthread_mutex_lock(&e->mu);
+    if (e->stop) {
+        pthread_mutex_unlock(&e->mu);
+        request_discard(e, r);
+        return fail_msg(CELLM_ERR_INVALID_ARG, "the engine is shutting down");
+    }
+    r->arrival = e->next_arrival++;
+    r->next = e->incoming;
+    e->incoming = r;
+    e->n_incoming++;
+    pthread_cond_signal(&e->cv_work);
+    pthread_mutex_unlock(&e->mu);
+    *out = r;
+    return CELLM_OK;
+}
+
+cellm_status cellm_cancel(cellm_request *r) {
+    if (!r) return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_cancel: request is NULL");
+    cellm_engine *e = r->e;
+    pthread_mutex_lock(&e->mu);
+    if (!r->done) {
+        r->cancel = true;
+        pthread_cond_signal(&e->cv_work);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return CELLM_OK;
+}
+
+cellm_status cellm_wait(cellm_request *r, cellm_result *result) {
+    if (!r) return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_wait: request is NULL");
+    cellm_engine *e = r->e;
+    pthread_mutex_lock(&e->mu);
+    if (!r->done && pthread_equal(pthread_self(), e->thread)) {
+        pthread_mutex_unlock(&e->mu);
+        return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_wait called from a callback would deadlock");
+    }
+    while (!r->done) pthread_cond_wait(&e->cv_done, &e->mu);
+    if (result) *result = r->result;
+    pthread_mutex_unlock(&e->mu);
+    return CELLM_OK;
+}
+
+cellm_status cellm_request_tokens(cellm_request *r, const int32_t **ids, int32_t *n) {
+    if (!r || !ids || !n)
+        return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_request_tokens: a NULL argument");
+    *ids = r->tokens + r->n_prompt;
+    *n = r->n_tokens - r->n_prompt;
+    return CELLM_OK;
+}
+
+const char *cellm_request_error(const cellm_request *r) {
+    return r ? r->err : "";
+}
+
+void cellm_request_free(cellm_request *r) {
+    if (!r) return;
+    cellm_engine *e = r->e;
+    pthread_mutex_lock(&e->mu);
+    if (!r->done) {
+        r->cancel = true;
+        pthread_cond_signal(&e->cv_work);
+        if (pthread_equal(pthread_self(), e->thread)) {
+            /* From a callback: the engine finishes it later and frees it
+             * then; no callback of it runs again. */
+            r->detached = true;
+            r->refs--;
+            pthread_mutex_unlock(&e->mu);
+            return;
+        }
+        while (!r->done) pthread_cond_wait(&e->cv_done, &e->mu);
+    }
+    bool last = --r->refs == 0;
+    pthread_mutex_unlock(&e->mu);
+    if (last) {
+        sampler_free(r->smp);
+        free(r->tokens);
+        free(r->piece);
+        free(r);
+    }
+}

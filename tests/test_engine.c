@@ -1,0 +1,405 @@
+/*
+ * test_engine.c — the public engine API (include/cellm.h) on SmolLM2:
+ *  - batch invariance: greedy completions of 8 prompts (text, chat messages
+ *    and token inputs) are token-identical run alone, all 8 at once, and
+ *    with 1 or 2 compute threads; seeded sampled ones alone and together;
+ *  - a KV budget too small for all requests at once: every one completes
+ *    with the text it has alone, through queueing and preemption;
+ *  - argument and budget errors come back as status codes with messages;
+ *  - test_tsan_engine_stress: 16 threads submit, stream, cancel (from their
+ *    own thread and from a callback) and free requests for a fixed number
+ *    of rounds against one engine with a tight budget; afterwards every KV
+ *    block is back in the pool. It is small (few tokens) so that it can run
+ *    under ThreadSanitizer, where test.sh runs only it.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#include "cellm.h"
+#include "test_common.h"
+
+#define N_PROMPTS 8
+#define MAX_OUT 64
+
+static cellm_model *g_model;
+
+/* What the callbacks of one request collect. Written on the engine thread,
+ * read after cellm_wait (which orders the two). */
+typedef struct sink {
+    char text[4096];
+    size_t len;
+    int n_pieces, n_done;
+    cellm_result res;
+    _Atomic(cellm_request *) cancel_me; /* cancel this request at its first piece */
+} sink;
+
+static void on_piece(const char *piece, size_t len, void *user) {
+    sink *s = user;
+    if (s->len + len < sizeof s->text) {
+        memcpy(s->text + s->len, piece, len);
+        s->len += len;
+        s->text[s->len] = '\0';
+    }
+    s->n_pieces++;
+    cellm_request *c = atomic_load(&s->cancel_me);
+    if (c) cellm_cancel(c);
+}
+
+static void on_done(const cellm_result *res, void *user) {
+    sink *s = user;
+    s->res = *res;
+    s->n_done++;
+}
+
+/* The 8 inputs: prompts, chat conversations and raw token ids. */
+static const char *const prompts[N_PROMPTS] = {
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea,",
+    "The first five prime numbers are",
+    "List three colours of the rainbow.",
+    "def fibonacci(n):",
+    "In 1969, the first humans",
+    "The three laws of thermodynamics are",
+    "Explain why the sky is blue in one sentence.",
+};
+
+static float g_temperature; /* 0: greedy; else sampled with seed = prompt index */
+
+static cellm_request_params input(int i, int32_t max_tokens, sink *s, cellm_chat_message *msgs,
+                                  int32_t **ids) {
+    cellm_request_params p = cellm_request_default_params();
+    p.max_tokens = max_tokens;
+    p.sampling.temperature = g_temperature;
+    p.sampling.top_p = 0.95f;
+    p.sampling.seed = 1000u + (uint64_t)i;
+    p.on_piece = on_piece;
+    p.on_done = on_done;
+    p.user = s;
+    if (i % 3 == 1) { /* chat messages */
+        msgs[0] = (cellm_chat_message){"system", "You are a helpful assistant."};
+        msgs[1] = (cellm_chat_message){"user", prompts[i]};
+        p.messages = msgs;
+        p.n_messages = 2;
+    } else if (i % 3 == 2) { /* token ids */
+        int32_t n = 0;
+        assert_int_equal(cellm_tokenize(g_model, prompts[i], ids, &n), CELLM_OK);
+        p.tokens = *ids;
+        p.n_tokens = n;
+    } else {
+        p.prompt = prompts[i];
+    }
+    return p;
+}
+
+typedef struct outputs {
+    int32_t tok[N_PROMPTS][MAX_OUT];
+    int32_t n[N_PROMPTS];
+    char text[N_PROMPTS][4096];
+    cellm_finish_reason why[N_PROMPTS];
+} outputs;
+
+/* Runs prompts [0, N_PROMPTS) on `e`, `at_once` of them at a time. */
+static void run_prompts(cellm_engine *e, int at_once, int32_t max_tokens, outputs *o) {
+    static sink sinks[N_PROMPTS];
+    cellm_chat_message msgs[N_PROMPTS][2];
+    int32_t *ids[N_PROMPTS] = {0};
+    cellm_request *req[N_PROMPTS];
+    memset(sinks, 0, sizeof sinks);
+    for (int first = 0; first < N_PROMPTS; first += at_once) {
+        int last = first + at_once < N_PROMPTS ? first + at_once : N_PROMPTS;
+        for (int i = first; i < last; i++) {
+            cellm_request_params p = input(i, max_tokens, &sinks[i], msgs[i], &ids[i]);
+            assert_int_equal(cellm_submit(e, &p, &req[i]), CELLM_OK);
+        }
+        for (int i = first; i < last; i++) {
+            cellm_result res;
+            assert_int_equal(cellm_wait(req[i], &res), CELLM_OK);
+            assert_int_equal(sinks[i].n_done, 1);
+            assert_true(res.finish_reason == CELLM_FINISH_LENGTH ||
+                        res.finish_reason == CELLM_FINISH_STOP);
+            const int32_t *t;
+            int32_t n;
+            assert_int_equal(cellm_request_tokens(req[i], &t, &n), CELLM_OK);
+            assert_int_equal(n, res.n_completion_tokens);
+            assert_true(n <= max_tokens && n <= MAX_OUT);
+            if (res.finish_reason == CELLM_FINISH_LENGTH) assert_int_equal(n, max_tokens);
+            memcpy(o->tok[i], t, (size_t)n * sizeof *t);
+            o->n[i] = n;
+            o->why[i] = res.finish_reason;
+            memcpy(o->text[i], sinks[i].text, sizeof o->text[i]);
+            cellm_request_free(req[i]);
+            free(ids[i]);
+        }
+    }
+}
+
+static void assert_same(const outputs *a, const outputs *b) {
+    for (int i = 0; i < N_PROMPTS; i++) {
+        if (a->n[i] != b->n[i] || memcmp(a->tok[i], b->tok[i], (size_t)a->n[i] * 4)) {
+            print_error("prompt %d differs:\n  '%s'\n  '%s'\n", i, a->text[i], b->text[i]);
+            fail();
+        }
+        assert_string_equal(a->text[i], b->text[i]);
+        assert_int_equal(a->why[i], b->why[i]);
+    }
+}
+
+static cellm_engine *engine_new(int threads, size_t budget) {
+    cellm_engine_params ep = cellm_engine_default_params();
+    ep.n_threads = threads;
+    ep.max_ctx = 512;
+    ep.max_batch_tokens = 64;
+    if (budget) ep.mem_budget_bytes = budget;
+    cellm_engine *e = NULL;
+    if (cellm_engine_create(g_model, &ep, &e) != CELLM_OK) {
+        print_error("engine: %s\n", cellm_last_error());
+        fail();
+    }
+    return e;
+}
+
+static void assert_pool_empty(cellm_engine *e) {
+    cellm_stats st;
+    assert_int_equal(cellm_engine_stats(e, &st), CELLM_OK);
+    assert_int_equal(st.blocks_used, 0);
+    assert_int_equal(st.blocks_free, st.blocks_total);
+    assert_int_equal(st.n_running, 0);
+    assert_int_equal(st.n_waiting, 0);
+    assert_int_equal(st.bytes_in_use, st.bytes_activations);
+}
+
+/* (a) alone vs together, 1 vs 2 threads. */
+static void test_batch_invariance(void **state) {
+    (void)state;
+    static outputs alone, together, two_threads;
+    cellm_engine *e = engine_new(1, 0);
+    run_prompts(e, 1, 16, &alone);
+    run_prompts(e, N_PROMPTS, 16, &together);
+    assert_same(&alone, &together);
+    assert_pool_empty(e);
+    cellm_stats st;
+    cellm_engine_stats(e, &st);
+    assert_true(st.n_completion_tokens > 0 && st.n_prompt_tokens > 0);
+    cellm_engine_free(e);
+
+    e = engine_new(2, 0);
+    run_prompts(e, N_PROMPTS, 16, &two_threads);
+    assert_same(&alone, &two_threads);
+    for (int i = 0; i < N_PROMPTS; i++) assert_true(alone.n[i] > 0);
+
+    /* Sampled with a seed per request: the same text alone and together. */
+    g_temperature = 0.8f;
+    run_prompts(e, 1, 16, &alone);
+    run_prompts(e, N_PROMPTS, 16, &together);
+    g_temperature = 0.0f;
+    assert_same(&alone, &together);
+    cellm_engine_free(e);
+}
+
+/* (c) a budget that holds a few of the requests at a time. */
+static void test_small_budget(void **state) {
+    (void)state;
+    static outputs alone, squeezed;
+    cellm_engine *e = engine_new(2, 0);
+    run_prompts(e, 1, 40, &alone);
+    cellm_stats st;
+    cellm_engine_stats(e, &st);
+    cellm_engine_free(e);
+
+    /* Activations plus 10 blocks (160 positions) for 8 requests of 20-60
+     * positions each. */
+    size_t block = st.bytes_kv_total / (size_t)st.blocks_total;
+    e = engine_new(2, st.bytes_activations + 10 * block + block / 2);
+    cellm_engine_stats(e, &st);
+    assert_int_equal(st.blocks_total, 10);
+    run_prompts(e, N_PROMPTS, 40, &squeezed);
+    assert_same(&alone, &squeezed);
+    cellm_engine_stats(e, &st);
+    print_message("small budget: %llu steps, %llu preemptions\n", (unsigned long long)st.n_steps,
+                  (unsigned long long)st.n_preemptions);
+    assert_true(st.n_preemptions > 0);
+    assert_pool_empty(e);
+    cellm_engine_free(e);
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    cellm_model *m = NULL;
+    assert_int_equal(cellm_model_load("/nonexistent.gguf", NULL, &m), CELLM_ERR_IO);
+    assert_null(m);
+    assert_true(strlen(cellm_last_error()) > 0);
+
+    cellm_engine_params ep = cellm_engine_default_params();
+    ep.mem_budget_bytes = 1 << 20;
+    cellm_engine *e = NULL;
+    assert_int_equal(cellm_engine_create(g_model, &ep, &e), CELLM_ERR_NO_MEMORY);
+    assert_non_null(strstr(cellm_last_error(), "budget"));
+    ep = cellm_engine_default_params();
+    ep.kv_type = (cellm_kv_type)7;
+    assert_int_equal(cellm_engine_create(g_model, &ep, &e), CELLM_ERR_UNSUPPORTED);
+
+    e = engine_new(1, 0);
+    cellm_request_params p = cellm_request_default_params();
+    cellm_request *r = NULL;
+    assert_int_equal(cellm_submit(e, &p, &r), CELLM_ERR_INVALID_ARG); /* no input */
+    assert_null(r);
+    assert_non_null(strstr(cellm_last_error(), "exactly one"));
+    int32_t bad = 1 << 30;
+    p.tokens = &bad;
+    p.n_tokens = 1;
+    assert_int_equal(cellm_submit(e, &p, &r), CELLM_ERR_INVALID_ARG);
+    p = cellm_request_default_params();
+    p.prompt = "";
+    /* An empty prompt is BOS alone where the model adds BOS, else empty. */
+    cellm_status st = cellm_submit(e, &p, &r);
+    if (st == CELLM_OK) {
+        assert_int_equal(cellm_wait(r, NULL), CELLM_OK);
+        cellm_request_free(r);
+    } else {
+        assert_int_equal(st, CELLM_ERR_INVALID_ARG);
+    }
+    /* A prompt longer than max_ctx (512). */
+    static char longp[8192];
+    for (size_t i = 0; i + 6 < sizeof longp; i += 6) memcpy(longp + i, "hello ", 6);
+    p.prompt = longp;
+    assert_int_equal(cellm_submit(e, &p, &r), CELLM_ERR_INVALID_ARG);
+    assert_pool_empty(e);
+    cellm_engine_free(e);
+}
+
+/* ---- (b) the stress test ---- */
+
+#define STRESS_THREADS 16
+#define STRESS_ROUNDS 2
+
+typedef struct stress_arg {
+    cellm_engine *e;
+    int id;
+} stress_arg;
+
+static void *stress_thread(void *p) {
+    stress_arg *a = p;
+    for (int k = 0; k < STRESS_ROUNDS; k++) {
+        sink s;
+        memset(&s, 0, sizeof s);
+        cellm_request_params rp = cellm_request_default_params();
+        rp.prompt = prompts[(a->id + k) % N_PROMPTS];
+        rp.max_tokens = 1 + (a->id + k) % 3;
+        rp.priority = a->id % 3;
+        rp.sampling.temperature = (a->id % 2) ? 0.8f : 0.0f;
+        rp.sampling.seed = (uint64_t)a->id;
+        rp.on_piece = on_piece;
+        rp.on_done = on_done;
+        rp.user = &s;
+        cellm_request *r = NULL;
+        int mode = (a->id + k) % 4;
+        if (cellm_submit(a->e, &rp, &r) != CELLM_OK) return "submit failed";
+        if (mode == 3) atomic_store(&s.cancel_me, r); /* pieces may come before or after */
+        cellm_result res;
+        memset(&res, 0, sizeof res);
+        switch (mode) {
+        case 0: /* wait for the whole answer */
+            cellm_wait(r, &res);
+            if (res.finish_reason != CELLM_FINISH_LENGTH && res.finish_reason != CELLM_FINISH_STOP)
+                return "not finished";
+            if (res.finish_reason == CELLM_FINISH_LENGTH &&
+                res.n_completion_tokens != rp.max_tokens)
+                return "wrong length";
+            break;
+        case 1: /* cancel at once */
+            cellm_cancel(r);
+            cellm_wait(r, &res);
+            break;
+        case 2: /* free without waiting: cancels and waits inside */ break;
+        case 3: /* cancelled from its piece callback */ cellm_wait(r, &res); break;
+        }
+        cellm_request_free(r);
+        if (mode != 2 && s.n_done != 1) return "done callback count";
+        if (mode == 2 && s.n_done > 1) return "done callback count";
+    }
+    return NULL;
+}
+
+static void *stats_thread(void *p) {
+    cellm_engine *e = p;
+    for (int i = 0; i < 200; i++) {
+        cellm_stats st;
+        cellm_engine_stats(e, &st);
+        if (st.blocks_used > st.blocks_total) return "too many blocks";
+        if (st.bytes_in_use > st.bytes_activations + st.bytes_kv_total) return "over budget";
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    return NULL;
+}
+
+static void test_tsan_engine_stress(void **state) {
+    (void)state;
+    /* Room for about 6 short requests at once, so that some wait and some
+     * are preempted. */
+    cellm_engine *probe = engine_new(2, 0);
+    cellm_stats st;
+    cellm_engine_stats(probe, &st);
+    cellm_engine_free(probe);
+    size_t block = st.bytes_kv_total / (size_t)st.blocks_total;
+    cellm_engine *e = engine_new(2, st.bytes_activations + 12 * block);
+
+    pthread_t th[STRESS_THREADS], sth;
+    stress_arg args[STRESS_THREADS];
+    for (int i = 0; i < STRESS_THREADS; i++) {
+        args[i] = (stress_arg){e, i};
+        assert_int_equal(pthread_create(&th[i], NULL, stress_thread, &args[i]), 0);
+    }
+    assert_int_equal(pthread_create(&sth, NULL, stats_thread, e), 0);
+    for (int i = 0; i < STRESS_THREADS; i++) {
+        void *ret = NULL;
+        pthread_join(th[i], &ret);
+        if (ret) {
+            print_error("thread %d: %s\n", i, (const char *)ret);
+            fail();
+        }
+    }
+    void *ret = NULL;
+    pthread_join(sth, &ret);
+    assert_null(ret);
+    assert_pool_empty(e);
+    cellm_engine_stats(e, &st);
+    assert_true(st.n_steps > 0);
+    cellm_engine_free(e);
+}
+
+static int setup(void **state) {
+    (void)state;
+    char path[4096];
+    test_model_path("smollm2-135m", path, sizeof path);
+    if (cellm_model_load(path, NULL, &g_model) != CELLM_OK) {
+        print_error("%s\n", cellm_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    cellm_model_free(g_model);
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_small_budget),
+        cmocka_unit_test(test_tsan_engine_stress),
+    };
+    /* test.sh runs only test_tsan_* under ThreadSanitizer. */
+    if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,156 @@
+/*
+ * bench.c — `cellm bench [MODEL]`: aggregate decode speed of the engine
+ * with 1, 2, 4, 8 and 16 sessions at once. Each session is one request of
+ * its own prompt; all are submitted together, so the engine batches their
+ * decode tokens into shared forward passes. A session's decode speed is
+ * its completion tokens after the first over the time since its first
+ * token; the aggregate is their sum (the sessions decode side by side).
+ * Uses only the public API (cellm.h), as an application would.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cellm.h"
+#include "cli.h"
+#include "store.h"
+
+#define BENCH_DEFAULT_MODEL "smollm2-135m"
+#define BENCH_MAX_SESSIONS 64
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: cellm bench [MODEL] [options]\n\n"
+            "Aggregate decode tokens/s of MODEL (default %s) with several sessions at once.\n\n"
+            "  -s, --sessions LIST   comma-separated session counts (default 1,2,4,8,16)\n"
+            "  -n, --n-predict N     tokens per session (default 64)\n"
+            "  -t, --threads N       compute threads (default: cores, at most 4)\n"
+            "  -m, --mem SIZE        engine memory budget (default 512M)\n",
+            BENCH_DEFAULT_MODEL);
+}
+
+/* One round of `n` sessions; prints a table row. */
+static int bench_round(const cellm_model *model, const cellm_engine_params *ep, int n,
+                       int32_t n_predict) {
+    cellm_engine_params p = *ep;
+    if (p.max_seqs < n) p.max_seqs = n;
+    cellm_engine *e = NULL;
+    if (cellm_engine_create(model, &p, &e) != CELLM_OK) {
+        cli_error("%s", cellm_last_error());
+        return 1;
+    }
+    static const char *const topics[] = {
+        "a lighthouse keeper", "a lost robot",    "a small dragon",     "an old sailor",
+        "a clever fox",        "a city at night", "a mountain village", "a time traveller"};
+    cellm_request *req[BENCH_MAX_SESSIONS];
+    char prompt[256];
+    double t0 = now_s();
+    int rc = 0, submitted = 0;
+    for (int i = 0; i < n; i++) {
+        snprintf(prompt, sizeof prompt, "Story %d. Once upon a time there was %s who", i + 1,
+                 topics[i % 8]);
+        cellm_request_params rp = cellm_request_default_params();
+        rp.prompt = prompt;
+        rp.max_tokens = n_predict;
+        if (cellm_submit(e, &rp, &req[i]) != CELLM_OK) {
+            cli_error("%s", cellm_last_error());
+            rc = 1;
+            break;
+        }
+        submitted++;
+    }
+    double decode_tps = 0, ttft = 0;
+    long tokens = 0;
+    for (int i = 0; i < submitted; i++) {
+        cellm_result res;
+        cellm_wait(req[i], &res);
+        double dt = (res.total_ms - res.first_token_ms) / 1e3;
+        if (res.n_completion_tokens > 1 && dt > 0) decode_tps += (res.n_completion_tokens - 1) / dt;
+        tokens += res.n_completion_tokens;
+        ttft += res.first_token_ms / submitted;
+        cellm_request_free(req[i]);
+    }
+    double wall = now_s() - t0;
+    cellm_stats st;
+    cellm_engine_stats(e, &st);
+    if (!rc)
+        printf("%8d %14.1f %14.1f %12.0f %10llu %8.1f\n", n, decode_tps, tokens / wall, ttft,
+               (unsigned long long)st.n_preemptions, (double)st.bytes_activations / (1 << 20));
+    fflush(stdout);
+    cellm_engine_free(e);
+    return rc;
+}
+
+int cmd_bench(int argc, char **argv) {
+    const char *model_name = NULL, *sessions = "1,2,4,8,16";
+    cellm_engine_params ep = cellm_engine_default_params();
+    ep.mem_budget_bytes = (size_t)512 << 20;
+    ep.max_ctx = 1024;
+    int32_t n_predict = 64;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        unsigned long long u;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if ((!strcmp(a, "-s") || !strcmp(a, "--sessions")) && v) {
+            sessions = v;
+            i++;
+        } else if ((!strcmp(a, "-n") || !strcmp(a, "--n-predict")) && v &&
+                   cli_parse_uint(v, 4096, &u) && u > 0) {
+            n_predict = (int32_t)u;
+            i++;
+        } else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && v &&
+                   cli_parse_uint(v, 256, &u)) {
+            ep.n_threads = (int)u;
+            i++;
+        } else if ((!strcmp(a, "-m") || !strcmp(a, "--mem")) && v &&
+                   cli_parse_size(v, &ep.mem_budget_bytes)) {
+            i++;
+        } else if (a[0] == '-') {
+            cli_error("bench: bad option or value '%s' (see `cellm bench --help`)", a);
+            return 2;
+        } else if (!model_name) {
+            model_name = a;
+        } else {
+            cli_error("bench: more than one model given");
+            return 2;
+        }
+    }
+    char path[4096];
+    cellm_error err;
+    err_clear(&err);
+    if (store_resolve(model_name ? model_name : BENCH_DEFAULT_MODEL, true, path, sizeof path,
+                      &err) != CELLM_OK) {
+        cli_error("%s", err.msg);
+        return 1;
+    }
+    cellm_model *model = NULL;
+    if (cellm_model_load(path, NULL, &model) != CELLM_OK) {
+        cli_error("%s", cellm_last_error());
+        return 1;
+    }
+    printf("%8s %14s %14s %12s %10s %8s\n", "sessions", "decode tok/s", "wall tok/s", "ttft ms",
+           "preempted", "act MiB");
+    int rc = 0;
+    for (const char *s = sessions; *s && !rc;) {
+        char *end;
+        long n = strtol(s, &end, 10);
+        if (end == s || n < 1 || n > BENCH_MAX_SESSIONS || (*end && *end != ',')) {
+            cli_error("bench: sessions must be a list of numbers 1..%d", BENCH_MAX_SESSIONS);
+            rc = 2;
+            break;
+        }
+        rc = bench_round(model, &ep, (int)n, n_predict);
+        s = *end ? end + 1 : end;
+    }
+    cellm_model_free(model);
+    return rc;
+}
