@@ -25,8 +25,8 @@
  * far more than 2%.
  *
  * Under ThreadSanitizer, where the models run 10-20x slower, test.sh runs
- * only the SmolLM2 invariance test (CELLM_TEST_FILTER), which exercises the thread
- * pool with 1 and 2 threads; the release and ASan runs run everything.
+ * only test_tsan_* (CELLM_TEST_FILTER): the SmolLM2 invariance test, which
+ * drives the thread pool with 1 and 2 threads; release and ASan run all.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -447,7 +447,7 @@ static void test_ppl_gemma3(void **st) {
     (void)st;
     check_perplexity("gemma3-270m");
 }
-static void test_invariance_smollm2(void **st) {
+static void test_tsan_invariance_smollm2(void **st) {
     (void)st;
     check_invariance("smollm2-135m");
 }
@@ -458,10 +458,14 @@ static void test_invariance_gemma3(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_invariance_smollm2), cmocka_unit_test(test_invariance_gemma3),
-        cmocka_unit_test(test_logits_smollm2),     cmocka_unit_test(test_logits_gemma3),
-        cmocka_unit_test(test_greedy_smollm2),     cmocka_unit_test(test_greedy_gemma3),
-        cmocka_unit_test(test_ppl_smollm2),        cmocka_unit_test(test_ppl_gemma3),
+        cmocka_unit_test(test_tsan_invariance_smollm2),
+        cmocka_unit_test(test_invariance_gemma3),
+        cmocka_unit_test(test_logits_smollm2),
+        cmocka_unit_test(test_logits_gemma3),
+        cmocka_unit_test(test_greedy_smollm2),
+        cmocka_unit_test(test_greedy_gemma3),
+        cmocka_unit_test(test_ppl_smollm2),
+        cmocka_unit_test(test_ppl_gemma3),
     };
     /* CELLM_TEST_FILTER=test_logits* runs a subset while developing. */
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
