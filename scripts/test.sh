@@ -44,6 +44,18 @@ echo "== real models"
 
 run_ctest build "release"
 
+echo "== examples (programs that use only cellm.h)"
+for ex in build/example_*; do
+    if "$ex" "${CELLM_HOME:-$HOME/.cache/cellm}/models/smollm2-135m.gguf" >"$ex.log" 2>&1; then
+        echo "-- $(basename "$ex"): ok"
+        passed=$((passed + 1))
+    else
+        cat "$ex.log"
+        echo "test.sh: $(basename "$ex") failed" >&2
+        failed=$((failed + 1))
+    fi
+done
+
 echo "== build (ASan + UBSan)"
 # Optimised (-O2 -g) so the real models run at a usable speed.
 cellm_build build-asan -DCELLM_WERROR=ON -DCELLM_ASAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
