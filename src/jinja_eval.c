@@ -193,8 +193,7 @@ jvalue jinja_getitem(jinja *j, jvalue obj, jvalue key, size_t pos) {
     }
     case JV_LIST: {
         size_t i;
-        if ((key.kind == JV_INT || key.kind == JV_BOOL) &&
-            norm_index(key.kind == JV_INT ? key.u.i : key.u.b, obj.u.l->n, &i))
+        if ((key.kind == JV_INT || key.kind == JV_BOOL) && norm_index(jv_ival(key), obj.u.l->n, &i))
             return obj.u.l->items[i];
         return jv_undef();
     }
@@ -356,15 +355,15 @@ static jvalue binop(jinja *j, int op, jvalue a, jvalue b, size_t pos) {
     }
     if (op == OP_MUL && (a.kind == JV_STR || a.kind == JV_LIST) &&
         (b.kind == JV_INT || b.kind == JV_BOOL))
-        return repeat(j, a, b.kind == JV_INT ? b.u.i : b.u.b, pos);
+        return repeat(j, a, jv_ival(b), pos);
     if (op == OP_MUL && (b.kind == JV_STR || b.kind == JV_LIST) &&
         (a.kind == JV_INT || a.kind == JV_BOOL))
-        return repeat(j, b, a.kind == JV_INT ? a.u.i : a.u.b, pos);
+        return repeat(j, b, jv_ival(a), pos);
     if (!jv_is_number(a) || !jv_is_number(b))
         jfail(j, CELLM_ERR_FORMAT, pos, "unsupported operand types for %s: %s and %s", names[op],
               jv_typename(a), jv_typename(b));
     bool ints = a.kind != JV_FLOAT && b.kind != JV_FLOAT;
-    int64_t x = a.kind == JV_INT ? a.u.i : a.u.b, y = b.kind == JV_INT ? b.u.i : b.u.b;
+    int64_t x = jv_ival(a), y = jv_ival(b);
     double fx = jv_num(a), fy = jv_num(b);
     int64_t r;
     switch (op) {
@@ -455,7 +454,7 @@ static jvalue eval(jinja *j, const jnode *n) {
                   n->kind == E_NEG ? '-' : '+', jv_typename(v));
         if (n->kind == E_POS) return v.kind == JV_BOOL ? jv_int(v.u.b) : v;
         if (v.kind == JV_FLOAT) return jv_float(-v.u.f);
-        int64_t x = v.kind == JV_INT ? v.u.i : v.u.b;
+        int64_t x = jv_ival(v);
         if (x == INT64_MIN) jfail(j, CELLM_ERR_UNSUPPORTED, n->pos, "integer overflow");
         return jv_int(-x);
     }

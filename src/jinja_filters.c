@@ -635,7 +635,7 @@ jvalue jinja_filter(jinja *j, jstr name, jvalue v, const jargs *a) {
                 jfail(j, CELLM_ERR_FORMAT, at, "sum of a %s value", jv_typename(x));
             if (x.kind == JV_FLOAT) flt = true;
             sf += jv_num(x);
-            if (!flt && __builtin_add_overflow(si, x.kind == JV_INT ? x.u.i : x.u.b, &si))
+            if (!flt && __builtin_add_overflow(si, jv_ival(x), &si))
                 jfail(j, CELLM_ERR_UNSUPPORTED, at, "integer overflow");
         }
         return flt ? jv_float(sf) : jv_int(si);
@@ -674,7 +674,7 @@ bool jinja_test(jinja *j, jstr name, jvalue v, const jargs *a) {
         if (v.kind != JV_INT && v.kind != JV_BOOL)
             jfail(j, CELLM_ERR_FORMAT, at, "test '%.*s' needs an integer, not %s", (int)name.n,
                   name.s, jv_typename(v));
-        int64_t i = v.kind == JV_INT ? v.u.i : v.u.b;
+        int64_t i = jv_ival(v);
         if (IS("even")) return i % 2 == 0;
         if (IS("odd")) return i % 2 != 0;
         int64_t d = arg_int(j, a, 0, "num", 0);
@@ -859,7 +859,7 @@ jvalue jinja_func(jinja *j, int func, const jargs *a) {
             if (a->pos[i].kind != JV_INT && a->pos[i].kind != JV_BOOL)
                 jfail(j, CELLM_ERR_FORMAT, at, "range needs integers, not %s",
                       jv_typename(a->pos[i]));
-            v[i] = a->pos[i].kind == JV_INT ? a->pos[i].u.i : a->pos[i].u.b;
+            v[i] = jv_ival(a->pos[i]);
         }
         int64_t start = a->n > 1 ? v[0] : 0, stop = a->n > 1 ? v[1] : v[0],
                 step = a->n > 2 ? v[2] : 1;

@@ -283,6 +283,10 @@ jvalue jv_dict(jinja *j);
 void jdict_set(jinja *j, jdict *d, jvalue key, jvalue val);
 jvalue *jdict_get(const jdict *d, jvalue key);
 jvalue *jdict_get_str(const jdict *d, const char *key);
+/* The integer value of an int or bool (0 for anything else). */
+static inline int64_t jv_ival(jvalue v) {
+    return v.kind == JV_INT ? v.u.i : v.kind == JV_BOOL ? (int64_t)v.u.b : 0;
+}
 const char *jv_typename(jvalue v);
 bool jv_truthy(jvalue v);
 bool jv_is_number(jvalue v);

@@ -422,8 +422,7 @@ jstr jv_to_str(jinja *j, jvalue v, size_t pos) {
 bool jv_eq(jinja *j, jvalue a, jvalue b, int depth) {
     check_depth(j, depth, JPOS_NONE);
     if (jv_is_number(a) && jv_is_number(b)) {
-        if (a.kind != JV_FLOAT && b.kind != JV_FLOAT)
-            return (a.kind == JV_INT ? a.u.i : a.u.b) == (b.kind == JV_INT ? b.u.i : b.u.b);
+        if (a.kind != JV_FLOAT && b.kind != JV_FLOAT) return jv_ival(a) == jv_ival(b);
         return jv_num(a) == jv_num(b);
     }
     if (a.kind != b.kind) return false;
@@ -454,7 +453,7 @@ int jv_cmp(jinja *j, jvalue a, jvalue b, size_t pos, int depth) {
     check_depth(j, depth, pos);
     if (jv_is_number(a) && jv_is_number(b)) {
         if (a.kind != JV_FLOAT && b.kind != JV_FLOAT) {
-            int64_t x = a.kind == JV_INT ? a.u.i : a.u.b, y = b.kind == JV_INT ? b.u.i : b.u.b;
+            int64_t x = jv_ival(a), y = jv_ival(b);
             return x < y ? -1 : x > y;
         }
         double x = jv_num(a), y = jv_num(b);
