@@ -339,14 +339,18 @@ static int typical_in_set(sampler *s, const float *logits, int n, double mx, dou
 static int typical_full(sampler *s, const float *logits, double mx, double T, double total,
                         double *z) {
     const int32_t V = s->n_vocab;
-    double H = 0;
+    /* With x = (logit - mx) / T and p = e^x / total: -log p = log(total) - x
+     * and H = log(total) - sum(p x), so one pass of exp gives the entropy and
+     * the scores need no transcendental function at all. */
+    double px = 0;
     for (int32_t t = 0; t < V; t++) {
-        double q = exp((logits[t] - mx) / T) / total;
-        if (q > 0) H -= q * log(q);
+        double x = (logits[t] - mx) / T, w = exp(x);
+        if (w > 0) px += w * x;
     }
+    const double logz = log(total), H = logz - px / total;
     for (int32_t t = 0; t < V; t++) {
-        double q = exp((logits[t] - mx) / T) / total;
-        s->key[t] = q > 0 ? (float)-fabs(-log(q) - H) : -INFINITY;
+        /* a banned token (x = -inf) gets key -inf */
+        s->key[t] = (float)-fabs(logz - (logits[t] - mx) / T - H);
     }
     int k = V < 256 ? V : 256, keep;
     for (;;) {
