@@ -420,6 +420,7 @@ count={{ ns.count }} roles={{ ns.roles | join(',') }} unique={{ ns.roles | uniqu
 {% raw %}{{ not evaluated }}{% endraw %}
     {%+ if true %}kept indent{% endif %}
 {{ "%-5s|" | length }} {{ 'a' < 'b' }} {{ [1, 2] == [1, 2] }} {{ 1 == 1.0 }} {{ true == 1 }} {{ 'abc'.find('c') }} {{ 'x-y-z'.count('-') }} {{ '-'.join(['p', 'q']) }} {{ 'AbC'.isupper() }}
+{{ "a\tb  c\n".split(None, 1) }} {{ 'straße' | upper }} {{ 2.5 | round }} {{ 2.45 | round(1) }} {{ 7 | round(-1) }} {{ '0x1A' | int(0, 16) }} {{ 'x' if false }}|{{ [1, 2, 3][10] }}|{{ 'ÉCOLE' | lower }}
 {{ bos_token }}|{{ eos_token }}|{{ add_generation_prompt }}|{{ undefined_thing }}|
 """
 

@@ -10,6 +10,7 @@
  * scripts pass through unchanged (Python would map a few more).
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -99,6 +100,14 @@ static jstr map_case(jinja *j, jstr s, int mode) {
         uint32_t c = utf8_decode_lenient((const uint8_t *)s.s + i, e - i, &used);
         if (used != e - i) {
             jbuf_put(j, &b, s.s + i, e - i); /* malformed: keep the bytes */
+            i = e;
+            continue;
+        }
+        bool first_of_word = mode == CASE_CAPITALIZE ? k == 0 : mode == CASE_TITLE && !prev_cased;
+        if (c == 0xDF && (mode == CASE_UPPER || first_of_word)) {
+            /* Python upper-cases German sharp s to "SS" (title case "Ss") */
+            jbuf_put(j, &b, mode == CASE_UPPER ? "SS" : "Ss", 2);
+            prev_cased = true;
             i = e;
             continue;
         }
@@ -215,8 +224,7 @@ static jvalue str_split(jinja *j, jstr s, const jstr *sep, int64_t maxsplit, siz
         while (i < s.n && (k = ju8_space_at(s.s, s.n, i))) i += k;
         if (i >= s.n) break;
         if (maxsplit >= 0 && (int64_t)out.n >= maxsplit) {
-            jstr rest = ju8_strip(jstr_c(s.s + i, s.n - i), false, true, NULL);
-            vv_push(j, &out, jv_str(rest));
+            vv_push(j, &out, jv_str(jstr_c(s.s + i, s.n - i))); /* kept as it is */
             break;
         }
         size_t st = i;
@@ -257,6 +265,11 @@ static bool parse_int(jstr s, int64_t base, int64_t *out) {
     size_t i = 0;
     bool neg = false;
     if (i < s.n && (s.s[i] == '-' || s.s[i] == '+')) neg = s.s[i++] == '-';
+    /* int('0x1A', 16): the prefix that names the base may be there */
+    if (i + 1 < s.n && s.s[i] == '0') {
+        char p = (char)(s.s[i + 1] | 0x20);
+        if ((p == 'x' && base == 16) || (p == 'o' && base == 8) || (p == 'b' && base == 2)) i += 2;
+    }
     if (i >= s.n) return false;
     uint64_t v = 0;
     for (; i < s.n; i++) {
@@ -479,9 +492,19 @@ jvalue jinja_filter(jinja *j, jstr name, jvalue v, const jargs *a) {
             x = ceil(x);
         else if (jstr_eq(method, "floor"))
             x = floor(x);
-        else
-            x = round(x);
-        return jv_float(x / m);
+        else if (prec >= 0 && prec <= 20 && fabs(jv_num(v)) < 1e300) {
+            /* Python rounds the exact binary value, halves to even; so does
+             * printf. */
+            char buf[400];
+            snprintf(buf, sizeof buf, "%.*f", (int)prec, jv_num(v));
+            x = strtod(buf, NULL) * m;
+        } else
+            x = rint(x);
+        x /= m;
+        /* round() of an int stays an int in Python (the common method) */
+        if (v.kind != JV_FLOAT && jstr_eq(method, "common") && fabs(x) < 9.2e18)
+            return jv_int((int64_t)x);
+        return jv_float(x);
     }
     if (IS("list")) {
         jlist *l = jinja_iter(j, v, at);

@@ -802,7 +802,10 @@ static int parse_body(jinja *j, nvec *out, const char *const *ends, const char *
         jtok *t = cur(j);
         if (t->kind == T_EOF) {
             if (!ends) return -1;
-            jfail(j, CELLM_ERR_FORMAT, at, "'%s' is never closed (expected '%s')", what, ends[0]);
+            int last = 0;
+            while (ends[last + 1]) last++;
+            jfail(j, CELLM_ERR_FORMAT, at, "'%s' is never closed (expected '%s')", what,
+                  ends[last]);
         }
         if (ends && t->kind == T_BLOCK_BEGIN && peek(j, 1)->kind == T_NAME) {
             jstr name = peek(j, 1)->text;
