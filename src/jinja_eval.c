@@ -416,7 +416,20 @@ static jvalue call(jinja *j, jvalue f, const jargs *a, size_t pos) {
     }
 }
 
+static jvalue eval_node(jinja *j, const jnode *n);
+
+/* Chains the parser builds in loops (a + b + c ..., x.a.b ..., x|f|g ...)
+ * nest to the left, so evaluation depth is bounded here as well. */
 static jvalue eval(jinja *j, const jnode *n) {
+    if (++j->edepth > 4 * j->lim.max_depth)
+        jfail(j, CELLM_ERR_NO_MEMORY, n->pos, "expression nested deeper than %d",
+              4 * j->lim.max_depth);
+    jvalue v = eval_node(j, n);
+    j->edepth--;
+    return v;
+}
+
+static jvalue eval_node(jinja *j, const jnode *n) {
     jstep(j, n->pos);
     switch (n->kind) {
     case E_CONST: return n->v;
@@ -570,11 +583,18 @@ static void exec(jinja *j, const jnode *n) {
     case S_OUTPUT: jv_write_str(j, j->out, eval(j, n->a), n->pos); return;
     case S_BODY: exec_body(j, n->args, n->n_args); return;
     case S_IF:
-        if (jv_truthy(eval(j, n->a)))
-            exec_body(j, n->args, n->n_args);
-        else
-            exec_body(j, n->body2, n->n_body2);
-        return;
+        for (;;) {
+            if (jv_truthy(eval(j, n->a))) {
+                exec_body(j, n->args, n->n_args);
+                return;
+            }
+            if (n->n_body2 != 1 || n->body2[0]->kind != S_IF || !n->body2[0]->neg) {
+                exec_body(j, n->body2, n->n_body2);
+                return;
+            }
+            n = n->body2[0]; /* an elif: follow the chain without recursing */
+            jstep(j, n->pos);
+        }
     case S_FOR: exec_for(j, n); return;
     case S_SET: {
         jvalue v = eval(j, n->a);

@@ -231,7 +231,8 @@ typedef struct jinja {
     jframe globals;
     int ctl; /* 1 break, 2 continue: unwinding to the innermost loop */
     int calls;
-    int loops; /* for statements being run (break/continue need one) */
+    int edepth; /* eval() recursion */
+    int loops;  /* for statements being run (break/continue need one) */
 } jinja;
 
 /* Leaves the render with `code` and a message; pos is a byte offset in the

@@ -7,7 +7,8 @@
  *
  * Node fields by kind:
  *   S_TEXT v; S_OUTPUT a; S_BODY args
- *   S_IF a (condition), args (then), body2 (else; an elif is a nested S_IF)
+ *   S_IF a (condition), args (then), body2 (else; an elif is an S_IF with
+ *        neg set, alone in body2)
  *   S_FOR names (targets), a (iterable), b (filter or NULL), args, body2 (else)
  *   S_SET names + a; with name set, the target is names[0].name
  *   S_SETBLOCK names, args; S_FILTER a (an E_FILTER on nothing), args
@@ -585,31 +586,39 @@ static jnode *body_node(jinja *j, nvec *v, size_t pos) {
     return n;
 }
 
+/* An if with its elif chain, built in a loop (an elif is an S_IF with neg
+ * set, alone in its parent's else branch), so a long chain costs neither
+ * parser nor evaluator stack. */
 static jnode *parse_if(jinja *j, size_t pos) {
     static const char *const ends[] = {"elif", "else", "endif", NULL};
-    jnode *n = node(j, S_IF, pos);
-    n->a = parse_tuple(j, true);
-    expect_block_end(j);
-    nvec body = {0};
-    int e = parse_body(j, &body, ends, "if", pos);
-    n->args = body.p;
-    n->n_args = body.n;
-    if (e == 0) {
-        n->body2 = jalloc(j, sizeof *n->body2);
-        n->body2[0] = parse_if(j, cur(j)->pos);
-        n->n_body2 = 1;
-    } else if (e == 1) {
+    jnode *first = node(j, S_IF, pos), *n = first;
+    for (;;) {
+        n->a = parse_tuple(j, true);
         expect_block_end(j);
-        nvec els = {0};
-        static const char *const end2[] = {"endif", NULL};
-        parse_body(j, &els, end2, "if", pos);
+        nvec body = {0};
+        int e = parse_body(j, &body, ends, "if", pos);
+        n->args = body.p;
+        n->n_args = body.n;
+        if (e == 0) {
+            jnode *next = node(j, S_IF, cur(j)->pos);
+            next->neg = true;
+            n->body2 = jalloc(j, sizeof *n->body2);
+            n->body2[0] = next;
+            n->n_body2 = 1;
+            n = next;
+            continue;
+        }
+        if (e == 1) {
+            expect_block_end(j);
+            nvec els = {0};
+            static const char *const end2[] = {"endif", NULL};
+            parse_body(j, &els, end2, "if", pos);
+            n->body2 = els.p;
+            n->n_body2 = els.n;
+        }
         expect_block_end(j);
-        n->body2 = els.p;
-        n->n_body2 = els.n;
-    } else {
-        expect_block_end(j);
+        return first;
     }
-    return n;
 }
 
 static void parse_targets(jinja *j, jnode *n) {

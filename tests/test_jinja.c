@@ -238,6 +238,19 @@ static void test_limits(void **st) {
     expect_err(t, NULL, CELLM_ERR_NO_MEMORY, "nested deeper");
     free(t);
     free(deep);
+    /* Long left-nested chains are bounded too; long elif chains are fine. */
+    deep = repeat_str("1 + ", 20000, "1", "");
+    t = malloc(strlen(deep) + 8);
+    sprintf(t, "{{ %s }}", deep);
+    expect_err(t, NULL, CELLM_ERR_NO_MEMORY, "expression nested deeper than 512");
+    free(t);
+    free(deep);
+    deep = repeat_str("{% elif false %}", 20000, "{% else %}E{% endif %}", "");
+    t = malloc(strlen(deep) + 32);
+    sprintf(t, "{%% if false %%}%s", deep);
+    expect_ok(t, "E");
+    free(t);
+    free(deep);
     expect_err("{% set ns = namespace(v=[]) %}{% for i in range(5000) %}{% set ns.v = [ns.v] %}"
                "{% endfor %}{{ ns.v | tojson }}",
                NULL, CELLM_ERR_NO_MEMORY, "value nested deeper than 128");
