@@ -3,9 +3,18 @@
  * temperature with top-k, top-p and min-p truncation, drawn with a
  * per-sampler PRNG so a seed gives the same tokens on every platform.
  *
+ * Before truncation the logits may be adjusted from the recent tokens the
+ * caller records with sampler_accept(): a logit bias per token id, a
+ * repetition penalty (CTRL style: positive logits divided, negative ones
+ * multiplied), presence and frequency penalties (OpenAI style), and a guard
+ * that bans a token completing an n-gram already repeated too often in the
+ * window. Locally typical sampling (typical-p) is one more truncation.
+ *
  * The PRNG is xoshiro256** seeded through splitmix64 of the 64-bit seed; a
  * draw takes the top 24 bits of one output as a float in [0, 1). Candidates
- * are found with a bounded heap, never a full sort of the vocabulary.
+ * are found with a bounded heap, never a full sort of the vocabulary; the
+ * penalties touch only the tokens in the window, so a step costs a few
+ * passes over the logits whatever the vocabulary size.
  */
 #ifndef CELLM_SAMPLER_H
 #define CELLM_SAMPLER_H
@@ -14,12 +23,32 @@
 
 #include "util.h"
 
+typedef struct sampler_logit_bias {
+    int32_t token;
+    float bias;
+} sampler_logit_bias;
+
 typedef struct sampler_params {
     float temperature; /* <= 0: greedy */
     int32_t top_k;     /* keep the k most likely; <= 0: no limit */
     float top_p;       /* keep the smallest set with this much probability; >= 1: off */
     float min_p;       /* drop tokens below min_p x the best one's probability; <= 0: off */
+    float typical_p;   /* keep the most typical tokens up to this much probability; >= 1: off */
     uint64_t seed;
+    /* Penalties over the last `penalty_last_n` accepted tokens. */
+    int32_t penalty_last_n;  /* window length; 0: no history kept */
+    float repeat_penalty;    /* 1: off; > 1 discourages tokens in the window */
+    float presence_penalty;  /* subtracted once from each token in the window; 0: off */
+    float frequency_penalty; /* subtracted per occurrence in the window; 0: off */
+    /* Repetition guard: when > 0, a token that would complete an n-gram of
+     * `ngram_size` tokens already seen `ngram_max_repeats` times in the
+     * window is banned. Typical values 4 and 2; 0: off. */
+    int32_t ngram_size;
+    int32_t ngram_max_repeats;
+    /* Added to the logits of the given tokens (-INFINITY bans a token);
+     * copied by sampler_create. */
+    const sampler_logit_bias *logit_bias;
+    int32_t n_logit_bias;
 } sampler_params;
 
 sampler_params sampler_default_params(void);
@@ -35,7 +64,17 @@ void sampler_free(sampler *s);
 /* Restarts the PRNG from `seed`. */
 void sampler_reseed(sampler *s, uint64_t seed);
 
-/* The next token for `logits` (n_vocab floats; not modified). */
+/* Records a token of the sequence (a prompt token or a sampled one) in the
+ * penalty window. The caller feeds every token it wants penalised, in
+ * order; sampler_sample does not record its own choice. */
+cellm_status sampler_accept(sampler *s, int32_t token, cellm_error *err);
+
+/* Empties the penalty window (a new sequence). */
+void sampler_reset_history(sampler *s);
+
+/* The next token for `logits` (n_vocab floats; not modified). When every
+ * token is banned (all adjusted logits -inf) it falls back to the argmax of
+ * the raw logits. */
 int32_t sampler_sample(sampler *s, const float *logits);
 
 /* The most likely token; ties go to the lowest id. */
