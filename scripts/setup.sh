@@ -33,12 +33,19 @@ cellm_install_packages() {
     fi
 }
 
-# cellm_build DIR [cmake options...]
+# cellm_build DIR [cmake options...] — quiet unless it fails, then it shows
+# the end of the build log and returns non-zero.
 cellm_build() {
-    local dir="$1"
+    local dir="$1" log
     shift
-    cmake -S "$CELLM_ROOT" -B "$CELLM_ROOT/$dir" -G Ninja "$@" >/dev/null
-    ninja -C "$CELLM_ROOT/$dir" >/dev/null
+    log="$(mktemp)"
+    if ! { cmake -S "$CELLM_ROOT" -B "$CELLM_ROOT/$dir" -G Ninja "$@" && ninja -C "$CELLM_ROOT/$dir"; } \
+        >"$log" 2>&1; then
+        tail -60 "$log" >&2
+        echo "cellm setup: the build in $dir failed (full log: $log)" >&2
+        return 1
+    fi
+    rm -f "$log"
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
