@@ -8,6 +8,15 @@ set -euo pipefail
 CELLM_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export CELLM_ROOT
 
+# True when Debian package $1 is installed for this machine's architecture
+# (an arm64 copy from the cross build does not count) or is arch-independent.
+cellm_pkg_installed() {
+    local arch
+    arch="$(dpkg --print-architecture)"
+    dpkg-query -W -f='${Status}' "$1:$arch" 2>/dev/null | grep -q "install ok installed" && return 0
+    [ "$(dpkg-query -W -f='${Status} ${Architecture}' "$1" 2>/dev/null)" = "install ok installed all" ]
+}
+
 cellm_install_packages() {
     local pkgs=(cmake ninja-build gcc libc6-dev libcmocka-dev libcjson-dev libedit-dev)
     if [ "${1:-}" = "--test" ]; then
@@ -16,8 +25,7 @@ cellm_install_packages() {
     command -v python3 >/dev/null 2>&1 || pkgs+=(python3 python3-pip)
     local missing=()
     for p in "${pkgs[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
-            missing+=("$p")
+        cellm_pkg_installed "$p" || missing+=("$p")
     done
     if [ "${#missing[@]}" -gt 0 ]; then
         echo "cellm setup: installing ${missing[*]}" >&2
