@@ -98,9 +98,6 @@ int32_t tok_vocab_find(const tokenizer *t, const char *s, size_t n);
  * or -1 when there is none. */
 int32_t tok_merge_rank(const tokenizer *t, const char *s, size_t n_left, size_t n_right);
 
-/* Appends one id; false when out of memory. */
-bool tok_ids_push(tok_ids *v, int32_t id);
-
 /* A linked symbol of a word being merged: bytes [off, off + n) of the word;
  * n == 0 once merged into its left neighbour. */
 typedef struct tok_sym {

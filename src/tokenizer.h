@@ -74,6 +74,9 @@ typedef struct tok_ids {
 
 void tok_ids_free(tok_ids *v);
 
+/* Appends one id; false when out of memory (v is unchanged). */
+bool tok_ids_push(tok_ids *v, int32_t id);
+
 /* Builds a tokenizer from the metadata of `f`. Errors: CELLM_ERR_NOT_FOUND
  * (no vocabulary), CELLM_ERR_FORMAT (a key of the wrong type or size),
  * CELLM_ERR_UNSUPPORTED (a tokenizer model or pre-tokenizer cellm does

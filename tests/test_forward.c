@@ -38,6 +38,7 @@
 #include <math.h>
 
 #include "forward.h"
+#include "sampler.h"
 #include "test_common.h"
 
 #define TOP1_MIN 0.94       /* llama.cpp vs itself: 0.973 / 0.970 */
@@ -214,13 +215,6 @@ static void log_softmax(const float *x, int n, double *out) {
     for (int i = 0; i < n; i++) out[i] = x[i] - mx - l;
 }
 
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
 static void check_logits(const char *name) {
     fixture fx;
     load_fixture(name, &fx);
@@ -244,7 +238,7 @@ static void check_logits(const char *name) {
             const float *row = lg + (size_t)p * V;
             log_softmax(row, V, lsm);
             positions++;
-            agree += argmax(row, V) == c->top_id[p][0];
+            agree += sampler_argmax(row, V) == c->top_id[p][0];
             for (int k = 0; k < 20; k++) {
                 double d = fabs(lsm[c->top_id[p][k]] - c->top_lsm[p][k]);
                 if (d > worst) worst = d;
@@ -285,7 +279,7 @@ static void check_greedy(const char *name) {
         feed(&r, &s, c->tok, c->n_tok, 128, c->n_tok - 1, lg);
         int diverged = -1;
         for (int g = 0; g < c->n_gen; g++) {
-            int32_t t = argmax(lg, V);
+            int32_t t = sampler_argmax(lg, V);
             if (t != c->gen[g]) {
                 diverged = g;
                 break;

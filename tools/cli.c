@@ -63,3 +63,30 @@ bool cli_parse_size(const char *s, size_t *out) {
     *out = (size_t)r;
     return true;
 }
+
+char *cli_read_file(const char *path, size_t *len) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (n < cap) break;
+        char *b2 = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
+        if (!b2) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = b2;
+        cap *= 2;
+    }
+    if (buf && ferror(f)) {
+        free(buf);
+        buf = NULL;
+    }
+    if (f != stdin) fclose(f);
+    *len = n;
+    return buf;
+}

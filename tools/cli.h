@@ -27,4 +27,8 @@ int cmd_tokenize(int argc, char **argv);
 /* `cellm bench [MODEL]`: aggregate decode speed with 1..16 sessions. */
 int cmd_bench(int argc, char **argv);
 
+/* Reads a whole file ("-": stdin) into a new buffer the caller frees;
+ * *len gets its size. NULL when it cannot be opened or read. */
+char *cli_read_file(const char *path, size_t *len);
+
 #endif /* CELLM_CLI_H */

@@ -26,33 +26,6 @@ static void usage(FILE *out) {
                  "--chunks limits how many chunks are used (default: all).\n");
 }
 
-static char *read_all(const char *path, size_t *len, cellm_error *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        err_set(err, CELLM_ERR_IO, "cannot open '%s'", path);
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0, k;
-    char *buf = malloc(cap);
-    while (buf && (k = fread(buf + n, 1, cap - n, f)) > 0) {
-        n += k;
-        if (n == cap) {
-            if (cap > TOKENIZER_MAX_INPUT) break;
-            char *p = realloc(buf, cap *= 2);
-            if (!p) {
-                free(buf);
-                buf = NULL;
-            } else {
-                buf = p;
-            }
-        }
-    }
-    fclose(f);
-    if (!buf) err_set(err, CELLM_ERR_NO_MEMORY, "out of memory reading '%s'", path);
-    *len = n;
-    return buf;
-}
-
 static void log_softmax_at(const float *x, int32_t n, double *lse) {
     double mx = x[0];
     for (int32_t i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
@@ -106,9 +79,9 @@ int cmd_perplexity(int argc, char **argv) {
     cellm_error err;
     err_clear(&err);
     size_t len;
-    char *text = read_all(file, &len, &err);
+    char *text = cli_read_file(file, &len);
     if (!text) {
-        cli_error("%s", err.msg);
+        cli_error("perplexity: cannot read '%s'", file);
         return 1;
     }
     rt r;

@@ -1,9 +1,9 @@
 /*
- * rt.h — what the generating commands (run, perplexity) share until the
- * engine API exists: a model with its tokenizer, KV cache, thread pool and
- * forward context, opened from a path or store name; and one sequence helper
- * that feeds tokens in chunks. The chat formats live in the library
- * (src/chat.h).
+ * rt.h — what the single-sequence commands (run, perplexity) share: a model
+ * with its tokenizer, KV cache, thread pool and forward context, opened from
+ * a path or store name, and a helper that feeds one sequence in chunks.
+ * (Serving many sequences goes through the engine, src/engine.c.) The chat formats live in the
+ * library (src/chat.h).
  */
 #ifndef CELLM_RT_H
 #define CELLM_RT_H

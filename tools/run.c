@@ -109,18 +109,6 @@ static bool feed_prompt(chat *c, const char *text, cellm_error *err) {
     return true;
 }
 
-static bool hist_push(tok_ids *h, int32_t t) {
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 256;
-        int32_t *p = realloc(h->ids, cap * sizeof *p);
-        if (!p) return false;
-        h->ids = p;
-        h->cap = cap;
-    }
-    h->ids[h->n++] = t;
-    return true;
-}
-
 /* Generates an answer after the prompt already fed; streams it to stdout
  * and returns it (malloc'd). */
 static char *generate(chat *c, cellm_error *err) {
@@ -157,7 +145,8 @@ static char *generate(chat *c, cellm_error *err) {
         out[out_n] = '\0';
         c->n_gen++;
         if (c->seq.n_pos + 1 >= c->r.ctx) break; /* context full */
-        if (!hist_push(&c->hist, t) || rt_feed(&c->r, &c->seq, &t, 1, c->logits, err) != CELLM_OK)
+        if (!tok_ids_push(&c->hist, t) ||
+            rt_feed(&c->r, &c->seq, &t, 1, c->logits, err) != CELLM_OK)
             break;
     }
     size_t n = 0;

@@ -56,34 +56,6 @@ static void print_quoted(const char *p, size_t n) {
     putchar('\'');
 }
 
-/* Reads a whole file ("-": stdin) into a malloc'd buffer. */
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (n < cap) break;
-        char *b2 = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
-        if (!b2) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = b2;
-        cap *= 2;
-    }
-    if (buf && ferror(f)) {
-        free(buf);
-        buf = NULL;
-    }
-    if (f != stdin) fclose(f);
-    *len = n;
-    return buf;
-}
-
 int cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *text = NULL, *file = NULL;
     bool ids_only = false, count_only = false;
@@ -127,7 +99,7 @@ int cmd_tokenize(int argc, char **argv) {
     char *buf = NULL;
     size_t len = 0;
     if (file) {
-        if (!(buf = read_all(file, &len))) {
+        if (!(buf = cli_read_file(file, &len))) {
             cli_error("tokenize: cannot read %s", file);
             return 1;
         }
