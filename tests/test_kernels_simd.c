@@ -75,6 +75,19 @@ static void make_q8_0(block_q8_0 *y, int nb, int round) {
     }
 }
 
+/* Q8_1: Q8_0's codes and scale plus the F16 block sum s = d * sum(q). */
+static void make_q8_1(block_q8_1 *y, int nb, int round) {
+    for (int ib = 0; ib < nb; ib++) {
+        block_q8_0 b;
+        make_q8_0(&b, 1, round);
+        int sum = 0;
+        for (int j = 0; j < QK8_0; j++) sum += b.qs[j];
+        y[ib].d = b.d;
+        y[ib].s = fp32_to_fp16(fp16_to_fp32(b.d) * (float)sum);
+        memcpy(y[ib].qs, b.qs, QK8_0);
+    }
+}
+
 static void make_q8_k(block_q8_K *y, int nb, int round) {
     for (int ib = 0; ib < nb; ib++) {
         y[ib].d = rng_normal() * 0.01f;
@@ -158,6 +171,7 @@ typedef struct dot_case {
 static const quant_case quant_cases[] = {
 #if defined(__x86_64__)
     {"avx2 Q8_0", QT_Q8_0, ref_quantize_q8_0, avx2_quantize_q8_0, avx2_cpu_supported},
+    {"avx2 Q8_1", QT_Q8_1, ref_quantize_q8_1, avx2_quantize_q8_1, avx2_cpu_supported},
     {"avx2 Q8_K", QT_Q8_K, ref_quantize_q8_k, avx2_quantize_q8_k, avx2_cpu_supported},
 #endif
 #if defined(__aarch64__)
@@ -170,7 +184,7 @@ static const dot_case dot_cases[] = {
 #if defined(__x86_64__)
     {"avx2 Q4_0", QT_Q4_0, ref_vec_dot_q4_0_q8_0, avx2_vec_dot_q4_0_q8_0, false,
      avx2_cpu_supported},
-    {"avx2 Q4_1", QT_Q4_1, ref_vec_dot_q4_1_q8_0, avx2_vec_dot_q4_1_q8_0, false,
+    {"avx2 Q4_1", QT_Q4_1, ref_vec_dot_q4_1_q8_1, avx2_vec_dot_q4_1_q8_1, false,
      avx2_cpu_supported},
     {"avx2 Q5_0", QT_Q5_0, ref_vec_dot_q5_0_q8_0, avx2_vec_dot_q5_0_q8_0, false,
      avx2_cpu_supported},
@@ -182,14 +196,14 @@ static const dot_case dot_cases[] = {
 #endif
 #if defined(__aarch64__)
     {"neon Q4_0", QT_Q4_0, ref_vec_dot_q4_0_q8_0, neon_vec_dot_q4_0_q8_0, false, have_neon},
-    {"neon Q4_1", QT_Q4_1, ref_vec_dot_q4_1_q8_0, neon_vec_dot_q4_1_q8_0, false, have_neon},
+    {"neon Q4_1", QT_Q4_1, ref_vec_dot_q4_1_q8_1, neon_vec_dot_q4_1_q8_1, false, have_neon},
     {"neon Q5_0", QT_Q5_0, ref_vec_dot_q5_0_q8_0, neon_vec_dot_q5_0_q8_0, false, have_neon},
     {"neon Q8_0", QT_Q8_0, ref_vec_dot_q8_0_q8_0, neon_vec_dot_q8_0_q8_0, false, have_neon},
     {"neon Q4_K", QT_Q4_K, ref_vec_dot_q4_k_q8_k, neon_vec_dot_q4_k_q8_k, true, have_neon},
     {"neon Q6_K", QT_Q6_K, ref_vec_dot_q6_k_q8_k, neon_vec_dot_q6_k_q8_k, true, have_neon},
     {"neon-dotprod Q4_0", QT_Q4_0, ref_vec_dot_q4_0_q8_0, neon_dotprod_vec_dot_q4_0_q8_0, false,
      neon_dotprod_supported},
-    {"neon-dotprod Q4_1", QT_Q4_1, ref_vec_dot_q4_1_q8_0, neon_dotprod_vec_dot_q4_1_q8_0, false,
+    {"neon-dotprod Q4_1", QT_Q4_1, ref_vec_dot_q4_1_q8_1, neon_dotprod_vec_dot_q4_1_q8_1, false,
      neon_dotprod_supported},
     {"neon-dotprod Q5_0", QT_Q5_0, ref_vec_dot_q5_0_q8_0, neon_dotprod_vec_dot_q5_0_q8_0, false,
      neon_dotprod_supported},
@@ -265,6 +279,7 @@ static void test_vec_dots(void **state) {
     (void)state;
     static uint8_t x[NB32 * 40 + NBK * 210];
     static block_q8_0 y0[NB32];
+    static block_q8_1 y1[NB32];
     static block_q8_K yk[NBK];
     int ran = 0;
     for (const dot_case *c = dot_cases; c->name; c++) {
@@ -279,11 +294,17 @@ static void test_vec_dots(void **state) {
         const int n_offs = f16_fields(c->type, offs);
         for (int round = 0; round < ROUNDS; round++) {
             make_blocks(x, nb, info->type_size, offs, n_offs, round);
-            const void *y = k ? (const void *)yk : (const void *)y0;
-            if (k)
+            const void *y;
+            if (k) {
                 make_q8_k(yk, nb, round % 3);
-            else
+                y = yk;
+            } else if (info->vec_dot_type == QT_Q8_1) {
+                make_q8_1(y1, nb, round % 3);
+                y = y1;
+            } else {
                 make_q8_0(y0, nb, round % 3);
+                y = y0;
+            }
             for (int whole = 0; whole < 2; whole++) {
                 const size_t len = whole ? n : info->block_size; /* one block, then all */
                 const float got = c->simd(len, x, y), want = c->ref(len, x, y);
@@ -297,6 +318,46 @@ static void test_vec_dots(void **state) {
         }
     }
     print_message("%d vec_dot variant(s) checked\n", ran);
+}
+
+/* The table's tiles (dot4_x: four weight rows, dot4_y: four activation
+ * rows) return exactly what its vec_dot returns for each pair: the
+ * batch invariance of matmul rests on this. */
+static void test_dot4_tiles(void **state) {
+    (void)state;
+    enum { ROWS = 4, NB = 24 };
+    static float f[ROWS * NB * QK_K];
+    static uint8_t w[ROWS * NB * 210], a[ROWS * NB * sizeof(block_q8_K)];
+    int ran = 0;
+    for (uint32_t type = 0; type < QT_COUNT; type++) {
+        const quant_type_info *info = quant_type_get(type);
+        if (!info || !info->vec_dot || (!info->dot4_x && !info->dot4_y)) continue;
+        const quant_type_info *yinfo = quant_type_get(info->vec_dot_type);
+        ran++;
+        for (int round = 0; round < 50; round++) {
+            const size_t n = (size_t)(1 + round % NB) * info->block_size;
+            uint64_t wrow, arow;
+            assert_true(quant_nbytes(type, n, &wrow) && quant_nbytes(info->vec_dot_type, n, &arow));
+            for (size_t i = 0; i < ROWS * n; i++) f[i] = rng_normal();
+            for (int r = 0; r < ROWS; r++) {
+                info->from_float(f + (size_t)r * n, w + (size_t)r * wrow, n);
+                for (size_t i = 0; i < n; i++) f[i] = rng_normal() * (round % 2 ? 100.0f : 1.0f);
+                yinfo->from_float(f, a + (size_t)r * arow, n);
+            }
+            float out[4];
+            if (info->dot4_x) {
+                info->dot4_x(n, w, (size_t)wrow, a, 0, out);
+                for (int i = 0; i < 4; i++)
+                    assert_same_float(info->name, out[i], info->vec_dot(n, w + i * wrow, a));
+            }
+            if (info->dot4_y) {
+                info->dot4_y(n, w, 0, a, (size_t)arow, out);
+                for (int i = 0; i < 4; i++)
+                    assert_same_float(info->name, out[i], info->vec_dot(n, w, a + i * arow));
+            }
+        }
+    }
+    print_message("%d type(s) with tiles checked (%s)\n", ran, quant_kernels_name());
 }
 
 #if defined(__x86_64__)
@@ -364,6 +425,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quantizers),
         cmocka_unit_test(test_vec_dots),
+        cmocka_unit_test(test_dot4_tiles),
 #if defined(__x86_64__)
         cmocka_unit_test(test_avx2_vec_dot_f16),
 #endif

@@ -1,6 +1,7 @@
 /*
  * arm_neon.c — AArch64 NEON versions of the hot kernels: the Q8_0
- * activation quantizer and the Q4_0, Q4_1, Q5_0, Q8_0 (against Q8_0), Q4_K
+ * activation quantizer and the Q4_0, Q5_0, Q8_0 (against Q8_0), Q4_1 (against
+ * Q8_1), Q4_K
  * and Q6_K (against Q8_K) dot products. NEON is part of every AArch64 CPU; each dot
  * product also comes in a variant using the SDOT instruction (ARMv8.2
  * dotprod), compiled per function with a target attribute and chosen by
@@ -113,27 +114,25 @@ static inline __attribute__((always_inline)) float q4_0_body(size_t n, const voi
     return vaddvq_f32(acc);
 }
 
-/* Q4_1: codes 0..15 are valid signed bytes; the min multiplies the sum of
- * y, which a widening pairwise add takes exactly. */
+/* Q4_1 against Q8_1: codes 0..15 are valid signed bytes; the min
+ * multiplies the block sum s that Q8_1 stores. */
 static inline __attribute__((always_inline)) float q4_1_body(size_t n, const void *vx,
                                                              const void *vy, dot_fn dot) {
     assert(n % QK8_0 == 0);
     const block_q4_1 *x = vx;
-    const block_q8_0 *y = vy;
+    const block_q8_1 *y = vy;
     float32x4_t acc = vdupq_n_f32(0.0f);
+    float mins = 0.0f;
     for (size_t ib = 0; ib < n / QK8_0; ib++) {
         const uint8x16_t q = vld1q_u8(x[ib].qs);
         const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0F)));
         const int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(q, 4));
-        const int8x16_t y0 = vld1q_s8(y[ib].qs), y1 = vld1q_s8(y[ib].qs + 16);
-        int32x4_t s = dot(vdupq_n_s32(0), lo, y0);
-        s = dot(s, hi, y1);
-        const int32x4_t ys = vpaddlq_s16(vaddq_s16(vpaddlq_s8(y0), vpaddlq_s8(y1)));
-        const float dy = fp16_to_fp32(y[ib].d);
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), fp16_to_fp32(x[ib].d) * dy);
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(ys), fp16_to_fp32(x[ib].m) * dy);
+        int32x4_t s = dot(vdupq_n_s32(0), lo, vld1q_s8(y[ib].qs));
+        s = dot(s, hi, vld1q_s8(y[ib].qs + 16));
+        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), fp16_to_fp32(x[ib].d) * fp16_to_fp32(y[ib].d));
+        mins = __builtin_fmaf(fp16_to_fp32(x[ib].m), fp16_to_fp32(y[ib].s), mins);
     }
-    return vaddvq_f32(acc);
+    return vaddvq_f32(acc) + mins;
 }
 
 /* Q5_0: the fifth bit of element j is bit j of qh; test each byte of qh
@@ -252,7 +251,7 @@ static inline __attribute__((always_inline)) float q6_k_body(size_t n, const voi
 float neon_vec_dot_q4_0_q8_0(size_t n, const void *x, const void *y) {
     return q4_0_body(n, x, y, dot_plain);
 }
-float neon_vec_dot_q4_1_q8_0(size_t n, const void *x, const void *y) {
+float neon_vec_dot_q4_1_q8_1(size_t n, const void *x, const void *y) {
     return q4_1_body(n, x, y, dot_plain);
 }
 float neon_vec_dot_q5_0_q8_0(size_t n, const void *x, const void *y) {
@@ -271,7 +270,7 @@ float neon_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y) {
 DOTPROD float neon_dotprod_vec_dot_q4_0_q8_0(size_t n, const void *x, const void *y) {
     return q4_0_body(n, x, y, dot_sdot);
 }
-DOTPROD float neon_dotprod_vec_dot_q4_1_q8_0(size_t n, const void *x, const void *y) {
+DOTPROD float neon_dotprod_vec_dot_q4_1_q8_1(size_t n, const void *x, const void *y) {
     return q4_1_body(n, x, y, dot_sdot);
 }
 DOTPROD float neon_dotprod_vec_dot_q5_0_q8_0(size_t n, const void *x, const void *y) {

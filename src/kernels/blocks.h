@@ -55,6 +55,15 @@ typedef struct {
     int8_t qs[QK8_0];
 } block_q8_0;
 
+/* Q8_0 plus s = d * sum(qs) (F16, computed with the F32 d): the activation
+ * format of Q4_1 and Q5_1, whose minimum multiplies the sum of the block.
+ * GGML's current layout (36 bytes); old GGML used F32 d and s. */
+typedef struct {
+    uint16_t d;
+    uint16_t s;
+    int8_t qs[QK8_0];
+} block_q8_1;
+
 /* 16 groups of 16: x = d * (scales[g] & 15) * q - dmin * (scales[g] >> 4),
  * q in 0..3. Element 128h + 32s + l is bits 2s..2s+1 of qs[32h + l]. */
 typedef struct {

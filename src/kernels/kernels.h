@@ -36,6 +36,7 @@ void ref_dequantize_q4_1(const void *src, float *dst, size_t n);
 void ref_dequantize_q5_0(const void *src, float *dst, size_t n);
 void ref_dequantize_q5_1(const void *src, float *dst, size_t n);
 void ref_dequantize_q8_0(const void *src, float *dst, size_t n);
+void ref_dequantize_q8_1(const void *src, float *dst, size_t n);
 void ref_dequantize_q2_k(const void *src, float *dst, size_t n);
 void ref_dequantize_q3_k(const void *src, float *dst, size_t n);
 void ref_dequantize_q4_k(const void *src, float *dst, size_t n);
@@ -53,6 +54,7 @@ void ref_quantize_q4_1(const float *src, void *dst, size_t n);
 void ref_quantize_q5_0(const float *src, void *dst, size_t n);
 void ref_quantize_q5_1(const float *src, void *dst, size_t n);
 void ref_quantize_q8_0(const float *src, void *dst, size_t n);
+void ref_quantize_q8_1(const float *src, void *dst, size_t n);
 void ref_quantize_q2_k(const float *src, void *dst, size_t n);
 void ref_quantize_q3_k(const float *src, void *dst, size_t n);
 void ref_quantize_q4_k(const float *src, void *dst, size_t n);
@@ -66,9 +68,9 @@ float ref_vec_dot_f32(size_t n, const void *x, const void *y);
 float ref_vec_dot_f16(size_t n, const void *x, const void *y);
 float ref_vec_dot_bf16(size_t n, const void *x, const void *y);
 float ref_vec_dot_q4_0_q8_0(size_t n, const void *x, const void *y);
-float ref_vec_dot_q4_1_q8_0(size_t n, const void *x, const void *y);
+float ref_vec_dot_q4_1_q8_1(size_t n, const void *x, const void *y);
 float ref_vec_dot_q5_0_q8_0(size_t n, const void *x, const void *y);
-float ref_vec_dot_q5_1_q8_0(size_t n, const void *x, const void *y);
+float ref_vec_dot_q5_1_q8_1(size_t n, const void *x, const void *y);
 float ref_vec_dot_q8_0_q8_0(size_t n, const void *x, const void *y);
 float ref_vec_dot_q2_k_q8_k(size_t n, const void *x, const void *y);
 float ref_vec_dot_q3_k_q8_k(size_t n, const void *x, const void *y);
@@ -83,12 +85,24 @@ float ref_vec_dot_iq4_xs_q8_k(size_t n, const void *x, const void *y);
 /* True when this CPU (and OS) runs the avx2_* kernels. */
 bool avx2_cpu_supported(void);
 void avx2_quantize_q8_0(const float *src, void *dst, size_t n);
+void avx2_quantize_q8_1(const float *src, void *dst, size_t n);
 void avx2_quantize_q8_k(const float *src, void *dst, size_t n);
 float avx2_vec_dot_f16(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q4_0_q8_0(size_t n, const void *x, const void *y);
-float avx2_vec_dot_q4_1_q8_0(size_t n, const void *x, const void *y);
+float avx2_vec_dot_q4_1_q8_1(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q5_0_q8_0(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q8_0_q8_0(size_t n, const void *x, const void *y);
+/* Tiles of four (quant_vec_dot4_fn): dot4_x four weight rows, dot4_y four
+ * activation rows; each result bit-identical to the vec_dot above. */
+#define CELLM_AVX2_DOT4(name)                                                                      \
+    void avx2_dot4_x_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,          \
+                            float out[4]);                                                         \
+    void avx2_dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,          \
+                            float out[4]);
+CELLM_AVX2_DOT4(q4_0_q8_0)
+CELLM_AVX2_DOT4(q4_1_q8_1)
+CELLM_AVX2_DOT4(q5_0_q8_0)
+CELLM_AVX2_DOT4(q8_0_q8_0)
 float avx2_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q5_k_q8_k(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);
@@ -101,13 +115,13 @@ float avx2_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);
 bool neon_dotprod_supported(void);
 void neon_quantize_q8_0(const float *src, void *dst, size_t n);
 float neon_vec_dot_q4_0_q8_0(size_t n, const void *x, const void *y);
-float neon_vec_dot_q4_1_q8_0(size_t n, const void *x, const void *y);
+float neon_vec_dot_q4_1_q8_1(size_t n, const void *x, const void *y);
 float neon_vec_dot_q5_0_q8_0(size_t n, const void *x, const void *y);
 float neon_vec_dot_q8_0_q8_0(size_t n, const void *x, const void *y);
 float neon_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);
 float neon_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);
 float neon_dotprod_vec_dot_q4_0_q8_0(size_t n, const void *x, const void *y);
-float neon_dotprod_vec_dot_q4_1_q8_0(size_t n, const void *x, const void *y);
+float neon_dotprod_vec_dot_q4_1_q8_1(size_t n, const void *x, const void *y);
 float neon_dotprod_vec_dot_q5_0_q8_0(size_t n, const void *x, const void *y);
 float neon_dotprod_vec_dot_q8_0_q8_0(size_t n, const void *x, const void *y);
 float neon_dotprod_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);

@@ -138,6 +138,15 @@ void ref_dequantize_q8_0(const void *src, float *dst, size_t n) {
     }
 }
 
+void ref_dequantize_q8_1(const void *src, float *dst, size_t n) {
+    assert(n % QK8_0 == 0);
+    const block_q8_1 *x = src;
+    for (size_t ib = 0; ib < n / QK8_0; ib++, dst += QK8_0) {
+        const float d = fp16_to_fp32(x[ib].d);
+        for (int j = 0; j < QK8_0; j++) dst[j] = (float)x[ib].qs[j] * d;
+    }
+}
+
 void ref_dequantize_q2_k(const void *src, float *dst, size_t n) {
     assert(n % QK_K == 0);
     const block_q2_K *x = src;
@@ -395,6 +404,25 @@ void ref_quantize_q8_0(const float *src, void *dst, size_t n) {
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         y[ib].d = fp32_to_fp16(d);
         for (int j = 0; j < QK8_0; j++) y[ib].qs[j] = (int8_t)round_clamp(src[j] * id, -127, 127);
+    }
+}
+
+/* Q8_0's codes and scale, plus the F16 s = d * sum(codes) with the F32 d. */
+void ref_quantize_q8_1(const float *src, void *dst, size_t n) {
+    assert(n % QK8_0 == 0);
+    block_q8_1 *y = dst;
+    for (size_t ib = 0; ib < n / QK8_0; ib++, src += QK8_0) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(src[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < QK8_0; j++) {
+            y[ib].qs[j] = (int8_t)round_clamp(src[j] * id, -127, 127);
+            sum += y[ib].qs[j];
+        }
+        y[ib].d = fp32_to_fp16(d);
+        y[ib].s = fp32_to_fp16(d * (float)sum);
     }
 }
 
@@ -772,10 +800,9 @@ float ref_vec_dot_bf16(size_t n, const void *x, const void *y) {
 }
 
 /* The 32-element types against Q8_0: per block an exact integer sum, then
- * one float multiply-add. Q4_1 and Q5_1 add their min times the sum of
- * the activation block (GGML pairs them with Q8_1, which stores that sum
- * pre-rounded; we compute it exactly instead, so one activation format
- * serves every 32-element type). */
+ * one float multiply-add. Q4_1 and Q5_1 pair with Q8_1 (as in GGML) and
+ * add their min times the block sum s that Q8_1 stores, so the sum is
+ * computed once per activation block, not once per weight row. */
 float ref_vec_dot_q4_0_q8_0(size_t n, const void *vx, const void *vy) {
     assert(n % QK8_0 == 0);
     const block_q4_0 *x = vx;
@@ -792,19 +819,17 @@ float ref_vec_dot_q4_0_q8_0(size_t n, const void *vx, const void *vy) {
     return sum;
 }
 
-float ref_vec_dot_q4_1_q8_0(size_t n, const void *vx, const void *vy) {
+float ref_vec_dot_q4_1_q8_1(size_t n, const void *vx, const void *vy) {
     assert(n % QK8_0 == 0);
     const block_q4_1 *x = vx;
-    const block_q8_0 *y = vy;
+    const block_q8_1 *y = vy;
     float sum = 0.0f;
     for (size_t ib = 0; ib < n / QK8_0; ib++) {
-        int isum = 0, ysum = 0;
-        for (int j = 0; j < 16; j++) {
+        int isum = 0;
+        for (int j = 0; j < 16; j++)
             isum += (x[ib].qs[j] & 0xF) * y[ib].qs[j] + (x[ib].qs[j] >> 4) * y[ib].qs[j + 16];
-            ysum += y[ib].qs[j] + y[ib].qs[j + 16];
-        }
-        const float dy = fp16_to_fp32(y[ib].d);
-        sum += fp16_to_fp32(x[ib].d) * dy * (float)isum + fp16_to_fp32(x[ib].m) * dy * (float)ysum;
+        sum += fp16_to_fp32(x[ib].d) * fp16_to_fp32(y[ib].d) * (float)isum +
+               fp16_to_fp32(x[ib].m) * fp16_to_fp32(y[ib].s);
     }
     return sum;
 }
@@ -827,22 +852,21 @@ float ref_vec_dot_q5_0_q8_0(size_t n, const void *vx, const void *vy) {
     return sum;
 }
 
-float ref_vec_dot_q5_1_q8_0(size_t n, const void *vx, const void *vy) {
+float ref_vec_dot_q5_1_q8_1(size_t n, const void *vx, const void *vy) {
     assert(n % QK8_0 == 0);
     const block_q5_1 *x = vx;
-    const block_q8_0 *y = vy;
+    const block_q8_1 *y = vy;
     float sum = 0.0f;
     for (size_t ib = 0; ib < n / QK8_0; ib++) {
         const uint32_t qh = read_u32le(x[ib].qh);
-        int isum = 0, ysum = 0;
+        int isum = 0;
         for (int j = 0; j < 16; j++) {
             const int q0 = (x[ib].qs[j] & 0xF) | (int)((qh >> j) & 1) << 4;
             const int q1 = (x[ib].qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
             isum += q0 * y[ib].qs[j] + q1 * y[ib].qs[j + 16];
-            ysum += y[ib].qs[j] + y[ib].qs[j + 16];
         }
-        const float dy = fp16_to_fp32(y[ib].d);
-        sum += fp16_to_fp32(x[ib].d) * dy * (float)isum + fp16_to_fp32(x[ib].m) * dy * (float)ysum;
+        sum += fp16_to_fp32(x[ib].d) * fp16_to_fp32(y[ib].d) * (float)isum +
+               fp16_to_fp32(x[ib].m) * fp16_to_fp32(y[ib].s);
     }
     return sum;
 }

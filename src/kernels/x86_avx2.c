@@ -101,11 +101,12 @@ AVX2 static inline __m256i round_clamp_127(__m256 v) {
     return _mm256_cvtps_epi32(_mm256_or_ps(t, sign));
 }
 
-AVX2 void avx2_quantize_q8_0(const float *src, void *dst, size_t n) {
-    assert(n % QK8_0 == 0);
-    block_q8_0 *y = dst;
+/* Q8_0 (sums == NULL) or Q8_1 (sums: Q8_1's s fields): the codes and
+ * scale of one 32-element block each; same bytes as the reference. */
+AVX2 static inline __attribute__((always_inline)) void
+quantize_32(const float *src, uint8_t *dst, size_t stride, size_t nb, bool with_sum) {
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    for (size_t ib = 0; ib < n / QK8_0; ib++, src += QK8_0) {
+    for (size_t ib = 0; ib < nb; ib++, src += QK8_0, dst += stride) {
         __m256 v[4];
         __m256 amax = _mm256_setzero_ps();
         for (int k = 0; k < 4; k++) {
@@ -118,19 +119,36 @@ AVX2 void avx2_quantize_q8_0(const float *src, void *dst, size_t n) {
         m = _mm_max_ss(m, _mm_movehdup_ps(m));
         const float d = _mm_cvtss_f32(m) / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[ib].d = fp32_to_fp16(d);
         const __m256 vid = _mm256_set1_ps(id);
         __m256i i0 = round_clamp_127(_mm256_mul_ps(v[0], vid));
         __m256i i1 = round_clamp_127(_mm256_mul_ps(v[1], vid));
         __m256i i2 = round_clamp_127(_mm256_mul_ps(v[2], vid));
         __m256i i3 = round_clamp_127(_mm256_mul_ps(v[3], vid));
+        const uint16_t dh = fp32_to_fp16(d);
+        memcpy(dst, &dh, 2);
+        if (with_sum) {
+            const int sum =
+                hsum_i32x8(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
+            const uint16_t sh = fp32_to_fp16(d * (float)sum);
+            memcpy(dst + 2, &sh, 2);
+        }
         /* Packing works per 128-bit lane; the permute restores order. */
         i0 = _mm256_packs_epi32(i0, i1);
         i2 = _mm256_packs_epi32(i2, i3);
         i0 = _mm256_packs_epi16(i0, i2);
         i0 = _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256((__m256i *)y[ib].qs, i0);
+        _mm256_storeu_si256((__m256i *)(dst + (with_sum ? 4 : 2)), i0);
     }
+}
+
+AVX2 void avx2_quantize_q8_0(const float *src, void *dst, size_t n) {
+    assert(n % QK8_0 == 0);
+    quantize_32(src, dst, sizeof(block_q8_0), n / QK8_0, false);
+}
+
+AVX2 void avx2_quantize_q8_1(const float *src, void *dst, size_t n) {
+    assert(n % QK8_0 == 0);
+    quantize_32(src, dst, sizeof(block_q8_1), n / QK8_0, true);
 }
 
 /* Eight floats, already scaled, to eight int32 codes of the reference. */
@@ -206,38 +224,6 @@ AVX2 float avx2_vec_dot_f16(size_t n, const void *vx, const void *vy) {
     return sum;
 }
 
-AVX2 float avx2_vec_dot_q4_0_q8_0(size_t n, const void *vx, const void *vy) {
-    assert(n % QK8_0 == 0);
-    const block_q4_0 *x = vx;
-    const block_q8_0 *y = vy;
-    __m256 acc = _mm256_setzero_ps();
-    for (size_t ib = 0; ib < n / QK8_0; ib++) {
-        const __m256 d = _mm256_set1_ps(h2f(x[ib].d) * h2f(y[ib].d));
-        const __m256i qx = _mm256_sub_epi8(unpack_nibbles_32(x[ib].qs), _mm256_set1_epi8(8));
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[ib].qs);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8x32(qx, qy)), acc);
-    }
-    return hsum_f32x8(acc);
-}
-
-AVX2 float avx2_vec_dot_q4_1_q8_0(size_t n, const void *vx, const void *vy) {
-    assert(n % QK8_0 == 0);
-    const block_q4_1 *x = vx;
-    const block_q8_0 *y = vy;
-    const __m256i ones = _mm256_set1_epi8(1);
-    __m256 acc = _mm256_setzero_ps();
-    for (size_t ib = 0; ib < n / QK8_0; ib++) {
-        const float dy = h2f(y[ib].d);
-        const __m256i qx = unpack_nibbles_32(x[ib].qs);
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[ib].qs);
-        const __m256 dot = _mm256_cvtepi32_ps(dot_u8i8x32(qx, qy));
-        const __m256 ysum = _mm256_cvtepi32_ps(dot_u8i8x32(ones, qy));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[ib].d) * dy), dot, acc);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[ib].m) * dy), ysum, acc);
-    }
-    return hsum_f32x8(acc);
-}
-
 /* 32 bits → 32 bytes, 0xFF where the bit is set: byte j tests bit j. */
 AVX2 static inline __m256i bits_to_bytes_32(const uint8_t qh[4]) {
     uint32_t bits;
@@ -249,37 +235,132 @@ AVX2 static inline __m256i bits_to_bytes_32(const uint8_t qh[4]) {
     return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
 }
 
-/* Q5_0: codes 0..31 with the fifth bit from qh, minus 16, so -16..15 are
- * signed bytes for dot_i8x32. */
-AVX2 float avx2_vec_dot_q5_0_q8_0(size_t n, const void *vx, const void *vy) {
-    assert(n % QK8_0 == 0);
-    const block_q5_0 *x = vx;
-    const block_q8_0 *y = vy;
-    const __m256i bit4 = _mm256_set1_epi8(0x10), off = _mm256_set1_epi8(16);
-    __m256 acc = _mm256_setzero_ps();
-    for (size_t ib = 0; ib < n / QK8_0; ib++) {
-        const __m256 d = _mm256_set1_ps(h2f(x[ib].d) * h2f(y[ib].d));
-        const __m256i hi = _mm256_and_si256(bits_to_bytes_32(x[ib].qh), bit4);
-        const __m256i qx = _mm256_sub_epi8(_mm256_or_si256(unpack_nibbles_32(x[ib].qs), hi), off);
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[ib].qs);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8x32(qx, qy)), acc);
+/* The 32-element weight formats a tile body unpacks. */
+enum { W_Q4_0, W_Q4_1, W_Q5_0, W_Q8_0 };
+
+/* Codes of one 32-element weight block as 32 bytes: signed for Q4_0, Q5_0
+ * and Q8_0 (minus their offset), unsigned 0..15 for Q4_1; *d its scale,
+ * *m Q4_1's minimum. */
+AVX2 static inline __attribute__((always_inline)) __m256i load_w32(int kind, const uint8_t *blk,
+                                                                   float *d, float *m) {
+    switch (kind) {
+    case W_Q4_0: {
+        const block_q4_0 *b = (const block_q4_0 *)blk;
+        *d = h2f(b->d);
+        return _mm256_sub_epi8(unpack_nibbles_32(b->qs), _mm256_set1_epi8(8));
     }
-    return hsum_f32x8(acc);
+    case W_Q4_1: {
+        const block_q4_1 *b = (const block_q4_1 *)blk;
+        *d = h2f(b->d);
+        *m = h2f(b->m);
+        return unpack_nibbles_32(b->qs);
+    }
+    case W_Q5_0: {
+        /* Codes 0..31 with the fifth bit from qh, minus 16. */
+        const block_q5_0 *b = (const block_q5_0 *)blk;
+        *d = h2f(b->d);
+        const __m256i hi = _mm256_and_si256(bits_to_bytes_32(b->qh), _mm256_set1_epi8(0x10));
+        return _mm256_sub_epi8(_mm256_or_si256(unpack_nibbles_32(b->qs), hi), _mm256_set1_epi8(16));
+    }
+    default: {
+        const block_q8_0 *b = (const block_q8_0 *)blk;
+        *d = h2f(b->d);
+        return _mm256_loadu_si256((const __m256i *)b->qs);
+    }
+    }
 }
 
-AVX2 float avx2_vec_dot_q8_0_q8_0(size_t n, const void *vx, const void *vy) {
+/* nx weight rows (stride xs bytes) times ny activation rows (stride ys),
+ * nx * ny <= 4, into out[i * ny + j]. Every pair keeps one accumulator of
+ * eight float lanes, adds one block at a time with the same operations
+ * whatever nx and ny are, and ends with the same horizontal sum: so a
+ * pair's result does not depend on the tile it was computed in. kind, nx
+ * and ny are constants at every call, so each wrapper gets its own
+ * unrolled copy with the accumulators in registers. */
+AVX2 static inline __attribute__((always_inline)) void dot_tile_32(int kind, size_t n,
+                                                                   const uint8_t *x, size_t xs,
+                                                                   int nx, const uint8_t *y,
+                                                                   size_t ys, int ny, float *out) {
     assert(n % QK8_0 == 0);
-    const block_q8_0 *x = vx;
-    const block_q8_0 *y = vy;
-    __m256 acc = _mm256_setzero_ps();
-    for (size_t ib = 0; ib < n / QK8_0; ib++) {
-        const __m256 d = _mm256_set1_ps(h2f(x[ib].d) * h2f(y[ib].d));
-        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[ib].qs);
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[ib].qs);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8x32(qx, qy)), acc);
+    const size_t xbytes = kind == W_Q4_0   ? sizeof(block_q4_0)
+                          : kind == W_Q4_1 ? sizeof(block_q4_1)
+                          : kind == W_Q5_0 ? sizeof(block_q5_0)
+                                           : sizeof(block_q8_0);
+    const size_t ybytes = kind == W_Q4_1 ? sizeof(block_q8_1) : sizeof(block_q8_0);
+    __m256 acc[4][4];
+    float mins[4][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < nx; i++) {
+#pragma GCC unroll 4
+        for (int j = 0; j < ny; j++) {
+            acc[i][j] = _mm256_setzero_ps();
+            mins[i][j] = 0.0f;
+        }
     }
-    return hsum_f32x8(acc);
+    for (size_t ib = 0; ib < n / QK8_0; ib++) {
+        __m256i qx[4];
+        float dx[4], mx[4] = {0};
+#pragma GCC unroll 4
+        for (int i = 0; i < nx; i++)
+            qx[i] = load_w32(kind, x + i * xs + ib * xbytes, &dx[i], &mx[i]);
+#pragma GCC unroll 4
+        for (int j = 0; j < ny; j++) {
+            const uint8_t *yb = y + j * ys + ib * ybytes;
+            __m256i qy;
+            float dy, sy = 0.0f;
+            if (kind == W_Q4_1) {
+                const block_q8_1 *b = (const block_q8_1 *)yb;
+                dy = h2f(b->d);
+                sy = h2f(b->s);
+                qy = _mm256_loadu_si256((const __m256i *)b->qs);
+            } else {
+                const block_q8_0 *b = (const block_q8_0 *)yb;
+                dy = h2f(b->d);
+                qy = _mm256_loadu_si256((const __m256i *)b->qs);
+            }
+#pragma GCC unroll 4
+            for (int i = 0; i < nx; i++) {
+                __m256i p;
+                if (kind == W_Q4_1) {
+                    p = dot_u8i8x32(qx[i], qy);
+                    mins[i][j] = __builtin_fmaf(mx[i], sy, mins[i][j]);
+                } else {
+                    p = dot_i8x32(qx[i], qy);
+                }
+                acc[i][j] =
+                    _mm256_fmadd_ps(_mm256_set1_ps(dx[i] * dy), _mm256_cvtepi32_ps(p), acc[i][j]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < nx; i++) {
+#pragma GCC unroll 4
+        for (int j = 0; j < ny; j++) out[i * ny + j] = hsum_f32x8(acc[i][j]) + mins[i][j];
+    }
 }
+
+/* The single dot product and its two tiles, for each 32-element type. */
+#define DOT32_VARIANTS(name, kind)                                                                 \
+    AVX2 float avx2_vec_dot_##name(size_t n, const void *x, const void *y) {                       \
+        float out[1];                                                                              \
+        dot_tile_32(kind, n, x, 0, 1, y, 0, 1, out);                                               \
+        return out[0];                                                                             \
+    }                                                                                              \
+    AVX2 void avx2_dot4_x_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,     \
+                                 float out[4]) {                                                   \
+        (void)ys;                                                                                  \
+        dot_tile_32(kind, n, x, xs, 4, y, 0, 1, out);                                              \
+    }                                                                                              \
+    AVX2 void avx2_dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,     \
+                                 float out[4]) {                                                   \
+        (void)xs;                                                                                  \
+        dot_tile_32(kind, n, x, 0, 1, y, ys, 4, out);                                              \
+    }
+
+DOT32_VARIANTS(q4_0_q8_0, W_Q4_0)
+DOT32_VARIANTS(q4_1_q8_1, W_Q4_1)
+DOT32_VARIANTS(q5_0_q8_0, W_Q5_0)
+DOT32_VARIANTS(q8_0_q8_0, W_Q8_0)
 
 /* sum over groups of 32 of scale[g] * dot(q, y) for Q4_K (hbits NULL) and
  * Q5_K, one super-block, exact. */
