@@ -52,7 +52,10 @@ static void dot_tile(const mm_task *t, long j0, long j1) {
         const uint8_t *xq = t->xq + (size_t)r * t->x_row;
         float *yr = t->y + (size_t)r * n;
         long j = j0;
-        if (wt->dot4_x) {
+        /* Four weight rows at once would halve the streaming rate of a
+         * matvec (four interleaved streams prefetch worse than one on the
+         * CPUs measured, see docs/kernels.md): only when rows are cached. */
+        if (wt->dot4_x && t->m > 1) {
             for (; j + 4 <= j1; j += 4) {
                 wt->dot4_x(k, t->w + (size_t)j * t->w_row, t->w_row, xq, 0, out);
                 for (int i = 0; i < 4; i++) yr[j + i] = out[i];

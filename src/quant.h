@@ -53,7 +53,11 @@ typedef enum quant_type {
     QT_TQ1_0 = 34,
     QT_TQ2_0 = 35,
     QT_MXFP4 = 39,
-    QT_COUNT = 40 /* one past the largest id in the table */
+    /* cellm's own activation formats (kernels/blocks.h), never in files:
+     * ids past GGML's, refused by the GGUF reader. */
+    QT_A8 = 40,
+    QT_A8S = 41,
+    QT_COUNT = 42 /* one past the largest id in the table */
 } quant_type;
 
 /* Kernel signatures. `n` counts elements and must be a whole number of the
@@ -87,6 +91,7 @@ typedef struct quant_type_info {
      * none: dot4_x takes four weight rows (ys = 0), dot4_y four activation
      * rows (xs = 0). */
     quant_vec_dot4_fn dot4_x, dot4_y;
+    bool internal; /* an activation format of cellm's own: no file holds it */
 } quant_type_info;
 
 /* The row for a type id, or NULL when the id is not a known type. The row

@@ -75,17 +75,26 @@ static void make_q8_0(block_q8_0 *y, int nb, int round) {
     }
 }
 
-/* Q8_1: Q8_0's codes and scale plus the F16 block sum s = d * sum(q). */
-static void make_q8_1(block_q8_1 *y, int nb, int round) {
+/* An A8 or A8S activation row (kernels/blocks.h) of nb blocks: codes and
+ * F16-representable scales as make_q8_0 makes them, and for A8S the block
+ * sums s = d * sum(q) rounded through F16. *one gets the same row cut to
+ * its first block. */
+static void make_a8(uint8_t *row, uint8_t *one, int nb, bool sums, int round) {
+    float *d = (float *)(void *)row, *s = d + nb;
+    int8_t *q = (int8_t *)row + (sums ? 8 : 4) * nb;
     for (int ib = 0; ib < nb; ib++) {
         block_q8_0 b;
         make_q8_0(&b, 1, round);
         int sum = 0;
         for (int j = 0; j < QK8_0; j++) sum += b.qs[j];
-        y[ib].d = b.d;
-        y[ib].s = fp32_to_fp16(fp16_to_fp32(b.d) * (float)sum);
-        memcpy(y[ib].qs, b.qs, QK8_0);
+        d[ib] = fp16_to_fp32(b.d);
+        if (sums) s[ib] = fp16_to_fp32(fp32_to_fp16(d[ib] * (float)sum));
+        memcpy(q + QK8_0 * ib, b.qs, QK8_0);
     }
+    float *d1 = (float *)(void *)one;
+    d1[0] = d[0];
+    if (sums) d1[1] = s[0];
+    memcpy(one + (sums ? 8 : 4), q, QK8_0);
 }
 
 static void make_q8_k(block_q8_K *y, int nb, int round) {
@@ -170,44 +179,40 @@ typedef struct dot_case {
 
 static const quant_case quant_cases[] = {
 #if defined(__x86_64__)
-    {"avx2 Q8_0", QT_Q8_0, ref_quantize_q8_0, avx2_quantize_q8_0, avx2_cpu_supported},
-    {"avx2 Q8_1", QT_Q8_1, ref_quantize_q8_1, avx2_quantize_q8_1, avx2_cpu_supported},
+    {"avx2 A8", QT_A8, ref_quantize_a8, avx2_quantize_a8, avx2_cpu_supported},
+    {"avx2 A8S", QT_A8S, ref_quantize_a8s, avx2_quantize_a8s, avx2_cpu_supported},
     {"avx2 Q8_K", QT_Q8_K, ref_quantize_q8_k, avx2_quantize_q8_k, avx2_cpu_supported},
 #endif
 #if defined(__aarch64__)
-    {"neon Q8_0", QT_Q8_0, ref_quantize_q8_0, neon_quantize_q8_0, have_neon},
+    {"neon A8", QT_A8, ref_quantize_a8, neon_quantize_a8, have_neon},
 #endif
     {NULL, 0, NULL, NULL, NULL},
 };
 
 static const dot_case dot_cases[] = {
 #if defined(__x86_64__)
-    {"avx2 Q4_0", QT_Q4_0, ref_vec_dot_q4_0_q8_0, avx2_vec_dot_q4_0_q8_0, false,
-     avx2_cpu_supported},
-    {"avx2 Q4_1", QT_Q4_1, ref_vec_dot_q4_1_q8_1, avx2_vec_dot_q4_1_q8_1, false,
-     avx2_cpu_supported},
-    {"avx2 Q5_0", QT_Q5_0, ref_vec_dot_q5_0_q8_0, avx2_vec_dot_q5_0_q8_0, false,
-     avx2_cpu_supported},
-    {"avx2 Q8_0", QT_Q8_0, ref_vec_dot_q8_0_q8_0, avx2_vec_dot_q8_0_q8_0, false,
-     avx2_cpu_supported},
+    {"avx2 Q4_0", QT_Q4_0, ref_vec_dot_q4_0_a8, avx2_vec_dot_q4_0_a8, false, avx2_cpu_supported},
+    {"avx2 Q4_1", QT_Q4_1, ref_vec_dot_q4_1_a8s, avx2_vec_dot_q4_1_a8s, false, avx2_cpu_supported},
+    {"avx2 Q5_0", QT_Q5_0, ref_vec_dot_q5_0_a8, avx2_vec_dot_q5_0_a8, false, avx2_cpu_supported},
+    {"avx2 Q8_0", QT_Q8_0, ref_vec_dot_q8_0_a8, avx2_vec_dot_q8_0_a8, false, avx2_cpu_supported},
     {"avx2 Q4_K", QT_Q4_K, ref_vec_dot_q4_k_q8_k, avx2_vec_dot_q4_k_q8_k, true, avx2_cpu_supported},
     {"avx2 Q5_K", QT_Q5_K, ref_vec_dot_q5_k_q8_k, avx2_vec_dot_q5_k_q8_k, true, avx2_cpu_supported},
     {"avx2 Q6_K", QT_Q6_K, ref_vec_dot_q6_k_q8_k, avx2_vec_dot_q6_k_q8_k, true, avx2_cpu_supported},
 #endif
 #if defined(__aarch64__)
-    {"neon Q4_0", QT_Q4_0, ref_vec_dot_q4_0_q8_0, neon_vec_dot_q4_0_q8_0, false, have_neon},
-    {"neon Q4_1", QT_Q4_1, ref_vec_dot_q4_1_q8_1, neon_vec_dot_q4_1_q8_1, false, have_neon},
-    {"neon Q5_0", QT_Q5_0, ref_vec_dot_q5_0_q8_0, neon_vec_dot_q5_0_q8_0, false, have_neon},
-    {"neon Q8_0", QT_Q8_0, ref_vec_dot_q8_0_q8_0, neon_vec_dot_q8_0_q8_0, false, have_neon},
+    {"neon Q4_0", QT_Q4_0, ref_vec_dot_q4_0_a8, neon_vec_dot_q4_0_a8, false, have_neon},
+    {"neon Q4_1", QT_Q4_1, ref_vec_dot_q4_1_a8s, neon_vec_dot_q4_1_a8s, false, have_neon},
+    {"neon Q5_0", QT_Q5_0, ref_vec_dot_q5_0_a8, neon_vec_dot_q5_0_a8, false, have_neon},
+    {"neon Q8_0", QT_Q8_0, ref_vec_dot_q8_0_a8, neon_vec_dot_q8_0_a8, false, have_neon},
     {"neon Q4_K", QT_Q4_K, ref_vec_dot_q4_k_q8_k, neon_vec_dot_q4_k_q8_k, true, have_neon},
     {"neon Q6_K", QT_Q6_K, ref_vec_dot_q6_k_q8_k, neon_vec_dot_q6_k_q8_k, true, have_neon},
-    {"neon-dotprod Q4_0", QT_Q4_0, ref_vec_dot_q4_0_q8_0, neon_dotprod_vec_dot_q4_0_q8_0, false,
+    {"neon-dotprod Q4_0", QT_Q4_0, ref_vec_dot_q4_0_a8, neon_dotprod_vec_dot_q4_0_a8, false,
      neon_dotprod_supported},
-    {"neon-dotprod Q4_1", QT_Q4_1, ref_vec_dot_q4_1_q8_1, neon_dotprod_vec_dot_q4_1_q8_1, false,
+    {"neon-dotprod Q4_1", QT_Q4_1, ref_vec_dot_q4_1_a8s, neon_dotprod_vec_dot_q4_1_a8s, false,
      neon_dotprod_supported},
-    {"neon-dotprod Q5_0", QT_Q5_0, ref_vec_dot_q5_0_q8_0, neon_dotprod_vec_dot_q5_0_q8_0, false,
+    {"neon-dotprod Q5_0", QT_Q5_0, ref_vec_dot_q5_0_a8, neon_dotprod_vec_dot_q5_0_a8, false,
      neon_dotprod_supported},
-    {"neon-dotprod Q8_0", QT_Q8_0, ref_vec_dot_q8_0_q8_0, neon_dotprod_vec_dot_q8_0_q8_0, false,
+    {"neon-dotprod Q8_0", QT_Q8_0, ref_vec_dot_q8_0_a8, neon_dotprod_vec_dot_q8_0_a8, false,
      neon_dotprod_supported},
     {"neon-dotprod Q4_K", QT_Q4_K, ref_vec_dot_q4_k_q8_k, neon_dotprod_vec_dot_q4_k_q8_k, true,
      neon_dotprod_supported},
@@ -232,9 +237,10 @@ static void test_quantizers(void **state) {
     (void)state;
     enum { NB = 256 }; /* in 32-element blocks: 32 Q8_K blocks */
     static float x[NB * QK8_0];
-    /* Room for the larger output: Q8_K takes more bytes per element. */
-    static uint8_t a[NB * QK8_0 / QK_K * sizeof(block_q8_K)];
-    static uint8_t b[sizeof a];
+    /* Room for the largest output: A8S (40 bytes per 32) and Q8_K take more
+     * bytes per element than the others. */
+    static _Alignas(32) uint8_t a[NB * 40 + NB * QK8_0 / QK_K * sizeof(block_q8_K)];
+    static _Alignas(32) uint8_t b[sizeof a];
     int ran = 0;
     for (const quant_case *c = quant_cases; c->name; c++) {
         if (!c->supported()) continue;
@@ -278,8 +284,7 @@ static void test_quantizers(void **state) {
 static void test_vec_dots(void **state) {
     (void)state;
     static uint8_t x[NB32 * 40 + NBK * 210];
-    static block_q8_0 y0[NB32];
-    static block_q8_1 y1[NB32];
+    static float a8_row[NB32 * 40 / 4], a8_one[40 / 4]; /* float: 4-byte aligned */
     static block_q8_K yk[NBK];
     int ran = 0;
     for (const dot_case *c = dot_cases; c->name; c++) {
@@ -294,24 +299,23 @@ static void test_vec_dots(void **state) {
         const int n_offs = f16_fields(c->type, offs);
         for (int round = 0; round < ROUNDS; round++) {
             make_blocks(x, nb, info->type_size, offs, n_offs, round);
-            const void *y;
+            const void *y = yk, *y_one = yk;
             if (k) {
                 make_q8_k(yk, nb, round % 3);
-                y = yk;
-            } else if (info->vec_dot_type == QT_Q8_1) {
-                make_q8_1(y1, nb, round % 3);
-                y = y1;
             } else {
-                make_q8_0(y0, nb, round % 3);
-                y = y0;
+                make_a8((uint8_t *)a8_row, (uint8_t *)a8_one, nb, info->vec_dot_type == QT_A8S,
+                        round % 3);
+                y = a8_row;
+                y_one = a8_one;
             }
             for (int whole = 0; whole < 2; whole++) {
                 const size_t len = whole ? n : info->block_size; /* one block, then all */
-                const float got = c->simd(len, x, y), want = c->ref(len, x, y);
+                const void *yl = whole ? y : y_one; /* A8 rows are laid out for their length */
+                const float got = c->simd(len, x, yl), want = c->ref(len, x, yl);
                 if (c->exact) {
                     assert_same_float(c->name, got, want);
                 } else {
-                    assert_close(c->name, got, want, x, y, info->to_float, yinfo->to_float, len,
+                    assert_close(c->name, got, want, x, yl, info->to_float, yinfo->to_float, len,
                                  len / info->block_size);
                 }
             }
@@ -327,7 +331,7 @@ static void test_dot4_tiles(void **state) {
     (void)state;
     enum { ROWS = 4, NB = 24 };
     static float f[ROWS * NB * QK_K];
-    static uint8_t w[ROWS * NB * 210], a[ROWS * NB * sizeof(block_q8_K)];
+    static _Alignas(32) uint8_t w[ROWS * NB * 210], a[ROWS * NB * sizeof(block_q8_K)];
     int ran = 0;
     for (uint32_t type = 0; type < QT_COUNT; type++) {
         const quant_type_info *info = quant_type_get(type);
@@ -396,7 +400,7 @@ static void test_matvec_path(void **state) {
     (void)state;
     enum { N = 2048, ROWS = 8 };
     static float w[ROWS][N], act[N];
-    static uint8_t qw[ROWS][N * 2], qa[N * 2];
+    static _Alignas(32) uint8_t qw[ROWS][N * 2], qa[N * 2];
     for (int i = 0; i < N; i++) act[i] = rng_normal();
     for (int r = 0; r < ROWS; r++) {
         for (int i = 0; i < N; i++) w[r][i] = rng_normal() * 0.02f;

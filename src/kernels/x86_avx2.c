@@ -101,12 +101,14 @@ AVX2 static inline __m256i round_clamp_127(__m256 v) {
     return _mm256_cvtps_epi32(_mm256_or_ps(t, sign));
 }
 
-/* Q8_0 (sums == NULL) or Q8_1 (sums: Q8_1's s fields): the codes and
- * scale of one 32-element block each; same bytes as the reference. */
-AVX2 static inline __attribute__((always_inline)) void
-quantize_32(const float *src, uint8_t *dst, size_t stride, size_t nb, bool with_sum) {
+/* A8 or A8S rows (with_sum): each block's codes and F16-rounded scale
+ * (and sum); same bytes as the reference. */
+AVX2 static inline __attribute__((always_inline)) void quantize_a8_row(const float *src, void *dst,
+                                                                       size_t nb, bool with_sum) {
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    for (size_t ib = 0; ib < nb; ib++, src += QK8_0, dst += stride) {
+    float *ds = dst, *ss = (float *)dst + nb;
+    int8_t *qs = (int8_t *)dst + (with_sum ? 8 : 4) * nb;
+    for (size_t ib = 0; ib < nb; ib++, src += QK8_0, qs += QK8_0) {
         __m256 v[4];
         __m256 amax = _mm256_setzero_ps();
         for (int k = 0; k < 4; k++) {
@@ -124,31 +126,29 @@ quantize_32(const float *src, uint8_t *dst, size_t stride, size_t nb, bool with_
         __m256i i1 = round_clamp_127(_mm256_mul_ps(v[1], vid));
         __m256i i2 = round_clamp_127(_mm256_mul_ps(v[2], vid));
         __m256i i3 = round_clamp_127(_mm256_mul_ps(v[3], vid));
-        const uint16_t dh = fp32_to_fp16(d);
-        memcpy(dst, &dh, 2);
+        ds[ib] = fp16_to_fp32(fp32_to_fp16(d)); /* NaN bits as the reference */
         if (with_sum) {
             const int sum =
                 hsum_i32x8(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
-            const uint16_t sh = fp32_to_fp16(d * (float)sum);
-            memcpy(dst + 2, &sh, 2);
+            ss[ib] = fp16_to_fp32(fp32_to_fp16(d * (float)sum));
         }
         /* Packing works per 128-bit lane; the permute restores order. */
         i0 = _mm256_packs_epi32(i0, i1);
         i2 = _mm256_packs_epi32(i2, i3);
         i0 = _mm256_packs_epi16(i0, i2);
         i0 = _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256((__m256i *)(dst + (with_sum ? 4 : 2)), i0);
+        _mm256_storeu_si256((__m256i *)qs, i0);
     }
 }
 
-AVX2 void avx2_quantize_q8_0(const float *src, void *dst, size_t n) {
+AVX2 void avx2_quantize_a8(const float *src, void *dst, size_t n) {
     assert(n % QK8_0 == 0);
-    quantize_32(src, dst, sizeof(block_q8_0), n / QK8_0, false);
+    quantize_a8_row(src, dst, n / QK8_0, false);
 }
 
-AVX2 void avx2_quantize_q8_1(const float *src, void *dst, size_t n) {
+AVX2 void avx2_quantize_a8s(const float *src, void *dst, size_t n) {
     assert(n % QK8_0 == 0);
-    quantize_32(src, dst, sizeof(block_q8_1), n / QK8_0, true);
+    quantize_a8_row(src, dst, n / QK8_0, true);
 }
 
 /* Eight floats, already scaled, to eight int32 codes of the reference. */
@@ -271,8 +271,9 @@ AVX2 static inline __attribute__((always_inline)) __m256i load_w32(int kind, con
 }
 
 /* nx weight rows (stride xs bytes) times ny activation rows (stride ys),
- * nx * ny <= 4, into out[i * ny + j]. Every pair keeps one accumulator of
- * eight float lanes, adds one block at a time with the same operations
+ * nx * ny <= 4, into out[i * ny + j]. Every pair keeps two accumulators of
+ * eight float lanes (even and odd blocks, so consecutive blocks do not wait
+ * on each other's FMA), adds one block at a time with the same operations
  * whatever nx and ny are, and ends with the same horizontal sum: so a
  * pair's result does not depend on the tile it was computed in. kind, nx
  * and ny are constants at every call, so each wrapper gets its own
@@ -286,56 +287,60 @@ AVX2 static inline __attribute__((always_inline)) void dot_tile_32(int kind, siz
                           : kind == W_Q4_1 ? sizeof(block_q4_1)
                           : kind == W_Q5_0 ? sizeof(block_q5_0)
                                            : sizeof(block_q8_0);
-    const size_t ybytes = kind == W_Q4_1 ? sizeof(block_q8_1) : sizeof(block_q8_0);
-    __m256 acc[4][4];
+    const size_t nb = n / QK8_0;
+    const float *yd[4], *ysum[4];
+    const int8_t *yq[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < ny; j++) {
+        const uint8_t *row = y + j * ys;
+        yd[j] = a8_scales(row);
+        ysum[j] = a8s_sums(row, nb);
+        yq[j] = kind == W_Q4_1 ? a8s_codes(row, nb) : a8_codes(row, nb);
+    }
+    __m256 acc[2][4][4];
     float mins[4][4];
 #pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
 #pragma GCC unroll 4
         for (int j = 0; j < ny; j++) {
-            acc[i][j] = _mm256_setzero_ps();
+            acc[0][i][j] = acc[1][i][j] = _mm256_setzero_ps();
             mins[i][j] = 0.0f;
         }
     }
-    for (size_t ib = 0; ib < n / QK8_0; ib++) {
-        __m256i qx[4];
-        float dx[4], mx[4] = {0};
+    for (size_t ib0 = 0; ib0 < nb; ib0 += 2) {
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const size_t ib = ib0 + (size_t)h;
+            if (h == 1 && ib == nb) break;
+            __m256i qx[4];
+            float dx[4], mx[4] = {0};
 #pragma GCC unroll 4
-        for (int i = 0; i < nx; i++)
-            qx[i] = load_w32(kind, x + i * xs + ib * xbytes, &dx[i], &mx[i]);
+            for (int i = 0; i < nx; i++)
+                qx[i] = load_w32(kind, x + i * xs + ib * xbytes, &dx[i], &mx[i]);
 #pragma GCC unroll 4
-        for (int j = 0; j < ny; j++) {
-            const uint8_t *yb = y + j * ys + ib * ybytes;
-            __m256i qy;
-            float dy, sy = 0.0f;
-            if (kind == W_Q4_1) {
-                const block_q8_1 *b = (const block_q8_1 *)yb;
-                dy = h2f(b->d);
-                sy = h2f(b->s);
-                qy = _mm256_loadu_si256((const __m256i *)b->qs);
-            } else {
-                const block_q8_0 *b = (const block_q8_0 *)yb;
-                dy = h2f(b->d);
-                qy = _mm256_loadu_si256((const __m256i *)b->qs);
-            }
+            for (int j = 0; j < ny; j++) {
+                const __m256i qy = _mm256_loadu_si256((const __m256i *)(yq[j] + ib * QK8_0));
+                const float dy = yd[j][ib], sy = kind == W_Q4_1 ? ysum[j][ib] : 0.0f;
 #pragma GCC unroll 4
-            for (int i = 0; i < nx; i++) {
-                __m256i p;
-                if (kind == W_Q4_1) {
-                    p = dot_u8i8x32(qx[i], qy);
-                    mins[i][j] = __builtin_fmaf(mx[i], sy, mins[i][j]);
-                } else {
-                    p = dot_i8x32(qx[i], qy);
+                for (int i = 0; i < nx; i++) {
+                    __m256i p;
+                    if (kind == W_Q4_1) {
+                        p = dot_u8i8x32(qx[i], qy);
+                        mins[i][j] = __builtin_fmaf(mx[i], sy, mins[i][j]);
+                    } else {
+                        p = dot_i8x32(qx[i], qy);
+                    }
+                    acc[h][i][j] = _mm256_fmadd_ps(_mm256_set1_ps(dx[i] * dy),
+                                                   _mm256_cvtepi32_ps(p), acc[h][i][j]);
                 }
-                acc[i][j] =
-                    _mm256_fmadd_ps(_mm256_set1_ps(dx[i] * dy), _mm256_cvtepi32_ps(p), acc[i][j]);
             }
         }
     }
 #pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
 #pragma GCC unroll 4
-        for (int j = 0; j < ny; j++) out[i * ny + j] = hsum_f32x8(acc[i][j]) + mins[i][j];
+        for (int j = 0; j < ny; j++)
+            out[i * ny + j] = hsum_f32x8(_mm256_add_ps(acc[0][i][j], acc[1][i][j])) + mins[i][j];
     }
 }
 
@@ -357,18 +362,19 @@ AVX2 static inline __attribute__((always_inline)) void dot_tile_32(int kind, siz
         dot_tile_32(kind, n, x, 0, 1, y, ys, 4, out);                                              \
     }
 
-DOT32_VARIANTS(q4_0_q8_0, W_Q4_0)
-DOT32_VARIANTS(q4_1_q8_1, W_Q4_1)
-DOT32_VARIANTS(q5_0_q8_0, W_Q5_0)
-DOT32_VARIANTS(q8_0_q8_0, W_Q8_0)
+DOT32_VARIANTS(q4_0_a8, W_Q4_0)
+DOT32_VARIANTS(q4_1_a8s, W_Q4_1)
+DOT32_VARIANTS(q5_0_a8, W_Q5_0)
+DOT32_VARIANTS(q8_0_a8, W_Q8_0)
 
 /* sum over groups of 32 of scale[g] * dot(q, y) for Q4_K (hbits NULL) and
  * Q5_K, one super-block, exact. */
 AVX2 static inline int q45k_block_isum(const uint8_t *qs, const uint8_t *qh, const int8_t *q8,
-                                       const int sc[8]) {
+                                       const uint8_t sc[8]) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), bit = _mm256_set1_epi8(1);
     __m256i hb = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
     __m256i isum = _mm256_setzero_si256();
+#pragma GCC unroll 4
     for (int c = 0; c < 4; c++) {
         const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
         __m256i lo = _mm256_and_si256(q, low4);
@@ -392,11 +398,36 @@ AVX2 static inline int q45k_block_isum(const uint8_t *qs, const uint8_t *qh, con
     return hsum_i32x8(isum);
 }
 
-/* The min term of Q4_K and Q5_K: sum of m[g] times the sum of y over g. */
-static inline int q45k_block_msum(const int m[8], const int16_t *bsums) {
-    int msum = 0;
-    for (int g = 0; g < 8; g++) msum += m[g] * (bsums[2 * g] + bsums[2 * g + 1]);
-    return msum;
+/* The 12 bytes of packed 6-bit scales and mins of Q4_K and Q5_K as 8
+ * scales and 8 mins (kq_scale_min for all eight groups at once): groups
+ * 0..3 are the low 6 bits of bytes 0..3 (scales) and 4..7 (mins); groups
+ * 4..7 take their low 4 bits from the nibbles of bytes 8..11 and their top
+ * 2 bits from the top bits of bytes 0..3 (scales) and 4..7 (mins). */
+static inline void k4_scales_mins(const uint8_t *packed, uint8_t sc[8], uint8_t m[8]) {
+    uint32_t a[3];
+    memcpy(a, packed, 12);
+    const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, low2 = 0x03030303u;
+    const uint32_t s_lo = a[0] & low6, m_lo = a[1] & low6;
+    const uint32_t s_hi = (a[2] & low4) | ((a[0] >> 6) & low2) << 4;
+    const uint32_t m_hi = ((a[2] >> 4) & low4) | ((a[1] >> 6) & low2) << 4;
+    memcpy(sc, &s_lo, 4);
+    memcpy(sc + 4, &s_hi, 4);
+    memcpy(m, &m_lo, 4);
+    memcpy(m + 4, &m_hi, 4);
+}
+
+/* The min term of Q4_K and Q5_K, exact: sum of m[g] times the sum of y
+ * over group g (the two 16-element sums of bsums). */
+AVX2 static inline int q45k_block_msum(const uint8_t m[8], const int16_t *bsums) {
+    const __m128i b0 = _mm_loadu_si128((const __m128i *)bsums);
+    const __m128i b1 = _mm_loadu_si128((const __m128i *)(bsums + 8));
+    const __m128i g = _mm_hadd_epi16(b0, b1); /* |sum| <= 32 * 127: no overflow */
+    uint64_t mb;
+    memcpy(&mb, m, 8);
+    __m128i p = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mb)), g);
+    p = _mm_add_epi32(p, _mm_shuffle_epi32(p, _MM_SHUFFLE(1, 0, 3, 2)));
+    p = _mm_add_epi32(p, _mm_shuffle_epi32(p, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(p);
 }
 
 AVX2 float avx2_vec_dot_q4_k_q8_k(size_t n, const void *vx, const void *vy) {
@@ -405,8 +436,8 @@ AVX2 float avx2_vec_dot_q4_k_q8_k(size_t n, const void *vx, const void *vy) {
     const block_q8_K *y = vy;
     float sum = 0.0f;
     for (size_t ib = 0; ib < n / QK_K; ib++) {
-        int sc[8], m[8];
-        for (int g = 0; g < 8; g++) kq_scale_min(g, x[ib].scales, &sc[g], &m[g]);
+        uint8_t sc[8], m[8];
+        k4_scales_mins(x[ib].scales, sc, m);
         const int isum = q45k_block_isum(x[ib].qs, NULL, y[ib].qs, sc);
         const int msum = q45k_block_msum(m, y[ib].bsums);
         sum += y[ib].d * h2f(x[ib].d) * (float)isum - y[ib].d * h2f(x[ib].dmin) * (float)msum;
@@ -420,8 +451,8 @@ AVX2 float avx2_vec_dot_q5_k_q8_k(size_t n, const void *vx, const void *vy) {
     const block_q8_K *y = vy;
     float sum = 0.0f;
     for (size_t ib = 0; ib < n / QK_K; ib++) {
-        int sc[8], m[8];
-        for (int g = 0; g < 8; g++) kq_scale_min(g, x[ib].scales, &sc[g], &m[g]);
+        uint8_t sc[8], m[8];
+        k4_scales_mins(x[ib].scales, sc, m);
         const int isum = q45k_block_isum(x[ib].qs, x[ib].qh, y[ib].qs, sc);
         const int msum = q45k_block_msum(m, y[ib].bsums);
         sum += y[ib].d * h2f(x[ib].d) * (float)isum - y[ib].d * h2f(x[ib].dmin) * (float)msum;
@@ -439,6 +470,7 @@ AVX2 float avx2_vec_dot_q6_k_q8_k(size_t n, const void *vx, const void *vy) {
     float sum = 0.0f;
     for (size_t ib = 0; ib < n / QK_K; ib++) {
         __m256i isum = _mm256_setzero_si256();
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = x[ib].ql + 64 * h, *qh = x[ib].qh + 32 * h;
             const int8_t *sc = x[ib].scales + 8 * h, *q8 = y[ib].qs + 128 * h;
@@ -457,6 +489,7 @@ AVX2 float avx2_vec_dot_q6_k_q8_k(size_t n, const void *vx, const void *vy) {
                 v[2], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 4), low2), 4));
             v[3] = _mm256_or_si256(
                 v[3], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 6), low2), 4));
+#pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 /* Elements 32k..32k+31 span groups 2k (low 128 bits of the
                  * maddubs result) and 2k+1 (high 128 bits). */
