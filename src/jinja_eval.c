@@ -700,11 +700,55 @@ static jvalue message_list(jinja *j, const jinja_ctx *ctx) {
         if (!m->role) jfail(j, CELLM_ERR_INVALID_ARG, JPOS_NONE, "message %zu has no role", i);
         jvalue d = jv_dict(j);
         jdict_set(j, d.u.d, jv_str(jstr_c("role", 4)), jv_str(jstr_c(m->role, strlen(m->role))));
-        jdict_set(j, d.u.d, jv_str(jstr_c("content", 7)),
-                  m->content ? jv_str(jstr_c(m->content, strlen(m->content))) : jv_none());
+        if (m->content)
+            jdict_set(j, d.u.d, jv_str(jstr_c("content", 7)),
+                      jv_str(jstr_c(m->content, strlen(m->content))));
         l.u.l->items[i] = d;
     }
     return l;
+}
+
+static jvalue *global(jframe *g, const char *name) {
+    size_t n = strlen(name);
+    for (size_t i = 0; i < g->n; i++)
+        if (g->names[i].n == n && memcmp(g->names[i].s, name, n) == 0) return &g->vals[i];
+    return NULL;
+}
+
+/* One message as apply_chat_template hands it to the template: keys whose
+ * value is None dropped, and its reasoning (the first of reasoning_content,
+ * thinking, reasoning that is set) shown both as reasoning_content, which
+ * most templates read, and as thinking, which some read; the order of keys
+ * is transformers' {"thinking": r, **message, "reasoning_content": r}. */
+static jvalue chat_message(jinja *j, jvalue m) {
+    if (m.kind != JV_DICT) return m;
+    jvalue d = jv_dict(j);
+    jvalue reasoning = jv_undef();
+    static const char *const fields[] = {"reasoning_content", "thinking", "reasoning"};
+    for (int k = 0; k < 3 && reasoning.kind == JV_UNDEF; k++) {
+        jvalue *v = jdict_get_str(m.u.d, fields[k]);
+        if (v && v->kind != JV_NONE) reasoning = *v;
+    }
+    if (reasoning.kind != JV_UNDEF) jdict_set(j, d.u.d, jv_str(jstr_c("thinking", 8)), reasoning);
+    for (size_t i = 0; i < m.u.d->n; i++)
+        if (m.u.d->vals[i].kind != JV_NONE) jdict_set(j, d.u.d, m.u.d->keys[i], m.u.d->vals[i]);
+    if (reasoning.kind != JV_UNDEF)
+        jdict_set(j, d.u.d, jv_str(jstr_c("reasoning_content", 17)), reasoning);
+    return d;
+}
+
+/* What transformers' apply_chat_template does around the render, so the
+ * template sees what it would see there: `tools` and `documents` are none
+ * unless the caller set them, and messages are prepared by chat_message. */
+static void prepare_chat(jinja *j, jframe *g) {
+    if (!global(g, "tools")) frame_set(j, g, jstr_c("tools", 5), jv_none());
+    if (!global(g, "documents")) frame_set(j, g, jstr_c("documents", 9), jv_none());
+    jvalue *msgs = global(g, "messages");
+    if (!msgs || msgs->kind != JV_LIST) return;
+    jvalue l = jv_list(j, msgs->u.l->n, false);
+    for (size_t i = 0; i < msgs->u.l->n; i++)
+        l.u.l->items[i] = chat_message(j, msgs->u.l->items[i]);
+    *msgs = l;
 }
 
 static void run(jinja *j, const char *tpl, size_t len, const jinja_ctx *ctx) {
@@ -746,6 +790,7 @@ static void run(jinja *j, const char *tpl, size_t len, const jinja_ctx *ctx) {
             jfail(j, CELLM_ERR_FORMAT, JPOS_NONE, "vars_json is not a JSON object");
         for (size_t i = 0; i < v.u.d->n; i++) frame_set(j, g, v.u.d->keys[i].u.s, v.u.d->vals[i]);
     }
+    prepare_chat(j, g);
     j->root = frame_new(j, g);
     j->frame = j->root;
     j->out = &j->main_out;
