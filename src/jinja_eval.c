@@ -104,6 +104,13 @@ jlist *jinja_iter(jinja *j, jvalue v, size_t pos) {
     switch (v.kind) {
     case JV_UNDEF: return jv_list(j, 0, false).u.l;
     case JV_LIST: return v.u.l;
+    case JV_ITER: {
+        /* A generator runs once: what it had is gone after this. */
+        jvalue l = jv_list(j, v.u.l->n, false);
+        if (v.u.l->n) memcpy(l.u.l->items, v.u.l->items, v.u.l->n * sizeof(jvalue));
+        v.u.l->n = 0;
+        return l.u.l;
+    }
     case JV_DICT: {
         jvalue l = jv_list(j, v.u.d->n, false);
         memcpy(l.u.l->items, v.u.d->keys, v.u.d->n * sizeof(jvalue));
@@ -234,6 +241,7 @@ static jvalue slice(jinja *j, jvalue obj, const jnode *n) {
     int64_t step = set[2] ? b[2] : 1;
     if (step == 0) jfail(j, CELLM_ERR_FORMAT, n->pos, "slice step cannot be zero");
     if (obj.kind == JV_UNDEF) jfail(j, CELLM_ERR_FORMAT, n->pos, "cannot slice an undefined value");
+    if (obj.kind == JV_ITER) return jv_undef(); /* Jinja2: a generator has no items to slice */
     if (obj.kind != JV_LIST && obj.kind != JV_STR)
         jfail(j, CELLM_ERR_FORMAT, n->pos, "cannot slice a %s value", jv_typename(obj));
     jlist *items = obj.kind == JV_LIST ? obj.u.l : jinja_iter(j, obj, n->pos);
@@ -293,7 +301,9 @@ static jvalue repeat(jinja *j, jvalue seq, int64_t times, size_t pos) {
             jfail(j, CELLM_ERR_NO_MEMORY, pos, "string repetition too large");
         jbuf b = {0};
         for (size_t i = 0; i < n; i++) jbuf_puts(j, &b, seq.u.s);
-        return jv_str(jbuf_str(&b));
+        jvalue r = jv_str(jbuf_str(&b));
+        r.safe = seq.safe;
+        return r;
     }
     if (!size_mul(seq.u.l->n, n, &total) || total > j->lim.max_memory / sizeof(jvalue))
         jfail(j, CELLM_ERR_NO_MEMORY, pos, "list repetition too large");
@@ -329,8 +339,9 @@ static jvalue binop(jinja *j, int op, jvalue a, jvalue b, size_t pos) {
                 if (a.u.s.n == 0) in = true;
                 for (size_t i = 0; !in && i + a.u.s.n <= b.u.s.n; i++)
                     in = memcmp(b.u.s.s + i, a.u.s.s, a.u.s.n) == 0;
-            } else if (b.kind == JV_LIST) {
-                for (size_t i = 0; !in && i < b.u.l->n; i++) in = jv_eq(j, a, b.u.l->items[i], 0);
+            } else if (b.kind == JV_LIST || b.kind == JV_ITER) {
+                jlist *l = jinja_iter(j, b, pos);
+                for (size_t i = 0; !in && i < l->n; i++) in = jv_eq(j, a, l->items[i], 0);
             } else if (b.kind == JV_DICT || b.kind == JV_NS) {
                 in = jdict_get(b.u.d, a) != NULL;
             } else if (b.kind != JV_UNDEF) {
@@ -342,10 +353,14 @@ static jvalue binop(jinja *j, int op, jvalue a, jvalue b, size_t pos) {
         }
     }
     if (op == OP_ADD && a.kind == JV_STR && b.kind == JV_STR) {
+        /* Markup + str (either way round) escapes the plain side. */
+        bool safe = a.safe || b.safe;
         jbuf out = {0};
-        jbuf_puts(j, &out, a.u.s);
-        jbuf_puts(j, &out, b.u.s);
-        return jv_str(jbuf_str(&out));
+        jbuf_puts(j, &out, safe && !a.safe ? jhtml_escape(j, a.u.s) : a.u.s);
+        jbuf_puts(j, &out, safe && !b.safe ? jhtml_escape(j, b.u.s) : b.u.s);
+        jvalue r = jv_str(jbuf_str(&out));
+        r.safe = safe;
+        return r;
     }
     if (op == OP_ADD && a.kind == JV_LIST && b.kind == JV_LIST) {
         jvalue r = jv_list(j, a.u.l->n + b.u.l->n, a.u.l->tuple);

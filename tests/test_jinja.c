@@ -215,6 +215,20 @@ static void test_errors(void **st) {
     expect_err("{{ 1 / 0 }}", NULL, CELLM_ERR_FORMAT, "division by zero");
     expect_err("{% break %}", NULL, CELLM_ERR_FORMAT, "'break' outside a for loop");
     expect_err("{% set x.y = 1 %}", NULL, CELLM_ERR_FORMAT, "only of a namespace");
+    expect_err("{{ messages | map(attribute='role') }}", NULL, CELLM_ERR_UNSUPPORTED,
+               "printing a generator (what map, select, reverse... return) is not supported; "
+               "add '| list' (byte 0, line 1)");
+    expect_err("{{ [1] | select | length }}", NULL, CELLM_ERR_FORMAT,
+               "a generator value has no length");
+    expect_err("{{ [1] | select | last }}", NULL, CELLM_ERR_FORMAT, "generator is not reversible");
+    expect_err("{{ '{:>8}'.format(1) }}", NULL, CELLM_ERR_UNSUPPORTED,
+               "format specs ('{:>8}') are not supported");
+    expect_err("{{ '{0.x}'.format(1) }}", NULL, CELLM_ERR_UNSUPPORTED, "field access ('{0.x}')");
+    expect_err("{{ '{}{0}'.format(1) }}", NULL, CELLM_ERR_FORMAT, "cannot mix automatic");
+    expect_err("{{ '{} {}'.format(1) }}", NULL, CELLM_ERR_FORMAT,
+               "replacement index 1 out of range");
+    expect_err("{{ '{a}'.format(1) }}", NULL, CELLM_ERR_FORMAT, "no argument named 'a'");
+    expect_err("{{ 'a}'.format(1) }}", NULL, CELLM_ERR_FORMAT, "single '}'");
     /* raise_exception's message reaches the caller. */
     expect_err("\n\n   {{ raise_exception('Roles must alternate!') }}", NULL, CELLM_ERR_INVALID_ARG,
                "raise_exception: Roles must alternate! (byte 8, line 3)");
