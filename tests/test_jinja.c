@@ -1,5 +1,5 @@
 /* test_jinja.c — the chat-template interpreter: byte-for-byte parity with
- * Python's jinja2 (as transformers configures it) on real templates and
+ * transformers' apply_chat_template on real models' templates and
  * conversations (fixtures from scripts/gen_template_fixtures.py), SmolLM2's
  * template read from its GGUF file, the struct API, and errors: each names
  * the construct and byte offset, and every limit holds. */
