@@ -111,6 +111,17 @@ static void select_kernels(void) {
         t[QT_Q5_K].vec_dot = avx2_vec_dot_q5_k_q8_k;
         t[QT_Q6_K].vec_dot = avx2_vec_dot_q6_k_q8_k;
         kernels_name = "avx2";
+        if (avx512_cpu_supported()) {
+            /* Same results as the AVX2 kernels (dot4_x stays AVX2). */
+#define SET_DOT512(T, name)                                                                        \
+    (t[T].vec_dot = avx512_vec_dot_##name, t[T].dot4_y = avx512_dot4_y_##name)
+            SET_DOT512(QT_Q4_0, q4_0_a8);
+            SET_DOT512(QT_Q4_1, q4_1_a8s);
+            SET_DOT512(QT_Q5_0, q5_0_a8);
+            SET_DOT512(QT_Q8_0, q8_0_a8);
+#undef SET_DOT512
+            kernels_name = "avx512-vnni";
+        }
     }
 #elif defined(__aarch64__)
     quant_type_info *t = type_table;

@@ -195,6 +195,14 @@ static const dot_case dot_cases[] = {
     {"avx2 Q4_1", QT_Q4_1, ref_vec_dot_q4_1_a8s, avx2_vec_dot_q4_1_a8s, false, avx2_cpu_supported},
     {"avx2 Q5_0", QT_Q5_0, ref_vec_dot_q5_0_a8, avx2_vec_dot_q5_0_a8, false, avx2_cpu_supported},
     {"avx2 Q8_0", QT_Q8_0, ref_vec_dot_q8_0_a8, avx2_vec_dot_q8_0_a8, false, avx2_cpu_supported},
+    {"avx512 Q4_0", QT_Q4_0, ref_vec_dot_q4_0_a8, avx512_vec_dot_q4_0_a8, false,
+     avx512_cpu_supported},
+    {"avx512 Q4_1", QT_Q4_1, ref_vec_dot_q4_1_a8s, avx512_vec_dot_q4_1_a8s, false,
+     avx512_cpu_supported},
+    {"avx512 Q5_0", QT_Q5_0, ref_vec_dot_q5_0_a8, avx512_vec_dot_q5_0_a8, false,
+     avx512_cpu_supported},
+    {"avx512 Q8_0", QT_Q8_0, ref_vec_dot_q8_0_a8, avx512_vec_dot_q8_0_a8, false,
+     avx512_cpu_supported},
     {"avx2 Q4_K", QT_Q4_K, ref_vec_dot_q4_k_q8_k, avx2_vec_dot_q4_k_q8_k, true, avx2_cpu_supported},
     {"avx2 Q5_K", QT_Q5_K, ref_vec_dot_q5_k_q8_k, avx2_vec_dot_q5_k_q8_k, true, avx2_cpu_supported},
     {"avx2 Q6_K", QT_Q6_K, ref_vec_dot_q6_k_q8_k, avx2_vec_dot_q6_k_q8_k, true, avx2_cpu_supported},
@@ -365,6 +373,52 @@ static void test_dot4_tiles(void **state) {
 }
 
 #if defined(__x86_64__)
+/* The AVX-512 kernels return exactly what the AVX2 ones return, single
+ * dots and tiles, on random rows of every length from 1 to 24 blocks (odd
+ * counts take the 256-bit tail). */
+static void test_avx512_same_as_avx2(void **state) {
+    (void)state;
+    if (!avx512_cpu_supported()) skip();
+    static const struct {
+        uint32_t type;
+        quant_vec_dot_fn a2, a5;
+        quant_vec_dot4_fn t2, t5;
+    } pairs[] = {
+        {QT_Q4_0, avx2_vec_dot_q4_0_a8, avx512_vec_dot_q4_0_a8, avx2_dot4_y_q4_0_a8,
+         avx512_dot4_y_q4_0_a8},
+        {QT_Q4_1, avx2_vec_dot_q4_1_a8s, avx512_vec_dot_q4_1_a8s, avx2_dot4_y_q4_1_a8s,
+         avx512_dot4_y_q4_1_a8s},
+        {QT_Q5_0, avx2_vec_dot_q5_0_a8, avx512_vec_dot_q5_0_a8, avx2_dot4_y_q5_0_a8,
+         avx512_dot4_y_q5_0_a8},
+        {QT_Q8_0, avx2_vec_dot_q8_0_a8, avx512_vec_dot_q8_0_a8, avx2_dot4_y_q8_0_a8,
+         avx512_dot4_y_q8_0_a8},
+    };
+    enum { NB = 24 };
+    static _Alignas(32) uint8_t w[NB * 40], a[4][NB * 40 + 64];
+    static float f[NB * QK8_0];
+    for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++) {
+        const quant_type_info *info = quant_type_get(pairs[p].type);
+        const quant_type_info *yi = quant_type_get(info->vec_dot_type);
+        for (int round = 0; round < 200; round++) {
+            const size_t n = (size_t)(1 + round % NB) * QK8_0;
+            size_t offs[2];
+            make_blocks(w, (int)(n / QK8_0), info->type_size, offs, f16_fields(pairs[p].type, offs),
+                        round);
+            uint64_t arow;
+            assert_true(quant_nbytes(info->vec_dot_type, n, &arow));
+            for (int r = 0; r < 4; r++) {
+                for (size_t i = 0; i < n; i++) f[i] = rng_normal() * (round % 3 ? 1.0f : 1e4f);
+                yi->from_float(f, a[r], n);
+            }
+            assert_same_float(info->name, pairs[p].a5(n, w, a[0]), pairs[p].a2(n, w, a[0]));
+            float o2[4], o5[4];
+            pairs[p].t2(n, w, 0, a[0], sizeof a[0], o2);
+            pairs[p].t5(n, w, 0, a[0], sizeof a[0], o5);
+            for (int r = 0; r < 4; r++) assert_same_float(info->name, o5[r], o2[r]);
+        }
+    }
+}
+
 static void test_avx2_vec_dot_f16(void **state) {
     (void)state;
     if (!avx2_cpu_supported()) skip();
@@ -431,6 +485,7 @@ int main(void) {
         cmocka_unit_test(test_vec_dots),
         cmocka_unit_test(test_dot4_tiles),
 #if defined(__x86_64__)
+        cmocka_unit_test(test_avx512_same_as_avx2),
         cmocka_unit_test(test_avx2_vec_dot_f16),
 #endif
         cmocka_unit_test(test_matvec_path),

@@ -8,6 +8,7 @@
 #ifndef CELLM_KERNELS_BLOCKS_H
 #define CELLM_KERNELS_BLOCKS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define QK4_0 32

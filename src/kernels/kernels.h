@@ -107,6 +107,19 @@ CELLM_AVX2_DOT4(q4_0_a8)
 CELLM_AVX2_DOT4(q4_1_a8s)
 CELLM_AVX2_DOT4(q5_0_a8)
 CELLM_AVX2_DOT4(q8_0_a8)
+
+/* ---- x86-64 AVX-512 F/BW/VL + VNNI (x86_avx512.c) ---- */
+/* True when this CPU (and OS) runs the avx512_* kernels; implies AVX2. */
+bool avx512_cpu_supported(void);
+/* Bit-identical to the avx2_ kernels of the same name. */
+#define CELLM_AVX512_DOT(name)                                                                     \
+    float avx512_vec_dot_##name(size_t n, const void *x, const void *y);                           \
+    void avx512_dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,        \
+                              float out[4]);
+CELLM_AVX512_DOT(q4_0_a8)
+CELLM_AVX512_DOT(q4_1_a8s)
+CELLM_AVX512_DOT(q5_0_a8)
+CELLM_AVX512_DOT(q8_0_a8)
 float avx2_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q5_k_q8_k(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);
