@@ -115,7 +115,9 @@ bool avx512_cpu_supported(void);
 #define CELLM_AVX512_DOT(name)                                                                     \
     float avx512_vec_dot_##name(size_t n, const void *x, const void *y);                           \
     void avx512_dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,        \
-                              float out[4]);
+                              float out[4]);                                                       \
+    void avx512_dot8_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,        \
+                              float out[8]);
 CELLM_AVX512_DOT(q4_0_a8)
 CELLM_AVX512_DOT(q4_1_a8s)
 CELLM_AVX512_DOT(q5_0_a8)

@@ -186,11 +186,10 @@ AVX2 float avx2_vec_dot_f16(size_t n, const void *vx, const void *vy) {
 /* nx weight rows (stride xs bytes) times ny activation rows (stride ys),
  * nx * ny <= 4, into out[i * ny + j]. Every pair keeps two accumulators of
  * eight float lanes (even and odd blocks, so consecutive blocks do not wait
- * on each other's FMA), adds one block at a time with the same operations
- * whatever nx and ny are, and ends with the same horizontal sum: so a
- * pair's result does not depend on the tile it was computed in. kind, nx
- * and ny are constants at every call, so each wrapper gets its own
- * unrolled copy with the accumulators in registers. */
+ * on each other's FMA; Q4_1's minimum term likewise, in two floats), adds one block at a time with
+ * the same operations whatever nx and ny are, and ends with the same horizontal sum: so a pair's
+ * result does not depend on the tile it was computed in. kind, nx and ny are constants at every
+ * call, so each wrapper gets its own unrolled copy with the accumulators in registers. */
 AVX2 static inline __attribute__((always_inline)) void dot_tile_32(int kind, size_t n,
                                                                    const uint8_t *x, size_t xs,
                                                                    int nx, const uint8_t *y,
@@ -211,13 +210,13 @@ AVX2 static inline __attribute__((always_inline)) void dot_tile_32(int kind, siz
         yq[j] = kind == W_Q4_1 ? a8s_codes(row, nb) : a8_codes(row, nb);
     }
     __m256 acc[2][4][4];
-    float mins[4][4];
+    float mins[2][4][4];
 #pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
 #pragma GCC unroll 4
         for (int j = 0; j < ny; j++) {
             acc[0][i][j] = acc[1][i][j] = _mm256_setzero_ps();
-            mins[i][j] = 0.0f;
+            mins[0][i][j] = mins[1][i][j] = 0.0f;
         }
     }
     for (size_t ib0 = 0; ib0 < nb; ib0 += 2) {
@@ -239,7 +238,7 @@ AVX2 static inline __attribute__((always_inline)) void dot_tile_32(int kind, siz
                     __m256i p;
                     if (kind == W_Q4_1) {
                         p = dot_u8i8x32(qx[i], qy);
-                        mins[i][j] = __builtin_fmaf(mx[i], sy, mins[i][j]);
+                        mins[h][i][j] = __builtin_fmaf(mx[i], sy, mins[h][i][j]);
                     } else {
                         p = dot_i8x32(qx[i], qy);
                     }
@@ -253,7 +252,8 @@ AVX2 static inline __attribute__((always_inline)) void dot_tile_32(int kind, siz
     for (int i = 0; i < nx; i++) {
 #pragma GCC unroll 4
         for (int j = 0; j < ny; j++)
-            out[i * ny + j] = hsum_f32x8(_mm256_add_ps(acc[0][i][j], acc[1][i][j])) + mins[i][j];
+            out[i * ny + j] = hsum_f32x8(_mm256_add_ps(acc[0][i][j], acc[1][i][j])) +
+                              (mins[0][i][j] + mins[1][i][j]);
     }
 }
 
