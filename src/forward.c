@@ -287,27 +287,48 @@ static void task_attention(void *arg, int ith, int nth) {
         int32_t pos = s->rows[r].pos;
         int32_t lo = L->window > 0 && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
         const float *q = f->q + r * (long)m->n_head * hd + (long)h * hd;
-        for (int32_t i = 0; i < hd; i++) q16[i] = fp16_to_fp32(fp32_to_fp16(q[i]));
+        ak->scale_round_f16(q16, q, 1.0f, (size_t)hd);
         float mx = -INFINITY;
-        for (int32_t p = lo; p <= pos; p++) {
+        /* Scores four keys at a time (dot4_f16 gives each the bits dot_f16
+         * would), then the rest one by one. */
+        int32_t p = lo;
+        for (; p + 4 <= pos + 1; p += 4) {
+            const uint16_t *kr[4];
+            float d4[4];
+            for (int j = 0; j < 4; j++)
+                kr[j] = kv_k(f->kv, seq, L->kv_group, L->kv_index, p + j) + kvh * hd;
+            ak->dot4_f16(q16, kr, (size_t)hd, d4);
+            for (int j = 0; j < 4; j++) sc[p + j - lo] = d4[j];
+        }
+        for (; p <= pos; p++) {
             const uint16_t *kr = kv_k(f->kv, seq, L->kv_group, L->kv_index, p) + kvh * hd;
-            float x = ak->dot_f16(q16, kr, (size_t)hd) * m->attn_scale;
+            sc[p - lo] = ak->dot_f16(q16, kr, (size_t)hd);
+        }
+        for (p = lo; p <= pos; p++) {
+            float x = sc[p - lo] * m->attn_scale;
             if (m->attn_softcap > 0) x = m->attn_softcap * tanhf(x / m->attn_softcap);
             sc[p - lo] = x;
             if (x > mx) mx = x;
         }
         double sum = 0;
-        for (int32_t p = lo; p <= pos; p++) {
+        for (p = lo; p <= pos; p++) {
             float w = expf(sc[p - lo] - mx);
             sc[p - lo] = w;
             sum += w;
         }
         float inv = (float)(1.0 / sum);
+        ak->scale_round_f16(sc, sc, inv, (size_t)(pos - lo + 1)); /* the weights, f16-rounded */
         memset(acc, 0, (size_t)hdv * sizeof(float));
-        for (int32_t p = lo; p <= pos; p++) {
-            float w = fp16_to_fp32(fp32_to_fp16(sc[p - lo] * inv));
-            const uint16_t *vr = kv_v(f->kv, seq, L->kv_group, L->kv_index, p) + kvh * hdv;
-            ak->axpy_f16(acc, w, vr, (size_t)hdv);
+        /* The weighted values, a chunk of rows at a time with acc in
+         * registers (axpy_rows_f16: the bits of one axpy per row). */
+        for (p = lo; p <= pos;) {
+            enum { CHUNK = 32 };
+            const uint16_t *vr[CHUNK];
+            int cnt = 0;
+            const float *w = sc + (p - lo);
+            for (; cnt < CHUNK && p <= pos; cnt++, p++)
+                vr[cnt] = kv_v(f->kv, seq, L->kv_group, L->kv_index, p) + kvh * hdv;
+            ak->axpy_rows_f16(acc, w, vr, (size_t)cnt, (size_t)hdv);
         }
         memcpy(f->att + r * (long)m->n_head * hdv + (long)h * hdv, acc,
                (size_t)hdv * sizeof(float));
