@@ -118,7 +118,7 @@ install_aarch64() {
 echo "== aarch64 (cross-compiled, under qemu-aarch64)"
 if install_aarch64 &&
     cellm_build build-aarch64 -DCMAKE_TOOLCHAIN_FILE="$CELLM_ROOT/cmake/aarch64-linux-gnu.cmake" \
-        -DCELLM_WERROR=ON -DCELLM_BUILD_TOOLS=OFF -DCELLM_TESTS="test_quant;test_kernels_simd" \
+        -DCELLM_WERROR=ON -DCELLM_BUILD_TOOLS=OFF -DCELLM_TESTS="test_quant;test_kernels_simd;test_attention" \
         -DCMAKE_BUILD_TYPE=RelWithDebInfo; then
     run_ctest build-aarch64 "aarch64, default CPU (dotprod)"
     QEMU_CPU=cortex-a53 run_ctest build-aarch64 "aarch64, cortex-a53"
