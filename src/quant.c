@@ -128,11 +128,20 @@ static void select_kernels(void) {
     quant_type_info *t = type_table;
     const bool dp = neon_dotprod_supported();
     t[QT_A8].from_float = neon_quantize_a8;
-    t[QT_Q4_0].vec_dot = dp ? neon_dotprod_vec_dot_q4_0_a8 : neon_vec_dot_q4_0_a8;
-    t[QT_Q4_1].vec_dot = dp ? neon_dotprod_vec_dot_q4_1_a8s : neon_vec_dot_q4_1_a8s;
-    t[QT_Q5_0].vec_dot = dp ? neon_dotprod_vec_dot_q5_0_a8 : neon_vec_dot_q5_0_a8;
-    t[QT_Q8_0].vec_dot = dp ? neon_dotprod_vec_dot_q8_0_a8 : neon_vec_dot_q8_0_a8;
+    t[QT_A8S].from_float = neon_quantize_a8s;
+    t[QT_F16].vec_dot = neon_vec_dot_f16;
+#define SET_DOT32(T, name)                                                                         \
+    (t[T].vec_dot = dp ? neon_dotprod_vec_dot_##name : neon_vec_dot_##name,                        \
+     t[T].dot4_x = dp ? neon_dotprod_dot4_x_##name : neon_dot4_x_##name,                           \
+     t[T].dot4_y = dp ? neon_dotprod_dot4_y_##name : neon_dot4_y_##name,                           \
+     t[T].dot8_y = dp ? neon_dotprod_dot8_y_##name : neon_dot8_y_##name)
+    SET_DOT32(QT_Q4_0, q4_0_a8);
+    SET_DOT32(QT_Q4_1, q4_1_a8s);
+    SET_DOT32(QT_Q5_0, q5_0_a8);
+    SET_DOT32(QT_Q8_0, q8_0_a8);
+#undef SET_DOT32
     t[QT_Q4_K].vec_dot = dp ? neon_dotprod_vec_dot_q4_k_q8_k : neon_vec_dot_q4_k_q8_k;
+    t[QT_Q5_K].vec_dot = dp ? neon_dotprod_vec_dot_q5_k_q8_k : neon_vec_dot_q5_k_q8_k;
     t[QT_Q6_K].vec_dot = dp ? neon_dotprod_vec_dot_q6_k_q8_k : neon_vec_dot_q6_k_q8_k;
     kernels_name = dp ? "neon-dotprod" : "neon";
 #endif

@@ -18,6 +18,7 @@
 #include <arm_neon.h>
 #include <assert.h>
 #include <stdbool.h>
+#include <string.h>
 
 #include "kernels/blocks.h"
 #include "kernels/fp16.h"
@@ -65,12 +66,20 @@ DOTPROD static inline int32x4_t dot_sdot(int32x4_t acc, int8x16_t a, int8x16_t b
 
 typedef int32x4_t (*dot_fn)(int32x4_t, int8x16_t, int8x16_t);
 
-/* An A8 row (kernels/blocks.h): the same bytes as ref_quantize_a8. */
-void neon_quantize_a8(const float *src, void *dst, size_t n) {
-    assert(n % QK8_0 == 0);
-    const size_t nb = n / QK8_0;
-    float *ds = dst;
-    int8_t *qs = (int8_t *)dst + 4 * nb;
+/* round_clamp(v * id, -127, 127) of ref.c for four lanes: clamp first
+ * (FMAXNM turns NaN into -127, as fmaxf), then FCVTAS, which rounds half
+ * away from zero like roundf. */
+static inline int32x4_t round_clamp_127(float32x4_t v, float id) {
+    const float32x4_t s = vmulq_n_f32(v, id);
+    return vcvtaq_s32_f32(vminnmq_f32(vmaxnmq_f32(s, vdupq_n_f32(-127.0f)), vdupq_n_f32(127.0f)));
+}
+
+/* A8 or A8S rows (with_sum, kernels/blocks.h): the same bytes as
+ * ref_quantize_a8 and ref_quantize_a8s. */
+static inline __attribute__((always_inline)) void quantize_a8_row(const float *src, void *dst,
+                                                                  size_t nb, bool with_sum) {
+    float *ds = dst, *ss = (float *)dst + nb;
+    int8_t *qs = (int8_t *)dst + (with_sum ? 8 : 4) * nb;
     for (size_t ib = 0; ib < nb; ib++, src += QK8_0, qs += QK8_0) {
         float32x4_t v[8];
         float32x4_t amax = vdupq_n_f32(0.0f);
@@ -80,116 +89,195 @@ void neon_quantize_a8(const float *src, void *dst, size_t n) {
         }
         const float d = vmaxnmvq_f32(amax) / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int32x4_t q[8];
+        for (int k = 0; k < 8; k++) q[k] = round_clamp_127(v[k], id);
         ds[ib] = fp16_to_fp32(fp32_to_fp16(d));
-        int16x8_t h[4];
-        for (int k = 0; k < 8; k += 2) {
-            int32x4_t q[2];
-            for (int i = 0; i < 2; i++) {
-                float32x4_t s = vmulq_n_f32(v[k + i], id);
-                s = vminnmq_f32(vmaxnmq_f32(s, vdupq_n_f32(-127.0f)), vdupq_n_f32(127.0f));
-                q[i] = vcvtaq_s32_f32(s); /* round half away from zero */
-            }
-            h[k / 2] = vcombine_s16(vmovn_s32(q[0]), vmovn_s32(q[1]));
+        if (with_sum) {
+            /* |sum| <= 32 * 127: exact in any order. */
+            const int32x4_t s = vaddq_s32(vaddq_s32(vaddq_s32(q[0], q[1]), vaddq_s32(q[2], q[3])),
+                                          vaddq_s32(vaddq_s32(q[4], q[5]), vaddq_s32(q[6], q[7])));
+            ss[ib] = fp16_to_fp32(fp32_to_fp16(d * (float)vaddvq_s32(s)));
         }
+        int16x8_t h[4];
+        for (int k = 0; k < 4; k++)
+            h[k] = vcombine_s16(vmovn_s32(q[2 * k]), vmovn_s32(q[2 * k + 1]));
         vst1q_s8(qs, vcombine_s8(vmovn_s16(h[0]), vmovn_s16(h[1])));
         vst1q_s8(qs + 16, vcombine_s8(vmovn_s16(h[2]), vmovn_s16(h[3])));
     }
 }
 
-/* Bodies shared by both variants; `dot` is a constant at every call, so
- * each wrapper gets its own inlined copy. */
-static inline __attribute__((always_inline)) float q4_0_body(size_t n, const void *vx,
-                                                             const void *vy, dot_fn dot) {
+void neon_quantize_a8(const float *src, void *dst, size_t n) {
     assert(n % QK8_0 == 0);
-    const block_q4_0 *x = vx;
-    const size_t nb = n / QK8_0;
-    const float *yd = a8_scales(vy);
-    const int8_t *yq = a8_codes(vy, nb);
-    float32x4_t acc = vdupq_n_f32(0.0f);
-    for (size_t ib = 0; ib < nb; ib++) {
-        const uint8x16_t q = vld1q_u8(x[ib].qs);
-        const int8x16_t lo =
-            vsubq_s8(vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0F))), vdupq_n_s8(8));
-        const int8x16_t hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), vdupq_n_s8(8));
-        int32x4_t s = dot(vdupq_n_s32(0), lo, vld1q_s8(yq + 32 * ib));
-        s = dot(s, hi, vld1q_s8(yq + 32 * ib + 16));
-        const float d = fp16_to_fp32(x[ib].d) * yd[ib];
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), d);
-    }
-    return vaddvq_f32(acc);
+    quantize_a8_row(src, dst, n / QK8_0, false);
 }
 
-/* Q4_1 against Q8_1: codes 0..15 are valid signed bytes; the min
- * multiplies the block sum s that Q8_1 stores. */
-static inline __attribute__((always_inline)) float q4_1_body(size_t n, const void *vx,
-                                                             const void *vy, dot_fn dot) {
+void neon_quantize_a8s(const float *src, void *dst, size_t n) {
     assert(n % QK8_0 == 0);
-    const block_q4_1 *x = vx;
-    const size_t nb = n / QK8_0;
-    const float *yd = a8_scales(vy), *ysum = a8s_sums(vy, nb);
-    const int8_t *yq = a8s_codes(vy, nb);
-    float32x4_t acc = vdupq_n_f32(0.0f);
-    float mins = 0.0f;
-    for (size_t ib = 0; ib < nb; ib++) {
-        const uint8x16_t q = vld1q_u8(x[ib].qs);
-        const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0F)));
-        const int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(q, 4));
-        int32x4_t s = dot(vdupq_n_s32(0), lo, vld1q_s8(yq + 32 * ib));
-        s = dot(s, hi, vld1q_s8(yq + 32 * ib + 16));
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), fp16_to_fp32(x[ib].d) * yd[ib]);
-        mins = __builtin_fmaf(fp16_to_fp32(x[ib].m), ysum[ib], mins);
-    }
-    return vaddvq_f32(acc) + mins;
+    quantize_a8_row(src, dst, n / QK8_0, true);
 }
 
-/* Q5_0: the fifth bit of element j is bit j of qh; test each byte of qh
- * against one bit per lane, then codes minus 16 are signed bytes. */
-static inline __attribute__((always_inline)) float q5_0_body(size_t n, const void *vx,
-                                                             const void *vy, dot_fn dot) {
-    assert(n % QK8_0 == 0);
-    const block_q5_0 *x = vx;
-    const size_t nb = n / QK8_0;
-    const float *yd = a8_scales(vy);
-    const int8_t *yq = a8_codes(vy, nb);
-    static const uint8_t bit_of_lane[16] = {1, 2, 4, 8, 16, 32, 64, 128,
-                                            1, 2, 4, 8, 16, 32, 64, 128};
-    const uint8x16_t lane_bits = vld1q_u8(bit_of_lane);
-    const uint8x16_t b4 = vdupq_n_u8(0x10);
-    float32x4_t acc = vdupq_n_f32(0.0f);
-    for (size_t ib = 0; ib < nb; ib++) {
-        const uint8_t *qh = x[ib].qh;
-        const uint8x16_t h0 = vcombine_u8(vdup_n_u8(qh[0]), vdup_n_u8(qh[1]));
-        const uint8x16_t h1 = vcombine_u8(vdup_n_u8(qh[2]), vdup_n_u8(qh[3]));
-        const uint8x16_t hb0 = vandq_u8(vtstq_u8(h0, lane_bits), b4);
-        const uint8x16_t hb1 = vandq_u8(vtstq_u8(h1, lane_bits), b4);
-        const uint8x16_t q = vld1q_u8(x[ib].qs);
-        const int8x16_t lo = vsubq_s8(
-            vreinterpretq_s8_u8(vorrq_u8(vandq_u8(q, vdupq_n_u8(0x0F)), hb0)), vdupq_n_s8(16));
-        const int8x16_t hi =
-            vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(q, 4), hb1)), vdupq_n_s8(16));
-        int32x4_t s = dot(vdupq_n_s32(0), lo, vld1q_s8(yq + 32 * ib));
-        s = dot(s, hi, vld1q_s8(yq + 32 * ib + 16));
-        const float d = fp16_to_fp32(x[ib].d) * yd[ib];
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), d);
-    }
-    return vaddvq_f32(acc);
+/* Four F16 values (FCVTL: exact, as fp16_to_fp32 for every non-NaN). */
+static inline float32x4_t f16x4_to_f32(const uint16_t *p) {
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
 }
 
-static inline __attribute__((always_inline)) float q8_0_body(size_t n, const void *vx,
-                                                             const void *vy, dot_fn dot) {
-    assert(n % QK8_0 == 0);
-    const block_q8_0 *x = vx;
-    const size_t nb = n / QK8_0;
-    const float *yd = a8_scales(vy);
-    const int8_t *yq = a8_codes(vy, nb);
-    float32x4_t acc = vdupq_n_f32(0.0f);
-    for (size_t ib = 0; ib < nb; ib++) {
-        int32x4_t s = dot(vdupq_n_s32(0), vld1q_s8(x[ib].qs), vld1q_s8(yq + 32 * ib));
-        s = dot(s, vld1q_s8(x[ib].qs + 16), vld1q_s8(yq + 32 * ib + 16));
-        const float d = fp16_to_fp32(x[ib].d) * yd[ib];
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), d);
+static inline float h2f(uint16_t h) {
+    return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
+}
+
+/* F16 against F16: products of two F16 values are exact in float; four
+ * accumulators of four lanes with FMA, then the tail. */
+float neon_vec_dot_f16(size_t n, const void *vx, const void *vy) {
+    const uint16_t *x = vx, *y = vy;
+    float32x4_t acc[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f),
+                          vdupq_n_f32(0.0f)};
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        for (int k = 0; k < 4; k++)
+            acc[k] = vfmaq_f32(acc[k], f16x4_to_f32(x + i + 4 * k), f16x4_to_f32(y + i + 4 * k));
     }
-    return vaddvq_f32(acc);
+    for (; i + 4 <= n; i += 4) acc[0] = vfmaq_f32(acc[0], f16x4_to_f32(x + i), f16x4_to_f32(y + i));
+    float sum = vaddvq_f32(vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3])));
+    for (; i < n; i++) sum = __builtin_fmaf(h2f(x[i]), h2f(y[i]), sum);
+    return sum;
+}
+
+/* The sum of a[k] * b[k] over 32 signed bytes (a0, a1 against b0, b1) as
+ * four int32 lanes; which products land in which lane depends on the
+ * variant, never on the caller. Plain NEON pairs element k with k + 16 in
+ * 16-bit lanes first: |a| <= 128 and |b| <= 127, so two products fit. */
+static inline int32x4_t dot32_plain(int8x16_t a0, int8x16_t a1, int8x16_t b0, int8x16_t b1) {
+    int16x8_t lo = vmull_s8(vget_low_s8(a0), vget_low_s8(b0));
+    lo = vmlal_s8(lo, vget_low_s8(a1), vget_low_s8(b1));
+    int16x8_t hi = vmull_high_s8(a0, b0);
+    hi = vmlal_high_s8(hi, a1, b1);
+    return vpadalq_s16(vpaddlq_s16(lo), hi);
+}
+
+DOTPROD static inline int32x4_t dot32_sdot(int8x16_t a0, int8x16_t a1, int8x16_t b0, int8x16_t b1) {
+    return dot_sdot(dot_sdot(vdupq_n_s32(0), a0, b0), a1, b1);
+}
+
+typedef int32x4_t (*dot32_fn)(int8x16_t, int8x16_t, int8x16_t, int8x16_t);
+
+/* The 32-element weight formats a tile body unpacks. */
+enum { W_Q4_0, W_Q4_1, W_Q5_0, W_Q8_0 };
+
+/* One weight block: its 32 codes as signed bytes (elements 0..15, then
+ * 16..31; minus the offset for Q4_0 and Q5_0, 0..15 for Q4_1), its scale
+ * *d and Q4_1's minimum *m (each block starts with its F16 scale, Q4_1's
+ * minimum follows). */
+static inline __attribute__((always_inline)) void load_w32(int kind, const uint8_t *blk,
+                                                           int8x16_t q[2], float *d, float *m) {
+    uint16_t h[2];
+    memcpy(h, blk, sizeof h);
+    *d = h2f(h[0]);
+    switch (kind) {
+    case W_Q4_0: {
+        const uint8x16_t v = vld1q_u8(((const block_q4_0 *)blk)->qs);
+        q[0] = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F))), vdupq_n_s8(8));
+        q[1] = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), vdupq_n_s8(8));
+        break;
+    }
+    case W_Q4_1: {
+        const uint8x16_t v = vld1q_u8(((const block_q4_1 *)blk)->qs);
+        *m = h2f(h[1]);
+        q[0] = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F)));
+        q[1] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+        break;
+    }
+    case W_Q5_0: {
+        /* The fifth bit of element j is bit j of qh: spread each byte of
+         * qh over eight lanes and test one bit per lane. */
+        const block_q5_0 *b = (const block_q5_0 *)blk;
+        const uint8x16_t lane_bit = vreinterpretq_u8_u64(vdupq_n_u64(0x8040201008040201ull));
+        const uint8x16_t h0 = vcombine_u8(vdup_n_u8(b->qh[0]), vdup_n_u8(b->qh[1]));
+        const uint8x16_t h1 = vcombine_u8(vdup_n_u8(b->qh[2]), vdup_n_u8(b->qh[3]));
+        const uint8x16_t b4 = vdupq_n_u8(0x10);
+        const uint8x16_t v = vld1q_u8(b->qs);
+        const uint8x16_t lo =
+            vorrq_u8(vandq_u8(v, vdupq_n_u8(0x0F)), vandq_u8(vtstq_u8(h0, lane_bit), b4));
+        const uint8x16_t hi = vorrq_u8(vshrq_n_u8(v, 4), vandq_u8(vtstq_u8(h1, lane_bit), b4));
+        q[0] = vsubq_s8(vreinterpretq_s8_u8(lo), vdupq_n_s8(16));
+        q[1] = vsubq_s8(vreinterpretq_s8_u8(hi), vdupq_n_s8(16));
+        break;
+    }
+    default: {
+        const block_q8_0 *b = (const block_q8_0 *)blk;
+        q[0] = vld1q_s8(b->qs);
+        q[1] = vld1q_s8(b->qs + 16);
+        break;
+    }
+    }
+}
+
+/* nx weight rows (stride xs bytes) times ny activation rows (stride ys),
+ * nx * ny <= 8, into out[i * ny + j]. Every pair keeps two accumulators of
+ * four float lanes (even and odd blocks, so consecutive blocks do not wait
+ * on each other's FMA) and, for Q4_1, one float for the minimum term; it
+ * adds each block with the same operations whatever nx and ny are and ends
+ * with the same sums, so a pair's result does not depend on the tile that
+ * computed it. kind, nx, ny and dot are constants at every call: each
+ * wrapper gets its own unrolled copy with the accumulators in registers. */
+static inline __attribute__((always_inline)) void dot_tile_32(int kind, size_t n, const uint8_t *x,
+                                                              size_t xs, int nx, const uint8_t *y,
+                                                              size_t ys, int ny, float *out,
+                                                              dot32_fn dot) {
+    assert(n % QK8_0 == 0);
+    const size_t xbytes = kind == W_Q4_0   ? sizeof(block_q4_0)
+                          : kind == W_Q4_1 ? sizeof(block_q4_1)
+                          : kind == W_Q5_0 ? sizeof(block_q5_0)
+                                           : sizeof(block_q8_0);
+    const size_t nb = n / QK8_0;
+    const float *yd[8], *ysum[8];
+    const int8_t *yq[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < ny; j++) {
+        const uint8_t *row = y + j * ys;
+        yd[j] = a8_scales(row);
+        ysum[j] = a8s_sums(row, nb);
+        yq[j] = kind == W_Q4_1 ? a8s_codes(row, nb) : a8_codes(row, nb);
+    }
+    float32x4_t acc[2][4][8];
+    float mins[4][8];
+#pragma GCC unroll 4
+    for (int i = 0; i < nx; i++) {
+#pragma GCC unroll 8
+        for (int j = 0; j < ny; j++) {
+            acc[0][i][j] = acc[1][i][j] = vdupq_n_f32(0.0f);
+            mins[i][j] = 0.0f;
+        }
+    }
+    for (size_t ib0 = 0; ib0 < nb; ib0 += 2) {
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const size_t ib = ib0 + (size_t)h;
+            if (h == 1 && ib == nb) break;
+            int8x16_t qx[4][2];
+            float dx[4], mx[4] = {0};
+#pragma GCC unroll 4
+            for (int i = 0; i < nx; i++)
+                load_w32(kind, x + i * xs + ib * xbytes, qx[i], &dx[i], &mx[i]);
+#pragma GCC unroll 8
+            for (int j = 0; j < ny; j++) {
+                const int8x16_t y0 = vld1q_s8(yq[j] + ib * QK8_0);
+                const int8x16_t y1 = vld1q_s8(yq[j] + ib * QK8_0 + 16);
+                const float dy = yd[j][ib];
+#pragma GCC unroll 4
+                for (int i = 0; i < nx; i++) {
+                    const int32x4_t s = dot(qx[i][0], qx[i][1], y0, y1);
+                    acc[h][i][j] = vfmaq_n_f32(acc[h][i][j], vcvtq_f32_s32(s), dx[i] * dy);
+                    if (kind == W_Q4_1) mins[i][j] = __builtin_fmaf(mx[i], ysum[j][ib], mins[i][j]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < nx; i++) {
+#pragma GCC unroll 8
+        for (int j = 0; j < ny; j++)
+            out[i * ny + j] = vaddvq_f32(vaddq_f32(acc[0][i][j], acc[1][i][j])) + mins[i][j];
+    }
 }
 
 /* Q4_K: exact integer sum per super-block, then the reference's float
@@ -212,6 +300,46 @@ static inline __attribute__((always_inline)) float q4_k_body(size_t n, const voi
             int32x4_t hi =
                 dot(vdupq_n_s32(0), vreinterpretq_s8_u8(vshrq_n_u8(q0, 4)), vld1q_s8(q8 + 32));
             hi = dot(hi, vreinterpretq_s8_u8(vshrq_n_u8(q1, 4)), vld1q_s8(q8 + 48));
+            int sc0, m0, sc1, m1;
+            kq_scale_min(2 * c, x[ib].scales, &sc0, &m0);
+            kq_scale_min(2 * c + 1, x[ib].scales, &sc1, &m1);
+            isum += sc0 * vaddvq_s32(lo) + sc1 * vaddvq_s32(hi);
+            msum += m0 * (y[ib].bsums[4 * c] + y[ib].bsums[4 * c + 1]) +
+                    m1 * (y[ib].bsums[4 * c + 2] + y[ib].bsums[4 * c + 3]);
+        }
+        sum += y[ib].d * fp16_to_fp32(x[ib].d) * (float)isum -
+               y[ib].d * fp16_to_fp32(x[ib].dmin) * (float)msum;
+    }
+    return sum;
+}
+
+/* Q5_K: as Q4_K with a fifth bit per code, bit g of qh[l] for element
+ * 32g + l: qh shifts right by two per pair of groups, and bits 0 and 1
+ * move to bit 4. Codes 0..31 are valid signed bytes. */
+static inline __attribute__((always_inline)) float q5_k_body(size_t n, const void *vx,
+                                                             const void *vy, dot_fn dot) {
+    assert(n % QK_K == 0);
+    const block_q5_K *x = vx;
+    const block_q8_K *y = vy;
+    const uint8x16_t m4 = vdupq_n_u8(0x0F), b4 = vdupq_n_u8(0x10);
+    float sum = 0.0f;
+    for (size_t ib = 0; ib < n / QK_K; ib++) {
+        uint8x16_t h0 = vld1q_u8(x[ib].qh), h1 = vld1q_u8(x[ib].qh + 16);
+        int isum = 0, msum = 0;
+        for (int c = 0; c < 4; c++) {
+            const uint8x16_t q0 = vld1q_u8(x[ib].qs + 32 * c);
+            const uint8x16_t q1 = vld1q_u8(x[ib].qs + 32 * c + 16);
+            const int8_t *q8 = y[ib].qs + 64 * c;
+            const uint8x16_t lo0 = vorrq_u8(vandq_u8(q0, m4), vandq_u8(vshlq_n_u8(h0, 4), b4));
+            const uint8x16_t lo1 = vorrq_u8(vandq_u8(q1, m4), vandq_u8(vshlq_n_u8(h1, 4), b4));
+            const uint8x16_t hi0 = vorrq_u8(vshrq_n_u8(q0, 4), vandq_u8(vshlq_n_u8(h0, 3), b4));
+            const uint8x16_t hi1 = vorrq_u8(vshrq_n_u8(q1, 4), vandq_u8(vshlq_n_u8(h1, 3), b4));
+            h0 = vshrq_n_u8(h0, 2);
+            h1 = vshrq_n_u8(h1, 2);
+            int32x4_t lo = dot(vdupq_n_s32(0), vreinterpretq_s8_u8(lo0), vld1q_s8(q8));
+            lo = dot(lo, vreinterpretq_s8_u8(lo1), vld1q_s8(q8 + 16));
+            int32x4_t hi = dot(vdupq_n_s32(0), vreinterpretq_s8_u8(hi0), vld1q_s8(q8 + 32));
+            hi = dot(hi, vreinterpretq_s8_u8(hi1), vld1q_s8(q8 + 48));
             int sc0, m0, sc1, m1;
             kq_scale_min(2 * c, x[ib].scales, &sc0, &m0);
             kq_scale_min(2 * c + 1, x[ib].scales, &sc1, &m1);
@@ -259,39 +387,54 @@ static inline __attribute__((always_inline)) float q6_k_body(size_t n, const voi
     return sum;
 }
 
-float neon_vec_dot_q4_0_a8(size_t n, const void *x, const void *y) {
-    return q4_0_body(n, x, y, dot_plain);
-}
-float neon_vec_dot_q4_1_a8s(size_t n, const void *x, const void *y) {
-    return q4_1_body(n, x, y, dot_plain);
-}
-float neon_vec_dot_q5_0_a8(size_t n, const void *x, const void *y) {
-    return q5_0_body(n, x, y, dot_plain);
-}
-float neon_vec_dot_q8_0_a8(size_t n, const void *x, const void *y) {
-    return q8_0_body(n, x, y, dot_plain);
-}
+/* The single dot product and its tiles, for each 32-element type, plain
+ * NEON and SDOT. */
+#define DOT32_VARIANTS(attr, prefix, dot, name, kind)                                              \
+    attr float prefix##vec_dot_##name(size_t n, const void *x, const void *y) {                    \
+        float out[1];                                                                              \
+        dot_tile_32(kind, n, x, 0, 1, y, 0, 1, out, dot);                                          \
+        return out[0];                                                                             \
+    }                                                                                              \
+    attr void prefix##dot4_x_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,  \
+                                    float out[4]) {                                                \
+        (void)ys;                                                                                  \
+        dot_tile_32(kind, n, x, xs, 4, y, 0, 1, out, dot);                                         \
+    }                                                                                              \
+    attr void prefix##dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,  \
+                                    float out[4]) {                                                \
+        (void)xs;                                                                                  \
+        dot_tile_32(kind, n, x, 0, 1, y, ys, 4, out, dot);                                         \
+    }                                                                                              \
+    attr void prefix##dot8_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,  \
+                                    float out[8]) {                                                \
+        (void)xs;                                                                                  \
+        dot_tile_32(kind, n, x, 0, 1, y, ys, 8, out, dot);                                         \
+    }
+
+#define PLAIN /* no attribute: baseline NEON */
+DOT32_VARIANTS(PLAIN, neon_, dot32_plain, q4_0_a8, W_Q4_0)
+DOT32_VARIANTS(PLAIN, neon_, dot32_plain, q4_1_a8s, W_Q4_1)
+DOT32_VARIANTS(PLAIN, neon_, dot32_plain, q5_0_a8, W_Q5_0)
+DOT32_VARIANTS(PLAIN, neon_, dot32_plain, q8_0_a8, W_Q8_0)
+DOT32_VARIANTS(DOTPROD, neon_dotprod_, dot32_sdot, q4_0_a8, W_Q4_0)
+DOT32_VARIANTS(DOTPROD, neon_dotprod_, dot32_sdot, q4_1_a8s, W_Q4_1)
+DOT32_VARIANTS(DOTPROD, neon_dotprod_, dot32_sdot, q5_0_a8, W_Q5_0)
+DOT32_VARIANTS(DOTPROD, neon_dotprod_, dot32_sdot, q8_0_a8, W_Q8_0)
+
 float neon_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y) {
     return q4_k_body(n, x, y, dot_plain);
+}
+float neon_vec_dot_q5_k_q8_k(size_t n, const void *x, const void *y) {
+    return q5_k_body(n, x, y, dot_plain);
 }
 float neon_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y) {
     return q6_k_body(n, x, y, dot_plain);
 }
-
-DOTPROD float neon_dotprod_vec_dot_q4_0_a8(size_t n, const void *x, const void *y) {
-    return q4_0_body(n, x, y, dot_sdot);
-}
-DOTPROD float neon_dotprod_vec_dot_q4_1_a8s(size_t n, const void *x, const void *y) {
-    return q4_1_body(n, x, y, dot_sdot);
-}
-DOTPROD float neon_dotprod_vec_dot_q5_0_a8(size_t n, const void *x, const void *y) {
-    return q5_0_body(n, x, y, dot_sdot);
-}
-DOTPROD float neon_dotprod_vec_dot_q8_0_a8(size_t n, const void *x, const void *y) {
-    return q8_0_body(n, x, y, dot_sdot);
-}
 DOTPROD float neon_dotprod_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y) {
     return q4_k_body(n, x, y, dot_sdot);
+}
+DOTPROD float neon_dotprod_vec_dot_q5_k_q8_k(size_t n, const void *x, const void *y) {
+    return q5_k_body(n, x, y, dot_sdot);
 }
 DOTPROD float neon_dotprod_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y) {
     return q6_k_body(n, x, y, dot_sdot);

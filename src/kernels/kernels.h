@@ -133,17 +133,33 @@ float avx2_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);
  * every AArch64 CPU). */
 bool neon_dotprod_supported(void);
 void neon_quantize_a8(const float *src, void *dst, size_t n);
-float neon_vec_dot_q4_0_a8(size_t n, const void *x, const void *y);
-float neon_vec_dot_q4_1_a8s(size_t n, const void *x, const void *y);
-float neon_vec_dot_q5_0_a8(size_t n, const void *x, const void *y);
-float neon_vec_dot_q8_0_a8(size_t n, const void *x, const void *y);
+void neon_quantize_a8s(const float *src, void *dst, size_t n);
+float neon_vec_dot_f16(size_t n, const void *x, const void *y);
+/* The 32-element types: vec_dot and its tiles (quant_vec_dot4_fn: dot4_x
+ * four weight rows, dot4_y four and dot8_y eight activation rows), each
+ * tile result bit-identical to the vec_dot of the same variant. */
+#define CELLM_NEON_DOT32(prefix, name)                                                             \
+    float prefix##vec_dot_##name(size_t n, const void *x, const void *y);                          \
+    void prefix##dot4_x_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,       \
+                               float out[4]);                                                      \
+    void prefix##dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,       \
+                               float out[4]);                                                      \
+    void prefix##dot8_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,       \
+                               float out[8]);
+CELLM_NEON_DOT32(neon_, q4_0_a8)
+CELLM_NEON_DOT32(neon_, q4_1_a8s)
+CELLM_NEON_DOT32(neon_, q5_0_a8)
+CELLM_NEON_DOT32(neon_, q8_0_a8)
+CELLM_NEON_DOT32(neon_dotprod_, q4_0_a8)
+CELLM_NEON_DOT32(neon_dotprod_, q4_1_a8s)
+CELLM_NEON_DOT32(neon_dotprod_, q5_0_a8)
+CELLM_NEON_DOT32(neon_dotprod_, q8_0_a8)
+/* The K-quants against Q8_K: the reference's float, exactly. */
 float neon_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);
+float neon_vec_dot_q5_k_q8_k(size_t n, const void *x, const void *y);
 float neon_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);
-float neon_dotprod_vec_dot_q4_0_a8(size_t n, const void *x, const void *y);
-float neon_dotprod_vec_dot_q4_1_a8s(size_t n, const void *x, const void *y);
-float neon_dotprod_vec_dot_q5_0_a8(size_t n, const void *x, const void *y);
-float neon_dotprod_vec_dot_q8_0_a8(size_t n, const void *x, const void *y);
 float neon_dotprod_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);
+float neon_dotprod_vec_dot_q5_k_q8_k(size_t n, const void *x, const void *y);
 float neon_dotprod_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);
 #endif
 
