@@ -133,8 +133,7 @@ static void select_kernels(void) {
 #define SET_DOT32(T, name)                                                                         \
     (t[T].vec_dot = dp ? neon_dotprod_vec_dot_##name : neon_vec_dot_##name,                        \
      t[T].dot4_x = dp ? neon_dotprod_dot4_x_##name : neon_dot4_x_##name,                           \
-     t[T].dot4_y = dp ? neon_dotprod_dot4_y_##name : neon_dot4_y_##name,                           \
-     t[T].dot8_y = dp ? neon_dotprod_dot8_y_##name : neon_dot8_y_##name)
+     t[T].dot4_y = dp ? neon_dotprod_dot4_y_##name : neon_dot4_y_##name)
     SET_DOT32(QT_Q4_0, q4_0_a8);
     SET_DOT32(QT_Q4_1, q4_1_a8s);
     SET_DOT32(QT_Q5_0, q5_0_a8);

@@ -1,17 +1,20 @@
 /*
- * arm_neon.c — AArch64 NEON versions of the hot kernels: the A8
- * activation quantizer and the Q4_0, Q5_0, Q8_0 (against A8), Q4_1 (against
- * A8S), Q4_K
- * and Q6_K (against Q8_K) dot products. NEON is part of every AArch64 CPU; each dot
- * product also comes in a variant using the SDOT instruction (ARMv8.2
- * dotprod), compiled per function with a target attribute and chosen by
- * quant.c when neon_dotprod_supported() says the CPU has it.
+ * arm_neon.c — AArch64 NEON versions of the hot kernels: the A8 and A8S
+ * activation quantizers; the dot products of Q4_0, Q5_0, Q8_0 (against
+ * A8) and Q4_1 (against A8S), each with its tiles of four (dot4_x, dot4_y:
+ * see quant.h); Q4_K, Q5_K and Q6_K (against Q8_K); F16. NEON is part of
+ * every AArch64 CPU; each integer dot product also comes in a variant
+ * using the SDOT instruction (ARMv8.2 dotprod), compiled per function with
+ * a target attribute and chosen by quant.c when neon_dotprod_supported()
+ * says the CPU has it.
  *
- * Agreement with the reference (ref.c), as for AVX2: the quantizer writes
+ * Agreement with the reference (ref.c), as for AVX2: the quantizers write
  * the same bytes (FCVTAS rounds half away from zero, like roundf); the
  * K-quant dots sum each super-block exactly in integers and accumulate as
- * the reference does, so they return the same float; the 32-element dots
- * keep four float lanes and differ by float rounding only.
+ * the reference does, so they return the same float; the 32-element and
+ * F16 dots keep float lanes with FMA and differ by float rounding only.
+ * A tile returns for each pair exactly what vec_dot of the same variant
+ * returns (vec_dot is the tile body with one pair).
  */
 #if defined(__aarch64__)
 
@@ -83,6 +86,7 @@ static inline __attribute__((always_inline)) void quantize_a8_row(const float *s
     for (size_t ib = 0; ib < nb; ib++, src += QK8_0, qs += QK8_0) {
         float32x4_t v[8];
         float32x4_t amax = vdupq_n_f32(0.0f);
+#pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             v[k] = vld1q_f32(src + 4 * k);
             amax = vmaxnmq_f32(amax, vabsq_f32(v[k])); /* NaN ignored, as fmaxf */
@@ -90,6 +94,7 @@ static inline __attribute__((always_inline)) void quantize_a8_row(const float *s
         const float d = vmaxnmvq_f32(amax) / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         int32x4_t q[8];
+#pragma GCC unroll 8
         for (int k = 0; k < 8; k++) q[k] = round_clamp_127(v[k], id);
         ds[ib] = fp16_to_fp32(fp32_to_fp16(d));
         if (with_sum) {
@@ -99,6 +104,7 @@ static inline __attribute__((always_inline)) void quantize_a8_row(const float *s
             ss[ib] = fp16_to_fp32(fp32_to_fp16(d * (float)vaddvq_s32(s)));
         }
         int16x8_t h[4];
+#pragma GCC unroll 4
         for (int k = 0; k < 4; k++)
             h[k] = vcombine_s16(vmovn_s32(q[2 * k]), vmovn_s32(q[2 * k + 1]));
         vst1q_s8(qs, vcombine_s8(vmovn_s16(h[0]), vmovn_s16(h[1])));
@@ -212,7 +218,7 @@ static inline __attribute__((always_inline)) void load_w32(int kind, const uint8
 }
 
 /* nx weight rows (stride xs bytes) times ny activation rows (stride ys),
- * nx * ny <= 8, into out[i * ny + j]. Every pair keeps two accumulators of
+ * nx * ny <= 4, into out[i * ny + j]. Every pair keeps two accumulators of
  * four float lanes (even and odd blocks, so consecutive blocks do not wait
  * on each other's FMA) and, for Q4_1, one float for the minimum term; it
  * adds each block with the same operations whatever nx and ny are and ends
@@ -229,20 +235,20 @@ static inline __attribute__((always_inline)) void dot_tile_32(int kind, size_t n
                           : kind == W_Q5_0 ? sizeof(block_q5_0)
                                            : sizeof(block_q8_0);
     const size_t nb = n / QK8_0;
-    const float *yd[8], *ysum[8];
-    const int8_t *yq[8];
-#pragma GCC unroll 8
+    const float *yd[4], *ysum[4];
+    const int8_t *yq[4];
+#pragma GCC unroll 4
     for (int j = 0; j < ny; j++) {
         const uint8_t *row = y + j * ys;
         yd[j] = a8_scales(row);
         ysum[j] = a8s_sums(row, nb);
         yq[j] = kind == W_Q4_1 ? a8s_codes(row, nb) : a8_codes(row, nb);
     }
-    float32x4_t acc[2][4][8];
-    float mins[4][8];
+    float32x4_t acc[2][4][4];
+    float mins[4][4];
 #pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         for (int j = 0; j < ny; j++) {
             acc[0][i][j] = acc[1][i][j] = vdupq_n_f32(0.0f);
             mins[i][j] = 0.0f;
@@ -258,7 +264,7 @@ static inline __attribute__((always_inline)) void dot_tile_32(int kind, size_t n
 #pragma GCC unroll 4
             for (int i = 0; i < nx; i++)
                 load_w32(kind, x + i * xs + ib * xbytes, qx[i], &dx[i], &mx[i]);
-#pragma GCC unroll 8
+#pragma GCC unroll 4
             for (int j = 0; j < ny; j++) {
                 const int8x16_t y0 = vld1q_s8(yq[j] + ib * QK8_0);
                 const int8x16_t y1 = vld1q_s8(yq[j] + ib * QK8_0 + 16);
@@ -274,7 +280,7 @@ static inline __attribute__((always_inline)) void dot_tile_32(int kind, size_t n
     }
 #pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         for (int j = 0; j < ny; j++)
             out[i * ny + j] = vaddvq_f32(vaddq_f32(acc[0][i][j], acc[1][i][j])) + mins[i][j];
     }
@@ -404,11 +410,6 @@ static inline __attribute__((always_inline)) float q6_k_body(size_t n, const voi
                                     float out[4]) {                                                \
         (void)xs;                                                                                  \
         dot_tile_32(kind, n, x, 0, 1, y, ys, 4, out, dot);                                         \
-    }                                                                                              \
-    attr void prefix##dot8_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,  \
-                                    float out[8]) {                                                \
-        (void)xs;                                                                                  \
-        dot_tile_32(kind, n, x, 0, 1, y, ys, 8, out, dot);                                         \
     }
 
 #define PLAIN /* no attribute: baseline NEON */
