@@ -1,7 +1,7 @@
 /*
  * attention.c — f16 K/V vector kernels for attention (see attention.h).
- * The scalar and AVX2 variants accumulate in 8 lanes the same way, so
- * they agree closely; each is deterministic on its own.
+ * The scalar, AVX2 and NEON variants accumulate in 8 lanes the same way,
+ * so they agree closely; each is deterministic on its own.
  */
 #include "attention.h"
 
@@ -146,12 +146,114 @@ static const attn_kernels avx2_kernels = {avx2_dot_f16,  avx2_axpy_f16,      avx
                                           avx2_dot4_f16, avx2_axpy_rows_f16, avx2_scale_round_f16};
 #endif
 
+#if defined(__aarch64__)
+#include <arm_neon.h>
+
+/* Four f16 values as floats (FCVTL: exact, as fp16_to_fp32). */
+static inline float32x4_t neon_load_f16x4(const uint16_t *p) {
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
+}
+
+/* The end of a dot whose eight lanes are the reference's: lanes 0..3 in
+ * lo, 4..7 in hi. The tail goes into lane 0 with FMA like the lanes, then
+ * the lanes are summed in the reference's order. */
+static inline float neon_dot_finish(float32x4_t lo, float32x4_t hi, const float *q,
+                                    const uint16_t *k, size_t i, size_t n) {
+    if (i < n) {
+        float l0 = vgetq_lane_f32(lo, 0);
+        for (; i < n; i++) l0 = __builtin_fmaf(q[i], fp16_to_fp32(k[i]), l0);
+        lo = vsetq_lane_f32(l0, lo, 0);
+    }
+    const float32x4_t s = vaddq_f32(lo, hi); /* l0+l4, l1+l5, l2+l6, l3+l7 */
+    const float32x4_t p = vpaddq_f32(s, s);  /* (l0+l4)+(l1+l5), (l2+l6)+(l3+l7) */
+    return vgetq_lane_f32(p, 0) + vgetq_lane_f32(p, 1);
+}
+
+static float neon_dot_f16(const float *q, const uint16_t *k, size_t n) {
+    float32x4_t lo = vdupq_n_f32(0.0f), hi = vdupq_n_f32(0.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        lo = vfmaq_f32(lo, vld1q_f32(q + i), neon_load_f16x4(k + i));
+        hi = vfmaq_f32(hi, vld1q_f32(q + i + 4), neon_load_f16x4(k + i + 4));
+    }
+    return neon_dot_finish(lo, hi, q, k, i, n);
+}
+
+/* Four keys with the query loaded once; each key's lanes take the same
+ * operations as in neon_dot_f16. */
+static void neon_dot4_f16(const float *q, const uint16_t *const k[4], size_t n, float out[4]) {
+    float32x4_t lo[4], hi[4];
+    for (int j = 0; j < 4; j++) lo[j] = hi[j] = vdupq_n_f32(0.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const float32x4_t q0 = vld1q_f32(q + i), q1 = vld1q_f32(q + i + 4);
+        for (int j = 0; j < 4; j++) {
+            lo[j] = vfmaq_f32(lo[j], q0, neon_load_f16x4(k[j] + i));
+            hi[j] = vfmaq_f32(hi[j], q1, neon_load_f16x4(k[j] + i + 4));
+        }
+    }
+    for (int j = 0; j < 4; j++) out[j] = neon_dot_finish(lo[j], hi[j], q, k[j], i, n);
+}
+
+/* acc[i] = fma(w, v[i], acc[i]) for every i, vector or tail alike. */
+static void neon_axpy_f16(float *acc, float w, const uint16_t *v, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        vst1q_f32(acc + i, vfmaq_n_f32(vld1q_f32(acc + i), neon_load_f16x4(v + i), w));
+        vst1q_f32(acc + i + 4, vfmaq_n_f32(vld1q_f32(acc + i + 4), neon_load_f16x4(v + i + 4), w));
+    }
+    for (; i < n; i++) acc[i] = __builtin_fmaf(w, fp16_to_fp32(v[i]), acc[i]);
+}
+
+/* axpy over many rows with 64 columns of acc in registers at a time: the
+ * same fused multiply-add per element and row, in row order, as
+ * neon_axpy_f16. */
+static void neon_axpy_rows_f16(float *acc, const float *w, const uint16_t *const *v, size_t nk,
+                               size_t n) {
+    size_t c = 0;
+    for (; c + 64 <= n; c += 64) {
+        float32x4_t a[16];
+        for (int u = 0; u < 16; u++) a[u] = vld1q_f32(acc + c + 4 * u);
+        for (size_t j = 0; j < nk; j++) {
+            const float wj = w[j];
+            const uint16_t *vr = v[j] + c;
+            for (int u = 0; u < 16; u++) a[u] = vfmaq_n_f32(a[u], neon_load_f16x4(vr + 4 * u), wj);
+        }
+        for (int u = 0; u < 16; u++) vst1q_f32(acc + c + 4 * u, a[u]);
+    }
+    if (c < n)
+        for (size_t j = 0; j < nk; j++) neon_axpy_f16(acc + c, w[j], v[j] + c, n - c);
+}
+
+static void neon_scale(float *acc, float s, size_t n) {
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(acc + i, vmulq_n_f32(vld1q_f32(acc + i), s));
+    for (; i < n; i++) acc[i] *= s;
+}
+
+/* FCVTN rounds to nearest even (the FPCR's default mode), subnormals
+ * kept, as fp32_to_fp16 does; FCVTL back is exact. */
+static void neon_scale_round_f16(float *out, const float *x, float s, size_t n) {
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t v = vmulq_n_f32(vld1q_f32(x + i), s);
+        vst1q_f32(out + i, vcvt_f32_f16(vcvt_f16_f32(v)));
+    }
+    for (; i < n; i++) out[i] = fp16_to_fp32(fp32_to_fp16(x[i] * s));
+}
+
+static const attn_kernels neon_kernels = {neon_dot_f16,  neon_axpy_f16,      neon_scale,
+                                          neon_dot4_f16, neon_axpy_rows_f16, neon_scale_round_f16};
+#endif
+
 static const attn_kernels *chosen = &ref_kernels;
 static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
 
 static void choose(void) {
 #if defined(__x86_64__)
     if (avx2_cpu_supported()) chosen = &avx2_kernels;
+#elif defined(__aarch64__)
+    chosen = &neon_kernels; /* NEON is baseline on AArch64 */
 #endif
 }
 
