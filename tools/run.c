@@ -77,13 +77,9 @@ static void rewind_to(chat *c, size_t keep) {
     }
 }
 
-/* Feeds the rendered conversation; returns false (with a message) when it
- * cannot fit the context even after dropping old turns. */
-static bool feed_prompt(chat *c, const char *text, cellm_error *err) {
-    tok_ids ids = {0};
-    if (tokenizer_encode(c->r.tok, text, strlen(text), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, &ids,
-                         err) != CELLM_OK)
-        return false;
+/* Feeds the prompt's tokens (taking them over); returns false (with a
+ * message) when they cannot fit the context. */
+static bool feed_prompt(chat *c, tok_ids ids, cellm_error *err) {
     size_t same = 0;
     while (same < ids.n && same < c->hist.n && ids.ids[same] == c->hist.ids[same]) same++;
     if (same == ids.n && same > 0) same--; /* always feed at least one token for logits */
@@ -172,17 +168,27 @@ static void free_msgs(chat *c, int from) {
 /* One user turn: add the message, render, feed, generate, keep the answer. */
 static bool turn(chat *c, const char *user, cellm_error *err) {
     if (c->raw) {
-        if (!feed_prompt(c, user, err)) return false;
+        tok_ids ids = {0};
+        if (tokenizer_encode(c->r.tok, user, strlen(user), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL,
+                             &ids, err) != CELLM_OK) {
+            tok_ids_free(&ids);
+            return false;
+        }
+        if (!feed_prompt(c, ids, err)) return false;
         free(generate(c, err));
         return true;
     }
     if (c->n_msgs + 2 > MAX_MSGS) free_msgs(c, c->msgs[0].role[0] == 's' ? 1 : 0);
     c->msgs[c->n_msgs++] = (chat_msg){"user", strdup(user)};
     for (;;) {
-        char *text = chat_render(&c->tpl, c->msgs, c->n_msgs, true);
-        bool ok = text && feed_prompt(c, text, err);
-        free(text);
-        if (ok) break;
+        tok_ids ids = {0};
+        if (chat_encode(&c->tpl, c->r.tok, c->msgs, c->n_msgs, true, &ids, err) != CELLM_OK) {
+            tok_ids_free(&ids);
+            c->n_msgs--; /* the turn did not happen */
+            free((char *)c->msgs[c->n_msgs].content);
+            return false;
+        }
+        if (feed_prompt(c, ids, err)) break;
         /* Too long: drop the oldest exchange (keeping a system message). */
         int first = c->msgs[0].role[0] == 's' ? 1 : 0;
         if (c->n_msgs - first <= 1) return false;
@@ -334,7 +340,7 @@ int cmd_run(int argc, char **argv) {
         cli_error("%s", err.msg);
         return 1;
     }
-    if ((!c.raw && chat_tpl_detect(c.r.m, c.r.tok, tpl, &c.tpl, &err) != CELLM_OK) ||
+    if ((!c.raw && chat_tpl_init(c.r.m, c.r.tok, tpl, &c.tpl, &err) != CELLM_OK) ||
         sampler_create(&sp, c.r.m->n_vocab, &c.smp, &err) != CELLM_OK ||
         kv_seq_init(c.r.kv, &c.seq, &err) != CELLM_OK) {
         cli_error("%s", err.msg);
@@ -355,6 +361,7 @@ int cmd_run(int argc, char **argv) {
     }
 done:
     free_msgs(&c, 0);
+    chat_tpl_free(&c.tpl);
     free(c.logits);
     tok_ids_free(&c.hist);
     if (c.seq.table[0]) kv_seq_free(c.r.kv, &c.seq);
