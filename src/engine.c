@@ -534,6 +534,10 @@ static cellm_status check_params(const cellm_request_params *p, cellm_error *err
         (s->ngram_guard > 0 && s->ngram_guard_repeats < 1))
         return err_set(err, CELLM_ERR_INVALID_ARG,
                        "ngram_guard must be 0..64 and ngram_guard_repeats at least 1");
+    if (s->ngram_guard > 0 && s->repeat_last_n >= 0 && s->repeat_last_n < s->ngram_guard)
+        return err_set(err, CELLM_ERR_INVALID_ARG,
+                       "the n-gram guard of %d tokens needs repeat_last_n of at least %d",
+                       (int)s->ngram_guard, (int)s->ngram_guard);
     if (p->n_stop_tokens < 0 || p->n_stop_tokens > REQ_MAX_STOP ||
         (p->n_stop_tokens && !p->stop_tokens))
         return err_set(err, CELLM_ERR_INVALID_ARG, "n_stop_tokens must be 0..%d, with stop_tokens",
