@@ -95,8 +95,9 @@ cellm_status sampler_create(const sampler_params *p, int32_t n_vocab, sampler **
         return err_set(err, CELLM_ERR_INVALID_ARG, "negative penalty window, n-gram or bias count");
     if (p->ngram_size > 0 && p->ngram_size > p->penalty_last_n)
         return err_set(err, CELLM_ERR_INVALID_ARG,
-                       "the n-gram guard needs a penalty window of at least %d tokens",
-                       (int)p->ngram_size);
+                       "the n-gram guard of %d tokens needs a penalty window (repeat_last_n) of "
+                       "at least %d tokens",
+                       (int)p->ngram_size, (int)p->ngram_size);
     for (int32_t i = 0; i < p->n_logit_bias; i++) {
         const sampler_logit_bias *b = &p->logit_bias[i];
         if (b->token < 0 || b->token >= n_vocab)
