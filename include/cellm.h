@@ -168,6 +168,8 @@ typedef struct cellm_stats {
     uint64_t n_prompt_tokens, n_completion_tokens; /* computed since creation */
     double prompt_tokens_per_s;                    /* over the last second or so of work */
     double completion_tokens_per_s;
+    uint64_t n_sampled;    /* tokens chosen by the samplers since creation */
+    double sample_seconds; /* engine-thread time spent choosing them */
 } cellm_stats;
 
 /* Fills *out. Thread-safe; a consistent snapshot as of the last step. */

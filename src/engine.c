@@ -133,6 +133,8 @@ static void publish_locked(cellm_engine *e) {
     s->n_completion_tokens = e->n_gen_tok;
     s->prompt_tokens_per_s = e->rate_prompt;
     s->completion_tokens_per_s = e->rate_gen;
+    s->n_sampled = e->n_sampled;
+    s->sample_seconds = e->t_sample;
 }
 
 /* Calls the piece callback unless the owner has let go of the request. */
@@ -228,7 +230,10 @@ static void step_outputs(cellm_engine *e, const float *logits, double t_now) {
         cellm_request *r = e->fed[i];
         if (r->seq.n_pos < r->n_tokens) continue; /* mid-prompt: no logits */
         const float *row = logits + (size_t)li++ * (size_t)n_vocab;
+        double t0 = now_s();
         int32_t t = sampler_sample(r->smp, row);
+        e->t_sample += now_s() - t0;
+        e->n_sampled++;
         if (r->t_first_token == 0) r->t_first_token = t_now;
         if (is_stop(r, t)) {
             r->stop_token = t;

@@ -98,6 +98,8 @@ struct cellm_engine {
     cellm_request **fed; /* [p.max_seqs] the requests in this step's batch */
     int32_t n_fed;
     uint64_t n_steps, n_preempt, n_prompt_tok, n_gen_tok;
+    uint64_t n_sampled;
+    double t_sample; /* seconds in sampler_sample */
     double win_t0; /* tokens/s window */
     uint64_t win_prompt, win_gen;
     double rate_prompt, rate_gen;

@@ -649,6 +649,87 @@ static void test_stat_penalties(void **st) {
     sampler_free(s);
 }
 
+/* Limits of each parameter: top_p or typical_p 0 keep one token, top_k at
+ * or past the vocabulary is off, and a flat distribution over Gemma's
+ * vocabulary (top-p's worst case: half of it kept, ties to the lowest
+ * ids) works. */
+static void test_edges(void **st) {
+    (void)st;
+    static float l[SV];
+    gauss_logits(l, 8);
+    int32_t best = sampler_argmax(l, SV);
+    sampler_params p = sampler_default_params();
+    p.temperature = 1.0f;
+    p.top_p = 0.0f;
+    sampler *s = mk(&p);
+    for (int i = 0; i < 100; i++) assert_int_equal(sampler_sample(s, l), best);
+    sampler_free(s);
+    p.top_p = 1.0f;
+    p.typical_p = 0.0f;
+    s = mk(&p);
+    int32_t first = sampler_sample(s, l);
+    for (int i = 0; i < 100; i++) assert_int_equal(sampler_sample(s, l), first);
+    sampler_free(s);
+    p.typical_p = 1.0f;
+    p.top_k = SV + 5;
+    s = mk(&p);
+    static cset c;
+    cs_all(&c, l, 1.0);
+    check_draws(s, l, &c, "top-k past the vocabulary");
+    sampler_free(s);
+
+    const int32_t N = 262144;
+    float *flat = calloc((size_t)N, sizeof(float));
+    assert_non_null(flat);
+    p = sampler_default_params();
+    p.temperature = 1.0f;
+    p.top_p = 0.5f;
+    sampler *big = NULL;
+    assert_int_equal(sampler_create(&p, N, &big, NULL), CELLM_OK);
+    for (int i = 0; i < 200; i++) assert_true(sampler_sample(big, flat) < N / 2);
+    sampler_free(big);
+    free(flat);
+}
+
+/* The same seed gives the same tokens on every platform: the PRNG and the
+ * exponential are exact operations, so these draws are fixed. (Recorded on
+ * x86-64; a change here changes every seeded text.) */
+static void test_golden_draws(void **st) {
+    (void)st;
+    static float l[SV];
+    gauss_logits(l, 9);
+    static const struct {
+        float t, top_p, min_p;
+        int32_t top_k;
+    } modes[] = {{0.7f, 0.9f, 0, 0}, {1.0f, 1, 0.05f, 0}, {1.3f, 0.95f, 0, 50}};
+    static const int32_t want[3][12] = {
+        {156, 77, 177, 268, 410, 733, 622, 224, 481, 802, 177, 156},
+        {77, 156, 570, 802, 907, 622, 615, 733, 622, 385, 570, 156},
+        {156, 570, 752, 344, 807, 226, 627, 465, 226, 733, 752, 802}};
+    for (int m = 0; m < 3; m++) {
+        sampler_params p = sampler_default_params();
+        p.temperature = modes[m].t;
+        p.top_p = modes[m].top_p;
+        p.min_p = modes[m].min_p;
+        p.top_k = modes[m].top_k;
+        p.seed = 42;
+        sampler *s = mk(&p);
+        char got[256];
+        size_t o = 0;
+        for (int i = 0; i < 12; i++)
+            o += (size_t)snprintf(got + o, sizeof got - o, "%d, ", (int)sampler_sample(s, l));
+        sampler_free(s);
+        sampler *r = mk(&p);
+        for (int i = 0; i < 12; i++) {
+            if (sampler_sample(r, l) != want[m][i]) {
+                print_error("mode %d: got {%s}\n", m, got);
+                fail();
+            }
+        }
+        sampler_free(r);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),      cmocka_unit_test(test_seed_repeats),
@@ -659,6 +740,7 @@ int main(void) {
         cmocka_unit_test(test_stat_top_k),  cmocka_unit_test(test_stat_top_p),
         cmocka_unit_test(test_stat_min_p),  cmocka_unit_test(test_stat_typical),
         cmocka_unit_test(test_stat_chain),  cmocka_unit_test(test_stat_penalties),
+        cmocka_unit_test(test_edges),       cmocka_unit_test(test_golden_draws),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
