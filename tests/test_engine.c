@@ -508,7 +508,7 @@ static cellm_request_params sampled(const char *prompt, uint64_t seed) {
     return p;
 }
 
-static void test_seed_determinism(void **state) {
+static void test_tsan_seed_determinism(void **state) {
     (void)state;
     static sink runs[5];
     const char *prompt = "Once upon a time, in a small village by the sea,";
@@ -682,7 +682,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),           cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_small_budget),     cmocka_unit_test(test_stop_strings),
-        cmocka_unit_test(test_seed_determinism), cmocka_unit_test(test_bias_and_penalties),
+        cmocka_unit_test(test_tsan_seed_determinism), cmocka_unit_test(test_bias_and_penalties),
         cmocka_unit_test(test_chat_templates),   cmocka_unit_test(test_tsan_engine_stress),
     };
     /* test.sh runs only test_tsan_* under ThreadSanitizer. */
