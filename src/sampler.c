@@ -20,9 +20,31 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* GCC and Clang vector types, unless CELLM_NO_VECTOR_EXT asks for the
+ * plain C path (which gives the same bits; the tests build both). */
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(CELLM_NO_VECTOR_EXT)
+#define SAMPLER_VEC 1
+#else
+#define SAMPLER_VEC 0
+#endif
+
+/* On x86-64 the weights also have an AVX2 path, chosen at run time. */
+#if SAMPLER_VEC && defined(__x86_64__)
+#define SAMPLER_AVX2 1
+#include "kernels/kernels.h" /* avx2_cpu_supported */
+#else
+#define SAMPLER_AVX2 0
+#endif
+
+/* The weights must round the same everywhere: no FMA contraction. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
 struct sampler {
     sampler_params p;
     int32_t n_vocab;
+    bool avx2; /* weigh with AVX2 */
     uint64_t rng[4];
     int32_t *idx; /* candidate heap: token ids */
     float *val;   /* their heap keys (logits, or typical-p scores) */
@@ -144,6 +166,9 @@ cellm_status sampler_create(const sampler_params *p, int32_t n_vocab, sampler **
         sampler_free(s);
         return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
     }
+#if SAMPLER_AVX2
+    s->avx2 = avx2_cpu_supported();
+#endif
     sampler_reseed(s, p->seed);
     *out = s;
     return CELLM_OK;
@@ -309,14 +334,6 @@ static float exp2_neg(float y) {
     return q;
 }
 
-/* GCC and Clang vector types, unless CELLM_NO_VECTOR_EXT asks for the
- * plain C path (which gives the same bits; the tests build both). */
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(CELLM_NO_VECTOR_EXT)
-#define SAMPLER_VEC 1
-#else
-#define SAMPLER_VEC 0
-#endif
-
 #if SAMPLER_VEC
 /* Four lanes of exp2_neg with GCC/Clang vector types (SSE2, NEON), lane
  * for lane the same operations, so the same bits. */
@@ -335,6 +352,59 @@ static inline __attribute__((always_inline)) v4f exp2_neg4(v4f y) {
 }
 #endif
 
+#if SAMPLER_AVX2
+/* The same eight lanes in one AVX2 register, on CPUs that have it (twice
+ * the speed; the same operations, so the same bits). */
+#define AVX2 __attribute__((target("avx2")))
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+
+AVX2 static inline __attribute__((always_inline)) v8f exp2_neg8(v8f y) {
+    const v8f lo = {EXP2_MIN, EXP2_MIN, EXP2_MIN, EXP2_MIN, EXP2_MIN, EXP2_MIN, EXP2_MIN, EXP2_MIN};
+    const v8i ok = y >= lo;
+    y = (v8f)(((v8i)y & ok) | ((v8i)lo & ~ok));
+    v8f k, f, q;
+    EXP2_STEPS(y, k, f, q);
+    v8u b = (v8u)q + ((v8u) __builtin_convertvector(k, v8i) << 23);
+    return (v8f)(b & (v8u)ok);
+}
+
+/* weigh's loop over whole blocks of 8 (see there); returns where it
+ * stopped, with the lane sums in a[] and the gathered count in *g. */
+AVX2 static int32_t weigh_avx2(sampler *s, const float *l, float mx, float c, float gather,
+                               double *z, int *g, float a[8]) {
+    const int32_t n = s->n_vocab;
+    float *w = s->w;
+    v8f acc = {0};
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f y;
+        memcpy(&y, l + i, sizeof y);
+        y = y - mx;
+        y = y * c;
+        const v8f e = exp2_neg8(y);
+        memcpy(w + i, &e, sizeof e);
+        acc += e;
+        if ((i & 1023) == 1016) {
+            for (int j = 0; j < 4; j++) *z += (double)acc[j] + (double)acc[4 + j];
+            acc = (v8f){0};
+        }
+        if (gather > 0) {
+            const v8i hit = e >= gather;
+            if (hit[0] | hit[1] | hit[2] | hit[3] | hit[4] | hit[5] | hit[6] | hit[7])
+                for (int j = 0; j < 8; j++)
+                    if (w[i + j] >= gather) {
+                        s->idx[*g] = i + j;
+                        s->val[(*g)++] = l[i + j];
+                    }
+        }
+    }
+    for (int j = 0; j < 8; j++) a[j] = acc[j];
+    return i;
+}
+#endif
+
 /* w[t] = 2^((l[t] - mx) * c) for every token; returns their sum. The sum
  * runs in 8 float lanes folded into a double every 1,024 tokens, in a
  * fixed order, so it too is the same everywhere. With gather > 0 it also
@@ -346,8 +416,12 @@ static double weigh(sampler *s, const float *l, float mx, float c, float gather,
     double z = 0;
     int32_t i = 0;
     int g = 0;
+    float a[8] = {0};
+#if SAMPLER_AVX2
+    if (s->avx2) i = weigh_avx2(s, l, mx, c, gather, &z, &g, a);
+#endif
 #if SAMPLER_VEC
-    v4f a0 = {0}, a1 = {0};
+    v4f a0 = {a[0], a[1], a[2], a[3]}, a1 = {a[4], a[5], a[6], a[7]};
     const v4f gv = {gather, gather, gather, gather};
     for (; i + 8 <= n; i += 8) {
         v4f y0, y1;
@@ -376,13 +450,11 @@ static double weigh(sampler *s, const float *l, float mx, float c, float gather,
                     }
         }
     }
-    float a[8];
     for (int j = 0; j < 4; j++) {
         a[j] = a0[j];
         a[4 + j] = a1[j];
     }
 #else
-    float a[8] = {0};
     for (; i + 8 <= n; i += 8) {
         for (int j = 0; j < 8; j++) {
             float y = l[i + j] - mx;
