@@ -100,7 +100,7 @@ struct cellm_engine {
     uint64_t n_steps, n_preempt, n_prompt_tok, n_gen_tok;
     uint64_t n_sampled;
     double t_sample; /* seconds in sampler_sample */
-    double win_t0; /* tokens/s window */
+    double win_t0;   /* tokens/s window */
     uint64_t win_prompt, win_gen;
     double rate_prompt, rate_gen;
 

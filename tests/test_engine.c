@@ -680,10 +680,14 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_errors),           cmocka_unit_test(test_batch_invariance),
-        cmocka_unit_test(test_small_budget),     cmocka_unit_test(test_stop_strings),
-        cmocka_unit_test(test_tsan_seed_determinism), cmocka_unit_test(test_bias_and_penalties),
-        cmocka_unit_test(test_chat_templates),   cmocka_unit_test(test_tsan_engine_stress),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_small_budget),
+        cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_tsan_seed_determinism),
+        cmocka_unit_test(test_bias_and_penalties),
+        cmocka_unit_test(test_chat_templates),
+        cmocka_unit_test(test_tsan_engine_stress),
     };
     /* test.sh runs only test_tsan_* under ThreadSanitizer. */
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
