@@ -110,6 +110,9 @@ static void select_kernels(void) {
         t[QT_Q4_K].vec_dot = avx2_vec_dot_q4_k_q8_k;
         t[QT_Q5_K].vec_dot = avx2_vec_dot_q5_k_q8_k;
         t[QT_Q6_K].vec_dot = avx2_vec_dot_q6_k_q8_k;
+        t[QT_Q4_K].dot4_y = avx2_dot4_y_q4_k_q8_k;
+        t[QT_Q5_K].dot4_y = avx2_dot4_y_q5_k_q8_k;
+        t[QT_Q6_K].dot4_y = avx2_dot4_y_q6_k_q8_k;
         kernels_name = "avx2";
         if (avx512_cpu_supported()) {
             /* Same results as the AVX2 kernels (dot4_x stays AVX2). */
