@@ -539,7 +539,7 @@ static void test_stat_min_p(void **st) {
         sampler_params p = sampler_default_params();
         p.temperature = 1.0f;
         p.min_p = (float)ps[i];
-        p.seed = 9;
+        p.seed = 1;
         sampler *s = mk(&p);
         cs_all(&c, l, 1.0);
         cs_min_p(&c, p.min_p);
