@@ -8,8 +8,8 @@
  * next token of every request whose row asked for logits, stream its text
  * and finish it on a stop token or a length limit. Callbacks run on this
  * thread, outside the mutex. Everything a request needs on the way
- * (token array, sampler, block table, text buffer) is allocated when it is
- * submitted, so a step allocates nothing.
+ * (token array, sampler, stop-string matcher, block table, text buffer) is
+ * allocated when it is submitted, so a step allocates nothing.
  */
 #include <math.h>
 #include <stdio.h>
