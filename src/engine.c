@@ -6,8 +6,8 @@
  * The engine thread loops: take new requests and cancellations (under the
  * engine's mutex), plan a step, run it as one forward pass, then sample the
  * next token of every request whose row asked for logits, stream its text
- * and finish it on a stop token or string or a length limit. Callbacks run on this
- * thread, outside the mutex. Everything a request needs on the way
+ * and finish it on a stop token or string or a length limit. Callbacks run
+ * on this thread, outside the mutex. Everything a request needs on the way
  * (token array, sampler, stop-string matcher, block table, text buffer) is
  * allocated when it is submitted, so a step allocates nothing.
  */
