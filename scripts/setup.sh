@@ -18,7 +18,8 @@ cellm_pkg_installed() {
 }
 
 cellm_install_packages() {
-    local pkgs=(cmake ninja-build gcc libc6-dev libcmocka-dev libcjson-dev libedit-dev)
+    local pkgs=(cmake ninja-build gcc libc6-dev libcmocka-dev libcjson-dev libedit-dev
+        libmicrohttpd-dev)
     if [ "${1:-}" = "--test" ]; then
         pkgs+=(clang libclang-rt-14-dev clang-format)
     fi

@@ -634,3 +634,9 @@ void cellm_request_free(cellm_request *r) {
         free(r);
     }
 }
+
+/* ------------------------------------------------ for model_info.c */
+
+cellm_status engine_fail(cellm_status code, const char *msg) {
+    return fail_msg(code, msg);
+}
