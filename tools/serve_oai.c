@@ -631,7 +631,9 @@ int oai_completions(server *s, struct MHD_Connection *conn, serve_kind kind, con
         atomic_fetch_add_explicit(&s->c.rejected_busy, 1, memory_order_relaxed);
         job_free(j);
         serr(&e, 503, "server_busy", NULL,
-             "the server is busy (%d requests queued or running); retry later", before);
+             "the server is busy: %d of its %d request slots are taken and this request needs %d; "
+             "retry later",
+             before, s->o.max_queue, j->n_ch);
         e.type = "server_error";
         return http_reply_error(s, conn, &e);
     }
