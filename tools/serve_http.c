@@ -68,6 +68,8 @@ typedef struct conn_ctx {
     char *body;
     size_t len, cap;
     bool replied; /* a reply was queued before the body was read */
+    bool too_big; /* the body passed the limit: skipped, then refused */
+    size_t skipped;
 } conn_ctx;
 
 /* ------------------------------------------------------------- replies */
@@ -313,12 +315,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (*upload_size) {
         size_t n = *upload_size;
         *upload_size = 0;
-        if (n > s->o.max_body - cx->len) {
-            serve_err e;
-            serr(&e, 413, "request_too_large", NULL,
-                 "the request body is over the limit of %zu bytes", s->o.max_body);
-            cx->replied = true;
-            return (enum MHD_Result)http_reply_error(s, conn, &e);
+        if (cx->too_big || n > s->o.max_body - cx->len) {
+            /* libmicrohttpd can reply only once the body is in: skip the
+             * rest, unless there is far too much of it to wait for. */
+            cx->too_big = true;
+            cx->skipped += n;
+            return cx->skipped > 4 * s->o.max_body + (1u << 20) ? MHD_NO : MHD_YES;
         }
         if (cx->len + n + 1 > cx->cap) {
             size_t cap = (cx->len + n + 1) * 2;
@@ -332,6 +334,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         cx->len += n;
         cx->body[cx->len] = '\0';
         return MHD_YES;
+    }
+    if (cx->too_big) {
+        serve_err e;
+        serr(&e, 413, "request_too_large", NULL, "the request body is over the limit of %zu bytes",
+             s->o.max_body);
+        cx->replied = true;
+        return (enum MHD_Result)http_reply_error(s, conn, &e);
     }
     cx->replied = true;
     return (enum MHD_Result)dispatch(s, conn, url, cx);

@@ -190,7 +190,9 @@ static bool job_wait_slice(job *j, int ms) {
 static void submit_error(serve_kind kind, cellm_status st, serve_err *e) {
     const char *msg = cellm_last_error();
     const char *param = kind == SERVE_CHAT ? "messages" : "prompt";
-    if (strstr(msg, "prompt has") || strstr(msg, "KV blocks"))
+    if (strstr(msg, "has 0 tokens"))
+        serr(e, 400, "invalid_value", param, "the %s is empty", param);
+    else if (strstr(msg, "prompt has") || strstr(msg, "KV blocks"))
         serr(e, 400, "context_length_exceeded", param, "%s", msg);
     else if (st == CELLM_ERR_INVALID_ARG || st == CELLM_ERR_UNSUPPORTED)
         serr(e, 400, "invalid_value", param, "%s", msg);
@@ -700,7 +702,7 @@ int oai_models(server *s, struct MHD_Connection *conn, const char *id) {
 
 /* Parses a small JSON object body for /tokenize and /detokenize. */
 static cJSON *parse_object(const char *body, size_t len, serve_err *e) {
-    if (!len || !serve_utf8_valid(body, len)) {
+    if (!len || memchr(body, '\0', len) || !serve_utf8_valid(body, len)) {
         serr(e, 400, "invalid_json", NULL, "the request body must be a UTF-8 JSON object");
         return NULL;
     }

@@ -425,6 +425,8 @@ bool serve_req_parse(const char *body, size_t len, serve_kind kind, const serve_
     r->top_p = 1.0f;
     r->repeat_penalty = 1.0f;
     if (len == 0) return serr(e, 400, "invalid_json", NULL, "the request has no body");
+    if (memchr(body, '\0', len)) /* cJSON would take it for white space */
+        return serr(e, 400, "invalid_json", NULL, "the request body holds a NUL byte");
     if (!serve_utf8_valid(body, len))
         return serr(e, 400, "invalid_json", NULL, "the request body is not valid UTF-8");
     const char *end = NULL;
