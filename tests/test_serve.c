@@ -439,7 +439,7 @@ static void hostile_raw(void) {
     reply_free(&r);
 
     /* A chunked body that grows past the limit. */
-    size_t big = 200 * 1024;
+    size_t big = 256 * 1024; /* 50 chunks of 4 KiB and their framing */
     char *b = malloc(big + 512);
     assert_non_null(b);
     int n = snprintf(b, 512,
