@@ -619,19 +619,19 @@ static void test_disconnect(void **st) {
 #define PER_CLIENT 2
 
 typedef struct client {
-    int id, ok;
+    int id, ok, n_requests, max_tokens;
     char err[256];
 } client;
 
 static void *client_main(void *arg) {
     client *c = arg;
-    for (int k = 0; k < PER_CLIENT; k++) {
+    for (int k = 0; k < c->n_requests; k++) {
         char body[512];
         snprintf(body, sizeof body,
                  "{\"messages\":[{\"role\":\"user\",\"content\":\"Count from %d to %d.\"}],"
-                 "\"max_tokens\":16,\"temperature\":0.7,\"seed\":%d,\"stream\":true,"
+                 "\"max_tokens\":%d,\"temperature\":0.7,\"seed\":%d,\"stream\":true,"
                  "\"stream_options\":{\"include_usage\":true}}",
-                 c->id, c->id + 5, c->id * 10 + k);
+                 c->id, c->id + 5, c->max_tokens, c->id * 10 + k);
         reply r = http("POST", CHAT, NULL, body);
         const char *done = strstr(r.body, "data: [DONE]\n\n");
         if (r.status != 200 || !done || !strstr(r.body, "\"finish_reason\":\"") ||
@@ -644,23 +644,26 @@ static void *client_main(void *arg) {
     return NULL;
 }
 
-static void load_round(const char *what) {
+/* n clients at once, each sending `per` streamed requests one after
+ * another; all must complete, and the server must return to idle. */
+static void load_round(const char *what, int n, int per, int max_tokens) {
     pthread_t th[N_CLIENTS];
     client cl[N_CLIENTS];
+    assert_true(n <= N_CLIENTS);
     double t0 = now_s();
-    for (int i = 0; i < N_CLIENTS; i++) {
-        cl[i] = (client){i, 0, ""};
+    for (int i = 0; i < n; i++) {
+        cl[i] = (client){i, 0, per, max_tokens, ""};
         assert_int_equal(pthread_create(&th[i], NULL, client_main, &cl[i]), 0);
     }
     int ok = 0;
-    for (int i = 0; i < N_CLIENTS; i++) {
+    for (int i = 0; i < n; i++) {
         pthread_join(th[i], NULL);
         if (cl[i].err[0]) print_error("%s\n", cl[i].err);
         ok += cl[i].ok;
     }
-    print_message("%s: %d of %d streamed requests complete in %.1f s\n", what, ok,
-                  N_CLIENTS * PER_CLIENT, now_s() - t0);
-    assert_int_equal(ok, N_CLIENTS * PER_CLIENT);
+    print_message("%s: %d of %d streamed requests from %d clients complete in %.1f s\n", what, ok,
+                  n * per, n, now_s() - t0);
+    assert_int_equal(ok, n * per);
     wait_idle(10);
     assert_int_equal((int)metric("cellm_kv_blocks_free"), (int)metric("cellm_kv_blocks_total"));
     assert_int_equal((int)metric("cellm_streams_open"), 0);
@@ -668,9 +671,9 @@ static void load_round(const char *what) {
 
 static void test_load(void **st) {
     (void)st;
-    load_round("warm-up");
+    load_round("warm-up", N_CLIENTS, PER_CLIENT, 16);
     double rss0 = metric("process_resident_memory_bytes");
-    load_round("load");
+    load_round("load", N_CLIENTS, PER_CLIENT, 16);
     double rss1 = metric("process_resident_memory_bytes");
     print_message("resident memory after warm-up %.1f MiB, after load %.1f MiB\n", rss0 / 1048576,
                   rss1 / 1048576);
@@ -682,12 +685,25 @@ static void test_load(void **st) {
     assert_int_equal((int)metric("cellm_choices_finished_total{reason=\"error\"}"), 0);
 }
 
+/* The server's threads under ThreadSanitizer: a few concurrent streams,
+ * a whole reply and a stream whose clients hang up, and bad input. */
+static void test_tsan_serve(void **st) {
+    (void)st;
+    load_round("tsan", 6, 1, 4);
+    hang_up(true);
+    hang_up(false);
+    reply r = http("POST", CHAT, NULL, "{\"messages\":[}");
+    assert_int_equal(r.status, 400);
+    reply_free(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_endpoints),
-        cmocka_unit_test(test_hostile),
-        cmocka_unit_test(test_disconnect),
-        cmocka_unit_test(test_load),
+        cmocka_unit_test(test_endpoints),  cmocka_unit_test(test_hostile),
+        cmocka_unit_test(test_disconnect), cmocka_unit_test(test_load),
+        cmocka_unit_test(test_tsan_serve),
     };
+    /* test.sh runs only test_tsan_* under ThreadSanitizer. */
+    if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }
