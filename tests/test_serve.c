@@ -689,7 +689,7 @@ static void test_load(void **st) {
  * a whole reply and a stream whose clients hang up, and bad input. */
 static void test_tsan_serve(void **st) {
     (void)st;
-    load_round("tsan", 6, 1, 4);
+    load_round("tsan", 3, 1, 2);
     hang_up(true);
     hang_up(false);
     reply r = http("POST", CHAT, NULL, "{\"messages\":[}");
