@@ -339,7 +339,7 @@ static cellm_status read_tensor_info(cursor *c, gguf_file *f, uint64_t i) {
     size_t type_at = c->pos;
     if ((st = cur_u32(c, &t->type, "tensor type"))) return st;
     const quant_type_info *qi = quant_type_get(t->type);
-    if (!qi)
+    if (!qi || qi->internal)
         return err_set(c->err, CELLM_ERR_FORMAT,
                        "tensor '%s': type id %u at byte offset %zu is not a known tensor type",
                        name, t->type, type_at);

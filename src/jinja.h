@@ -31,7 +31,7 @@
 #include "util.h"
 
 /* One chat message. Strings are NUL-terminated UTF-8; content may be NULL
- * (then `message.content` is none). */
+ * (then the message has no `content`, as transformers drops None values). */
 typedef struct jinja_message {
     const char *role;
     const char *content;
@@ -46,8 +46,13 @@ typedef struct jinja_limits {
     int max_calls;      /* nesting of macro calls [32] */
 } jinja_limits;
 
-/* What the template sees. Variables it reads and nobody set are undefined,
- * as in Jinja2 (they print as nothing, test false and fail when used). */
+/* What the template sees, prepared as transformers' apply_chat_template
+ * prepares it: `tools` and `documents` are none unless set; a message's keys
+ * whose value is null are dropped; a message's reasoning (the first of
+ * `reasoning_content`, `thinking`, `reasoning` that is set) shows under both
+ * `reasoning_content` and `thinking`. Other variables the template reads and
+ * nobody set are undefined, as in Jinja2 (they print as nothing, test false
+ * and fail when used). */
 typedef struct jinja_ctx {
     const jinja_message *messages; /* `messages`, a list of {role, content} */
     size_t n_messages;

@@ -104,6 +104,13 @@ jlist *jinja_iter(jinja *j, jvalue v, size_t pos) {
     switch (v.kind) {
     case JV_UNDEF: return jv_list(j, 0, false).u.l;
     case JV_LIST: return v.u.l;
+    case JV_ITER: {
+        /* A generator runs once: what it had is gone after this. */
+        jvalue l = jv_list(j, v.u.l->n, false);
+        if (v.u.l->n) memcpy(l.u.l->items, v.u.l->items, v.u.l->n * sizeof(jvalue));
+        v.u.l->n = 0;
+        return l.u.l;
+    }
     case JV_DICT: {
         jvalue l = jv_list(j, v.u.d->n, false);
         memcpy(l.u.l->items, v.u.d->keys, v.u.d->n * sizeof(jvalue));
@@ -234,6 +241,7 @@ static jvalue slice(jinja *j, jvalue obj, const jnode *n) {
     int64_t step = set[2] ? b[2] : 1;
     if (step == 0) jfail(j, CELLM_ERR_FORMAT, n->pos, "slice step cannot be zero");
     if (obj.kind == JV_UNDEF) jfail(j, CELLM_ERR_FORMAT, n->pos, "cannot slice an undefined value");
+    if (obj.kind == JV_ITER) return jv_undef(); /* Jinja2: a generator has no items to slice */
     if (obj.kind != JV_LIST && obj.kind != JV_STR)
         jfail(j, CELLM_ERR_FORMAT, n->pos, "cannot slice a %s value", jv_typename(obj));
     jlist *items = obj.kind == JV_LIST ? obj.u.l : jinja_iter(j, obj, n->pos);
@@ -293,7 +301,9 @@ static jvalue repeat(jinja *j, jvalue seq, int64_t times, size_t pos) {
             jfail(j, CELLM_ERR_NO_MEMORY, pos, "string repetition too large");
         jbuf b = {0};
         for (size_t i = 0; i < n; i++) jbuf_puts(j, &b, seq.u.s);
-        return jv_str(jbuf_str(&b));
+        jvalue r = jv_str(jbuf_str(&b));
+        r.safe = seq.safe;
+        return r;
     }
     if (!size_mul(seq.u.l->n, n, &total) || total > j->lim.max_memory / sizeof(jvalue))
         jfail(j, CELLM_ERR_NO_MEMORY, pos, "list repetition too large");
@@ -329,8 +339,9 @@ static jvalue binop(jinja *j, int op, jvalue a, jvalue b, size_t pos) {
                 if (a.u.s.n == 0) in = true;
                 for (size_t i = 0; !in && i + a.u.s.n <= b.u.s.n; i++)
                     in = memcmp(b.u.s.s + i, a.u.s.s, a.u.s.n) == 0;
-            } else if (b.kind == JV_LIST) {
-                for (size_t i = 0; !in && i < b.u.l->n; i++) in = jv_eq(j, a, b.u.l->items[i], 0);
+            } else if (b.kind == JV_LIST || b.kind == JV_ITER) {
+                jlist *l = jinja_iter(j, b, pos);
+                for (size_t i = 0; !in && i < l->n; i++) in = jv_eq(j, a, l->items[i], 0);
             } else if (b.kind == JV_DICT || b.kind == JV_NS) {
                 in = jdict_get(b.u.d, a) != NULL;
             } else if (b.kind != JV_UNDEF) {
@@ -342,10 +353,14 @@ static jvalue binop(jinja *j, int op, jvalue a, jvalue b, size_t pos) {
         }
     }
     if (op == OP_ADD && a.kind == JV_STR && b.kind == JV_STR) {
+        /* Markup + str (either way round) escapes the plain side. */
+        bool safe = a.safe || b.safe;
         jbuf out = {0};
-        jbuf_puts(j, &out, a.u.s);
-        jbuf_puts(j, &out, b.u.s);
-        return jv_str(jbuf_str(&out));
+        jbuf_puts(j, &out, safe && !a.safe ? jhtml_escape(j, a.u.s) : a.u.s);
+        jbuf_puts(j, &out, safe && !b.safe ? jhtml_escape(j, b.u.s) : b.u.s);
+        jvalue r = jv_str(jbuf_str(&out));
+        r.safe = safe;
+        return r;
     }
     if (op == OP_ADD && a.kind == JV_LIST && b.kind == JV_LIST) {
         jvalue r = jv_list(j, a.u.l->n + b.u.l->n, a.u.l->tuple);
@@ -700,11 +715,55 @@ static jvalue message_list(jinja *j, const jinja_ctx *ctx) {
         if (!m->role) jfail(j, CELLM_ERR_INVALID_ARG, JPOS_NONE, "message %zu has no role", i);
         jvalue d = jv_dict(j);
         jdict_set(j, d.u.d, jv_str(jstr_c("role", 4)), jv_str(jstr_c(m->role, strlen(m->role))));
-        jdict_set(j, d.u.d, jv_str(jstr_c("content", 7)),
-                  m->content ? jv_str(jstr_c(m->content, strlen(m->content))) : jv_none());
+        if (m->content)
+            jdict_set(j, d.u.d, jv_str(jstr_c("content", 7)),
+                      jv_str(jstr_c(m->content, strlen(m->content))));
         l.u.l->items[i] = d;
     }
     return l;
+}
+
+static jvalue *global(jframe *g, const char *name) {
+    size_t n = strlen(name);
+    for (size_t i = 0; i < g->n; i++)
+        if (g->names[i].n == n && memcmp(g->names[i].s, name, n) == 0) return &g->vals[i];
+    return NULL;
+}
+
+/* One message as apply_chat_template hands it to the template: keys whose
+ * value is None dropped, and its reasoning (the first of reasoning_content,
+ * thinking, reasoning that is set) shown both as reasoning_content, which
+ * most templates read, and as thinking, which some read; the order of keys
+ * is transformers' {"thinking": r, **message, "reasoning_content": r}. */
+static jvalue chat_message(jinja *j, jvalue m) {
+    if (m.kind != JV_DICT) return m;
+    jvalue d = jv_dict(j);
+    jvalue reasoning = jv_undef();
+    static const char *const fields[] = {"reasoning_content", "thinking", "reasoning"};
+    for (int k = 0; k < 3 && reasoning.kind == JV_UNDEF; k++) {
+        jvalue *v = jdict_get_str(m.u.d, fields[k]);
+        if (v && v->kind != JV_NONE) reasoning = *v;
+    }
+    if (reasoning.kind != JV_UNDEF) jdict_set(j, d.u.d, jv_str(jstr_c("thinking", 8)), reasoning);
+    for (size_t i = 0; i < m.u.d->n; i++)
+        if (m.u.d->vals[i].kind != JV_NONE) jdict_set(j, d.u.d, m.u.d->keys[i], m.u.d->vals[i]);
+    if (reasoning.kind != JV_UNDEF)
+        jdict_set(j, d.u.d, jv_str(jstr_c("reasoning_content", 17)), reasoning);
+    return d;
+}
+
+/* What transformers' apply_chat_template does around the render, so the
+ * template sees what it would see there: `tools` and `documents` are none
+ * unless the caller set them, and messages are prepared by chat_message. */
+static void prepare_chat(jinja *j, jframe *g) {
+    if (!global(g, "tools")) frame_set(j, g, jstr_c("tools", 5), jv_none());
+    if (!global(g, "documents")) frame_set(j, g, jstr_c("documents", 9), jv_none());
+    jvalue *msgs = global(g, "messages");
+    if (!msgs || msgs->kind != JV_LIST) return;
+    jvalue l = jv_list(j, msgs->u.l->n, false);
+    for (size_t i = 0; i < msgs->u.l->n; i++)
+        l.u.l->items[i] = chat_message(j, msgs->u.l->items[i]);
+    *msgs = l;
 }
 
 static void run(jinja *j, const char *tpl, size_t len, const jinja_ctx *ctx) {
@@ -746,6 +805,7 @@ static void run(jinja *j, const char *tpl, size_t len, const jinja_ctx *ctx) {
             jfail(j, CELLM_ERR_FORMAT, JPOS_NONE, "vars_json is not a JSON object");
         for (size_t i = 0; i < v.u.d->n; i++) frame_set(j, g, v.u.d->keys[i].u.s, v.u.d->vals[i]);
     }
+    prepare_chat(j, g);
     j->root = frame_new(j, g);
     j->frame = j->root;
     j->out = &j->main_out;

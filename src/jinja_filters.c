@@ -206,6 +206,13 @@ static jvalue vv_list(jinja *j, vvec *v) {
     return l;
 }
 
+/* The filters Jinja2 writes as generators return one. */
+static jvalue vv_iter(jinja *j, vvec *v) {
+    jvalue l = vv_list(j, v);
+    l.kind = JV_ITER;
+    return l;
+}
+
 /* Python's str.split(sep, maxsplit). */
 static jvalue str_split(jinja *j, jstr s, const jstr *sep, int64_t maxsplit, size_t at) {
     vvec out = {0};
@@ -352,6 +359,8 @@ static jargs rest_args(const jargs *a, size_t first) {
 }
 
 static jvalue select_items(jinja *j, jvalue v, const jargs *a, bool attr, bool keep) {
+    vvec out = {0};
+    if (!jv_truthy(v)) return vv_iter(j, &out); /* Jinja2: `if value:` around the loop */
     jlist *items = jinja_iter(j, v, a->at);
     size_t first = attr ? 1 : 0;
     jstr attr_name = {0};
@@ -365,13 +374,27 @@ static jvalue select_items(jinja *j, jvalue v, const jargs *a, bool attr, bool k
     if (has_test) test = jv_to_str(j, a->pos[first], a->at);
     jargs targs = rest_args(a, first + 1);
     targs.n_kw = 0;
-    vvec out = {0};
     for (size_t i = 0; i < items->n; i++) {
         jvalue x = attr ? attr_of(j, items->items[i], attr_name, a->at) : items->items[i];
         bool r = has_test ? jinja_test(j, test, x, &targs) : jv_truthy(x);
         if (r == keep) vv_push(j, &out, items->items[i]);
     }
-    return vv_list(j, &out);
+    return vv_iter(j, &out);
+}
+
+jstr jhtml_escape(jinja *j, jstr s) {
+    jbuf b = {0};
+    for (size_t i = 0; i < s.n; i++) {
+        switch (s.s[i]) {
+        case '&': jbuf_put(j, &b, "&amp;", 5); break;
+        case '<': jbuf_put(j, &b, "&lt;", 4); break;
+        case '>': jbuf_put(j, &b, "&gt;", 4); break;
+        case '"': jbuf_put(j, &b, "&#34;", 5); break;
+        case '\'': jbuf_put(j, &b, "&#39;", 5); break;
+        default: jbuf_putc(j, &b, s.s[i]);
+        }
+    }
+    return jbuf_str(&b);
 }
 
 jvalue jinja_filter(jinja *j, jstr name, jvalue v, const jargs *a) {
@@ -381,8 +404,10 @@ jvalue jinja_filter(jinja *j, jstr name, jvalue v, const jargs *a) {
         max_args(j, a, 1, "filter", name);
         const jvalue *c = arg(a, 0, "chars");
         jstr chars = c && c->kind != JV_NONE ? jv_to_str(j, *c, at) : jstr_c("", 0);
-        return jv_str(
+        jvalue r = jv_str(
             ju8_strip(jv_to_str(j, v, at), true, true, c && c->kind != JV_NONE ? &chars : NULL));
+        r.safe = v.safe; /* Markup.strip() is Markup */
+        return r;
     }
     if (IS("length") || IS("count")) return jv_int(length(j, v, at));
     if (IS("tojson")) {
@@ -409,10 +434,17 @@ jvalue jinja_filter(jinja *j, jstr name, jvalue v, const jargs *a) {
         return v;
     }
     if (IS("first")) {
+        if (v.kind == JV_ITER) { /* takes one item out of the generator */
+            if (!v.u.l->n) return jv_undef();
+            v.u.l->n--;
+            return *v.u.l->items++;
+        }
         jlist *l = jinja_iter(j, v, at);
         return l->n ? l->items[0] : jv_undef();
     }
     if (IS("last")) {
+        if (v.kind == JV_ITER)
+            jfail(j, CELLM_ERR_FORMAT, at, "last: a generator is not reversible");
         jlist *l = jinja_iter(j, v, at);
         return l->n ? l->items[l->n - 1] : jv_undef();
     }
@@ -434,8 +466,8 @@ jvalue jinja_filter(jinja *j, jstr name, jvalue v, const jargs *a) {
         return jv_str(str_replace(j, jv_to_str(j, v, at), arg_str(j, a, 0, "old", ""),
                                   arg_str(j, a, 1, "new", ""), arg_int(j, a, 2, "count", -1)));
     }
-    if (IS("items")) {
-        if (v.kind == JV_UNDEF) return jv_list(j, 0, false);
+    if (IS("items")) { /* a generator in Jinja2 */
+        if (v.kind == JV_UNDEF) return (jvalue){.kind = JV_ITER, .u.l = jv_list(j, 0, false).u.l};
         if (v.kind != JV_DICT)
             jfail(j, CELLM_ERR_FORMAT, at, "items needs a mapping, not %s", jv_typename(v));
         jvalue l = jv_list(j, v.u.d->n, false);
@@ -445,10 +477,14 @@ jvalue jinja_filter(jinja *j, jstr name, jvalue v, const jargs *a) {
             t.u.l->items[1] = v.u.d->vals[i];
             l.u.l->items[i] = t;
         }
+        l.kind = JV_ITER;
         return l;
     }
-    if (IS("string")) return jv_str(jv_to_str(j, v, at));
-    if (IS("safe")) return v;
+    if (IS("string") || IS("safe")) {
+        jvalue r = jv_str(jv_to_str(j, v, at));
+        r.safe = v.safe || IS("safe");
+        return r;
+    }
     if (IS("int")) {
         const jvalue *dv = arg(a, 0, "default");
         jvalue fallback = dv ? *dv : jv_int(0);
@@ -513,6 +549,11 @@ jvalue jinja_filter(jinja *j, jstr name, jvalue v, const jargs *a) {
         return r;
     }
     if (IS("reverse")) {
+        /* Python's reversed(): an iterator, except of a generator (not
+         * reversible), which Jinja2 turns into a reversed list instead. */
+        if (v.kind != JV_STR && v.kind != JV_LIST && v.kind != JV_DICT && v.kind != JV_UNDEF &&
+            v.kind != JV_ITER)
+            jfail(j, CELLM_ERR_FORMAT, at, "reverse: a %s value is not iterable", jv_typename(v));
         jlist *l = jinja_iter(j, v, at);
         if (v.kind == JV_STR) {
             jbuf b = {0};
@@ -521,6 +562,7 @@ jvalue jinja_filter(jinja *j, jstr name, jvalue v, const jargs *a) {
         }
         jvalue r = jv_list(j, l->n, false);
         for (size_t i = 0; i < l->n; i++) r.u.l->items[i] = l->items[l->n - 1 - i];
+        if (v.kind != JV_ITER) r.kind = JV_ITER;
         return r;
     }
     if (IS("sort")) {
@@ -547,12 +589,13 @@ jvalue jinja_filter(jinja *j, jstr name, jvalue v, const jargs *a) {
             vv_push(j, &seen, k);
             vv_push(j, &out, l->items[i]);
         }
-        return vv_list(j, &out);
+        return vv_iter(j, &out);
     }
     if (IS("map")) {
+        vvec out = {0};
+        if (!jv_truthy(v)) return vv_iter(j, &out); /* Jinja2: `if value:` around the loop */
         jlist *l = jinja_iter(j, v, at);
         const jvalue *attr = arg(a, SIZE_MAX, "attribute");
-        vvec out = {0};
         if (attr) {
             const jvalue *dflt = arg(a, SIZE_MAX, "default");
             jstr an = jv_to_str(j, *attr, at);
@@ -560,13 +603,13 @@ jvalue jinja_filter(jinja *j, jstr name, jvalue v, const jargs *a) {
                 jvalue x = attr_of(j, l->items[i], an, at);
                 vv_push(j, &out, x.kind == JV_UNDEF && dflt ? *dflt : x);
             }
-            return vv_list(j, &out);
+            return vv_iter(j, &out);
         }
         if (a->n < 1) jfail(j, CELLM_ERR_FORMAT, at, "map needs a filter name or attribute=");
         jstr f = jv_to_str(j, a->pos[0], at);
         jargs fa = rest_args(a, 1);
         for (size_t i = 0; i < l->n; i++) vv_push(j, &out, jinja_filter(j, f, l->items[i], &fa));
-        return vv_list(j, &out);
+        return vv_iter(j, &out);
     }
     if (IS("select")) return select_items(j, v, a, false, true);
     if (IS("reject")) return select_items(j, v, a, false, false);
@@ -609,19 +652,10 @@ jvalue jinja_filter(jinja *j, jstr name, jvalue v, const jargs *a) {
     if (IS("wordcount"))
         return jv_int((int64_t)str_split(j, jv_to_str(j, v, at), NULL, -1, at).u.l->n);
     if (IS("escape") || IS("e") || IS("forceescape")) {
-        jstr s = jv_to_str(j, v, at);
-        jbuf b = {0};
-        for (size_t i = 0; i < s.n; i++) {
-            switch (s.s[i]) {
-            case '&': jbuf_put(j, &b, "&amp;", 5); break;
-            case '<': jbuf_put(j, &b, "&lt;", 4); break;
-            case '>': jbuf_put(j, &b, "&gt;", 4); break;
-            case '"': jbuf_put(j, &b, "&#34;", 5); break;
-            case '\'': jbuf_put(j, &b, "&#39;", 5); break;
-            default: jbuf_putc(j, &b, s.s[i]);
-            }
-        }
-        return jv_str(jbuf_str(&b));
+        if (v.safe && !IS("forceescape")) return v; /* Markup is escaped already */
+        jvalue r = jv_str(jhtml_escape(j, jv_to_str(j, v, at)));
+        r.safe = true;
+        return r;
     }
     if (IS("dictsort")) {
         if (v.kind != JV_DICT) jfail(j, CELLM_ERR_FORMAT, at, "dictsort needs a mapping");
@@ -630,6 +664,7 @@ jvalue jinja_filter(jinja *j, jstr name, jvalue v, const jargs *a) {
         jstr an = jstr_c(by_value ? "1" : "0", 1);
         sort_values(j, items.u.l->items, items.u.l->n, &an, arg_bool(a, 0, "case_sensitive", false),
                     arg_bool(a, 2, "reverse", false), at);
+        items.kind = JV_LIST; /* dictsort returns a list */
         return items;
     }
     if (IS("max") || IS("min")) {
@@ -683,11 +718,12 @@ bool jinja_test(jinja *j, jstr name, jvalue v, const jargs *a) {
     if (IS("false")) return v.kind == JV_BOOL && !v.u.b;
     if (IS("mapping")) return v.kind == JV_DICT;
     if (IS("iterable"))
-        return v.kind == JV_STR || v.kind == JV_LIST || v.kind == JV_DICT || v.kind == JV_UNDEF;
+        return v.kind == JV_STR || v.kind == JV_LIST || v.kind == JV_DICT || v.kind == JV_UNDEF ||
+               v.kind == JV_ITER;
     if (IS("sequence"))
         return v.kind == JV_STR || v.kind == JV_LIST || v.kind == JV_DICT || v.kind == JV_UNDEF;
     if (IS("callable")) return v.kind == JV_MACRO || v.kind == JV_FUNC || v.kind == JV_METHOD;
-    if (IS("escaped")) return false;
+    if (IS("escaped")) return v.safe;
     if (IS("lower") || IS("upper")) {
         jstr s = jv_to_str(j, v, at);
         return jv_eq(j, jv_str(s), jv_str(map_case(j, s, IS("lower") ? CASE_LOWER : CASE_UPPER)),
@@ -750,6 +786,85 @@ bool jinja_has_method(jvalue obj, jstr name) {
     for (; m && *m; m++)
         if (jstr_eq(name, *m)) return true;
     return false;
+}
+
+/* Python's str.format with plain fields: {} {0} {name}, {{ and }}, the
+ * conversions !s and !r. A format spec ({:>8}) or field access ({0.x},
+ * {0[1]}) is outside the subset. Fields print as str(), which is what
+ * format(v, '') gives for the values templates have. */
+static jstr str_format(jinja *j, jstr s, const jargs *a, size_t at) {
+    jbuf b = {0};
+    int numbering = 0; /* 1 automatic ({}), 2 manual ({0}) */
+    size_t next = 0;
+    for (size_t i = 0; i < s.n; i++) {
+        char c = s.s[i];
+        if ((c == '{' || c == '}') && i + 1 < s.n && s.s[i + 1] == c) {
+            jbuf_putc(j, &b, c);
+            i++;
+            continue;
+        }
+        if (c == '}') jfail(j, CELLM_ERR_FORMAT, at, "format: single '}' in the format string");
+        if (c != '{') {
+            jbuf_putc(j, &b, c);
+            continue;
+        }
+        size_t e = i + 1;
+        while (e < s.n && s.s[e] != '}' && s.s[e] != '{') e++;
+        if (e == s.n || s.s[e] == '{')
+            jfail(j, CELLM_ERR_FORMAT, at, "format: single '{' in the format string");
+        jstr f = jstr_c(s.s + i + 1, e - i - 1);
+        size_t k = 0;
+        while (k < f.n && f.s[k] != '!' && f.s[k] != ':') k++;
+        jstr field = jstr_c(f.s, k);
+        char conv = 's';
+        if (k < f.n && f.s[k] == '!') {
+            if (k + 1 >= f.n || (f.s[k + 1] != 's' && f.s[k + 1] != 'r') ||
+                (k + 2 < f.n && f.s[k + 2] != ':'))
+                jfail(j, CELLM_ERR_FORMAT, at, "format: bad conversion in '{%.*s}'", (int)f.n, f.s);
+            conv = f.s[k + 1];
+            k += 2;
+        }
+        if (k + 1 < f.n)
+            jfail(j, CELLM_ERR_UNSUPPORTED, at, "format: format specs ('{%.*s}') are not supported",
+                  (int)f.n, f.s);
+        bool digits = field.n > 0;
+        for (size_t q = 0; q < field.n; q++) digits &= field.s[q] >= '0' && field.s[q] <= '9';
+        const jvalue *v;
+        if (field.n == 0 || digits) {
+            int mode = field.n == 0 ? 1 : 2;
+            if (numbering && numbering != mode)
+                jfail(j, CELLM_ERR_FORMAT, at,
+                      "format: cannot mix automatic ({}) and manual ({0}) field numbering");
+            numbering = mode;
+            size_t idx = 0;
+            if (mode == 1) idx = next++;
+            for (size_t q = 0; q < field.n; q++) {
+                if (idx > a->n) break;
+                idx = idx * 10 + (size_t)(field.s[q] - '0');
+            }
+            if (idx >= a->n)
+                jfail(j, CELLM_ERR_FORMAT, at, "format: replacement index %zu out of range", idx);
+            v = &a->pos[idx];
+        } else {
+            for (size_t q = 0; q < field.n; q++)
+                if (field.s[q] == '.' || field.s[q] == '[')
+                    jfail(j, CELLM_ERR_UNSUPPORTED, at,
+                          "format: field access ('{%.*s}') is not supported", (int)f.n, f.s);
+            v = NULL;
+            for (size_t q = 0; q < a->n_kw && !v; q++)
+                if (a->kwn[q].n == field.n && memcmp(a->kwn[q].s, field.s, field.n) == 0)
+                    v = &a->kw[q];
+            if (!v)
+                jfail(j, CELLM_ERR_FORMAT, at, "format: no argument named '%.*s'", (int)field.n,
+                      field.s);
+        }
+        if (conv == 'r')
+            jv_write_repr(j, &b, *v, at, 0);
+        else
+            jv_write_str(j, &b, *v, at);
+        i = e;
+    }
+    return jbuf_str(&b);
 }
 
 static jvalue str_method(jinja *j, jstr s, jstr name, const jargs *a) {
@@ -846,6 +961,7 @@ static jvalue str_method(jinja *j, jstr s, jstr name, const jargs *a) {
         if (IS("islower") || IS("isupper")) return jv_bool(cased);
         return jv_bool(true);
     }
+    if (IS("format")) return jv_str(str_format(j, s, a, at));
     jfail(j, CELLM_ERR_UNSUPPORTED, at, "the str method '%.*s' is not supported", (int)name.n,
           name.s);
 #undef IS
@@ -865,7 +981,11 @@ jvalue jinja_method(jinja *j, jmethod *m, const jargs *a) {
         jvalue *v = jdict_get(d, *k);
         return v ? *v : dv ? *dv : jv_none();
     }
-    if (jstr_eq(name, "items")) return jinja_filter(j, name, m->obj, &(jargs){.at = a->at});
+    if (jstr_eq(name, "items")) { /* dict.items(): a view, reusable and with a length */
+        jvalue l = jinja_filter(j, name, m->obj, &(jargs){.at = a->at});
+        l.kind = JV_LIST;
+        return l;
+    }
     jvalue l = jv_list(j, d->n, false);
     for (size_t i = 0; i < d->n; i++)
         l.u.l->items[i] = jstr_eq(name, "keys") ? d->keys[i] : d->vals[i];

@@ -41,6 +41,9 @@ typedef enum jv_kind {
     JV_MACRO,  /* a {% macro %} */
     JV_FUNC,   /* a global function (range, namespace, ...) */
     JV_METHOD, /* obj.name of a str/dict method, waiting for its call */
+    JV_ITER,   /* a generator (what map, select, reverse... return in Jinja2): u.l
+                  holds what is left; true even when empty, has no length, and
+                  iterating it uses it up */
 } jv_kind;
 
 typedef struct jvalue jvalue;
@@ -52,6 +55,9 @@ typedef struct jmethod jmethod;
 
 struct jvalue {
     uint8_t kind;
+    /* A string marked safe (Jinja2's Markup, from |safe or |escape): adding
+     * a plain string to it escapes that string. */
+    bool safe;
     union {
         bool b;
         int64_t i;
@@ -322,6 +328,8 @@ typedef struct jargs {
     size_t at; /* source offset of the call, for messages */
 } jargs;
 jvalue jinja_filter(jinja *j, jstr name, jvalue v, const jargs *a);
+/* markupsafe's escape(): & < > " ' as HTML entities. */
+jstr jhtml_escape(jinja *j, jstr s);
 bool jinja_test(jinja *j, jstr name, jvalue v, const jargs *a);
 jvalue jinja_method(jinja *j, jmethod *m, const jargs *a);
 jvalue jinja_func(jinja *j, int func, const jargs *a);

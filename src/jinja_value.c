@@ -247,6 +247,7 @@ const char *jv_typename(jvalue v) {
     case JV_NS: return "namespace";
     case JV_LOOP: return "loop";
     case JV_MACRO: return "macro";
+    case JV_ITER: return "generator";
     default: return "function";
     }
 }
@@ -408,6 +409,11 @@ void jv_write_str(jinja *j, jbuf *b, jvalue v, size_t pos) {
     case JV_NS: jv_write_repr(j, b, v, pos, 0); return;
     case JV_LOOP: jbuf_put(j, b, "<LoopContext>", 13); return;
     case JV_MACRO: jbuf_put(j, b, "<Macro>", 7); return;
+    case JV_ITER:
+        /* Python prints "<generator object ... at 0x...>": no text to match. */
+        jfail(j, CELLM_ERR_UNSUPPORTED, pos,
+              "printing a generator (what map, select, reverse... return) is not supported; "
+              "add '| list'");
     default: jbuf_put(j, b, "<function>", 10); return;
     }
 }
@@ -445,6 +451,7 @@ bool jv_eq(jinja *j, jvalue a, jvalue b, int depth) {
     case JV_NS: return a.u.d == b.u.d;
     case JV_MACRO: return a.u.macro == b.u.macro;
     case JV_FUNC: return a.u.func == b.u.func;
+    case JV_ITER: return a.u.l == b.u.l;
     default: return false;
     }
 }

@@ -27,19 +27,50 @@ static void quantize_rows(void *arg, int ith, int nth) {
                           (size_t)t->k);
 }
 
+/* One tile of weight rows [j0, j1) against every activation row: groups of
+ * four activation rows through dot4_y (each weight block unpacked once for
+ * four rows), then the rest one at a time through dot4_x (four weight rows
+ * share each activation block). Every (weight row, activation row) pair
+ * gets the same arithmetic as vec_dot whichever path takes it, so results
+ * do not depend on m, the tile or the thread split. */
+static void dot_tile(const mm_task *t, long j0, long j1) {
+    const quant_type_info *wt = t->wt;
+    const size_t n = (size_t)t->n, k = (size_t)t->k;
+    float out[4];
+    int64_t r = 0;
+    if (wt->dot4_y) {
+        for (; r + 4 <= t->m; r += 4) {
+            const uint8_t *xq = t->xq + (size_t)r * t->x_row;
+            float *yr = t->y + (size_t)r * n;
+            for (long j = j0; j < j1; j++) {
+                wt->dot4_y(k, t->w + (size_t)j * t->w_row, 0, xq, t->x_row, out);
+                for (int i = 0; i < 4; i++) yr[(size_t)i * n + (size_t)j] = out[i];
+            }
+        }
+    }
+    for (; r < t->m; r++) {
+        const uint8_t *xq = t->xq + (size_t)r * t->x_row;
+        float *yr = t->y + (size_t)r * n;
+        long j = j0;
+        /* Four weight rows at once would halve the streaming rate of a
+         * matvec (four interleaved streams prefetch worse than one on the
+         * CPUs measured, see docs/kernels.md): only when rows are cached. */
+        if (wt->dot4_x && t->m > 1) {
+            for (; j + 4 <= j1; j += 4) {
+                wt->dot4_x(k, t->w + (size_t)j * t->w_row, t->w_row, xq, 0, out);
+                for (int i = 0; i < 4; i++) yr[j + i] = out[i];
+            }
+        }
+        for (; j < j1; j++) yr[j] = wt->vec_dot(k, t->w + (size_t)j * t->w_row, xq);
+    }
+}
+
 static void dot_rows(void *arg, int ith, int nth) {
     mm_task *t = arg;
     long b, e;
     tp_split((long)t->n, ith, nth, &b, &e);
-    for (long j0 = b; j0 < e; j0 += TILE_ROWS) {
-        long j1 = j0 + TILE_ROWS < e ? j0 + TILE_ROWS : e;
-        for (int64_t r = 0; r < t->m; r++) {
-            const uint8_t *xq = t->xq + (size_t)r * t->x_row;
-            float *yr = t->y + (size_t)r * (size_t)t->n;
-            for (long j = j0; j < j1; j++)
-                yr[j] = t->wt->vec_dot((size_t)t->k, t->w + (size_t)j * t->w_row, xq);
-        }
-    }
+    for (long j0 = b; j0 < e; j0 += TILE_ROWS)
+        dot_tile(t, j0, j0 + TILE_ROWS < e ? j0 + TILE_ROWS : e);
 }
 
 size_t matmul_scratch_size(uint32_t type, int64_t k, int64_t m) {

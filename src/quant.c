@@ -23,16 +23,16 @@ static quant_type_info type_table[QT_COUNT] = {
     [QT_F32] = {"F32", 1, 4, ref_dequantize_f32, ref_quantize_f32, ref_vec_dot_f32, QT_F32},
     [QT_F16] = {"F16", 1, 2, ref_dequantize_f16, ref_quantize_f16, ref_vec_dot_f16, QT_F16},
     [QT_BF16] = {"BF16", 1, 2, ref_dequantize_bf16, ref_quantize_bf16, ref_vec_dot_bf16, QT_BF16},
-    [QT_Q4_0] = {"Q4_0", 32, 18, ref_dequantize_q4_0, ref_quantize_q4_0, ref_vec_dot_q4_0_q8_0,
-                 QT_Q8_0},
-    [QT_Q4_1] = {"Q4_1", 32, 20, ref_dequantize_q4_1, ref_quantize_q4_1, ref_vec_dot_q4_1_q8_0,
-                 QT_Q8_0},
-    [QT_Q5_0] = {"Q5_0", 32, 22, ref_dequantize_q5_0, ref_quantize_q5_0, ref_vec_dot_q5_0_q8_0,
-                 QT_Q8_0},
-    [QT_Q5_1] = {"Q5_1", 32, 24, ref_dequantize_q5_1, ref_quantize_q5_1, ref_vec_dot_q5_1_q8_0,
-                 QT_Q8_0},
-    [QT_Q8_0] = {"Q8_0", 32, 34, ref_dequantize_q8_0, ref_quantize_q8_0, ref_vec_dot_q8_0_q8_0,
-                 QT_Q8_0},
+    [QT_Q4_0] = {"Q4_0", 32, 18, ref_dequantize_q4_0, ref_quantize_q4_0, ref_vec_dot_q4_0_a8,
+                 QT_A8},
+    [QT_Q4_1] = {"Q4_1", 32, 20, ref_dequantize_q4_1, ref_quantize_q4_1, ref_vec_dot_q4_1_a8s,
+                 QT_A8S},
+    [QT_Q5_0] = {"Q5_0", 32, 22, ref_dequantize_q5_0, ref_quantize_q5_0, ref_vec_dot_q5_0_a8,
+                 QT_A8},
+    [QT_Q5_1] = {"Q5_1", 32, 24, ref_dequantize_q5_1, ref_quantize_q5_1, ref_vec_dot_q5_1_a8s,
+                 QT_A8S},
+    [QT_Q8_0] = {"Q8_0", 32, 34, ref_dequantize_q8_0, ref_quantize_q8_0, ref_vec_dot_q8_0_a8,
+                 QT_A8},
     [QT_Q2_K] = {"Q2_K", 256, 84, ref_dequantize_q2_k, ref_quantize_q2_k, ref_vec_dot_q2_k_q8_k,
                  QT_Q8_K},
     [QT_Q3_K] = {"Q3_K", 256, 110, ref_dequantize_q3_k, ref_quantize_q3_k, ref_vec_dot_q3_k_q8_k,
@@ -43,15 +43,33 @@ static quant_type_info type_table[QT_COUNT] = {
                  QT_Q8_K},
     [QT_Q6_K] = {"Q6_K", 256, 210, ref_dequantize_q6_k, ref_quantize_q6_k, ref_vec_dot_q6_k_q8_k,
                  QT_Q8_K},
-    /* Q8_K is only ever the y of a dot product: no vec_dot of its own. */
+    /* Q8_1 and Q8_K are only ever the y of a dot product: no vec_dot of
+     * their own. Q8_1 is GGML's current 36-byte block (the gguf Python
+     * package still lists the old 40-byte one). cellm's kernels pair the
+     * 32-element types with its own row formats A8 and A8S instead. */
+    [QT_Q8_1] = {"Q8_1", 32, 36, ref_dequantize_q8_1, ref_quantize_q8_1, NULL, QT_Q8_1},
     [QT_Q8_K] = {"Q8_K", 256, 292, ref_dequantize_q8_k, ref_quantize_q8_k, NULL, QT_Q8_K},
     [QT_IQ4_NL] = {"IQ4_NL", 32, 18, ref_dequantize_iq4_nl, ref_quantize_iq4_nl,
-                   ref_vec_dot_iq4_nl_q8_0, QT_Q8_0},
+                   ref_vec_dot_iq4_nl_a8, QT_A8},
     [QT_IQ4_XS] = {"IQ4_XS", 256, 136, ref_dequantize_iq4_xs, ref_quantize_iq4_xs,
                    ref_vec_dot_iq4_xs_q8_k, QT_Q8_K},
 
+    [QT_A8] = {.name = "A8",
+               .block_size = 32,
+               .type_size = 36,
+               .to_float = ref_dequantize_a8,
+               .from_float = ref_quantize_a8,
+               .vec_dot_type = QT_A8,
+               .internal = true},
+    [QT_A8S] = {.name = "A8S",
+                .block_size = 32,
+                .type_size = 40,
+                .to_float = ref_dequantize_a8s,
+                .from_float = ref_quantize_a8s,
+                .vec_dot_type = QT_A8S,
+                .internal = true},
+
     /* Sizes only: no kernels yet. */
-    [QT_Q8_1] = SIZES_ONLY("Q8_1", 32, 40),
     [QT_IQ2_XXS] = SIZES_ONLY("IQ2_XXS", 256, 66),
     [QT_IQ2_XS] = SIZES_ONLY("IQ2_XS", 256, 74),
     [QT_IQ3_XXS] = SIZES_ONLY("IQ3_XXS", 256, 98),
@@ -77,26 +95,42 @@ static void select_kernels(void) {
 #if defined(__x86_64__)
     if (avx2_cpu_supported()) {
         quant_type_info *t = type_table;
-        t[QT_Q8_0].from_float = avx2_quantize_q8_0;
+        t[QT_A8].from_float = avx2_quantize_a8;
+        t[QT_A8S].from_float = avx2_quantize_a8s;
         t[QT_Q8_K].from_float = avx2_quantize_q8_k;
         t[QT_F16].vec_dot = avx2_vec_dot_f16;
-        t[QT_Q4_0].vec_dot = avx2_vec_dot_q4_0_q8_0;
-        t[QT_Q4_1].vec_dot = avx2_vec_dot_q4_1_q8_0;
-        t[QT_Q5_0].vec_dot = avx2_vec_dot_q5_0_q8_0;
-        t[QT_Q8_0].vec_dot = avx2_vec_dot_q8_0_q8_0;
+#define SET_DOT32(T, name)                                                                         \
+    (t[T].vec_dot = avx2_vec_dot_##name, t[T].dot4_x = avx2_dot4_x_##name,                         \
+     t[T].dot4_y = avx2_dot4_y_##name)
+        SET_DOT32(QT_Q4_0, q4_0_a8);
+        SET_DOT32(QT_Q4_1, q4_1_a8s);
+        SET_DOT32(QT_Q5_0, q5_0_a8);
+        SET_DOT32(QT_Q8_0, q8_0_a8);
+#undef SET_DOT32
         t[QT_Q4_K].vec_dot = avx2_vec_dot_q4_k_q8_k;
         t[QT_Q5_K].vec_dot = avx2_vec_dot_q5_k_q8_k;
         t[QT_Q6_K].vec_dot = avx2_vec_dot_q6_k_q8_k;
         kernels_name = "avx2";
+        if (avx512_cpu_supported()) {
+            /* Same results as the AVX2 kernels (dot4_x stays AVX2). */
+#define SET_DOT512(T, name)                                                                        \
+    (t[T].vec_dot = avx512_vec_dot_##name, t[T].dot4_y = avx512_dot4_y_##name)
+            SET_DOT512(QT_Q4_0, q4_0_a8);
+            SET_DOT512(QT_Q4_1, q4_1_a8s);
+            SET_DOT512(QT_Q5_0, q5_0_a8);
+            SET_DOT512(QT_Q8_0, q8_0_a8);
+#undef SET_DOT512
+            kernels_name = "avx512-vnni";
+        }
     }
 #elif defined(__aarch64__)
     quant_type_info *t = type_table;
     const bool dp = neon_dotprod_supported();
-    t[QT_Q8_0].from_float = neon_quantize_q8_0;
-    t[QT_Q4_0].vec_dot = dp ? neon_dotprod_vec_dot_q4_0_q8_0 : neon_vec_dot_q4_0_q8_0;
-    t[QT_Q4_1].vec_dot = dp ? neon_dotprod_vec_dot_q4_1_q8_0 : neon_vec_dot_q4_1_q8_0;
-    t[QT_Q5_0].vec_dot = dp ? neon_dotprod_vec_dot_q5_0_q8_0 : neon_vec_dot_q5_0_q8_0;
-    t[QT_Q8_0].vec_dot = dp ? neon_dotprod_vec_dot_q8_0_q8_0 : neon_vec_dot_q8_0_q8_0;
+    t[QT_A8].from_float = neon_quantize_a8;
+    t[QT_Q4_0].vec_dot = dp ? neon_dotprod_vec_dot_q4_0_a8 : neon_vec_dot_q4_0_a8;
+    t[QT_Q4_1].vec_dot = dp ? neon_dotprod_vec_dot_q4_1_a8s : neon_vec_dot_q4_1_a8s;
+    t[QT_Q5_0].vec_dot = dp ? neon_dotprod_vec_dot_q5_0_a8 : neon_vec_dot_q5_0_a8;
+    t[QT_Q8_0].vec_dot = dp ? neon_dotprod_vec_dot_q8_0_a8 : neon_vec_dot_q8_0_a8;
     t[QT_Q4_K].vec_dot = dp ? neon_dotprod_vec_dot_q4_k_q8_k : neon_vec_dot_q4_k_q8_k;
     t[QT_Q6_K].vec_dot = dp ? neon_dotprod_vec_dot_q6_k_q8_k : neon_vec_dot_q6_k_q8_k;
     kernels_name = dp ? "neon-dotprod" : "neon";
@@ -118,7 +152,8 @@ const quant_type_info *quant_type_by_name(const char *name, uint32_t *type) {
     if (!name) return NULL;
     ensure_selected();
     for (uint32_t t = 0; t < QT_COUNT; t++) {
-        if (type_table[t].name && strcasecmp(type_table[t].name, name) == 0) {
+        if (type_table[t].name && !type_table[t].internal &&
+            strcasecmp(type_table[t].name, name) == 0) {
             if (type) *type = t;
             return &type_table[t];
         }

@@ -53,7 +53,11 @@ typedef enum quant_type {
     QT_TQ1_0 = 34,
     QT_TQ2_0 = 35,
     QT_MXFP4 = 39,
-    QT_COUNT = 40 /* one past the largest id in the table */
+    /* cellm's own activation formats (kernels/blocks.h), never in files:
+     * ids past GGML's, refused by the GGUF reader. */
+    QT_A8 = 40,
+    QT_A8S = 41,
+    QT_COUNT = 42 /* one past the largest id in the table */
 } quant_type;
 
 /* Kernel signatures. `n` counts elements and must be a whole number of the
@@ -63,6 +67,15 @@ typedef void (*quant_to_float_fn)(const void *src, float *dst, size_t n);
 typedef void (*quant_from_float_fn)(const float *src, void *dst, size_t n);
 /* Dot product of x (a row of this type) and y (a row of vec_dot_type). */
 typedef float (*quant_vec_dot_fn)(size_t n, const void *x, const void *y);
+/* Four dot products at once, for matmul: out[i] = vec_dot(n, x + i * xs,
+ * y + i * ys), where one of the strides is 0 (four weight rows against one
+ * activation row, or one weight row against four activation rows). Each
+ * out[i] is bit-identical to what vec_dot returns for the same pair: the
+ * tile only shares loads and unpacking between the four, never changes the
+ * arithmetic of one. That keeps a row's result independent of the batch
+ * (DESIGN.md: batch-invariant). */
+typedef void (*quant_vec_dot4_fn)(size_t n, const void *x, size_t xs, const void *y, size_t ys,
+                                  float out[4]);
 
 typedef struct quant_type_info {
     const char *name;    /* "Q4_K", as GGML names it */
@@ -74,6 +87,11 @@ typedef struct quant_type_info {
     quant_from_float_fn from_float;
     quant_vec_dot_fn vec_dot;
     uint32_t vec_dot_type; /* type of vec_dot's y; meaningful when vec_dot is set */
+    /* Tiles of vec_dot (see quant_vec_dot4_fn), NULL where the variant has
+     * none: dot4_x takes four weight rows (ys = 0), dot4_y four activation
+     * rows (xs = 0). */
+    quant_vec_dot4_fn dot4_x, dot4_y;
+    bool internal; /* an activation format of cellm's own: no file holds it */
 } quant_type_info;
 
 /* The row for a type id, or NULL when the id is not a known type. The row

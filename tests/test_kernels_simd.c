@@ -75,6 +75,28 @@ static void make_q8_0(block_q8_0 *y, int nb, int round) {
     }
 }
 
+/* An A8 or A8S activation row (kernels/blocks.h) of nb blocks: codes and
+ * F16-representable scales as make_q8_0 makes them, and for A8S the block
+ * sums s = d * sum(q) rounded through F16. *one gets the same row cut to
+ * its first block. */
+static void make_a8(uint8_t *row, uint8_t *one, int nb, bool sums, int round) {
+    float *d = (float *)(void *)row, *s = d + nb;
+    int8_t *q = (int8_t *)row + (sums ? 8 : 4) * nb;
+    for (int ib = 0; ib < nb; ib++) {
+        block_q8_0 b;
+        make_q8_0(&b, 1, round);
+        int sum = 0;
+        for (int j = 0; j < QK8_0; j++) sum += b.qs[j];
+        d[ib] = fp16_to_fp32(b.d);
+        if (sums) s[ib] = fp16_to_fp32(fp32_to_fp16(d[ib] * (float)sum));
+        memcpy(q + QK8_0 * ib, b.qs, QK8_0);
+    }
+    float *d1 = (float *)(void *)one;
+    d1[0] = d[0];
+    if (sums) d1[1] = s[0];
+    memcpy(one + (sums ? 8 : 4), q, QK8_0);
+}
+
 static void make_q8_k(block_q8_K *y, int nb, int round) {
     for (int ib = 0; ib < nb; ib++) {
         y[ib].d = rng_normal() * 0.01f;
@@ -157,43 +179,48 @@ typedef struct dot_case {
 
 static const quant_case quant_cases[] = {
 #if defined(__x86_64__)
-    {"avx2 Q8_0", QT_Q8_0, ref_quantize_q8_0, avx2_quantize_q8_0, avx2_cpu_supported},
+    {"avx2 A8", QT_A8, ref_quantize_a8, avx2_quantize_a8, avx2_cpu_supported},
+    {"avx2 A8S", QT_A8S, ref_quantize_a8s, avx2_quantize_a8s, avx2_cpu_supported},
     {"avx2 Q8_K", QT_Q8_K, ref_quantize_q8_k, avx2_quantize_q8_k, avx2_cpu_supported},
 #endif
 #if defined(__aarch64__)
-    {"neon Q8_0", QT_Q8_0, ref_quantize_q8_0, neon_quantize_q8_0, have_neon},
+    {"neon A8", QT_A8, ref_quantize_a8, neon_quantize_a8, have_neon},
 #endif
     {NULL, 0, NULL, NULL, NULL},
 };
 
 static const dot_case dot_cases[] = {
 #if defined(__x86_64__)
-    {"avx2 Q4_0", QT_Q4_0, ref_vec_dot_q4_0_q8_0, avx2_vec_dot_q4_0_q8_0, false,
-     avx2_cpu_supported},
-    {"avx2 Q4_1", QT_Q4_1, ref_vec_dot_q4_1_q8_0, avx2_vec_dot_q4_1_q8_0, false,
-     avx2_cpu_supported},
-    {"avx2 Q5_0", QT_Q5_0, ref_vec_dot_q5_0_q8_0, avx2_vec_dot_q5_0_q8_0, false,
-     avx2_cpu_supported},
-    {"avx2 Q8_0", QT_Q8_0, ref_vec_dot_q8_0_q8_0, avx2_vec_dot_q8_0_q8_0, false,
-     avx2_cpu_supported},
+    {"avx2 Q4_0", QT_Q4_0, ref_vec_dot_q4_0_a8, avx2_vec_dot_q4_0_a8, false, avx2_cpu_supported},
+    {"avx2 Q4_1", QT_Q4_1, ref_vec_dot_q4_1_a8s, avx2_vec_dot_q4_1_a8s, false, avx2_cpu_supported},
+    {"avx2 Q5_0", QT_Q5_0, ref_vec_dot_q5_0_a8, avx2_vec_dot_q5_0_a8, false, avx2_cpu_supported},
+    {"avx2 Q8_0", QT_Q8_0, ref_vec_dot_q8_0_a8, avx2_vec_dot_q8_0_a8, false, avx2_cpu_supported},
+    {"avx512 Q4_0", QT_Q4_0, ref_vec_dot_q4_0_a8, avx512_vec_dot_q4_0_a8, false,
+     avx512_cpu_supported},
+    {"avx512 Q4_1", QT_Q4_1, ref_vec_dot_q4_1_a8s, avx512_vec_dot_q4_1_a8s, false,
+     avx512_cpu_supported},
+    {"avx512 Q5_0", QT_Q5_0, ref_vec_dot_q5_0_a8, avx512_vec_dot_q5_0_a8, false,
+     avx512_cpu_supported},
+    {"avx512 Q8_0", QT_Q8_0, ref_vec_dot_q8_0_a8, avx512_vec_dot_q8_0_a8, false,
+     avx512_cpu_supported},
     {"avx2 Q4_K", QT_Q4_K, ref_vec_dot_q4_k_q8_k, avx2_vec_dot_q4_k_q8_k, true, avx2_cpu_supported},
     {"avx2 Q5_K", QT_Q5_K, ref_vec_dot_q5_k_q8_k, avx2_vec_dot_q5_k_q8_k, true, avx2_cpu_supported},
     {"avx2 Q6_K", QT_Q6_K, ref_vec_dot_q6_k_q8_k, avx2_vec_dot_q6_k_q8_k, true, avx2_cpu_supported},
 #endif
 #if defined(__aarch64__)
-    {"neon Q4_0", QT_Q4_0, ref_vec_dot_q4_0_q8_0, neon_vec_dot_q4_0_q8_0, false, have_neon},
-    {"neon Q4_1", QT_Q4_1, ref_vec_dot_q4_1_q8_0, neon_vec_dot_q4_1_q8_0, false, have_neon},
-    {"neon Q5_0", QT_Q5_0, ref_vec_dot_q5_0_q8_0, neon_vec_dot_q5_0_q8_0, false, have_neon},
-    {"neon Q8_0", QT_Q8_0, ref_vec_dot_q8_0_q8_0, neon_vec_dot_q8_0_q8_0, false, have_neon},
+    {"neon Q4_0", QT_Q4_0, ref_vec_dot_q4_0_a8, neon_vec_dot_q4_0_a8, false, have_neon},
+    {"neon Q4_1", QT_Q4_1, ref_vec_dot_q4_1_a8s, neon_vec_dot_q4_1_a8s, false, have_neon},
+    {"neon Q5_0", QT_Q5_0, ref_vec_dot_q5_0_a8, neon_vec_dot_q5_0_a8, false, have_neon},
+    {"neon Q8_0", QT_Q8_0, ref_vec_dot_q8_0_a8, neon_vec_dot_q8_0_a8, false, have_neon},
     {"neon Q4_K", QT_Q4_K, ref_vec_dot_q4_k_q8_k, neon_vec_dot_q4_k_q8_k, true, have_neon},
     {"neon Q6_K", QT_Q6_K, ref_vec_dot_q6_k_q8_k, neon_vec_dot_q6_k_q8_k, true, have_neon},
-    {"neon-dotprod Q4_0", QT_Q4_0, ref_vec_dot_q4_0_q8_0, neon_dotprod_vec_dot_q4_0_q8_0, false,
+    {"neon-dotprod Q4_0", QT_Q4_0, ref_vec_dot_q4_0_a8, neon_dotprod_vec_dot_q4_0_a8, false,
      neon_dotprod_supported},
-    {"neon-dotprod Q4_1", QT_Q4_1, ref_vec_dot_q4_1_q8_0, neon_dotprod_vec_dot_q4_1_q8_0, false,
+    {"neon-dotprod Q4_1", QT_Q4_1, ref_vec_dot_q4_1_a8s, neon_dotprod_vec_dot_q4_1_a8s, false,
      neon_dotprod_supported},
-    {"neon-dotprod Q5_0", QT_Q5_0, ref_vec_dot_q5_0_q8_0, neon_dotprod_vec_dot_q5_0_q8_0, false,
+    {"neon-dotprod Q5_0", QT_Q5_0, ref_vec_dot_q5_0_a8, neon_dotprod_vec_dot_q5_0_a8, false,
      neon_dotprod_supported},
-    {"neon-dotprod Q8_0", QT_Q8_0, ref_vec_dot_q8_0_q8_0, neon_dotprod_vec_dot_q8_0_q8_0, false,
+    {"neon-dotprod Q8_0", QT_Q8_0, ref_vec_dot_q8_0_a8, neon_dotprod_vec_dot_q8_0_a8, false,
      neon_dotprod_supported},
     {"neon-dotprod Q4_K", QT_Q4_K, ref_vec_dot_q4_k_q8_k, neon_dotprod_vec_dot_q4_k_q8_k, true,
      neon_dotprod_supported},
@@ -218,9 +245,10 @@ static void test_quantizers(void **state) {
     (void)state;
     enum { NB = 256 }; /* in 32-element blocks: 32 Q8_K blocks */
     static float x[NB * QK8_0];
-    /* Room for the larger output: Q8_K takes more bytes per element. */
-    static uint8_t a[NB * QK8_0 / QK_K * sizeof(block_q8_K)];
-    static uint8_t b[sizeof a];
+    /* Room for the largest output: A8S (40 bytes per 32) and Q8_K take more
+     * bytes per element than the others. */
+    static _Alignas(32) uint8_t a[NB * 40 + NB * QK8_0 / QK_K * sizeof(block_q8_K)];
+    static _Alignas(32) uint8_t b[sizeof a];
     int ran = 0;
     for (const quant_case *c = quant_cases; c->name; c++) {
         if (!c->supported()) continue;
@@ -264,7 +292,7 @@ static void test_quantizers(void **state) {
 static void test_vec_dots(void **state) {
     (void)state;
     static uint8_t x[NB32 * 40 + NBK * 210];
-    static block_q8_0 y0[NB32];
+    static float a8_row[NB32 * 40 / 4], a8_one[40 / 4]; /* float: 4-byte aligned */
     static block_q8_K yk[NBK];
     int ran = 0;
     for (const dot_case *c = dot_cases; c->name; c++) {
@@ -279,18 +307,23 @@ static void test_vec_dots(void **state) {
         const int n_offs = f16_fields(c->type, offs);
         for (int round = 0; round < ROUNDS; round++) {
             make_blocks(x, nb, info->type_size, offs, n_offs, round);
-            const void *y = k ? (const void *)yk : (const void *)y0;
-            if (k)
+            const void *y = yk, *y_one = yk;
+            if (k) {
                 make_q8_k(yk, nb, round % 3);
-            else
-                make_q8_0(y0, nb, round % 3);
+            } else {
+                make_a8((uint8_t *)a8_row, (uint8_t *)a8_one, nb, info->vec_dot_type == QT_A8S,
+                        round % 3);
+                y = a8_row;
+                y_one = a8_one;
+            }
             for (int whole = 0; whole < 2; whole++) {
                 const size_t len = whole ? n : info->block_size; /* one block, then all */
-                const float got = c->simd(len, x, y), want = c->ref(len, x, y);
+                const void *yl = whole ? y : y_one; /* A8 rows are laid out for their length */
+                const float got = c->simd(len, x, yl), want = c->ref(len, x, yl);
                 if (c->exact) {
                     assert_same_float(c->name, got, want);
                 } else {
-                    assert_close(c->name, got, want, x, y, info->to_float, yinfo->to_float, len,
+                    assert_close(c->name, got, want, x, yl, info->to_float, yinfo->to_float, len,
                                  len / info->block_size);
                 }
             }
@@ -299,7 +332,93 @@ static void test_vec_dots(void **state) {
     print_message("%d vec_dot variant(s) checked\n", ran);
 }
 
+/* The table's tiles (dot4_x: four weight rows, dot4_y: four activation
+ * rows) return exactly what its vec_dot returns for each pair: the
+ * batch invariance of matmul rests on this. */
+static void test_dot4_tiles(void **state) {
+    (void)state;
+    enum { ROWS = 4, NB = 24 };
+    static float f[ROWS * NB * QK_K];
+    static _Alignas(32) uint8_t w[ROWS * NB * 210], a[ROWS * NB * sizeof(block_q8_K)];
+    int ran = 0;
+    for (uint32_t type = 0; type < QT_COUNT; type++) {
+        const quant_type_info *info = quant_type_get(type);
+        if (!info || !info->vec_dot || (!info->dot4_x && !info->dot4_y)) continue;
+        const quant_type_info *yinfo = quant_type_get(info->vec_dot_type);
+        ran++;
+        for (int round = 0; round < 50; round++) {
+            const size_t n = (size_t)(1 + round % NB) * info->block_size;
+            uint64_t wrow, arow;
+            assert_true(quant_nbytes(type, n, &wrow) && quant_nbytes(info->vec_dot_type, n, &arow));
+            for (size_t i = 0; i < ROWS * n; i++) f[i] = rng_normal();
+            for (int r = 0; r < ROWS; r++) {
+                info->from_float(f + (size_t)r * n, w + (size_t)r * wrow, n);
+                for (size_t i = 0; i < n; i++) f[i] = rng_normal() * (round % 2 ? 100.0f : 1.0f);
+                yinfo->from_float(f, a + (size_t)r * arow, n);
+            }
+            float out[4];
+            if (info->dot4_x) {
+                info->dot4_x(n, w, (size_t)wrow, a, 0, out);
+                for (int i = 0; i < 4; i++)
+                    assert_same_float(info->name, out[i], info->vec_dot(n, w + i * wrow, a));
+            }
+            if (info->dot4_y) {
+                info->dot4_y(n, w, 0, a, (size_t)arow, out);
+                for (int i = 0; i < 4; i++)
+                    assert_same_float(info->name, out[i], info->vec_dot(n, w, a + i * arow));
+            }
+        }
+    }
+    print_message("%d type(s) with tiles checked (%s)\n", ran, quant_kernels_name());
+}
+
 #if defined(__x86_64__)
+/* The AVX-512 kernels return exactly what the AVX2 ones return, single
+ * dots and tiles, on random rows of every length from 1 to 24 blocks (odd
+ * counts take the 256-bit tail). */
+static void test_avx512_same_as_avx2(void **state) {
+    (void)state;
+    if (!avx512_cpu_supported()) skip();
+    static const struct {
+        uint32_t type;
+        quant_vec_dot_fn a2, a5;
+        quant_vec_dot4_fn t2, t5;
+    } pairs[] = {
+        {QT_Q4_0, avx2_vec_dot_q4_0_a8, avx512_vec_dot_q4_0_a8, avx2_dot4_y_q4_0_a8,
+         avx512_dot4_y_q4_0_a8},
+        {QT_Q4_1, avx2_vec_dot_q4_1_a8s, avx512_vec_dot_q4_1_a8s, avx2_dot4_y_q4_1_a8s,
+         avx512_dot4_y_q4_1_a8s},
+        {QT_Q5_0, avx2_vec_dot_q5_0_a8, avx512_vec_dot_q5_0_a8, avx2_dot4_y_q5_0_a8,
+         avx512_dot4_y_q5_0_a8},
+        {QT_Q8_0, avx2_vec_dot_q8_0_a8, avx512_vec_dot_q8_0_a8, avx2_dot4_y_q8_0_a8,
+         avx512_dot4_y_q8_0_a8},
+    };
+    enum { NB = 24 };
+    static _Alignas(32) uint8_t w[NB * 40], a[4][NB * 40 + 64];
+    static float f[NB * QK8_0];
+    for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++) {
+        const quant_type_info *info = quant_type_get(pairs[p].type);
+        const quant_type_info *yi = quant_type_get(info->vec_dot_type);
+        for (int round = 0; round < 200; round++) {
+            const size_t n = (size_t)(1 + round % NB) * QK8_0;
+            size_t offs[2];
+            make_blocks(w, (int)(n / QK8_0), info->type_size, offs, f16_fields(pairs[p].type, offs),
+                        round);
+            uint64_t arow;
+            assert_true(quant_nbytes(info->vec_dot_type, n, &arow));
+            for (int r = 0; r < 4; r++) {
+                for (size_t i = 0; i < n; i++) f[i] = rng_normal() * (round % 3 ? 1.0f : 1e4f);
+                yi->from_float(f, a[r], n);
+            }
+            assert_same_float(info->name, pairs[p].a5(n, w, a[0]), pairs[p].a2(n, w, a[0]));
+            float o2[4], o5[4];
+            pairs[p].t2(n, w, 0, a[0], sizeof a[0], o2);
+            pairs[p].t5(n, w, 0, a[0], sizeof a[0], o5);
+            for (int r = 0; r < 4; r++) assert_same_float(info->name, o5[r], o2[r]);
+        }
+    }
+}
+
 static void test_avx2_vec_dot_f16(void **state) {
     (void)state;
     if (!avx2_cpu_supported()) skip();
@@ -335,7 +454,7 @@ static void test_matvec_path(void **state) {
     (void)state;
     enum { N = 2048, ROWS = 8 };
     static float w[ROWS][N], act[N];
-    static uint8_t qw[ROWS][N * 2], qa[N * 2];
+    static _Alignas(32) uint8_t qw[ROWS][N * 2], qa[N * 2];
     for (int i = 0; i < N; i++) act[i] = rng_normal();
     for (int r = 0; r < ROWS; r++) {
         for (int i = 0; i < N; i++) w[r][i] = rng_normal() * 0.02f;
@@ -364,7 +483,9 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quantizers),
         cmocka_unit_test(test_vec_dots),
+        cmocka_unit_test(test_dot4_tiles),
 #if defined(__x86_64__)
+        cmocka_unit_test(test_avx512_same_as_avx2),
         cmocka_unit_test(test_avx2_vec_dot_f16),
 #endif
         cmocka_unit_test(test_matvec_path),

@@ -321,9 +321,10 @@ static void test_table_rows(void **state) {
     assert_non_null(name);
     print_message("kernels: %s\n", name);
 #if defined(__x86_64__)
-    if (avx2_cpu_supported()) {
+    if (avx512_cpu_supported())
+        assert_string_equal(name, "avx512-vnni");
+    else if (avx2_cpu_supported())
         assert_string_equal(name, "avx2");
-    }
 #endif
 }
 

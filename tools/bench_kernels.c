@@ -7,12 +7,13 @@
  * 2. For each weight type: a matrix of COLS columns and enough rows to fill
  *    the same size, made by quantizing 16 random rows and repeating them
  *    (the bytes still come from memory: the matrix is many times the cache).
- *    One matvec is: quantize the activation with the type's vec_dot_type,
- *    then vec_dot per row, rows split evenly over the threads (plain
- *    pthreads, created per run: microseconds against milliseconds). Reported
- *    per thread count: median time, GB/s of weights streamed, the spread
- *    ((max - min) / median) and the GB/s as a percentage of the read
- *    bandwidth measured with as many threads.
+ *    One matvec is the library's matmul() with one activation row, on the
+ *    library's thread pool: exactly the engine's path (activation quantized
+ *    with the type's vec_dot_type, weight rows split over the threads,
+ *    dot products in tiles of four). Reported per thread count: median
+ *    time, GB/s of weights streamed, the spread ((max - min) / median), the
+ *    GB/s as a percentage of the read bandwidth measured with as many
+ *    threads, and the time of the same matmul with 8 activation rows.
  */
 #include "bench_kernels.h"
 
@@ -23,9 +24,12 @@
 #include <time.h>
 
 #include "cli.h"
+#include "matmul.h"
 #include "quant.h"
+#include "threadpool.h"
 
 #define MAX_THREADS 64
+#define BATCH 8 /* activation rows of the batched measurement */
 
 static double now_s(void) {
     struct timespec t;
@@ -95,23 +99,7 @@ static double read_bandwidth(const uint64_t *buf, size_t bytes, unsigned n, int 
     return best;
 }
 
-/* ---- matvec ---- */
-
-typedef struct mv_arg {
-    const quant_type_info *info;
-    const uint8_t *w;
-    size_t row_bytes, cols;
-    size_t row0, row1;
-    const void *xq;
-    float *y;
-} mv_arg;
-
-static void *matvec_part(void *v) {
-    const mv_arg *a = v;
-    for (size_t r = a->row0; r < a->row1; r++)
-        a->y[r] = a->info->vec_dot(a->cols, a->w + r * a->row_bytes, a->xq);
-    return NULL;
-}
+/* ---- matmul ---- */
 
 typedef struct bench_opts {
     size_t mib; /* weights per matrix and bandwidth buffer */
@@ -125,24 +113,18 @@ typedef struct mv_result {
     bool ok;
 } mv_result;
 
-/* Times `reps` matvecs of the matrix with n threads, after one warm-up. */
-static mv_result time_matvec(const quant_type_info *info, const quant_type_info *yi,
-                             const uint8_t *w, size_t rows, size_t row_bytes, size_t cols,
-                             const float *x, void *xq, float *y, unsigned n, int reps) {
+/* Times `reps` calls of the library's matmul (the engine's path: the
+ * activation rows quantized, then the weight rows split over the pool)
+ * with m activation rows, after one warm-up. */
+static mv_result time_matmul(threadpool *tp, uint32_t type, const uint8_t *w, size_t rows,
+                             size_t cols, const float *x, int64_t m, void *scratch, float *y,
+                             int reps) {
     mv_result res = {0};
     double *times = malloc((size_t)reps * sizeof *times);
     if (!times) return res;
-    mv_arg args[MAX_THREADS];
     for (int r = -1; r < reps; r++) {
         const double t0 = now_s();
-        yi->from_float(x, xq, cols); /* part of every matvec */
-        for (unsigned i = 0; i < n; i++)
-            args[i] = (mv_arg){info, w, row_bytes, cols, rows * i / n, rows * (i + 1) / n, xq, y};
-        double t;
-        if (!run_parallel(matvec_part, args, sizeof *args, n, &t)) {
-            free(times);
-            return res;
-        }
+        matmul(tp, w, type, (int64_t)rows, (int64_t)cols, x, m, y, scratch);
         if (r >= 0) times[r] = now_s() - t0;
     }
     qsort(times, (size_t)reps, sizeof *times, cmp_double);
@@ -157,38 +139,45 @@ static mv_result time_matvec(const quant_type_info *info, const quant_type_info 
 /* Builds the matrix for `type` and prints its rows of the table. */
 static bool bench_type(uint32_t type, const bench_opts *o, const double *bw) {
     const quant_type_info *info = quant_type_get(type);
-    const quant_type_info *yi = quant_type_get(info->vec_dot_type);
     const size_t cols = o->cols, seed_rows = 16;
     const size_t row_bytes = cols / info->block_size * info->type_size;
     const size_t rows = (o->mib << 20) / row_bytes;
     const size_t bytes = rows * row_bytes;
     uint8_t *w = malloc(bytes);
     float *seed = malloc(seed_rows * cols * sizeof(float));
-    float *x = malloc(cols * sizeof(float));
-    void *xq = malloc(cols / yi->block_size * yi->type_size);
-    float *y = malloc(rows * sizeof(float));
+    float *x = malloc(BATCH * cols * sizeof(float));
+    void *xq = malloc(matmul_scratch_size(type, (int64_t)cols, BATCH));
+    float *y = malloc(BATCH * rows * sizeof(float));
     bool ok = w && seed && x && xq && y;
     if (ok) {
         srand(1234);
         for (size_t i = 0; i < seed_rows * cols; i++)
             seed[i] = ((float)rand() / (float)RAND_MAX - 0.5f) * 0.1f;
-        for (size_t i = 0; i < cols; i++) x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+        for (size_t i = 0; i < BATCH * cols; i++) x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
         for (size_t r = 0; r < seed_rows && r < rows; r++)
             info->from_float(seed + r * cols, w + r * row_bytes, cols);
         for (size_t r = seed_rows; r < rows; r++)
             memcpy(w + r * row_bytes, w + (r % seed_rows) * row_bytes, row_bytes);
         for (unsigned n = 1; n <= o->threads;
              n = n < o->threads && 2 * n > o->threads ? o->threads : 2 * n) {
-            const mv_result m =
-                time_matvec(info, yi, w, rows, row_bytes, cols, x, xq, y, n, o->reps);
-            if (!m.ok) {
+            threadpool *tp = NULL;
+            cellm_error err;
+            if (tp_create((int)n, &tp, &err) != CELLM_OK) {
+                ok = false;
+                break;
+            }
+            const mv_result m = time_matmul(tp, type, w, rows, cols, x, 1, xq, y, o->reps);
+            const mv_result mb = time_matmul(tp, type, w, rows, cols, x, BATCH, xq, y, o->reps);
+            tp_destroy(tp);
+            if (!m.ok || !mb.ok) {
                 ok = false;
                 break;
             }
             const double gbs = (double)bytes / m.median_s / 1e9;
-            printf("%-6s %7u %7zu %8.1f %9.2f %8.2f %7.1f%% %7.1f%%\n", info->name, n, rows,
-                   (double)bytes / (1 << 20), m.median_s * 1e3, gbs,
-                   100.0 * (m.max_s - m.min_s) / m.median_s, 100.0 * gbs / bw[n]);
+            printf("%-6s %7u %7zu %8.1f %9.2f %8.2f %7.1f%% %7.1f%% %9.2f %7.2f\n", info->name, n,
+                   rows, (double)bytes / (1 << 20), m.median_s * 1e3, gbs,
+                   100.0 * (m.max_s - m.min_s) / m.median_s, 100.0 * gbs / bw[n], mb.median_s * 1e3,
+                   mb.median_s / m.median_s);
             fflush(stdout);
         }
     }
@@ -278,8 +267,8 @@ int cmd_bench_kernels(int argc, char **argv) {
     printf("%s\n", sink == 1 ? " " : ""); /* keeps the sums live */
     free(buf);
 
-    printf("\n%-6s %7s %7s %8s %9s %8s %8s %8s\n", "type", "threads", "rows", "MiB", "median ms",
-           "GB/s", "spread", "% of bw");
+    printf("\n%-6s %7s %7s %8s %9s %8s %8s %8s %9s %7s\n", "type", "threads", "rows", "MiB",
+           "median ms", "GB/s", "spread", "% of bw", "m=8 ms", "m8/m1");
     static const uint32_t types[] = {QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q8_0, QT_Q4_K, QT_Q6_K};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         if (!bench_type(types[i], &o, bw)) {
@@ -288,7 +277,9 @@ int cmd_bench_kernels(int argc, char **argv) {
             return 1;
         }
     }
-    printf("\nGB/s counts weight bytes per matvec; %% of bw compares with the read bandwidth\n"
-           "at the same thread count; spread is (max - min) / median.\n");
+    printf("\nThe first columns are the matvec (m = 1). GB/s counts weight bytes per matvec;\n"
+           "%% of bw compares with the read bandwidth at the same thread count; spread is\n"
+           "(max - min) / median. m=8 ms is the median of a matmul with 8 activation rows\n"
+           "and m8/m1 its cost in matvecs (8 would mean no reuse of the weights).\n");
     return 0;
 }

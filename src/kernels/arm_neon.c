@@ -1,6 +1,7 @@
 /*
- * arm_neon.c — AArch64 NEON versions of the hot kernels: the Q8_0
- * activation quantizer and the Q4_0, Q4_1, Q5_0, Q8_0 (against Q8_0), Q4_K
+ * arm_neon.c — AArch64 NEON versions of the hot kernels: the A8
+ * activation quantizer and the Q4_0, Q5_0, Q8_0 (against A8), Q4_1 (against
+ * A8S), Q4_K
  * and Q6_K (against Q8_K) dot products. NEON is part of every AArch64 CPU; each dot
  * product also comes in a variant using the SDOT instruction (ARMv8.2
  * dotprod), compiled per function with a target attribute and chosen by
@@ -64,10 +65,13 @@ DOTPROD static inline int32x4_t dot_sdot(int32x4_t acc, int8x16_t a, int8x16_t b
 
 typedef int32x4_t (*dot_fn)(int32x4_t, int8x16_t, int8x16_t);
 
-void neon_quantize_q8_0(const float *src, void *dst, size_t n) {
+/* An A8 row (kernels/blocks.h): the same bytes as ref_quantize_a8. */
+void neon_quantize_a8(const float *src, void *dst, size_t n) {
     assert(n % QK8_0 == 0);
-    block_q8_0 *y = dst;
-    for (size_t ib = 0; ib < n / QK8_0; ib++, src += QK8_0) {
+    const size_t nb = n / QK8_0;
+    float *ds = dst;
+    int8_t *qs = (int8_t *)dst + 4 * nb;
+    for (size_t ib = 0; ib < nb; ib++, src += QK8_0, qs += QK8_0) {
         float32x4_t v[8];
         float32x4_t amax = vdupq_n_f32(0.0f);
         for (int k = 0; k < 8; k++) {
@@ -76,7 +80,7 @@ void neon_quantize_q8_0(const float *src, void *dst, size_t n) {
         }
         const float d = vmaxnmvq_f32(amax) / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[ib].d = fp32_to_fp16(d);
+        ds[ib] = fp16_to_fp32(fp32_to_fp16(d));
         int16x8_t h[4];
         for (int k = 0; k < 8; k += 2) {
             int32x4_t q[2];
@@ -87,8 +91,8 @@ void neon_quantize_q8_0(const float *src, void *dst, size_t n) {
             }
             h[k / 2] = vcombine_s16(vmovn_s32(q[0]), vmovn_s32(q[1]));
         }
-        vst1q_s8(y[ib].qs, vcombine_s8(vmovn_s16(h[0]), vmovn_s16(h[1])));
-        vst1q_s8(y[ib].qs + 16, vcombine_s8(vmovn_s16(h[2]), vmovn_s16(h[3])));
+        vst1q_s8(qs, vcombine_s8(vmovn_s16(h[0]), vmovn_s16(h[1])));
+        vst1q_s8(qs + 16, vcombine_s8(vmovn_s16(h[2]), vmovn_s16(h[3])));
     }
 }
 
@@ -98,42 +102,44 @@ static inline __attribute__((always_inline)) float q4_0_body(size_t n, const voi
                                                              const void *vy, dot_fn dot) {
     assert(n % QK8_0 == 0);
     const block_q4_0 *x = vx;
-    const block_q8_0 *y = vy;
+    const size_t nb = n / QK8_0;
+    const float *yd = a8_scales(vy);
+    const int8_t *yq = a8_codes(vy, nb);
     float32x4_t acc = vdupq_n_f32(0.0f);
-    for (size_t ib = 0; ib < n / QK8_0; ib++) {
+    for (size_t ib = 0; ib < nb; ib++) {
         const uint8x16_t q = vld1q_u8(x[ib].qs);
         const int8x16_t lo =
             vsubq_s8(vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0F))), vdupq_n_s8(8));
         const int8x16_t hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), vdupq_n_s8(8));
-        int32x4_t s = dot(vdupq_n_s32(0), lo, vld1q_s8(y[ib].qs));
-        s = dot(s, hi, vld1q_s8(y[ib].qs + 16));
-        const float d = fp16_to_fp32(x[ib].d) * fp16_to_fp32(y[ib].d);
+        int32x4_t s = dot(vdupq_n_s32(0), lo, vld1q_s8(yq + 32 * ib));
+        s = dot(s, hi, vld1q_s8(yq + 32 * ib + 16));
+        const float d = fp16_to_fp32(x[ib].d) * yd[ib];
         acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), d);
     }
     return vaddvq_f32(acc);
 }
 
-/* Q4_1: codes 0..15 are valid signed bytes; the min multiplies the sum of
- * y, which a widening pairwise add takes exactly. */
+/* Q4_1 against Q8_1: codes 0..15 are valid signed bytes; the min
+ * multiplies the block sum s that Q8_1 stores. */
 static inline __attribute__((always_inline)) float q4_1_body(size_t n, const void *vx,
                                                              const void *vy, dot_fn dot) {
     assert(n % QK8_0 == 0);
     const block_q4_1 *x = vx;
-    const block_q8_0 *y = vy;
+    const size_t nb = n / QK8_0;
+    const float *yd = a8_scales(vy), *ysum = a8s_sums(vy, nb);
+    const int8_t *yq = a8s_codes(vy, nb);
     float32x4_t acc = vdupq_n_f32(0.0f);
-    for (size_t ib = 0; ib < n / QK8_0; ib++) {
+    float mins = 0.0f;
+    for (size_t ib = 0; ib < nb; ib++) {
         const uint8x16_t q = vld1q_u8(x[ib].qs);
         const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0F)));
         const int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(q, 4));
-        const int8x16_t y0 = vld1q_s8(y[ib].qs), y1 = vld1q_s8(y[ib].qs + 16);
-        int32x4_t s = dot(vdupq_n_s32(0), lo, y0);
-        s = dot(s, hi, y1);
-        const int32x4_t ys = vpaddlq_s16(vaddq_s16(vpaddlq_s8(y0), vpaddlq_s8(y1)));
-        const float dy = fp16_to_fp32(y[ib].d);
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), fp16_to_fp32(x[ib].d) * dy);
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(ys), fp16_to_fp32(x[ib].m) * dy);
+        int32x4_t s = dot(vdupq_n_s32(0), lo, vld1q_s8(yq + 32 * ib));
+        s = dot(s, hi, vld1q_s8(yq + 32 * ib + 16));
+        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), fp16_to_fp32(x[ib].d) * yd[ib]);
+        mins = __builtin_fmaf(fp16_to_fp32(x[ib].m), ysum[ib], mins);
     }
-    return vaddvq_f32(acc);
+    return vaddvq_f32(acc) + mins;
 }
 
 /* Q5_0: the fifth bit of element j is bit j of qh; test each byte of qh
@@ -142,13 +148,15 @@ static inline __attribute__((always_inline)) float q5_0_body(size_t n, const voi
                                                              const void *vy, dot_fn dot) {
     assert(n % QK8_0 == 0);
     const block_q5_0 *x = vx;
-    const block_q8_0 *y = vy;
+    const size_t nb = n / QK8_0;
+    const float *yd = a8_scales(vy);
+    const int8_t *yq = a8_codes(vy, nb);
     static const uint8_t bit_of_lane[16] = {1, 2, 4, 8, 16, 32, 64, 128,
                                             1, 2, 4, 8, 16, 32, 64, 128};
     const uint8x16_t lane_bits = vld1q_u8(bit_of_lane);
     const uint8x16_t b4 = vdupq_n_u8(0x10);
     float32x4_t acc = vdupq_n_f32(0.0f);
-    for (size_t ib = 0; ib < n / QK8_0; ib++) {
+    for (size_t ib = 0; ib < nb; ib++) {
         const uint8_t *qh = x[ib].qh;
         const uint8x16_t h0 = vcombine_u8(vdup_n_u8(qh[0]), vdup_n_u8(qh[1]));
         const uint8x16_t h1 = vcombine_u8(vdup_n_u8(qh[2]), vdup_n_u8(qh[3]));
@@ -159,9 +167,9 @@ static inline __attribute__((always_inline)) float q5_0_body(size_t n, const voi
             vreinterpretq_s8_u8(vorrq_u8(vandq_u8(q, vdupq_n_u8(0x0F)), hb0)), vdupq_n_s8(16));
         const int8x16_t hi =
             vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(q, 4), hb1)), vdupq_n_s8(16));
-        int32x4_t s = dot(vdupq_n_s32(0), lo, vld1q_s8(y[ib].qs));
-        s = dot(s, hi, vld1q_s8(y[ib].qs + 16));
-        const float d = fp16_to_fp32(x[ib].d) * fp16_to_fp32(y[ib].d);
+        int32x4_t s = dot(vdupq_n_s32(0), lo, vld1q_s8(yq + 32 * ib));
+        s = dot(s, hi, vld1q_s8(yq + 32 * ib + 16));
+        const float d = fp16_to_fp32(x[ib].d) * yd[ib];
         acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), d);
     }
     return vaddvq_f32(acc);
@@ -171,12 +179,14 @@ static inline __attribute__((always_inline)) float q8_0_body(size_t n, const voi
                                                              const void *vy, dot_fn dot) {
     assert(n % QK8_0 == 0);
     const block_q8_0 *x = vx;
-    const block_q8_0 *y = vy;
+    const size_t nb = n / QK8_0;
+    const float *yd = a8_scales(vy);
+    const int8_t *yq = a8_codes(vy, nb);
     float32x4_t acc = vdupq_n_f32(0.0f);
-    for (size_t ib = 0; ib < n / QK8_0; ib++) {
-        int32x4_t s = dot(vdupq_n_s32(0), vld1q_s8(x[ib].qs), vld1q_s8(y[ib].qs));
-        s = dot(s, vld1q_s8(x[ib].qs + 16), vld1q_s8(y[ib].qs + 16));
-        const float d = fp16_to_fp32(x[ib].d) * fp16_to_fp32(y[ib].d);
+    for (size_t ib = 0; ib < nb; ib++) {
+        int32x4_t s = dot(vdupq_n_s32(0), vld1q_s8(x[ib].qs), vld1q_s8(yq + 32 * ib));
+        s = dot(s, vld1q_s8(x[ib].qs + 16), vld1q_s8(yq + 32 * ib + 16));
+        const float d = fp16_to_fp32(x[ib].d) * yd[ib];
         acc = vfmaq_n_f32(acc, vcvtq_f32_s32(s), d);
     }
     return vaddvq_f32(acc);
@@ -249,16 +259,16 @@ static inline __attribute__((always_inline)) float q6_k_body(size_t n, const voi
     return sum;
 }
 
-float neon_vec_dot_q4_0_q8_0(size_t n, const void *x, const void *y) {
+float neon_vec_dot_q4_0_a8(size_t n, const void *x, const void *y) {
     return q4_0_body(n, x, y, dot_plain);
 }
-float neon_vec_dot_q4_1_q8_0(size_t n, const void *x, const void *y) {
+float neon_vec_dot_q4_1_a8s(size_t n, const void *x, const void *y) {
     return q4_1_body(n, x, y, dot_plain);
 }
-float neon_vec_dot_q5_0_q8_0(size_t n, const void *x, const void *y) {
+float neon_vec_dot_q5_0_a8(size_t n, const void *x, const void *y) {
     return q5_0_body(n, x, y, dot_plain);
 }
-float neon_vec_dot_q8_0_q8_0(size_t n, const void *x, const void *y) {
+float neon_vec_dot_q8_0_a8(size_t n, const void *x, const void *y) {
     return q8_0_body(n, x, y, dot_plain);
 }
 float neon_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y) {
@@ -268,16 +278,16 @@ float neon_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y) {
     return q6_k_body(n, x, y, dot_plain);
 }
 
-DOTPROD float neon_dotprod_vec_dot_q4_0_q8_0(size_t n, const void *x, const void *y) {
+DOTPROD float neon_dotprod_vec_dot_q4_0_a8(size_t n, const void *x, const void *y) {
     return q4_0_body(n, x, y, dot_sdot);
 }
-DOTPROD float neon_dotprod_vec_dot_q4_1_q8_0(size_t n, const void *x, const void *y) {
+DOTPROD float neon_dotprod_vec_dot_q4_1_a8s(size_t n, const void *x, const void *y) {
     return q4_1_body(n, x, y, dot_sdot);
 }
-DOTPROD float neon_dotprod_vec_dot_q5_0_q8_0(size_t n, const void *x, const void *y) {
+DOTPROD float neon_dotprod_vec_dot_q5_0_a8(size_t n, const void *x, const void *y) {
     return q5_0_body(n, x, y, dot_sdot);
 }
-DOTPROD float neon_dotprod_vec_dot_q8_0_q8_0(size_t n, const void *x, const void *y) {
+DOTPROD float neon_dotprod_vec_dot_q8_0_a8(size_t n, const void *x, const void *y) {
     return q8_0_body(n, x, y, dot_sdot);
 }
 DOTPROD float neon_dotprod_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y) {

@@ -8,6 +8,7 @@
 #ifndef CELLM_KERNELS_BLOCKS_H
 #define CELLM_KERNELS_BLOCKS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define QK4_0 32
@@ -54,6 +55,36 @@ typedef struct {
     uint16_t d;
     int8_t qs[QK8_0];
 } block_q8_0;
+
+/* Q8_0 plus s = d * sum(qs) (F16, computed with the F32 d), as GGML's Q8_1
+ * (its current 36-byte layout; old GGML used F32 d and s). */
+typedef struct {
+    uint16_t d;
+    uint16_t s;
+    int8_t qs[QK8_0];
+} block_q8_1;
+
+/* A8 and A8S: the activation rows the 32-element weight types pair with,
+ * made by matmul and never stored in files. Whole rows, not blocks: a row
+ * of nb blocks of 32 is nb F32 scales d, then for A8S nb F32 sums s, then
+ * the nb * 32 int8 codes, so the kernels load scales and codes of
+ * consecutive blocks without converting or gathering. The values are
+ * GGML's: the codes and F16-rounded scale of Q8_0 (A8), plus the
+ * F16-rounded s of Q8_1 (A8S, for Q4_1 and Q5_1, whose minimum multiplies
+ * the block sum). 36 and 40 bytes per block; rows must start 4-byte
+ * aligned. */
+static inline const float *a8_scales(const void *row) {
+    return (const float *)row;
+}
+static inline const float *a8s_sums(const void *row, size_t nb) {
+    return (const float *)row + nb;
+}
+static inline const int8_t *a8_codes(const void *row, size_t nb) {
+    return (const int8_t *)row + 4 * nb;
+}
+static inline const int8_t *a8s_codes(const void *row, size_t nb) {
+    return (const int8_t *)row + 8 * nb;
+}
 
 /* 16 groups of 16: x = d * (scales[g] & 15) * q - dmin * (scales[g] >> 4),
  * q in 0..3. Element 128h + 32s + l is bits 2s..2s+1 of qs[32h + l]. */

@@ -36,6 +36,9 @@ void ref_dequantize_q4_1(const void *src, float *dst, size_t n);
 void ref_dequantize_q5_0(const void *src, float *dst, size_t n);
 void ref_dequantize_q5_1(const void *src, float *dst, size_t n);
 void ref_dequantize_q8_0(const void *src, float *dst, size_t n);
+void ref_dequantize_q8_1(const void *src, float *dst, size_t n);
+void ref_dequantize_a8(const void *src, float *dst, size_t n);
+void ref_dequantize_a8s(const void *src, float *dst, size_t n);
 void ref_dequantize_q2_k(const void *src, float *dst, size_t n);
 void ref_dequantize_q3_k(const void *src, float *dst, size_t n);
 void ref_dequantize_q4_k(const void *src, float *dst, size_t n);
@@ -53,6 +56,9 @@ void ref_quantize_q4_1(const float *src, void *dst, size_t n);
 void ref_quantize_q5_0(const float *src, void *dst, size_t n);
 void ref_quantize_q5_1(const float *src, void *dst, size_t n);
 void ref_quantize_q8_0(const float *src, void *dst, size_t n);
+void ref_quantize_q8_1(const float *src, void *dst, size_t n);
+void ref_quantize_a8(const float *src, void *dst, size_t n);
+void ref_quantize_a8s(const float *src, void *dst, size_t n);
 void ref_quantize_q2_k(const float *src, void *dst, size_t n);
 void ref_quantize_q3_k(const float *src, void *dst, size_t n);
 void ref_quantize_q4_k(const float *src, void *dst, size_t n);
@@ -65,30 +71,55 @@ void ref_quantize_iq4_xs(const float *src, void *dst, size_t n);
 float ref_vec_dot_f32(size_t n, const void *x, const void *y);
 float ref_vec_dot_f16(size_t n, const void *x, const void *y);
 float ref_vec_dot_bf16(size_t n, const void *x, const void *y);
-float ref_vec_dot_q4_0_q8_0(size_t n, const void *x, const void *y);
-float ref_vec_dot_q4_1_q8_0(size_t n, const void *x, const void *y);
-float ref_vec_dot_q5_0_q8_0(size_t n, const void *x, const void *y);
-float ref_vec_dot_q5_1_q8_0(size_t n, const void *x, const void *y);
-float ref_vec_dot_q8_0_q8_0(size_t n, const void *x, const void *y);
+float ref_vec_dot_q4_0_a8(size_t n, const void *x, const void *y);
+float ref_vec_dot_q4_1_a8s(size_t n, const void *x, const void *y);
+float ref_vec_dot_q5_0_a8(size_t n, const void *x, const void *y);
+float ref_vec_dot_q5_1_a8s(size_t n, const void *x, const void *y);
+float ref_vec_dot_q8_0_a8(size_t n, const void *x, const void *y);
 float ref_vec_dot_q2_k_q8_k(size_t n, const void *x, const void *y);
 float ref_vec_dot_q3_k_q8_k(size_t n, const void *x, const void *y);
 float ref_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);
 float ref_vec_dot_q5_k_q8_k(size_t n, const void *x, const void *y);
 float ref_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);
-float ref_vec_dot_iq4_nl_q8_0(size_t n, const void *x, const void *y);
+float ref_vec_dot_iq4_nl_a8(size_t n, const void *x, const void *y);
 float ref_vec_dot_iq4_xs_q8_k(size_t n, const void *x, const void *y);
 
 /* ---- x86-64 AVX2 + FMA + F16C (x86_avx2.c) ---- */
 #if defined(__x86_64__)
 /* True when this CPU (and OS) runs the avx2_* kernels. */
 bool avx2_cpu_supported(void);
-void avx2_quantize_q8_0(const float *src, void *dst, size_t n);
+void avx2_quantize_a8(const float *src, void *dst, size_t n);
+void avx2_quantize_a8s(const float *src, void *dst, size_t n);
 void avx2_quantize_q8_k(const float *src, void *dst, size_t n);
 float avx2_vec_dot_f16(size_t n, const void *x, const void *y);
-float avx2_vec_dot_q4_0_q8_0(size_t n, const void *x, const void *y);
-float avx2_vec_dot_q4_1_q8_0(size_t n, const void *x, const void *y);
-float avx2_vec_dot_q5_0_q8_0(size_t n, const void *x, const void *y);
-float avx2_vec_dot_q8_0_q8_0(size_t n, const void *x, const void *y);
+float avx2_vec_dot_q4_0_a8(size_t n, const void *x, const void *y);
+float avx2_vec_dot_q4_1_a8s(size_t n, const void *x, const void *y);
+float avx2_vec_dot_q5_0_a8(size_t n, const void *x, const void *y);
+float avx2_vec_dot_q8_0_a8(size_t n, const void *x, const void *y);
+/* Tiles of four (quant_vec_dot4_fn): dot4_x four weight rows, dot4_y four
+ * activation rows; each result bit-identical to the vec_dot above. */
+#define CELLM_AVX2_DOT4(name)                                                                      \
+    void avx2_dot4_x_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,          \
+                            float out[4]);                                                         \
+    void avx2_dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,          \
+                            float out[4]);
+CELLM_AVX2_DOT4(q4_0_a8)
+CELLM_AVX2_DOT4(q4_1_a8s)
+CELLM_AVX2_DOT4(q5_0_a8)
+CELLM_AVX2_DOT4(q8_0_a8)
+
+/* ---- x86-64 AVX-512 F/BW/VL + VNNI (x86_avx512.c) ---- */
+/* True when this CPU (and OS) runs the avx512_* kernels; implies AVX2. */
+bool avx512_cpu_supported(void);
+/* Bit-identical to the avx2_ kernels of the same name. */
+#define CELLM_AVX512_DOT(name)                                                                     \
+    float avx512_vec_dot_##name(size_t n, const void *x, const void *y);                           \
+    void avx512_dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,        \
+                              float out[4]);
+CELLM_AVX512_DOT(q4_0_a8)
+CELLM_AVX512_DOT(q4_1_a8s)
+CELLM_AVX512_DOT(q5_0_a8)
+CELLM_AVX512_DOT(q8_0_a8)
 float avx2_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q5_k_q8_k(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);
@@ -99,17 +130,17 @@ float avx2_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);
 /* True when this CPU runs the neon_dotprod_* kernels (plain neon_* run on
  * every AArch64 CPU). */
 bool neon_dotprod_supported(void);
-void neon_quantize_q8_0(const float *src, void *dst, size_t n);
-float neon_vec_dot_q4_0_q8_0(size_t n, const void *x, const void *y);
-float neon_vec_dot_q4_1_q8_0(size_t n, const void *x, const void *y);
-float neon_vec_dot_q5_0_q8_0(size_t n, const void *x, const void *y);
-float neon_vec_dot_q8_0_q8_0(size_t n, const void *x, const void *y);
+void neon_quantize_a8(const float *src, void *dst, size_t n);
+float neon_vec_dot_q4_0_a8(size_t n, const void *x, const void *y);
+float neon_vec_dot_q4_1_a8s(size_t n, const void *x, const void *y);
+float neon_vec_dot_q5_0_a8(size_t n, const void *x, const void *y);
+float neon_vec_dot_q8_0_a8(size_t n, const void *x, const void *y);
 float neon_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);
 float neon_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);
-float neon_dotprod_vec_dot_q4_0_q8_0(size_t n, const void *x, const void *y);
-float neon_dotprod_vec_dot_q4_1_q8_0(size_t n, const void *x, const void *y);
-float neon_dotprod_vec_dot_q5_0_q8_0(size_t n, const void *x, const void *y);
-float neon_dotprod_vec_dot_q8_0_q8_0(size_t n, const void *x, const void *y);
+float neon_dotprod_vec_dot_q4_0_a8(size_t n, const void *x, const void *y);
+float neon_dotprod_vec_dot_q4_1_a8s(size_t n, const void *x, const void *y);
+float neon_dotprod_vec_dot_q5_0_a8(size_t n, const void *x, const void *y);
+float neon_dotprod_vec_dot_q8_0_a8(size_t n, const void *x, const void *y);
 float neon_dotprod_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);
 float neon_dotprod_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);
 #endif

@@ -138,6 +138,30 @@ void ref_dequantize_q8_0(const void *src, float *dst, size_t n) {
     }
 }
 
+void ref_dequantize_q8_1(const void *src, float *dst, size_t n) {
+    assert(n % QK8_0 == 0);
+    const block_q8_1 *x = src;
+    for (size_t ib = 0; ib < n / QK8_0; ib++, dst += QK8_0) {
+        const float d = fp16_to_fp32(x[ib].d);
+        for (int j = 0; j < QK8_0; j++) dst[j] = (float)x[ib].qs[j] * d;
+    }
+}
+
+static void dequantize_a8_row(const float *d, const int8_t *q, float *dst, size_t nb) {
+    for (size_t ib = 0; ib < nb; ib++, dst += QK8_0, q += QK8_0)
+        for (int j = 0; j < QK8_0; j++) dst[j] = (float)q[j] * d[ib];
+}
+
+void ref_dequantize_a8(const void *src, float *dst, size_t n) {
+    assert(n % QK8_0 == 0);
+    dequantize_a8_row(a8_scales(src), a8_codes(src, n / QK8_0), dst, n / QK8_0);
+}
+
+void ref_dequantize_a8s(const void *src, float *dst, size_t n) {
+    assert(n % QK8_0 == 0);
+    dequantize_a8_row(a8_scales(src), a8s_codes(src, n / QK8_0), dst, n / QK8_0);
+}
+
 void ref_dequantize_q2_k(const void *src, float *dst, size_t n) {
     assert(n % QK_K == 0);
     const block_q2_K *x = src;
@@ -396,6 +420,55 @@ void ref_quantize_q8_0(const float *src, void *dst, size_t n) {
         y[ib].d = fp32_to_fp16(d);
         for (int j = 0; j < QK8_0; j++) y[ib].qs[j] = (int8_t)round_clamp(src[j] * id, -127, 127);
     }
+}
+
+/* Q8_0's codes and scale, plus the F16 s = d * sum(codes) with the F32 d. */
+void ref_quantize_q8_1(const float *src, void *dst, size_t n) {
+    assert(n % QK8_0 == 0);
+    block_q8_1 *y = dst;
+    for (size_t ib = 0; ib < n / QK8_0; ib++, src += QK8_0) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(src[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < QK8_0; j++) {
+            y[ib].qs[j] = (int8_t)round_clamp(src[j] * id, -127, 127);
+            sum += y[ib].qs[j];
+        }
+        y[ib].d = fp32_to_fp16(d);
+        y[ib].s = fp32_to_fp16(d * (float)sum);
+    }
+}
+
+/* A8 (sums NULL) and A8S rows: Q8_0's codes and scale (rounded through
+ * F16, as GGML computes with it), and Q8_1's F16 block sum. */
+static void quantize_a8_row(const float *src, float *d_out, float *s_out, int8_t *q, size_t nb) {
+    for (size_t ib = 0; ib < nb; ib++, src += QK8_0, q += QK8_0) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(src[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < QK8_0; j++) {
+            q[j] = (int8_t)round_clamp(src[j] * id, -127, 127);
+            sum += q[j];
+        }
+        d_out[ib] = fp16_to_fp32(fp32_to_fp16(d));
+        if (s_out) s_out[ib] = fp16_to_fp32(fp32_to_fp16(d * (float)sum));
+    }
+}
+
+void ref_quantize_a8(const float *src, void *dst, size_t n) {
+    assert(n % QK8_0 == 0);
+    const size_t nb = n / QK8_0;
+    quantize_a8_row(src, dst, NULL, (int8_t *)dst + 4 * nb, nb);
+}
+
+void ref_quantize_a8s(const float *src, void *dst, size_t n) {
+    assert(n % QK8_0 == 0);
+    const size_t nb = n / QK8_0;
+    quantize_a8_row(src, dst, (float *)dst + nb, (int8_t *)dst + 8 * nb, nb);
 }
 
 /* Same rounding as Q8_0 (so the activation quantizers agree), with a float
@@ -771,107 +844,113 @@ float ref_vec_dot_bf16(size_t n, const void *x, const void *y) {
     return (float)sum;
 }
 
-/* The 32-element types against Q8_0: per block an exact integer sum, then
- * one float multiply-add. Q4_1 and Q5_1 add their min times the sum of
- * the activation block (GGML pairs them with Q8_1, which stores that sum
- * pre-rounded; we compute it exactly instead, so one activation format
- * serves every 32-element type). */
-float ref_vec_dot_q4_0_q8_0(size_t n, const void *vx, const void *vy) {
+/* The 32-element types against A8 rows: per block an exact integer sum,
+ * then one float multiply-add. Q4_1 and Q5_1 pair with A8S (GGML pairs
+ * them with Q8_1) and add their min times the block sum s it stores, so
+ * the sum is computed once per activation block, not once per weight row. */
+float ref_vec_dot_q4_0_a8(size_t n, const void *vx, const void *vy) {
     assert(n % QK8_0 == 0);
     const block_q4_0 *x = vx;
-    const block_q8_0 *y = vy;
+    const size_t nb = n / QK8_0;
+    const float *yd = a8_scales(vy);
+    const int8_t *yq = a8_codes(vy, nb);
     float sum = 0.0f;
-    for (size_t ib = 0; ib < n / QK8_0; ib++) {
+    for (size_t ib = 0; ib < nb; ib++, yq += QK8_0) {
         int isum = 0;
         for (int j = 0; j < 16; j++) {
-            isum += ((x[ib].qs[j] & 0xF) - 8) * y[ib].qs[j];
-            isum += ((x[ib].qs[j] >> 4) - 8) * y[ib].qs[j + 16];
+            isum += ((x[ib].qs[j] & 0xF) - 8) * yq[j];
+            isum += ((x[ib].qs[j] >> 4) - 8) * yq[j + 16];
         }
-        sum += fp16_to_fp32(x[ib].d) * fp16_to_fp32(y[ib].d) * (float)isum;
+        sum += fp16_to_fp32(x[ib].d) * yd[ib] * (float)isum;
     }
     return sum;
 }
 
-float ref_vec_dot_q4_1_q8_0(size_t n, const void *vx, const void *vy) {
+float ref_vec_dot_q4_1_a8s(size_t n, const void *vx, const void *vy) {
     assert(n % QK8_0 == 0);
     const block_q4_1 *x = vx;
-    const block_q8_0 *y = vy;
+    const size_t nb = n / QK8_0;
+    const float *yd = a8_scales(vy), *ys = a8s_sums(vy, nb);
+    const int8_t *yq = a8s_codes(vy, nb);
     float sum = 0.0f;
-    for (size_t ib = 0; ib < n / QK8_0; ib++) {
-        int isum = 0, ysum = 0;
-        for (int j = 0; j < 16; j++) {
-            isum += (x[ib].qs[j] & 0xF) * y[ib].qs[j] + (x[ib].qs[j] >> 4) * y[ib].qs[j + 16];
-            ysum += y[ib].qs[j] + y[ib].qs[j + 16];
-        }
-        const float dy = fp16_to_fp32(y[ib].d);
-        sum += fp16_to_fp32(x[ib].d) * dy * (float)isum + fp16_to_fp32(x[ib].m) * dy * (float)ysum;
+    for (size_t ib = 0; ib < nb; ib++, yq += QK8_0) {
+        int isum = 0;
+        for (int j = 0; j < 16; j++)
+            isum += (x[ib].qs[j] & 0xF) * yq[j] + (x[ib].qs[j] >> 4) * yq[j + 16];
+        sum += fp16_to_fp32(x[ib].d) * yd[ib] * (float)isum + fp16_to_fp32(x[ib].m) * ys[ib];
     }
     return sum;
 }
 
-float ref_vec_dot_q5_0_q8_0(size_t n, const void *vx, const void *vy) {
+float ref_vec_dot_q5_0_a8(size_t n, const void *vx, const void *vy) {
     assert(n % QK8_0 == 0);
     const block_q5_0 *x = vx;
-    const block_q8_0 *y = vy;
+    const size_t nb = n / QK8_0;
+    const float *yd = a8_scales(vy);
+    const int8_t *yq = a8_codes(vy, nb);
     float sum = 0.0f;
-    for (size_t ib = 0; ib < n / QK8_0; ib++) {
+    for (size_t ib = 0; ib < nb; ib++, yq += QK8_0) {
         const uint32_t qh = read_u32le(x[ib].qh);
         int isum = 0;
         for (int j = 0; j < 16; j++) {
             const int q0 = ((x[ib].qs[j] & 0xF) | (int)((qh >> j) & 1) << 4) - 16;
             const int q1 = ((x[ib].qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4) - 16;
-            isum += q0 * y[ib].qs[j] + q1 * y[ib].qs[j + 16];
+            isum += q0 * yq[j] + q1 * yq[j + 16];
         }
-        sum += fp16_to_fp32(x[ib].d) * fp16_to_fp32(y[ib].d) * (float)isum;
+        sum += fp16_to_fp32(x[ib].d) * yd[ib] * (float)isum;
     }
     return sum;
 }
 
-float ref_vec_dot_q5_1_q8_0(size_t n, const void *vx, const void *vy) {
+float ref_vec_dot_q5_1_a8s(size_t n, const void *vx, const void *vy) {
     assert(n % QK8_0 == 0);
     const block_q5_1 *x = vx;
-    const block_q8_0 *y = vy;
+    const size_t nb = n / QK8_0;
+    const float *yd = a8_scales(vy), *ys = a8s_sums(vy, nb);
+    const int8_t *yq = a8s_codes(vy, nb);
     float sum = 0.0f;
-    for (size_t ib = 0; ib < n / QK8_0; ib++) {
+    for (size_t ib = 0; ib < nb; ib++, yq += QK8_0) {
         const uint32_t qh = read_u32le(x[ib].qh);
-        int isum = 0, ysum = 0;
+        int isum = 0;
         for (int j = 0; j < 16; j++) {
             const int q0 = (x[ib].qs[j] & 0xF) | (int)((qh >> j) & 1) << 4;
             const int q1 = (x[ib].qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
-            isum += q0 * y[ib].qs[j] + q1 * y[ib].qs[j + 16];
-            ysum += y[ib].qs[j] + y[ib].qs[j + 16];
+            isum += q0 * yq[j] + q1 * yq[j + 16];
         }
-        const float dy = fp16_to_fp32(y[ib].d);
-        sum += fp16_to_fp32(x[ib].d) * dy * (float)isum + fp16_to_fp32(x[ib].m) * dy * (float)ysum;
+        sum += fp16_to_fp32(x[ib].d) * yd[ib] * (float)isum + fp16_to_fp32(x[ib].m) * ys[ib];
     }
     return sum;
 }
 
-float ref_vec_dot_q8_0_q8_0(size_t n, const void *vx, const void *vy) {
+float ref_vec_dot_q8_0_a8(size_t n, const void *vx, const void *vy) {
     assert(n % QK8_0 == 0);
     const block_q8_0 *x = vx;
-    const block_q8_0 *y = vy;
+    const size_t nb = n / QK8_0;
+    const float *yd = a8_scales(vy);
+    const int8_t *yq = a8_codes(vy, nb);
     float sum = 0.0f;
-    for (size_t ib = 0; ib < n / QK8_0; ib++) {
+    for (size_t ib = 0; ib < nb; ib++, yq += QK8_0) {
         int isum = 0;
-        for (int j = 0; j < QK8_0; j++) isum += x[ib].qs[j] * y[ib].qs[j];
-        sum += fp16_to_fp32(x[ib].d) * fp16_to_fp32(y[ib].d) * (float)isum;
+        for (int j = 0; j < QK8_0; j++) isum += x[ib].qs[j] * yq[j];
+        sum += fp16_to_fp32(x[ib].d) * yd[ib] * (float)isum;
     }
     return sum;
 }
 
-float ref_vec_dot_iq4_nl_q8_0(size_t n, const void *vx, const void *vy) {
+float ref_vec_dot_iq4_nl_a8(size_t n, const void *vx, const void *vy) {
     assert(n % QK8_0 == 0);
     const block_iq4_nl *x = vx;
-    const block_q8_0 *y = vy;
+    const size_t nb = n / QK8_0;
+    const float *yd = a8_scales(vy);
+    const int8_t *yq = a8_codes(vy, nb);
     float sum = 0.0f;
-    for (size_t ib = 0; ib < n / QK8_0; ib++) {
+    for (size_t ib = 0; ib < nb; ib++, yq += QK8_0) {
         int isum = 0;
         for (int j = 0; j < 16; j++) {
-            isum += iq4nl_values[x[ib].qs[j] & 0xF] * y[ib].qs[j];
-            isum += iq4nl_values[x[ib].qs[j] >> 4] * y[ib].qs[j + 16];
+            isum += iq4nl_values[x[ib].qs[j] & 0xF] * yq[j];
+            isum += iq4nl_values[x[ib].qs[j] >> 4] * yq[j + 16];
         }
-        sum += fp16_to_fp32(x[ib].d) * fp16_to_fp32(y[ib].d) * (float)isum;
+        sum += fp16_to_fp32(x[ib].d) * yd[ib] * (float)isum;
     }
     return sum;
 }

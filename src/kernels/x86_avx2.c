@@ -28,14 +28,13 @@
 #include "kernels/blocks.h"
 #include "kernels/fp16.h"
 #include "kernels/kernels.h"
+#include "kernels/x86_common.h"
 
 /* The K-quant dots must round exactly as the reference, which clang would
  * otherwise contract into FMAs. */
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
 #endif
-
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
 
 /* __builtin_cpu_supports checks that the OS saves the YMM registers along
  * with the CPUID bits; clang's does not know "f16c", so that bit comes
@@ -45,46 +44,6 @@ bool avx2_cpu_supported(void) {
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return false;
     unsigned a, b, c, d;
     return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
-}
-
-AVX2 static inline float hsum_f32x8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-AVX2 static inline int hsum_i32x8(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(s);
-}
-
-AVX2 static inline float h2f(uint16_t h) {
-    return _cvtsh_ss(h);
-}
-
-/* 16 packed bytes → 32 nibbles in element order: low nibbles (elements
- * 0..15) then high nibbles (16..31), as the 32-element blocks store them. */
-AVX2 static inline __m256i unpack_nibbles_32(const uint8_t *qs) {
-    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    const __m256i both =
-        _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
-    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
-}
-
-/* Sum of x*y over 32 signed bytes, as 8 int32 lanes. |x| <= 128 as
- * unsigned after sign(), |y| <= 127: pairs stay inside int16. */
-AVX2 static inline __m256i dot_i8x32(__m256i x, __m256i y) {
-    const __m256i ax = _mm256_sign_epi8(x, x);
-    const __m256i sy = _mm256_sign_epi8(y, x);
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
-}
-
-/* Sum of u*y for unsigned u (<= 63) and signed y, as 8 int32 lanes. */
-AVX2 static inline __m256i dot_u8i8x32(__m256i u, __m256i y) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), _mm256_set1_epi16(1));
 }
 
 /* round_clamp(v, -127, 127) of ref.c, eight at a time: clamp (NaN goes to
@@ -101,11 +60,14 @@ AVX2 static inline __m256i round_clamp_127(__m256 v) {
     return _mm256_cvtps_epi32(_mm256_or_ps(t, sign));
 }
 
-AVX2 void avx2_quantize_q8_0(const float *src, void *dst, size_t n) {
-    assert(n % QK8_0 == 0);
-    block_q8_0 *y = dst;
+/* A8 or A8S rows (with_sum): each block's codes and F16-rounded scale
+ * (and sum); same bytes as the reference. */
+AVX2 static inline __attribute__((always_inline)) void quantize_a8_row(const float *src, void *dst,
+                                                                       size_t nb, bool with_sum) {
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    for (size_t ib = 0; ib < n / QK8_0; ib++, src += QK8_0) {
+    float *ds = dst, *ss = (float *)dst + nb;
+    int8_t *qs = (int8_t *)dst + (with_sum ? 8 : 4) * nb;
+    for (size_t ib = 0; ib < nb; ib++, src += QK8_0, qs += QK8_0) {
         __m256 v[4];
         __m256 amax = _mm256_setzero_ps();
         for (int k = 0; k < 4; k++) {
@@ -118,19 +80,34 @@ AVX2 void avx2_quantize_q8_0(const float *src, void *dst, size_t n) {
         m = _mm_max_ss(m, _mm_movehdup_ps(m));
         const float d = _mm_cvtss_f32(m) / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[ib].d = fp32_to_fp16(d);
         const __m256 vid = _mm256_set1_ps(id);
         __m256i i0 = round_clamp_127(_mm256_mul_ps(v[0], vid));
         __m256i i1 = round_clamp_127(_mm256_mul_ps(v[1], vid));
         __m256i i2 = round_clamp_127(_mm256_mul_ps(v[2], vid));
         __m256i i3 = round_clamp_127(_mm256_mul_ps(v[3], vid));
+        ds[ib] = fp16_to_fp32(fp32_to_fp16(d)); /* NaN bits as the reference */
+        if (with_sum) {
+            const int sum =
+                hsum_i32x8(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
+            ss[ib] = fp16_to_fp32(fp32_to_fp16(d * (float)sum));
+        }
         /* Packing works per 128-bit lane; the permute restores order. */
         i0 = _mm256_packs_epi32(i0, i1);
         i2 = _mm256_packs_epi32(i2, i3);
         i0 = _mm256_packs_epi16(i0, i2);
         i0 = _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256((__m256i *)y[ib].qs, i0);
+        _mm256_storeu_si256((__m256i *)qs, i0);
     }
+}
+
+AVX2 void avx2_quantize_a8(const float *src, void *dst, size_t n) {
+    assert(n % QK8_0 == 0);
+    quantize_a8_row(src, dst, n / QK8_0, false);
+}
+
+AVX2 void avx2_quantize_a8s(const float *src, void *dst, size_t n) {
+    assert(n % QK8_0 == 0);
+    quantize_a8_row(src, dst, n / QK8_0, true);
 }
 
 /* Eight floats, already scaled, to eight int32 codes of the reference. */
@@ -206,88 +183,111 @@ AVX2 float avx2_vec_dot_f16(size_t n, const void *vx, const void *vy) {
     return sum;
 }
 
-AVX2 float avx2_vec_dot_q4_0_q8_0(size_t n, const void *vx, const void *vy) {
+/* nx weight rows (stride xs bytes) times ny activation rows (stride ys),
+ * nx * ny <= 4, into out[i * ny + j]. Every pair keeps two accumulators of
+ * eight float lanes (even and odd blocks, so consecutive blocks do not wait
+ * on each other's FMA), adds one block at a time with the same operations
+ * whatever nx and ny are, and ends with the same horizontal sum: so a
+ * pair's result does not depend on the tile it was computed in. kind, nx
+ * and ny are constants at every call, so each wrapper gets its own
+ * unrolled copy with the accumulators in registers. */
+AVX2 static inline __attribute__((always_inline)) void dot_tile_32(int kind, size_t n,
+                                                                   const uint8_t *x, size_t xs,
+                                                                   int nx, const uint8_t *y,
+                                                                   size_t ys, int ny, float *out) {
     assert(n % QK8_0 == 0);
-    const block_q4_0 *x = vx;
-    const block_q8_0 *y = vy;
-    __m256 acc = _mm256_setzero_ps();
-    for (size_t ib = 0; ib < n / QK8_0; ib++) {
-        const __m256 d = _mm256_set1_ps(h2f(x[ib].d) * h2f(y[ib].d));
-        const __m256i qx = _mm256_sub_epi8(unpack_nibbles_32(x[ib].qs), _mm256_set1_epi8(8));
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[ib].qs);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8x32(qx, qy)), acc);
+    const size_t xbytes = kind == W_Q4_0   ? sizeof(block_q4_0)
+                          : kind == W_Q4_1 ? sizeof(block_q4_1)
+                          : kind == W_Q5_0 ? sizeof(block_q5_0)
+                                           : sizeof(block_q8_0);
+    const size_t nb = n / QK8_0;
+    const float *yd[4], *ysum[4];
+    const int8_t *yq[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < ny; j++) {
+        const uint8_t *row = y + j * ys;
+        yd[j] = a8_scales(row);
+        ysum[j] = a8s_sums(row, nb);
+        yq[j] = kind == W_Q4_1 ? a8s_codes(row, nb) : a8_codes(row, nb);
     }
-    return hsum_f32x8(acc);
+    __m256 acc[2][4][4];
+    float mins[4][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < nx; i++) {
+#pragma GCC unroll 4
+        for (int j = 0; j < ny; j++) {
+            acc[0][i][j] = acc[1][i][j] = _mm256_setzero_ps();
+            mins[i][j] = 0.0f;
+        }
+    }
+    for (size_t ib0 = 0; ib0 < nb; ib0 += 2) {
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const size_t ib = ib0 + (size_t)h;
+            if (h == 1 && ib == nb) break;
+            __m256i qx[4];
+            float dx[4], mx[4] = {0};
+#pragma GCC unroll 4
+            for (int i = 0; i < nx; i++)
+                qx[i] = load_w32(kind, x + i * xs + ib * xbytes, &dx[i], &mx[i]);
+#pragma GCC unroll 4
+            for (int j = 0; j < ny; j++) {
+                const __m256i qy = _mm256_loadu_si256((const __m256i *)(yq[j] + ib * QK8_0));
+                const float dy = yd[j][ib], sy = kind == W_Q4_1 ? ysum[j][ib] : 0.0f;
+#pragma GCC unroll 4
+                for (int i = 0; i < nx; i++) {
+                    __m256i p;
+                    if (kind == W_Q4_1) {
+                        p = dot_u8i8x32(qx[i], qy);
+                        mins[i][j] = __builtin_fmaf(mx[i], sy, mins[i][j]);
+                    } else {
+                        p = dot_i8x32(qx[i], qy);
+                    }
+                    acc[h][i][j] = _mm256_fmadd_ps(_mm256_set1_ps(dx[i] * dy),
+                                                   _mm256_cvtepi32_ps(p), acc[h][i][j]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < nx; i++) {
+#pragma GCC unroll 4
+        for (int j = 0; j < ny; j++)
+            out[i * ny + j] = hsum_f32x8(_mm256_add_ps(acc[0][i][j], acc[1][i][j])) + mins[i][j];
+    }
 }
 
-AVX2 float avx2_vec_dot_q4_1_q8_0(size_t n, const void *vx, const void *vy) {
-    assert(n % QK8_0 == 0);
-    const block_q4_1 *x = vx;
-    const block_q8_0 *y = vy;
-    const __m256i ones = _mm256_set1_epi8(1);
-    __m256 acc = _mm256_setzero_ps();
-    for (size_t ib = 0; ib < n / QK8_0; ib++) {
-        const float dy = h2f(y[ib].d);
-        const __m256i qx = unpack_nibbles_32(x[ib].qs);
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[ib].qs);
-        const __m256 dot = _mm256_cvtepi32_ps(dot_u8i8x32(qx, qy));
-        const __m256 ysum = _mm256_cvtepi32_ps(dot_u8i8x32(ones, qy));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[ib].d) * dy), dot, acc);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[ib].m) * dy), ysum, acc);
+/* The single dot product and its two tiles, for each 32-element type. */
+#define DOT32_VARIANTS(name, kind)                                                                 \
+    AVX2 float avx2_vec_dot_##name(size_t n, const void *x, const void *y) {                       \
+        float out[1];                                                                              \
+        dot_tile_32(kind, n, x, 0, 1, y, 0, 1, out);                                               \
+        return out[0];                                                                             \
+    }                                                                                              \
+    AVX2 void avx2_dot4_x_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,     \
+                                 float out[4]) {                                                   \
+        (void)ys;                                                                                  \
+        dot_tile_32(kind, n, x, xs, 4, y, 0, 1, out);                                              \
+    }                                                                                              \
+    AVX2 void avx2_dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,     \
+                                 float out[4]) {                                                   \
+        (void)xs;                                                                                  \
+        dot_tile_32(kind, n, x, 0, 1, y, ys, 4, out);                                              \
     }
-    return hsum_f32x8(acc);
-}
 
-/* 32 bits → 32 bytes, 0xFF where the bit is set: byte j tests bit j. */
-AVX2 static inline __m256i bits_to_bytes_32(const uint8_t qh[4]) {
-    uint32_t bits;
-    memcpy(&bits, qh, 4);
-    const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
-                                          2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf);
-    const __m256i mask = _mm256_set1_epi64x(0x8040201008040201ll);
-    return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
-}
-
-/* Q5_0: codes 0..31 with the fifth bit from qh, minus 16, so -16..15 are
- * signed bytes for dot_i8x32. */
-AVX2 float avx2_vec_dot_q5_0_q8_0(size_t n, const void *vx, const void *vy) {
-    assert(n % QK8_0 == 0);
-    const block_q5_0 *x = vx;
-    const block_q8_0 *y = vy;
-    const __m256i bit4 = _mm256_set1_epi8(0x10), off = _mm256_set1_epi8(16);
-    __m256 acc = _mm256_setzero_ps();
-    for (size_t ib = 0; ib < n / QK8_0; ib++) {
-        const __m256 d = _mm256_set1_ps(h2f(x[ib].d) * h2f(y[ib].d));
-        const __m256i hi = _mm256_and_si256(bits_to_bytes_32(x[ib].qh), bit4);
-        const __m256i qx = _mm256_sub_epi8(_mm256_or_si256(unpack_nibbles_32(x[ib].qs), hi), off);
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[ib].qs);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8x32(qx, qy)), acc);
-    }
-    return hsum_f32x8(acc);
-}
-
-AVX2 float avx2_vec_dot_q8_0_q8_0(size_t n, const void *vx, const void *vy) {
-    assert(n % QK8_0 == 0);
-    const block_q8_0 *x = vx;
-    const block_q8_0 *y = vy;
-    __m256 acc = _mm256_setzero_ps();
-    for (size_t ib = 0; ib < n / QK8_0; ib++) {
-        const __m256 d = _mm256_set1_ps(h2f(x[ib].d) * h2f(y[ib].d));
-        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[ib].qs);
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[ib].qs);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8x32(qx, qy)), acc);
-    }
-    return hsum_f32x8(acc);
-}
+DOT32_VARIANTS(q4_0_a8, W_Q4_0)
+DOT32_VARIANTS(q4_1_a8s, W_Q4_1)
+DOT32_VARIANTS(q5_0_a8, W_Q5_0)
+DOT32_VARIANTS(q8_0_a8, W_Q8_0)
 
 /* sum over groups of 32 of scale[g] * dot(q, y) for Q4_K (hbits NULL) and
  * Q5_K, one super-block, exact. */
 AVX2 static inline int q45k_block_isum(const uint8_t *qs, const uint8_t *qh, const int8_t *q8,
-                                       const int sc[8]) {
+                                       const uint8_t sc[8]) {
     const __m256i low4 = _mm256_set1_epi8(0x0F), bit = _mm256_set1_epi8(1);
     __m256i hb = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
     __m256i isum = _mm256_setzero_si256();
+#pragma GCC unroll 4
     for (int c = 0; c < 4; c++) {
         const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
         __m256i lo = _mm256_and_si256(q, low4);
@@ -311,11 +311,36 @@ AVX2 static inline int q45k_block_isum(const uint8_t *qs, const uint8_t *qh, con
     return hsum_i32x8(isum);
 }
 
-/* The min term of Q4_K and Q5_K: sum of m[g] times the sum of y over g. */
-static inline int q45k_block_msum(const int m[8], const int16_t *bsums) {
-    int msum = 0;
-    for (int g = 0; g < 8; g++) msum += m[g] * (bsums[2 * g] + bsums[2 * g + 1]);
-    return msum;
+/* The 12 bytes of packed 6-bit scales and mins of Q4_K and Q5_K as 8
+ * scales and 8 mins (kq_scale_min for all eight groups at once): groups
+ * 0..3 are the low 6 bits of bytes 0..3 (scales) and 4..7 (mins); groups
+ * 4..7 take their low 4 bits from the nibbles of bytes 8..11 and their top
+ * 2 bits from the top bits of bytes 0..3 (scales) and 4..7 (mins). */
+static inline void k4_scales_mins(const uint8_t *packed, uint8_t sc[8], uint8_t m[8]) {
+    uint32_t a[3];
+    memcpy(a, packed, 12);
+    const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, low2 = 0x03030303u;
+    const uint32_t s_lo = a[0] & low6, m_lo = a[1] & low6;
+    const uint32_t s_hi = (a[2] & low4) | ((a[0] >> 6) & low2) << 4;
+    const uint32_t m_hi = ((a[2] >> 4) & low4) | ((a[1] >> 6) & low2) << 4;
+    memcpy(sc, &s_lo, 4);
+    memcpy(sc + 4, &s_hi, 4);
+    memcpy(m, &m_lo, 4);
+    memcpy(m + 4, &m_hi, 4);
+}
+
+/* The min term of Q4_K and Q5_K, exact: sum of m[g] times the sum of y
+ * over group g (the two 16-element sums of bsums). */
+AVX2 static inline int q45k_block_msum(const uint8_t m[8], const int16_t *bsums) {
+    const __m128i b0 = _mm_loadu_si128((const __m128i *)bsums);
+    const __m128i b1 = _mm_loadu_si128((const __m128i *)(bsums + 8));
+    const __m128i g = _mm_hadd_epi16(b0, b1); /* |sum| <= 32 * 127: no overflow */
+    uint64_t mb;
+    memcpy(&mb, m, 8);
+    __m128i p = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mb)), g);
+    p = _mm_add_epi32(p, _mm_shuffle_epi32(p, _MM_SHUFFLE(1, 0, 3, 2)));
+    p = _mm_add_epi32(p, _mm_shuffle_epi32(p, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(p);
 }
 
 AVX2 float avx2_vec_dot_q4_k_q8_k(size_t n, const void *vx, const void *vy) {
@@ -324,8 +349,8 @@ AVX2 float avx2_vec_dot_q4_k_q8_k(size_t n, const void *vx, const void *vy) {
     const block_q8_K *y = vy;
     float sum = 0.0f;
     for (size_t ib = 0; ib < n / QK_K; ib++) {
-        int sc[8], m[8];
-        for (int g = 0; g < 8; g++) kq_scale_min(g, x[ib].scales, &sc[g], &m[g]);
+        uint8_t sc[8], m[8];
+        k4_scales_mins(x[ib].scales, sc, m);
         const int isum = q45k_block_isum(x[ib].qs, NULL, y[ib].qs, sc);
         const int msum = q45k_block_msum(m, y[ib].bsums);
         sum += y[ib].d * h2f(x[ib].d) * (float)isum - y[ib].d * h2f(x[ib].dmin) * (float)msum;
@@ -339,8 +364,8 @@ AVX2 float avx2_vec_dot_q5_k_q8_k(size_t n, const void *vx, const void *vy) {
     const block_q8_K *y = vy;
     float sum = 0.0f;
     for (size_t ib = 0; ib < n / QK_K; ib++) {
-        int sc[8], m[8];
-        for (int g = 0; g < 8; g++) kq_scale_min(g, x[ib].scales, &sc[g], &m[g]);
+        uint8_t sc[8], m[8];
+        k4_scales_mins(x[ib].scales, sc, m);
         const int isum = q45k_block_isum(x[ib].qs, x[ib].qh, y[ib].qs, sc);
         const int msum = q45k_block_msum(m, y[ib].bsums);
         sum += y[ib].d * h2f(x[ib].d) * (float)isum - y[ib].d * h2f(x[ib].dmin) * (float)msum;
@@ -358,6 +383,7 @@ AVX2 float avx2_vec_dot_q6_k_q8_k(size_t n, const void *vx, const void *vy) {
     float sum = 0.0f;
     for (size_t ib = 0; ib < n / QK_K; ib++) {
         __m256i isum = _mm256_setzero_si256();
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = x[ib].ql + 64 * h, *qh = x[ib].qh + 32 * h;
             const int8_t *sc = x[ib].scales + 8 * h, *q8 = y[ib].qs + 128 * h;
@@ -376,6 +402,7 @@ AVX2 float avx2_vec_dot_q6_k_q8_k(size_t n, const void *vx, const void *vy) {
                 v[2], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 4), low2), 4));
             v[3] = _mm256_or_si256(
                 v[3], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 6), low2), 4));
+#pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 /* Elements 32k..32k+31 span groups 2k (low 128 bits of the
                  * maddubs result) and 2k+1 (high 128 bits). */

@@ -1,0 +1,139 @@
+/*
+ * x86_avx512.c — AVX-512 (F, BW, VL) with VNNI versions of the 32-element
+ * dot products (Q4_0, Q5_0, Q8_0 against A8; Q4_1 against A8S): the single
+ * dot and the tile of four activation rows that batched matmul spends its
+ * time in. quant.c puts them in the table over the AVX2 ones when the CPU
+ * and OS have all four extensions.
+ *
+ * They return bit for bit what the AVX2 kernels return
+ * (tests/test_kernels_simd.c checks it), so a table can mix the two. One
+ * 512-bit register holds two blocks: its low half is the AVX2 kernels'
+ * even-block accumulator, its high half their odd-block one. VPDPBUSD
+ * forms the same exact integer sums as VPMADDUBSW + VPMADDWD (no pair
+ * saturates: see dot_i8x32), the scale of each block is the same float
+ * product, and the end is the same: add the halves, sum eight lanes, add
+ * the minimum term. What changes is the work per block: one instruction
+ * for the integer dot, codes and scales of two blocks loaded at once from
+ * the A8 rows.
+ */
+#if defined(__x86_64__)
+
+#include <assert.h>
+#include <stdbool.h>
+
+#include "kernels/blocks.h"
+#include "kernels/kernels.h"
+#include "kernels/x86_common.h"
+
+#define AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+
+/* libgcc's checks include the OS saving the ZMM and mask registers. */
+bool avx512_cpu_supported(void) {
+    __builtin_cpu_init();
+    return avx2_cpu_supported() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vnni");
+}
+
+/* sum of x * y over each group of four bytes: x unsigned (q4_1) or, for
+ * the signed kinds, |x| against y negated where x < 0 — the products of
+ * dot_i8x32, summed exactly. */
+AVX512 static inline __attribute__((always_inline)) __m512i
+dot_pairs_512(int kind, __m512i qx, __m512i ax, __mmask64 neg, __m512i qy) {
+    const __m512i zero = _mm512_setzero_si512();
+    if (kind == W_Q4_1) return _mm512_dpbusd_epi32(zero, qx, qy);
+    return _mm512_dpbusd_epi32(zero, ax, _mm512_mask_sub_epi8(qy, neg, zero, qy));
+}
+
+AVX512 static inline __attribute__((always_inline)) __m256i dot_pairs_256(int kind, __m256i qx,
+                                                                          __m256i qy) {
+    const __m256i zero = _mm256_setzero_si256();
+    if (kind == W_Q4_1) return _mm256_dpbusd_epi32(zero, qx, qy);
+    const __mmask32 neg = _mm256_movepi8_mask(qx);
+    return _mm256_dpbusd_epi32(zero, _mm256_abs_epi8(qx), _mm256_mask_sub_epi8(qy, neg, zero, qy));
+}
+
+/* One weight row against ny (1 or 4) activation rows of stride ys, into
+ * out[j]; the arithmetic of dot_tile_32 in x86_avx2.c, two blocks at a
+ * time. */
+AVX512 static inline __attribute__((always_inline)) void
+dot_row_512(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny, float *out) {
+    assert(n % QK8_0 == 0);
+    const size_t xbytes = kind == W_Q4_0   ? sizeof(block_q4_0)
+                          : kind == W_Q4_1 ? sizeof(block_q4_1)
+                          : kind == W_Q5_0 ? sizeof(block_q5_0)
+                                           : sizeof(block_q8_0);
+    const size_t nb = n / QK8_0;
+    const float *yd[4], *ysum[4];
+    const int8_t *yq[4];
+    __m512 acc[4];
+    float mins[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < ny; j++) {
+        const uint8_t *row = y + j * ys;
+        yd[j] = a8_scales(row);
+        ysum[j] = a8s_sums(row, nb);
+        yq[j] = kind == W_Q4_1 ? a8s_codes(row, nb) : a8_codes(row, nb);
+        acc[j] = _mm512_setzero_ps();
+        mins[j] = 0.0f;
+    }
+    /* Lanes 0..7 take the first scale of a pair, 8..15 the second. */
+    const __m512i pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    size_t ib = 0;
+    for (; ib + 2 <= nb; ib += 2) {
+        float dx0, dx1, mx0 = 0.0f, mx1 = 0.0f;
+        const __m256i q0 = load_w32(kind, x + ib * xbytes, &dx0, &mx0);
+        const __m256i q1 = load_w32(kind, x + (ib + 1) * xbytes, &dx1, &mx1);
+        const __m512i qx = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
+        const __m512i ax = _mm512_abs_epi8(qx);
+        const __mmask64 neg = _mm512_movepi8_mask(qx);
+        const __m512 dxv = _mm512_castpd_ps(
+            _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm256_set1_ps(dx0))),
+                               _mm256_castps_pd(_mm256_set1_ps(dx1)), 1));
+#pragma GCC unroll 4
+        for (int j = 0; j < ny; j++) {
+            const __m512i qy = _mm512_loadu_si512((const void *)(yq[j] + ib * QK8_0));
+            const __m512i p = dot_pairs_512(kind, qx, ax, neg, qy);
+            const __m128 d2 = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(yd[j] + ib)));
+            const __m512 dyv = _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(d2));
+            acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(dxv, dyv), _mm512_cvtepi32_ps(p), acc[j]);
+            if (kind == W_Q4_1) {
+                mins[j] = __builtin_fmaf(mx0, ysum[j][ib], mins[j]);
+                mins[j] = __builtin_fmaf(mx1, ysum[j][ib + 1], mins[j]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < ny; j++) {
+        __m256 even = _mm512_castps512_ps256(acc[j]);
+        const __m256 odd = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[j]), 1));
+        if (ib < nb) { /* an odd count: the last block is an even one */
+            float dx, mx = 0.0f;
+            const __m256i qx = load_w32(kind, x + ib * xbytes, &dx, &mx);
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)(yq[j] + ib * QK8_0));
+            const __m256i p = dot_pairs_256(kind, qx, qy);
+            even = _mm256_fmadd_ps(_mm256_set1_ps(dx * yd[j][ib]), _mm256_cvtepi32_ps(p), even);
+            if (kind == W_Q4_1) mins[j] = __builtin_fmaf(mx, ysum[j][ib], mins[j]);
+        }
+        out[j] = hsum_f32x8(_mm256_add_ps(even, odd)) + mins[j];
+    }
+}
+
+#define DOT32_512(name, kind)                                                                      \
+    AVX512 float avx512_vec_dot_##name(size_t n, const void *x, const void *y) {                   \
+        float out[1];                                                                              \
+        dot_row_512(kind, n, x, y, 0, 1, out);                                                     \
+        return out[0];                                                                             \
+    }                                                                                              \
+    AVX512 void avx512_dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys, \
+                                     float out[4]) {                                               \
+        (void)xs;                                                                                  \
+        dot_row_512(kind, n, x, y, ys, 4, out);                                                    \
+    }
+
+DOT32_512(q4_0_a8, W_Q4_0)
+DOT32_512(q4_1_a8s, W_Q4_1)
+DOT32_512(q5_0_a8, W_Q5_0)
+DOT32_512(q8_0_a8, W_Q8_0)
+
+#endif /* __x86_64__ */

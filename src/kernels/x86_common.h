@@ -1,0 +1,108 @@
+/*
+ * x86_common.h — the AVX2 building blocks shared by x86_avx2.c and
+ * x86_avx512.c: horizontal sums, F16 scales, unpacking the codes of the
+ * 32-element weight types. Static inline, each with its own target
+ * attribute, so including files need no compiler flags; only compiled on
+ * x86-64 and only called after the CPU was checked.
+ */
+#ifndef CELLM_X86_COMMON_H
+#define CELLM_X86_COMMON_H
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/blocks.h"
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+AVX2 static inline float hsum_f32x8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AVX2 static inline int hsum_i32x8(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+AVX2 static inline float h2f(uint16_t h) {
+    return _cvtsh_ss(h);
+}
+
+/* 16 packed bytes → 32 nibbles in element order: low nibbles (elements
+ * 0..15) then high nibbles (16..31), as the 32-element blocks store them. */
+AVX2 static inline __m256i unpack_nibbles_32(const uint8_t *qs) {
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i both =
+        _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+/* Sum of x*y over 32 signed bytes, as 8 int32 lanes. |x| <= 128 as
+ * unsigned after sign(), |y| <= 127: pairs stay inside int16. */
+AVX2 static inline __m256i dot_i8x32(__m256i x, __m256i y) {
+    const __m256i ax = _mm256_sign_epi8(x, x);
+    const __m256i sy = _mm256_sign_epi8(y, x);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+}
+
+/* Sum of u*y for unsigned u (<= 63) and signed y, as 8 int32 lanes. */
+AVX2 static inline __m256i dot_u8i8x32(__m256i u, __m256i y) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), _mm256_set1_epi16(1));
+}
+
+/* 32 bits → 32 bytes, 0xFF where the bit is set: byte j tests bit j. */
+AVX2 static inline __m256i bits_to_bytes_32(const uint8_t qh[4]) {
+    uint32_t bits;
+    memcpy(&bits, qh, 4);
+    const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                          2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf);
+    const __m256i mask = _mm256_set1_epi64x(0x8040201008040201ll);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
+}
+
+/* The 32-element weight formats a tile body unpacks. */
+enum { W_Q4_0, W_Q4_1, W_Q5_0, W_Q8_0 };
+
+/* Codes of one 32-element weight block as 32 bytes: signed for Q4_0, Q5_0
+ * and Q8_0 (minus their offset), unsigned 0..15 for Q4_1; *d its scale,
+ * *m Q4_1's minimum. */
+AVX2 static inline __attribute__((always_inline)) __m256i load_w32(int kind, const uint8_t *blk,
+                                                                   float *d, float *m) {
+    switch (kind) {
+    case W_Q4_0: {
+        const block_q4_0 *b = (const block_q4_0 *)blk;
+        *d = h2f(b->d);
+        return _mm256_sub_epi8(unpack_nibbles_32(b->qs), _mm256_set1_epi8(8));
+    }
+    case W_Q4_1: {
+        const block_q4_1 *b = (const block_q4_1 *)blk;
+        *d = h2f(b->d);
+        *m = h2f(b->m);
+        return unpack_nibbles_32(b->qs);
+    }
+    case W_Q5_0: {
+        /* Codes 0..31 with the fifth bit from qh, minus 16. */
+        const block_q5_0 *b = (const block_q5_0 *)blk;
+        *d = h2f(b->d);
+        const __m256i hi = _mm256_and_si256(bits_to_bytes_32(b->qh), _mm256_set1_epi8(0x10));
+        return _mm256_sub_epi8(_mm256_or_si256(unpack_nibbles_32(b->qs), hi), _mm256_set1_epi8(16));
+    }
+    default: {
+        const block_q8_0 *b = (const block_q8_0 *)blk;
+        *d = h2f(b->d);
+        return _mm256_loadu_si256((const __m256i *)b->qs);
+    }
+    }
+}
+
+#endif /* __x86_64__ */
+#endif /* CELLM_X86_COMMON_H */
