@@ -44,7 +44,7 @@ const char serve_page_html[] =
     "<header>\n"
     "  <b>cellm</b><span id=\"model\">…</span>\n"
     "  <label>temperature <input id=\"temp\" type=\"number\" min=\"0\" max=\"2\" step=\"0.1\" "
-    "value=\"0.7\"></label>\n"
+    "value=\"0.2\"></label>\n"
     "  <label>max tokens <input id=\"max\" type=\"number\" min=\"1\" value=\"256\"></label>\n"
     "  <label>API key <input id=\"key\" type=\"password\" autocomplete=\"off\"></label>\n"
     "  <button id=\"reset\" type=\"button\">New chat</button>\n"
