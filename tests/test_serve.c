@@ -128,24 +128,29 @@ static reply http_raw(const char *req, size_t len, double timeout_s) {
     return r;
 }
 
-/* A request with a body (NULL: none) and the API key unless `key` says
- * otherwise ("" for none). */
-static reply http(const char *method, const char *path, const char *key, const char *body) {
+/* A request with a body (NULL: none), extra header lines (NULL: none) and
+ * the API key unless `key` says otherwise ("" for none). */
+static reply http_ex(const char *method, const char *path, const char *key, const char *extra,
+                     const char *body) {
     size_t blen = body ? strlen(body) : 0;
-    size_t cap = blen + 1024;
+    size_t cap = blen + 2048;
     char *req = malloc(cap);
     assert_non_null(req);
     if (!key) key = KEY;
     char auth[256] = "";
     if (*key) snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", key);
     int n = snprintf(req, cap,
-                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s"
+                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s%s"
                      "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
-                     method, path, auth, blen);
+                     method, path, auth, extra ? extra : "", blen);
     if (body) memcpy(req + n, body, blen);
     reply r = http_raw(req, (size_t)n + blen, 120);
     free(req);
     return r;
+}
+
+static reply http(const char *method, const char *path, const char *key, const char *body) {
+    return http_ex(method, path, key, NULL, body);
 }
 
 static void reply_free(reply *r) {
@@ -195,6 +200,7 @@ static int setup(void **st) {
     o.engine.max_ctx = 512;
     o.engine.max_seqs = 16;
     o.engine.n_threads = 2;
+    o.cors[o.n_cors++] = "http://allowed.example";
     char err[1024];
     srv = serve_start(&o, err, sizeof err);
     if (!srv) print_error("serve_start: %s\n", err);
@@ -268,6 +274,35 @@ static void test_endpoints(void **st) {
     assert_int_equal(r.status, 200);
     assert_non_null(strstr(r.raw, "text/html"));
     assert_non_null(strstr(r.body, "/v1/chat/completions"));
+    reply_free(&r);
+}
+
+/* CORS headers only for the origins the operator named. */
+static void test_cors(void **st) {
+    (void)st;
+    const char *pre = "Origin: http://allowed.example\r\nAccess-Control-Request-Method: POST\r\n"
+                      "Access-Control-Request-Headers: authorization, content-type\r\n";
+    reply r = http_ex("OPTIONS", "/v1/chat/completions", "", pre, NULL);
+    assert_int_equal(r.status, 204);
+    assert_non_null(strstr(r.raw, "Access-Control-Allow-Origin: http://allowed.example\r\n"));
+    assert_non_null(strstr(r.raw, "Access-Control-Allow-Headers: Authorization, Content-Type"));
+    reply_free(&r);
+    r = http_ex("OPTIONS", "/v1/chat/completions", "", "Origin: http://evil.example\r\n", NULL);
+    assert_int_equal(r.status, 403);
+    assert_null(strstr(r.raw, "Access-Control-Allow-Origin"));
+    reply_free(&r);
+    r = http_ex("GET", "/v1/models", NULL, "Origin: http://allowed.example\r\n", NULL);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.raw, "Access-Control-Allow-Origin: http://allowed.example\r\n"));
+    reply_free(&r);
+    r = http_ex("GET", "/v1/models", NULL, "Origin: http://evil.example\r\n", NULL);
+    assert_int_equal(r.status, 200);
+    assert_null(strstr(r.raw, "Access-Control-Allow-Origin"));
+    reply_free(&r);
+    /* Errors carry the header too, so a page can read them. */
+    r = http_ex("GET", "/v1/models", "wrong", "Origin: http://allowed.example\r\n", NULL);
+    assert_int_equal(r.status, 401);
+    assert_non_null(strstr(r.raw, "Access-Control-Allow-Origin: http://allowed.example\r\n"));
     reply_free(&r);
 }
 
@@ -699,9 +734,9 @@ static void test_tsan_serve(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_endpoints),  cmocka_unit_test(test_hostile),
-        cmocka_unit_test(test_disconnect), cmocka_unit_test(test_load),
-        cmocka_unit_test(test_tsan_serve),
+        cmocka_unit_test(test_endpoints), cmocka_unit_test(test_cors),
+        cmocka_unit_test(test_hostile),   cmocka_unit_test(test_disconnect),
+        cmocka_unit_test(test_load),      cmocka_unit_test(test_tsan_serve),
     };
     /* test.sh runs only test_tsan_* under ThreadSanitizer. */
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));

@@ -174,6 +174,11 @@ bool serve_req_parse(const char *body, size_t len, serve_kind kind, const serve_
                      serve_req *r, serve_err *e);
 void serve_req_free(serve_req *r);
 
+/* Parses body[0..len) (followed by nothing but white space) into a new
+ * cJSON tree (a cJSON *; free with cJSON_Delete), or NULL with *err_at
+ * (may be NULL) near the error. Thread-safe. */
+void *serve_json_parse(const char *body, size_t len, size_t *err_at);
+
 /* True when s[0..len) is valid UTF-8 (no overlongs, surrogates or code
  * points past U+10FFFF). */
 bool serve_utf8_valid(const char *s, size_t len);

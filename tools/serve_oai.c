@@ -706,7 +706,7 @@ static cJSON *parse_object(const char *body, size_t len, serve_err *e) {
         serr(e, 400, "invalid_json", NULL, "the request body must be a UTF-8 JSON object");
         return NULL;
     }
-    cJSON *root = cJSON_ParseWithLength(body, len);
+    cJSON *root = serve_json_parse(body, len, NULL);
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         serr(e, 400, "invalid_json", NULL, "the request body must be a JSON object");

@@ -11,6 +11,7 @@
  * honour (logprobs, tools) are refused rather than silently dropped.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -417,6 +418,28 @@ static bool parse_fields(const cJSON *root, serve_kind kind, const serve_limits 
     return true;
 }
 
+/* cJSON's parser records where the last parse failed in a static, written
+ * on every call: parses run one at a time so that threads do not race on
+ * it. A parse takes microseconds (milliseconds for the largest bodies). */
+static pthread_mutex_t parse_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void *serve_json_parse(const char *body, size_t len, size_t *err_at) {
+    const char *end = NULL;
+    pthread_mutex_lock(&parse_mu);
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
+    pthread_mutex_unlock(&parse_mu);
+    if (root && end)
+        for (; end < body + len; end++)
+            if (!strchr(" \t\r\n", *end)) { /* only white space may follow */
+                cJSON_Delete(root);
+                root = NULL;
+                break;
+            }
+    if (!root && err_at)
+        *err_at = end && end >= body && end <= body + len ? (size_t)(end - body) : 0;
+    return root;
+}
+
 bool serve_req_parse(const char *body, size_t len, serve_kind kind, const serve_limits *lim,
                      serve_req *r, serve_err *e) {
     memset(r, 0, sizeof *r);
@@ -429,20 +452,11 @@ bool serve_req_parse(const char *body, size_t len, serve_kind kind, const serve_
         return serr(e, 400, "invalid_json", NULL, "the request body holds a NUL byte");
     if (!serve_utf8_valid(body, len))
         return serr(e, 400, "invalid_json", NULL, "the request body is not valid UTF-8");
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
-    if (root && end)
-        for (; end < body + len; end++)
-            if (!strchr(" \t\r\n", *end)) {
-                cJSON_Delete(root);
-                root = NULL;
-                break;
-            }
-    if (!root) {
-        size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : 0;
+    size_t at = 0;
+    cJSON *root = serve_json_parse(body, len, &at);
+    if (!root)
         return serr(e, 400, "invalid_json", NULL,
                     "the request body is not valid JSON (error near byte %zu)", at);
-    }
     bool ok = cJSON_IsObject(root)
                   ? parse_fields(root, kind, lim, r, e)
                   : serr(e, 400, "invalid_json", NULL, "the request body must be a JSON object");
