@@ -8,8 +8,10 @@
  *                    API key, CORS, routing, JSON replies and errors
  *   serve_req.c      parsing and validating request JSON (no engine: the
  *                    fuzz target drives it alone)
- *   serve_oai.c      the OpenAI endpoints: jobs of engine requests, replies
- *                    whole or streamed as server-sent events
+ *   serve_oai.c      the endpoints: completions (checked, then run as a
+ *                    job), models, tokenize, detokenize
+ *   serve_job.c      a job: the engine requests of one completion request
+ *                    and their reply, whole or streamed as server-sent events
  *   serve_metrics.c  counters and the Prometheus text of /metrics
  *   serve_page.c     the web chat page served at /
  *
@@ -183,9 +185,27 @@ void *serve_json_parse(const char *body, size_t len, size_t *err_at);
  * points past U+10FFFF). */
 bool serve_utf8_valid(const char *s, size_t len);
 
-/* ------------------------------------------------------------ serve_oai.c */
+/* Adds s[0..n) to the cJSON object `obj` as the string field `name`, any
+ * invalid UTF-8 replaced by U+FFFD (JSON text must be UTF-8). */
+void *serve_json_add_text(void *obj, const char *name, const char *s, size_t n);
+
+/* ------------------------------------------------------------ serve_job.c */
 
 struct MHD_Connection;
+typedef struct job job;
+
+/* Makes a job of the validated request *rq (which it takes over: *rq is
+ * emptied) and submits its engine requests. NULL with *e set when it
+ * cannot: 503 when the queue is full, 400 for a prompt the engine refuses
+ * (too long for the context, ...). */
+job *job_start(server *s, struct MHD_Connection *conn, serve_req *rq, serve_err *e);
+
+/* Replies with the job's result, whole (waiting for it here) or streamed
+ * (the job then lives as long as the response), and frees the job.
+ * libmicrohttpd's MHD_YES / MHD_NO. */
+int job_reply(job *j);
+
+/* ------------------------------------------------------------ serve_oai.c */
 
 /* Each handles one complete request (body[0..len)) and queues the reply on
  * `conn`; the return value is libmicrohttpd's (MHD_YES / MHD_NO). */

@@ -68,6 +68,36 @@ bool serve_utf8_valid(const char *str, size_t len) {
     return true;
 }
 
+/* A copy of s[0..n) with every invalid UTF-8 sequence replaced by U+FFFD. */
+static char *utf8_clean(const char *s, size_t n) {
+    char *out = malloc(n * 3 + 1);
+    if (!out) return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        size_t k = 1;
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x80) k = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : 4;
+        if (k > n - i || !serve_utf8_valid(s + i, k)) {
+            memcpy(out + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i++;
+            continue;
+        }
+        memcpy(out + o, s + i, k);
+        o += k;
+        i += k;
+    }
+    out[o] = '\0';
+    return out;
+}
+
+void *serve_json_add_text(void *obj, const char *name, const char *s, size_t n) {
+    char *t = utf8_clean(s ? s : "", s ? n : 0);
+    cJSON *v = cJSON_AddStringToObject((cJSON *)obj, name, t ? t : "");
+    free(t);
+    return v;
+}
+
 static char *dup_str(const char *s) {
     size_t n = strlen(s) + 1;
     char *p = malloc(n);
