@@ -66,8 +66,10 @@ typedef struct serve_counters {
     atomic_ullong prompt_tokens, completion_tokens;
     atomic_ullong finished_stop, finished_length, cancelled, errors;
     atomic_ullong disconnects, timeouts, rejected_busy;
-    atomic_int in_flight; /* engine requests submitted and not yet freed */
-    atomic_int streams;   /* streaming responses open */
+    atomic_ullong n_timed, queue_us, total_us; /* over finished choices */
+    atomic_ullong n_first, first_token_us;     /* over those that made a token */
+    atomic_int in_flight;                      /* engine requests submitted and not yet freed */
+    atomic_int streams;                        /* streaming responses open */
 } serve_counters;
 
 /* ------------------------------------------------------------ the server */

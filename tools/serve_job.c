@@ -297,6 +297,18 @@ static void count_finished(job *j) {
                            : c->res.finish_reason == CELLM_FINISH_CANCELLED ? &k->cancelled
                                                                             : &k->errors;
         atomic_fetch_add_explicit(n, 1, memory_order_relaxed);
+        /* Times in microseconds, summed for the Prometheus summaries. */
+        atomic_fetch_add_explicit(&k->n_timed, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&k->queue_us, (unsigned long long)(c->res.queue_ms * 1e3),
+                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(&k->total_us, (unsigned long long)(c->res.total_ms * 1e3),
+                                  memory_order_relaxed);
+        if (c->res.first_token_ms > 0) {
+            atomic_fetch_add_explicit(&k->n_first, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&k->first_token_us,
+                                      (unsigned long long)(c->res.first_token_ms * 1e3),
+                                      memory_order_relaxed);
+        }
     }
 }
 

@@ -51,6 +51,12 @@ static void metric(mbuf *b, const char *name, const char *type, const char *help
     put(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
 }
 
+/* A summary without quantiles: its sum and count. */
+static void summary(mbuf *b, const char *name, const char *help, double sum, double count) {
+    put(b, "# HELP %s %s\n# TYPE %s summary\n%s_sum %.17g\n%s_count %.0f\n", name, help, name, name,
+        sum, name, count);
+}
+
 static double load(atomic_ullong *c) {
     return (double)atomic_load_explicit(c, memory_order_relaxed);
 }
@@ -95,6 +101,12 @@ char *metrics_text(server *s) {
            load(&c->timeouts));
     metric(&b, "cellm_rejected_busy_total", "counter", "Requests refused with 503: queue full.",
            load(&c->rejected_busy));
+    summary(&b, "cellm_queue_seconds", "Submit to the first engine step, per choice.",
+            load(&c->queue_us) * 1e-6, load(&c->n_timed));
+    summary(&b, "cellm_time_to_first_token_seconds", "Submit to the first token, per choice.",
+            load(&c->first_token_us) * 1e-6, load(&c->n_first));
+    summary(&b, "cellm_generation_seconds", "Submit to finish, per choice.",
+            load(&c->total_us) * 1e-6, load(&c->n_timed));
     metric(&b, "cellm_requests_in_flight", "gauge", "Engine requests submitted and not yet freed.",
            atomic_load(&c->in_flight));
     metric(&b, "cellm_streams_open", "gauge", "Streaming responses in progress.",
