@@ -15,6 +15,7 @@
 #include "forward.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -194,13 +195,25 @@ static void rope_head(const model *m, float *h, const float *cs, const float *sn
  * does (its GGML_GELU_FP16 table): the input rounded to f16, the result
  * rounded to f16, and the tails cut off at |x| >= 10. Matching this keeps
  * cellm within llama.cpp's own noise on GELU models. */
+static float gelu_tanh_f16(float h) {
+    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+    return 0.5f * h * (1.0f + tanhf(k * h * (1.0f + 0.044715f * h * h)));
+}
+
+/* The result depends only on the f16 of x, so it is a table of all 65536
+ * f16 inputs, filled once (128 KiB): a lookup instead of tanhf per
+ * element, same values. */
+static uint16_t gelu_table[1 << 16];
+static pthread_once_t gelu_once = PTHREAD_ONCE_INIT;
+static void gelu_table_fill(void) {
+    for (uint32_t i = 0; i < (1u << 16); i++)
+        gelu_table[i] = fp32_to_fp16(gelu_tanh_f16(fp16_to_fp32((uint16_t)i)));
+}
+
 static float gelu_tanh(float x) {
     if (x <= -10.0f) return 0.0f;
     if (x >= 10.0f) return x;
-    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
-    float h = fp16_to_fp32(fp32_to_fp16(x));
-    float y = 0.5f * h * (1.0f + tanhf(k * h * (1.0f + 0.044715f * h * h)));
-    return fp16_to_fp32(fp32_to_fp16(y));
+    return fp16_to_fp32(gelu_table[fp32_to_fp16(x)]);
 }
 
 static float silu(float x) {
@@ -287,27 +300,48 @@ static void task_attention(void *arg, int ith, int nth) {
         int32_t pos = s->rows[r].pos;
         int32_t lo = L->window > 0 && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
         const float *q = f->q + r * (long)m->n_head * hd + (long)h * hd;
-        for (int32_t i = 0; i < hd; i++) q16[i] = fp16_to_fp32(fp32_to_fp16(q[i]));
+        ak->scale_round_f16(q16, q, 1.0f, (size_t)hd);
         float mx = -INFINITY;
-        for (int32_t p = lo; p <= pos; p++) {
+        /* Scores four keys at a time (dot4_f16 gives each the bits dot_f16
+         * would), then the rest one by one. */
+        int32_t p = lo;
+        for (; p + 4 <= pos + 1; p += 4) {
+            const uint16_t *kr[4];
+            float d4[4];
+            for (int j = 0; j < 4; j++)
+                kr[j] = kv_k(f->kv, seq, L->kv_group, L->kv_index, p + j) + kvh * hd;
+            ak->dot4_f16(q16, kr, (size_t)hd, d4);
+            for (int j = 0; j < 4; j++) sc[p + j - lo] = d4[j];
+        }
+        for (; p <= pos; p++) {
             const uint16_t *kr = kv_k(f->kv, seq, L->kv_group, L->kv_index, p) + kvh * hd;
-            float x = ak->dot_f16(q16, kr, (size_t)hd) * m->attn_scale;
+            sc[p - lo] = ak->dot_f16(q16, kr, (size_t)hd);
+        }
+        for (p = lo; p <= pos; p++) {
+            float x = sc[p - lo] * m->attn_scale;
             if (m->attn_softcap > 0) x = m->attn_softcap * tanhf(x / m->attn_softcap);
             sc[p - lo] = x;
             if (x > mx) mx = x;
         }
         double sum = 0;
-        for (int32_t p = lo; p <= pos; p++) {
+        for (p = lo; p <= pos; p++) {
             float w = expf(sc[p - lo] - mx);
             sc[p - lo] = w;
             sum += w;
         }
         float inv = (float)(1.0 / sum);
+        ak->scale_round_f16(sc, sc, inv, (size_t)(pos - lo + 1)); /* the weights, f16-rounded */
         memset(acc, 0, (size_t)hdv * sizeof(float));
-        for (int32_t p = lo; p <= pos; p++) {
-            float w = fp16_to_fp32(fp32_to_fp16(sc[p - lo] * inv));
-            const uint16_t *vr = kv_v(f->kv, seq, L->kv_group, L->kv_index, p) + kvh * hdv;
-            ak->axpy_f16(acc, w, vr, (size_t)hdv);
+        /* The weighted values, a chunk of rows at a time with acc in
+         * registers (axpy_rows_f16: the bits of one axpy per row). */
+        for (p = lo; p <= pos;) {
+            enum { CHUNK = 32 };
+            const uint16_t *vr[CHUNK];
+            int cnt = 0;
+            const float *w = sc + (p - lo);
+            for (; cnt < CHUNK && p <= pos; cnt++, p++)
+                vr[cnt] = kv_v(f->kv, seq, L->kv_group, L->kv_index, p) + kvh * hdv;
+            ak->axpy_rows_f16(acc, w, vr, (size_t)cnt, (size_t)hdv);
         }
         memcpy(f->att + r * (long)m->n_head * hdv + (long)h * hdv, acc,
                (size_t)hdv * sizeof(float));
@@ -344,8 +378,10 @@ static void task_act(void *arg, int ith, int nth) {
     for (long r = b; r < e; r++) {
         float *g = s->f->hb2 + r * m->n_ff;
         const float *u = s->f->hb + r * m->n_ff;
-        if (m->act == ACT_GELU_TANH)
+        if (m->act == ACT_GELU_TANH) {
+            (void)pthread_once(&gelu_once, gelu_table_fill);
             for (int32_t i = 0; i < m->n_ff; i++) g[i] = gelu_tanh(g[i]) * u[i];
+        }
         else
             for (int32_t i = 0; i < m->n_ff; i++) g[i] = silu(g[i]) * u[i];
     }

@@ -110,11 +110,15 @@ static void select_kernels(void) {
         t[QT_Q4_K].vec_dot = avx2_vec_dot_q4_k_q8_k;
         t[QT_Q5_K].vec_dot = avx2_vec_dot_q5_k_q8_k;
         t[QT_Q6_K].vec_dot = avx2_vec_dot_q6_k_q8_k;
+        t[QT_Q4_K].dot4_y = avx2_dot4_y_q4_k_q8_k;
+        t[QT_Q5_K].dot4_y = avx2_dot4_y_q5_k_q8_k;
+        t[QT_Q6_K].dot4_y = avx2_dot4_y_q6_k_q8_k;
         kernels_name = "avx2";
         if (avx512_cpu_supported()) {
             /* Same results as the AVX2 kernels (dot4_x stays AVX2). */
 #define SET_DOT512(T, name)                                                                        \
-    (t[T].vec_dot = avx512_vec_dot_##name, t[T].dot4_y = avx512_dot4_y_##name)
+    (t[T].vec_dot = avx512_vec_dot_##name, t[T].dot4_y = avx512_dot4_y_##name,                     \
+     t[T].dot8_y = avx512_dot8_y_##name)
             SET_DOT512(QT_Q4_0, q4_0_a8);
             SET_DOT512(QT_Q4_1, q4_1_a8s);
             SET_DOT512(QT_Q5_0, q5_0_a8);

@@ -75,7 +75,7 @@ typedef float (*quant_vec_dot_fn)(size_t n, const void *x, const void *y);
  * arithmetic of one. That keeps a row's result independent of the batch
  * (DESIGN.md: batch-invariant). */
 typedef void (*quant_vec_dot4_fn)(size_t n, const void *x, size_t xs, const void *y, size_t ys,
-                                  float out[4]);
+                                  float *out);
 
 typedef struct quant_type_info {
     const char *name;    /* "Q4_K", as GGML names it */
@@ -91,6 +91,8 @@ typedef struct quant_type_info {
      * none: dot4_x takes four weight rows (ys = 0), dot4_y four activation
      * rows (xs = 0). */
     quant_vec_dot4_fn dot4_x, dot4_y;
+    /* dot4_y's tile of eight activation rows (out[8]), NULL where none. */
+    quant_vec_dot4_fn dot8_y;
     bool internal; /* an activation format of cellm's own: no file holds it */
 } quant_type_info;
 

@@ -332,12 +332,12 @@ static void test_vec_dots(void **state) {
     print_message("%d vec_dot variant(s) checked\n", ran);
 }
 
-/* The table's tiles (dot4_x: four weight rows, dot4_y: four activation
- * rows) return exactly what its vec_dot returns for each pair: the
+/* The table's tiles (dot4_x: four weight rows, dot4_y and dot8_y: four
+ * and eight activation rows) return exactly what its vec_dot returns for each pair: the
  * batch invariance of matmul rests on this. */
 static void test_dot4_tiles(void **state) {
     (void)state;
-    enum { ROWS = 4, NB = 24 };
+    enum { ROWS = 8, NB = 24 };
     static float f[ROWS * NB * QK_K];
     static _Alignas(32) uint8_t w[ROWS * NB * 210], a[ROWS * NB * sizeof(block_q8_K)];
     int ran = 0;
@@ -356,7 +356,12 @@ static void test_dot4_tiles(void **state) {
                 for (size_t i = 0; i < n; i++) f[i] = rng_normal() * (round % 2 ? 100.0f : 1.0f);
                 yinfo->from_float(f, a + (size_t)r * arow, n);
             }
-            float out[4];
+            float out[8];
+            if (info->dot8_y) {
+                info->dot8_y(n, w, 0, a, (size_t)arow, out);
+                for (int i = 0; i < 8; i++)
+                    assert_same_float(info->name, out[i], info->vec_dot(n, w, a + i * arow));
+            }
             if (info->dot4_x) {
                 info->dot4_x(n, w, (size_t)wrow, a, 0, out);
                 for (int i = 0; i < 4; i++)

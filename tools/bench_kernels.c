@@ -14,6 +14,8 @@
  *    time, GB/s of weights streamed, the spread ((max - min) / median), the
  *    GB/s as a percentage of the read bandwidth measured with as many
  *    threads, and the time of the same matmul with 8 activation rows.
+ * 3. Matmul GFLOP/s with m = 8, 64 and 512 activation rows on a small
+ *    matrix (8 MiB), where compute, not memory, sets the rate.
  */
 #include "bench_kernels.h"
 
@@ -29,7 +31,9 @@
 #include "threadpool.h"
 
 #define MAX_THREADS 64
-#define BATCH 8 /* activation rows of the batched measurement */
+#define BATCH 8     /* activation rows of the batched streaming measurement */
+#define MAX_M 512   /* the largest batch of the GFLOP/s columns */
+#define SMALL_MIB 8 /* weights of the GFLOP/s matrix: compute, not memory */
 
 static double now_s(void) {
     struct timespec t;
@@ -145,15 +149,17 @@ static bool bench_type(uint32_t type, const bench_opts *o, const double *bw) {
     const size_t bytes = rows * row_bytes;
     uint8_t *w = malloc(bytes);
     float *seed = malloc(seed_rows * cols * sizeof(float));
-    float *x = malloc(BATCH * cols * sizeof(float));
-    void *xq = malloc(matmul_scratch_size(type, (int64_t)cols, BATCH));
-    float *y = malloc(BATCH * rows * sizeof(float));
+    const size_t small_rows = ((size_t)SMALL_MIB << 20) / row_bytes;
+    float *x = malloc(MAX_M * cols * sizeof(float));
+    void *xq = malloc(matmul_scratch_size(type, (int64_t)cols, MAX_M));
+    float *y = malloc((BATCH * rows > MAX_M * small_rows ? BATCH * rows : MAX_M * small_rows) *
+                      sizeof(float));
     bool ok = w && seed && x && xq && y;
     if (ok) {
         srand(1234);
         for (size_t i = 0; i < seed_rows * cols; i++)
             seed[i] = ((float)rand() / (float)RAND_MAX - 0.5f) * 0.1f;
-        for (size_t i = 0; i < BATCH * cols; i++) x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+        for (size_t i = 0; i < MAX_M * cols; i++) x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
         for (size_t r = 0; r < seed_rows && r < rows; r++)
             info->from_float(seed + r * cols, w + r * row_bytes, cols);
         for (size_t r = seed_rows; r < rows; r++)
@@ -168,16 +174,28 @@ static bool bench_type(uint32_t type, const bench_opts *o, const double *bw) {
             }
             const mv_result m = time_matmul(tp, type, w, rows, cols, x, 1, xq, y, o->reps);
             const mv_result mb = time_matmul(tp, type, w, rows, cols, x, BATCH, xq, y, o->reps);
+            /* GFLOP/s (2 n k m per matmul) on a matrix the cache holds. */
+            static const int64_t ms[3] = {8, 64, MAX_M};
+            double gflops[3];
+            for (int i = 0; i < 3 && ok; i++) {
+                const int reps = ms[i] == MAX_M ? 3 : 5;
+                const mv_result g =
+                    time_matmul(tp, type, w, small_rows, cols, x, ms[i], xq, y, reps);
+                ok = g.ok;
+                gflops[i] =
+                    2.0 * (double)small_rows * (double)cols * (double)ms[i] / g.median_s / 1e9;
+            }
             tp_destroy(tp);
-            if (!m.ok || !mb.ok) {
+            if (!ok || !m.ok || !mb.ok) {
                 ok = false;
                 break;
             }
             const double gbs = (double)bytes / m.median_s / 1e9;
-            printf("%-6s %7u %7zu %8.1f %9.2f %8.2f %7.1f%% %7.1f%% %9.2f %7.2f\n", info->name, n,
-                   rows, (double)bytes / (1 << 20), m.median_s * 1e3, gbs,
-                   100.0 * (m.max_s - m.min_s) / m.median_s, 100.0 * gbs / bw[n], mb.median_s * 1e3,
-                   mb.median_s / m.median_s);
+            printf(
+                "%-6s %7u %7zu %8.1f %9.2f %8.2f %7.1f%% %7.1f%% %9.2f %7.2f %7.1f %7.1f %7.1f\n",
+                info->name, n, rows, (double)bytes / (1 << 20), m.median_s * 1e3, gbs,
+                100.0 * (m.max_s - m.min_s) / m.median_s, 100.0 * gbs / bw[n], mb.median_s * 1e3,
+                mb.median_s / m.median_s, gflops[0], gflops[1], gflops[2]);
             fflush(stdout);
         }
     }
@@ -267,8 +285,9 @@ int cmd_bench_kernels(int argc, char **argv) {
     printf("%s\n", sink == 1 ? " " : ""); /* keeps the sums live */
     free(buf);
 
-    printf("\n%-6s %7s %7s %8s %9s %8s %8s %8s %9s %7s\n", "type", "threads", "rows", "MiB",
-           "median ms", "GB/s", "spread", "% of bw", "m=8 ms", "m8/m1");
+    printf("\n%-6s %7s %7s %8s %9s %8s %8s %8s %9s %7s %7s %7s %7s\n", "type", "threads", "rows",
+           "MiB", "median ms", "GB/s", "spread", "% of bw", "m=8 ms", "m8/m1", "GF m8", "GF m64",
+           "GF m512");
     static const uint32_t types[] = {QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q8_0, QT_Q4_K, QT_Q6_K};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         if (!bench_type(types[i], &o, bw)) {
@@ -280,6 +299,9 @@ int cmd_bench_kernels(int argc, char **argv) {
     printf("\nThe first columns are the matvec (m = 1). GB/s counts weight bytes per matvec;\n"
            "%% of bw compares with the read bandwidth at the same thread count; spread is\n"
            "(max - min) / median. m=8 ms is the median of a matmul with 8 activation rows\n"
-           "and m8/m1 its cost in matvecs (8 would mean no reuse of the weights).\n");
+           "and m8/m1 its cost in matvecs (8 would mean no reuse of the weights). GF m8,\n"
+           "m64, m512: GFLOP/s (2 n k m per matmul) with m activation rows on a %d MiB\n"
+           "matrix, which the cache holds: the compute rate without the memory.\n",
+           SMALL_MIB);
     return 0;
 }

@@ -20,6 +20,7 @@
 
 #include <assert.h>
 #include <stdbool.h>
+#include <string.h>
 
 #include "kernels/blocks.h"
 #include "kernels/kernels.h"
@@ -53,7 +54,7 @@ AVX512 static inline __attribute__((always_inline)) __m256i dot_pairs_256(int ki
     return _mm256_dpbusd_epi32(zero, _mm256_abs_epi8(qx), _mm256_mask_sub_epi8(qy, neg, zero, qy));
 }
 
-/* One weight row against ny (1 or 4) activation rows of stride ys, into
+/* One weight row against ny (1, 4 or 8) activation rows of stride ys, into
  * out[j]; the arithmetic of dot_tile_32 in x86_avx2.c, two blocks at a
  * time. */
 AVX512 static inline __attribute__((always_inline)) void
@@ -64,33 +65,38 @@ dot_row_512(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, i
                           : kind == W_Q5_0 ? sizeof(block_q5_0)
                                            : sizeof(block_q8_0);
     const size_t nb = n / QK8_0;
-    const float *yd[4], *ysum[4];
-    const int8_t *yq[4];
-    __m512 acc[4];
-    float mins[4];
-#pragma GCC unroll 4
+    const float *yd[8], *ysum[8];
+    const int8_t *yq[8];
+    __m512 acc[8];
+    __m128 mins[8]; /* Q4_1's minimum term: even blocks in lane 0, odd in lane 1 */
+#pragma GCC unroll 8
     for (int j = 0; j < ny; j++) {
         const uint8_t *row = y + j * ys;
         yd[j] = a8_scales(row);
         ysum[j] = a8s_sums(row, nb);
         yq[j] = kind == W_Q4_1 ? a8s_codes(row, nb) : a8_codes(row, nb);
         acc[j] = _mm512_setzero_ps();
-        mins[j] = 0.0f;
+        mins[j] = _mm_setzero_ps();
     }
     /* Lanes 0..7 take the first scale of a pair, 8..15 the second. */
     const __m512i pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i dm_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
     size_t ib = 0;
     for (; ib + 2 <= nb; ib += 2) {
-        float dx0, dx1, mx0 = 0.0f, mx1 = 0.0f;
-        const __m256i q0 = load_w32(kind, x + ib * xbytes, &dx0, &mx0);
-        const __m256i q1 = load_w32(kind, x + (ib + 1) * xbytes, &dx1, &mx1);
-        const __m512i qx = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
+        /* The F16 scale (and Q4_1's minimum) at the start of both blocks,
+         * converted at once: d0, m0, d1, m1. */
+        const uint8_t *b0 = x + ib * xbytes, *b1 = b0 + xbytes;
+        int h0, h1;
+        memcpy(&h0, b0, 4);
+        memcpy(&h1, b1, 4);
+        const __m128 dm = _mm_cvtph_ps(_mm_setr_epi32(h0, h1, 0, 0));
+        const __m512 dxv = _mm512_permutexvar_ps(dm_idx, _mm512_castps128_ps512(dm));
+        const __m128 mxv = _mm_shuffle_ps(dm, dm, _MM_SHUFFLE(3, 1, 3, 1));
+        const __m512i qx =
+            _mm512_inserti64x4(_mm512_castsi256_si512(codes_w32(kind, b0)), codes_w32(kind, b1), 1);
         const __m512i ax = _mm512_abs_epi8(qx);
         const __mmask64 neg = _mm512_movepi8_mask(qx);
-        const __m512 dxv = _mm512_castpd_ps(
-            _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm256_set1_ps(dx0))),
-                               _mm256_castps_pd(_mm256_set1_ps(dx1)), 1));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < ny; j++) {
             const __m512i qy = _mm512_loadu_si512((const void *)(yq[j] + ib * QK8_0));
             const __m512i p = dot_pairs_512(kind, qx, ax, neg, qy);
@@ -98,14 +104,16 @@ dot_row_512(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, i
             const __m512 dyv = _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(d2));
             acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(dxv, dyv), _mm512_cvtepi32_ps(p), acc[j]);
             if (kind == W_Q4_1) {
-                mins[j] = __builtin_fmaf(mx0, ysum[j][ib], mins[j]);
-                mins[j] = __builtin_fmaf(mx1, ysum[j][ib + 1], mins[j]);
+                const __m128 s2 =
+                    _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(ysum[j] + ib)));
+                mins[j] = _mm_fmadd_ps(mxv, s2, mins[j]);
             }
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < ny; j++) {
         __m256 even = _mm512_castps512_ps256(acc[j]);
+        float min_even = _mm_cvtss_f32(mins[j]), min_odd = _mm_cvtss_f32(_mm_movehdup_ps(mins[j]));
         const __m256 odd = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[j]), 1));
         if (ib < nb) { /* an odd count: the last block is an even one */
             float dx, mx = 0.0f;
@@ -113,9 +121,9 @@ dot_row_512(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, i
             const __m256i qy = _mm256_loadu_si256((const __m256i *)(yq[j] + ib * QK8_0));
             const __m256i p = dot_pairs_256(kind, qx, qy);
             even = _mm256_fmadd_ps(_mm256_set1_ps(dx * yd[j][ib]), _mm256_cvtepi32_ps(p), even);
-            if (kind == W_Q4_1) mins[j] = __builtin_fmaf(mx, ysum[j][ib], mins[j]);
+            if (kind == W_Q4_1) min_even = __builtin_fmaf(mx, ysum[j][ib], min_even);
         }
-        out[j] = hsum_f32x8(_mm256_add_ps(even, odd)) + mins[j];
+        out[j] = hsum_f32x8(_mm256_add_ps(even, odd)) + (min_even + min_odd);
     }
 }
 
@@ -129,6 +137,11 @@ dot_row_512(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, i
                                      float out[4]) {                                               \
         (void)xs;                                                                                  \
         dot_row_512(kind, n, x, y, ys, 4, out);                                                    \
+    }                                                                                              \
+    AVX512 void avx512_dot8_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys, \
+                                     float out[8]) {                                               \
+        (void)xs;                                                                                  \
+        dot_row_512(kind, n, x, y, ys, 8, out);                                                    \
     }
 
 DOT32_512(q4_0_a8, W_Q4_0)

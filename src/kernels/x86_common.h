@@ -73,35 +73,32 @@ AVX2 static inline __m256i bits_to_bytes_32(const uint8_t qh[4]) {
 enum { W_Q4_0, W_Q4_1, W_Q5_0, W_Q8_0 };
 
 /* Codes of one 32-element weight block as 32 bytes: signed for Q4_0, Q5_0
- * and Q8_0 (minus their offset), unsigned 0..15 for Q4_1; *d its scale,
- * *m Q4_1's minimum. */
-AVX2 static inline __attribute__((always_inline)) __m256i load_w32(int kind, const uint8_t *blk,
-                                                                   float *d, float *m) {
+ * and Q8_0 (minus their offset), unsigned 0..15 for Q4_1. */
+AVX2 static inline __attribute__((always_inline)) __m256i codes_w32(int kind, const uint8_t *blk) {
     switch (kind) {
-    case W_Q4_0: {
-        const block_q4_0 *b = (const block_q4_0 *)blk;
-        *d = h2f(b->d);
-        return _mm256_sub_epi8(unpack_nibbles_32(b->qs), _mm256_set1_epi8(8));
-    }
-    case W_Q4_1: {
-        const block_q4_1 *b = (const block_q4_1 *)blk;
-        *d = h2f(b->d);
-        *m = h2f(b->m);
-        return unpack_nibbles_32(b->qs);
-    }
+    case W_Q4_0:
+        return _mm256_sub_epi8(unpack_nibbles_32(((const block_q4_0 *)blk)->qs),
+                               _mm256_set1_epi8(8));
+    case W_Q4_1: return unpack_nibbles_32(((const block_q4_1 *)blk)->qs);
     case W_Q5_0: {
         /* Codes 0..31 with the fifth bit from qh, minus 16. */
         const block_q5_0 *b = (const block_q5_0 *)blk;
-        *d = h2f(b->d);
         const __m256i hi = _mm256_and_si256(bits_to_bytes_32(b->qh), _mm256_set1_epi8(0x10));
         return _mm256_sub_epi8(_mm256_or_si256(unpack_nibbles_32(b->qs), hi), _mm256_set1_epi8(16));
     }
-    default: {
-        const block_q8_0 *b = (const block_q8_0 *)blk;
-        *d = h2f(b->d);
-        return _mm256_loadu_si256((const __m256i *)b->qs);
+    default: return _mm256_loadu_si256((const __m256i *)((const block_q8_0 *)blk)->qs);
     }
-    }
+}
+
+/* codes_w32, plus *d the block's scale and *m Q4_1's minimum (every one of
+ * these blocks starts with its F16 scale; Q4_1's minimum follows it). */
+AVX2 static inline __attribute__((always_inline)) __m256i load_w32(int kind, const uint8_t *blk,
+                                                                   float *d, float *m) {
+    uint16_t h[2];
+    memcpy(h, blk, sizeof h);
+    *d = h2f(h[0]);
+    if (kind == W_Q4_1) *m = h2f(h[1]);
+    return codes_w32(kind, blk);
 }
 
 #endif /* __x86_64__ */
