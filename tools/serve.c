@@ -158,6 +158,32 @@ static bool uint_in(const char *v, unsigned long long lo, unsigned long long hi,
     return cli_parse_uint(v, hi, u) && *u >= lo;
 }
 
+/* The flags that take a value. */
+static const char *const valued[] = {"--host",
+                                     "--port",
+                                     "--alias",
+                                     "--api-key",
+                                     "--cors-origin",
+                                     "-c",
+                                     "--ctx-size",
+                                     "-np",
+                                     "--parallel",
+                                     "-b",
+                                     "--batch-size",
+                                     "-t",
+                                     "--threads",
+                                     "--mem-budget",
+                                     "--max-body",
+                                     "--chat-template",
+                                     "-n",
+                                     "--n-predict",
+                                     "--temp",
+                                     "--max-queue",
+                                     "--max-choices",
+                                     "--max-conns",
+                                     "--timeout",
+                                     "--idle-timeout"};
+
 /* Parses the flags into *o; returns -1 to go on, else an exit status. */
 static int parse_flags(int argc, char **argv, serve_opts *o) {
     bool have_model = false;
@@ -166,8 +192,8 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
         unsigned long long u = 0;
         size_t sz = 0;
         char *end;
-        bool takes = a[0] == '-' && strcmp(a, "-h") && strcmp(a, "--help") && strcmp(a, "-v") &&
-                     strcmp(a, "--verbose");
+        bool takes = false;
+        for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) takes |= !strcmp(a, valued[k]);
         if (takes && !v) {
             cli_error("serve: %s needs a value", a);
             return 2;
