@@ -277,6 +277,39 @@ static void test_endpoints(void **st) {
     reply_free(&r);
 }
 
+/* The command line refuses bad flags before loading anything. */
+static void test_cli(void **st) {
+    (void)st;
+    static const struct {
+        const char *args;
+        int rc;
+        const char *msg;
+    } cases[] = {
+        {"--bogus", 2, "unknown option '--bogus'"},
+        {"--port", 2, "--port needs a value"},
+        {"--port 70000", 2, "--port needs a whole number"},
+        {"--mem-budget lots", 2, "--mem-budget needs a size"},
+        {"--temp 3", 2, "--temp needs a number from 0 to 2"},
+        {"--api-key ''", 2, "must not be empty"},
+        {"a.gguf b.gguf", 2, "more than one model"},
+        {"/nonexistent/model.gguf --port 0", 1, "model"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char cmd[1024], *out;
+        snprintf(cmd, sizeof cmd, "'%s' serve %s 2>&1", test_cellm_bin(), cases[i].args);
+        int rc = test_run_cmd(cmd, &out);
+        if (rc != cases[i].rc || !strstr(out, cases[i].msg))
+            fail_msg("cellm serve %s: want %d and '%s', got %d: %s", cases[i].args, cases[i].rc,
+                     cases[i].msg, rc, out);
+        free(out);
+    }
+    char cmd[1024], *out;
+    snprintf(cmd, sizeof cmd, "'%s' serve --help", test_cellm_bin());
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
+    assert_non_null(strstr(out, "--api-key"));
+    free(out);
+}
+
 /* CORS headers only for the origins the operator named. */
 static void test_cors(void **st) {
     (void)st;
@@ -734,9 +767,10 @@ static void test_tsan_serve(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_endpoints), cmocka_unit_test(test_cors),
-        cmocka_unit_test(test_hostile),   cmocka_unit_test(test_disconnect),
-        cmocka_unit_test(test_load),      cmocka_unit_test(test_tsan_serve),
+        cmocka_unit_test(test_cli),        cmocka_unit_test(test_endpoints),
+        cmocka_unit_test(test_cors),       cmocka_unit_test(test_hostile),
+        cmocka_unit_test(test_disconnect), cmocka_unit_test(test_load),
+        cmocka_unit_test(test_tsan_serve),
     };
     /* test.sh runs only test_tsan_* under ThreadSanitizer. */
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
