@@ -218,6 +218,25 @@ def test_seed(client):
     check(all(outs[i] == a for i in range(0, 6, 2)), f"seeded text among concurrent requests")
 
 
+def test_penalties(client, base):
+    prompt = "The capital of France is"
+    plain = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=4,
+                                      temperature=0).choices[0].text
+    first = post(base, "/tokenize", {"content": plain, "add_special": False})["tokens"][0]
+    banned = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=4,
+                                       temperature=0, logit_bias={str(first): -100})
+    t = banned.choices[0].text
+    ids = post(base, "/tokenize", {"content": t, "add_special": False})["tokens"]
+    check(t and ids[0] != first, f"logit_bias -100 bans token {first}: {t!r}")
+    # A frequency penalty breaks a repetition loop greedy decoding falls into.
+    loop = "I like cats. I like cats. I like"
+    a = client.completions.create(model=MODEL_ID, prompt=loop, max_tokens=24,
+                                  temperature=0).choices[0].text
+    b = client.completions.create(model=MODEL_ID, prompt=loop, max_tokens=24, temperature=0,
+                                  frequency_penalty=1.5, presence_penalty=0.5).choices[0].text
+    check(a.count("cat") > b.count("cat"), f"penalties: {a!r} vs {b!r}")
+
+
 def test_errors(client, base):
     msgs = [{"role": "user", "content": "hi"}]
     for bad, exc in [(dict(max_tokens=-1), openai.BadRequestError),
@@ -260,6 +279,7 @@ def main():
                          ("test_n", lambda: test_n(client)),
                          ("test_stop", lambda: test_stop(client)),
                          ("test_seed", lambda: test_seed(client)),
+                         ("test_penalties", lambda: test_penalties(client, base)),
                          ("test_errors", lambda: test_errors(client, base))]:
             if only and not fnmatch.fnmatch(name, only):
                 continue

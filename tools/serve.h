@@ -158,13 +158,14 @@ typedef struct serve_req {
     serve_prompt *prompts;
     int32_t n_prompts;
     int32_t max_tokens; /* -1: until the context is full */
-    float temperature, top_p, min_p;
+    float temperature, top_p, min_p, typical_p;
     int32_t top_k;
     bool has_seed;
     uint64_t seed;
     char *stop[SERVE_MAX_STOP];
     int n_stop;
     float presence_penalty, frequency_penalty, repeat_penalty;
+    int32_t repeat_last_n; /* the penalties' window; -1: the whole context */
     int32_t bias_tok[SERVE_MAX_BIAS];
     float bias_val[SERVE_MAX_BIAS];
     int n_bias;

@@ -1,8 +1,8 @@
 /*
  * serve_job.c — a completion request of `cellm serve` at work: a job holds
- * one engine request per choice (n per prompt), each with its text and its
- * stop-string matcher, and turns their output into OpenAI's reply, whole or
- * streamed as server-sent events.
+ * one engine request per choice (n per prompt), each with its text, and
+ * turns their output into OpenAI's reply, whole or streamed as server-sent
+ * events. Stop strings, penalties and logit bias are the engine's.
  *
  * The engine thread's callbacks only append text to their choice under the
  * job's lock and wake the connection's thread, which formats the JSON. That
@@ -23,7 +23,6 @@
 #include <microhttpd.h>
 
 #include "serve.h"
-#include "stop.h"
 
 #define WAIT_SLICE_MS 100
 
@@ -34,10 +33,8 @@ typedef struct choice {
     int index;  /* in the reply */
     int prompt; /* which prompt of the request */
     cellm_request *req;
-    stop_matcher *stop;
     char *text; /* the whole text (whole reply) or what is not yet sent (stream) */
     size_t len, cap;
-    bool stopped; /* a stop string matched: cancelled, finishes as "stop" */
     bool done, role_sent, final_sent;
     cellm_result res;
 } choice;
@@ -55,6 +52,7 @@ struct job {
     char id[40];
     long created;
     bool oom, timed_out;
+    cellm_logit_bias bias[SERVE_MAX_BIAS]; /* the request's logit_bias, as the engine takes it */
     /* streaming */
     char *out; /* SSE bytes not yet handed to libmicrohttpd */
     size_t out_len, out_off, out_cap;
@@ -96,18 +94,8 @@ static void on_piece(const char *piece, size_t len, void *user) {
     choice *c = user;
     job *j = c->j;
     pthread_mutex_lock(&j->mu);
-    if (!c->stopped) {
-        const char *emit = piece;
-        size_t n = len;
-        bool hit = false;
-        if (c->stop && stop_feed(c->stop, piece, len, &emit, &n, &hit, NULL) != CELLM_OK) n = 0;
-        choice_append(c, emit, n);
-        if (hit) {
-            c->stopped = true;
-            cellm_cancel(c->req); /* set before any callback: submitted under j->mu */
-        }
-        if (n || hit) pthread_cond_broadcast(&j->cv);
-    }
+    choice_append(c, piece, len);
+    pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
 }
 
@@ -115,12 +103,6 @@ static void on_done(const cellm_result *res, void *user) {
     choice *c = user;
     job *j = c->j;
     pthread_mutex_lock(&j->mu);
-    if (c->stop && !c->stopped) {
-        const char *emit;
-        size_t n = 0;
-        stop_flush(c->stop, &emit, &n);
-        choice_append(c, emit, n);
-    }
     c->res = *res;
     c->done = true;
     j->n_done++;
@@ -134,7 +116,6 @@ static void job_free(job *j) {
     if (!j) return;
     for (int i = 0; i < j->n_ch; i++) {
         cellm_request_free(j->ch[i].req); /* cancels and waits: no callback after */
-        stop_free(j->ch[i].stop);
         free(j->ch[i].text);
     }
     atomic_fetch_sub_explicit(&j->s->c.in_flight, j->n_submitted, memory_order_relaxed);
@@ -192,7 +173,7 @@ static void submit_error(serve_kind kind, cellm_status st, serve_err *e) {
         serr(e, 400, "invalid_value", param, "the %s is empty", param);
     else if (strstr(msg, "prompt has") || strstr(msg, "KV blocks"))
         serr(e, 400, "context_length_exceeded", param, "%s", msg);
-    else if (st == CELLM_ERR_INVALID_ARG || st == CELLM_ERR_UNSUPPORTED)
+    else if (st == CELLM_ERR_INVALID_ARG || st == CELLM_ERR_UNSUPPORTED || st == CELLM_ERR_FORMAT)
         serr(e, 400, "invalid_value", param, "%s", msg);
     else
         serr(e, 500, NULL, NULL, "the engine refused the request: %s", msg);
@@ -218,14 +199,20 @@ static bool job_submit(job *j, serve_err *e) {
         p.sampling.top_k = rq->top_k;
         p.sampling.top_p = rq->top_p;
         p.sampling.min_p = rq->min_p;
+        p.sampling.typical_p = rq->typical_p;
+        p.sampling.repeat_penalty = rq->repeat_penalty;
+        p.sampling.repeat_last_n = rq->repeat_last_n;
+        p.sampling.presence_penalty = rq->presence_penalty;
+        p.sampling.frequency_penalty = rq->frequency_penalty;
+        p.sampling.logit_bias = j->bias;
+        p.sampling.n_logit_bias = rq->n_bias;
+        p.stop = (const char *const *)rq->stop;
+        p.n_stop = rq->n_stop;
         p.sampling.seed = rq->has_seed ? rq->seed + (uint64_t)c->index : serve_random(s);
         p.max_tokens = rq->max_tokens;
         p.on_piece = on_piece;
         p.on_done = on_done;
         p.user = c;
-        if (rq->n_stop &&
-            stop_create((const char *const *)rq->stop, (size_t)rq->n_stop, &c->stop, NULL))
-            return serr(e, 500, NULL, NULL, "out of memory");
         pthread_mutex_lock(&j->mu);
         cellm_status st = cellm_submit(s->engine, &p, &c->req);
         pthread_mutex_unlock(&j->mu);
@@ -241,7 +228,6 @@ static bool job_submit(job *j, serve_err *e) {
 /* ------------------------------------------------------------ JSON */
 
 static const char *finish_str(const choice *c) {
-    if (c->stopped) return "stop";
     switch (c->res.finish_reason) {
     case CELLM_FINISH_STOP: return "stop";
     case CELLM_FINISH_LENGTH: return "length";
@@ -291,8 +277,7 @@ static void count_finished(job *j) {
         atomic_fetch_add_explicit(&k->completion_tokens,
                                   (unsigned long long)c->res.n_completion_tokens,
                                   memory_order_relaxed);
-        atomic_ullong *n = c->stopped                                       ? &k->finished_stop
-                           : c->res.finish_reason == CELLM_FINISH_STOP      ? &k->finished_stop
+        atomic_ullong *n = c->res.finish_reason == CELLM_FINISH_STOP        ? &k->finished_stop
                            : c->res.finish_reason == CELLM_FINISH_LENGTH    ? &k->finished_length
                            : c->res.finish_reason == CELLM_FINISH_CANCELLED ? &k->cancelled
                                                                             : &k->errors;
@@ -590,6 +575,8 @@ job *job_start(server *s, struct MHD_Connection *conn, serve_req *rq, serve_err 
         job_free(j);
         return NULL;
     }
+    for (int i = 0; i < j->rq.n_bias; i++)
+        j->bias[i] = (cellm_logit_bias){j->rq.bias_tok[i], j->rq.bias_val[i]};
     /* in_flight now counts all n_ch; job_free gives back n_submitted. */
     bool ok = job_submit(j, e);
     atomic_fetch_sub(&s->c.in_flight, j->n_ch - j->n_submitted);

@@ -24,27 +24,12 @@ static serve_limits limits(const server *s) {
     return l;
 }
 
-/* Options the engine does not have yet: refused when set. */
-static bool check_engine_support(const serve_req *rq, serve_err *e) {
-    if (rq->presence_penalty != 0 || rq->frequency_penalty != 0 || rq->repeat_penalty != 1)
-        return serr(e, 400, "unsupported_parameter", "presence_penalty",
-                    "penalties are not supported by this build of cellm");
-    if (rq->n_bias)
-        return serr(e, 400, "unsupported_parameter", "logit_bias",
-                    "logit_bias is not supported by this build of cellm");
-    return true;
-}
-
 int oai_completions(server *s, struct MHD_Connection *conn, serve_kind kind, const char *body,
                     size_t len) {
     serve_err e;
     serve_limits lim = limits(s);
     serve_req rq;
     bool ok = serve_req_parse(body, len, kind, &lim, &rq, &e);
-    if (ok && !check_engine_support(&rq, &e)) {
-        serve_req_free(&rq);
-        ok = false;
-    }
     if (ok && rq.model && strcmp(rq.model, s->model_id)) {
         serr(&e, 404, "model_not_found", "model",
              "the model '%s' does not exist; this server has '%s'", rq.model, s->model_id);

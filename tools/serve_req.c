@@ -409,6 +409,7 @@ static bool parse_fields(const cJSON *root, serve_kind kind, const serve_limits 
     if (!get_num(root, "temperature", 0, 2, &r->temperature, e) ||
         !get_num(root, "top_p", 0, 1, &r->top_p, e) ||
         !get_num(root, "min_p", 0, 1, &r->min_p, e) ||
+        !get_num(root, "typical_p", 0, 1, &r->typical_p, e) ||
         !get_num(root, "presence_penalty", -2, 2, &r->presence_penalty, e) ||
         !get_num(root, "frequency_penalty", -2, 2, &r->frequency_penalty, e) ||
         !get_num(root, "repeat_penalty", 0, 10, &r->repeat_penalty, e))
@@ -416,6 +417,9 @@ static bool parse_fields(const cJSON *root, serve_kind kind, const serve_limits 
     v = 0;
     if (!get_int(root, "top_k", 0, lim->n_vocab, &v, e)) return false;
     r->top_k = (int32_t)v;
+    v = r->repeat_last_n;
+    if (!get_int(root, "repeat_last_n", -1, lim->n_ctx, &v, e)) return false;
+    r->repeat_last_n = (int32_t)v;
     const cJSON *seed = field(root, "seed");
     if (seed) {
         if (!cJSON_IsNumber(seed) || seed->valuedouble != floor(seed->valuedouble) ||
@@ -477,6 +481,8 @@ bool serve_req_parse(const char *body, size_t len, serve_kind kind, const serve_
     r->temperature = lim->temperature;
     r->top_p = 1.0f;
     r->repeat_penalty = 1.0f;
+    r->typical_p = 1.0f;
+    r->repeat_last_n = 64;
     if (len == 0) return serr(e, 400, "invalid_json", NULL, "the request has no body");
     if (memchr(body, '\0', len)) /* cJSON would take it for white space */
         return serr(e, 400, "invalid_json", NULL, "the request body holds a NUL byte");
