@@ -80,8 +80,16 @@ const char *cellm_last_error(void);
 typedef struct cellm_model cellm_model;
 
 typedef struct cellm_model_params {
-    /* The chat format for chat-message requests: "chatml", "gemma",
-     * "llama3", or NULL (the default) to detect it from the model. */
+    /* How chat-message requests become prompt text (docs/templates.md):
+     *  - NULL (the default): the model's own Jinja template (the GGUF key
+     *    tokenizer.chat_template), rendered as Hugging Face transformers
+     *    renders it, with bos_token/eos_token from the vocabulary and the
+     *    assistant's turn opened; a file without a template gets the
+     *    built-in format of its architecture (Gemma), else none;
+     *  - "chatml", "gemma" or "llama3": that built-in format;
+     *  - any other text containing "{{" or "{%": a Jinja template to use
+     *    instead of the model's.
+     * Copied by cellm_model_load. */
     const char *chat_template;
 } cellm_model_params;
 
@@ -91,8 +99,11 @@ cellm_model_params cellm_model_default_params(void);
  * store names ("smollm2-135m") are resolved by the `cellm` command, not
  * here. `params` may be NULL for the defaults. Thread-safe. Errors:
  * CELLM_ERR_IO, CELLM_ERR_FORMAT, CELLM_ERR_UNSUPPORTED,
- * CELLM_ERR_NO_MEMORY. Free with cellm_model_free() after every engine
- * that uses the model. */
+ * CELLM_ERR_NO_MEMORY; CELLM_ERR_INVALID_ARG for a chat_template that is
+ * neither a built-in name nor a template that renders. A model whose own
+ * template cannot be rendered still loads: its chat-message requests fail
+ * with a message that names the template's fault and the fallback. Free with cellm_model_free()
+ * after every engine that uses the model. */
 cellm_status cellm_model_load(const char *path, const cellm_model_params *params,
                               cellm_model **out);
 
@@ -157,6 +168,8 @@ typedef struct cellm_stats {
     uint64_t n_prompt_tokens, n_completion_tokens; /* computed since creation */
     double prompt_tokens_per_s;                    /* over the last second or so of work */
     double completion_tokens_per_s;
+    uint64_t n_sampled;    /* tokens chosen by the samplers since creation */
+    double sample_seconds; /* engine-thread time spent choosing them */
 } cellm_stats;
 
 /* Fills *out. Thread-safe; a consistent snapshot as of the last step. */
@@ -175,7 +188,7 @@ typedef struct cellm_request cellm_request;
 
 typedef enum cellm_finish_reason {
     CELLM_FINISH_NONE = 0,  /* not finished yet */
-    CELLM_FINISH_STOP,      /* a stop token (EOS, end of turn, or one of stop_tokens) */
+    CELLM_FINISH_STOP,      /* a stop token (EOS, end of turn, one of stop_tokens) or string */
     CELLM_FINISH_LENGTH,    /* max_tokens, the context, or a KV budget one request outgrew */
     CELLM_FINISH_CANCELLED, /* cellm_cancel, cellm_request_free or cellm_engine_free */
     CELLM_FINISH_ERROR      /* see result.status and cellm_request_error() */
@@ -190,6 +203,8 @@ typedef struct cellm_result {
     double queue_ms;       /* submit to first step that ran it */
     double first_token_ms; /* submit to first completion token */
     double total_ms;       /* submit to finish */
+    int32_t stop_token;    /* CELLM_FINISH_STOP on a token: that token; else -1 */
+    int32_t stop_index;    /* CELLM_FINISH_STOP on a string: its index in params.stop; else -1 */
 } cellm_result;
 
 /* Called on the engine thread with each piece of text as it is made:
@@ -209,19 +224,53 @@ typedef struct cellm_chat_message {
     const char *content;
 } cellm_chat_message;
 
+/* A bias added to one token's logit before sampling (OpenAI's logit_bias,
+ * llama.cpp's --logit-bias). */
+typedef struct cellm_logit_bias {
+    int32_t token; /* a token id of the model's vocabulary */
+    float bias;    /* added to the logit; -INFINITY bans the token */
+} cellm_logit_bias;
+
+#define CELLM_MAX_LOGIT_BIAS 1024 /* entries of cellm_sampling.logit_bias */
+
+/* How the next token is chosen; docs/sampling.md gives the order of the
+ * steps. The defaults (cellm_request_default_params) are greedy decoding
+ * with every penalty off. */
 typedef struct cellm_sampling {
     float temperature; /* <= 0: greedy (the default) */
-    int32_t top_k;     /* <= 0: off */
-    float top_p;       /* >= 1: off */
-    float min_p;       /* <= 0: off */
+    int32_t top_k;     /* keep the k most likely tokens; <= 0: off */
+    float top_p;       /* keep the fewest tokens holding this much probability; >= 1: off */
+    float min_p;       /* drop tokens below min_p x the best one's probability; <= 0: off */
     uint64_t seed;     /* the same seed gives the same text, alone or batched */
+    float typical_p;   /* locally typical sampling; >= 1: off (the default, 1) */
+    /* Penalties look at a window of the sequence's last repeat_last_n
+     * tokens, prompt included (as llama.cpp does). */
+    float repeat_penalty;    /* CTRL style: positive logits / it, negative ones x it; 1: off */
+    int32_t repeat_last_n;   /* window length; default 64; 0: no window; -1: the whole context */
+    float presence_penalty;  /* subtracted once from each token in the window; 0: off */
+    float frequency_penalty; /* subtracted per occurrence in the window; 0: off */
+    /* Added to the logits before anything else. Copied at submit; tokens
+     * must be in the vocabulary, biases numbers or -INFINITY. */
+    const cellm_logit_bias *logit_bias;
+    int32_t n_logit_bias; /* 0..CELLM_MAX_LOGIT_BIAS */
+    /* The n-gram loop guard: when ngram_guard = n > 0, a token that would
+     * complete an n-gram already seen ngram_guard_repeats times in the
+     * window is banned, which stops the loops small models fall into.
+     * Needs repeat_last_n >= n. Default off (0); 3 or 4 with 2 repeats is
+     * a good start. */
+    int32_t ngram_guard;
+    int32_t ngram_guard_repeats; /* default 2 */
 } cellm_sampling;
+
+#define CELLM_MAX_STOP_STRINGS 16 /* entries of cellm_request_params.stop */
+#define CELLM_MAX_STOP_LEN 256    /* bytes of one stop string */
 
 typedef struct cellm_request_params {
     /* The input: exactly one of these three. A prompt is text continued as
      * is (special tokens recognised, BOS added where the model wants it);
-     * messages are rendered in the model's chat format with the assistant's
-     * turn opened; tokens are used as given. */
+     * messages are rendered with the model's chat template (see
+     * cellm_model_params) with the assistant's turn opened; tokens are used
+     * as given. */
     const char *prompt;
     const cellm_chat_message *messages;
     int32_t n_messages;
@@ -230,9 +279,16 @@ typedef struct cellm_request_params {
 
     cellm_sampling sampling;
     int32_t max_tokens; /* completion tokens at most; < 0: until the context is full. Default 256 */
-    const int32_t *stop_tokens; /* besides EOS (and the end-of-turn token for messages) */
+    const int32_t *stop_tokens; /* besides EOS (and the end-of-turn tokens for messages) */
     int32_t n_stop_tokens;      /* at most 16 */
-    int32_t priority;           /* higher runs first and is preempted last; default 0 */
+    /* Stop strings (OpenAI's `stop`, llama.cpp's reverse prompts), copied
+     * at submit: generation ends when one appears in the text, also across
+     * token boundaries, and no byte of it reaches on_piece (the text ends
+     * just before it; the tokens that made it are still counted). At most
+     * CELLM_MAX_STOP_STRINGS, each 1..CELLM_MAX_STOP_LEN bytes. */
+    const char *const *stop;
+    int32_t n_stop;
+    int32_t priority; /* higher runs first and is preempted last; default 0 */
 
     cellm_piece_fn on_piece; /* may be NULL */
     cellm_done_fn on_done;   /* may be NULL */
@@ -246,9 +302,12 @@ cellm_request_params cellm_request_default_params(void);
  * before returning. Thread-safe: any thread may submit at any time, also
  * from a callback. Tokenizing happens here, on the caller's thread.
  * Errors: CELLM_ERR_INVALID_ARG (no input or more than one, an empty or
- * over-long prompt, a bad token id), CELLM_ERR_UNSUPPORTED (messages for a
- * model whose chat format cellm does not know), CELLM_ERR_NO_MEMORY (the
- * prompt alone needs more KV blocks than the engine has). */
+ * over-long prompt, a bad token id, a sampling parameter, logit bias or
+ * stop string out of range), CELLM_ERR_UNSUPPORTED (messages for a model
+ * whose chat template cellm cannot render), CELLM_ERR_FORMAT (the chat
+ * template failed on these messages; the message names the construct
+ * and its position), CELLM_ERR_NO_MEMORY (the prompt alone needs more KV
+ * blocks than the engine has). */
 cellm_status cellm_submit(cellm_engine *engine, const cellm_request_params *params,
                           cellm_request **out);
 
@@ -277,6 +336,42 @@ const char *cellm_request_error(const cellm_request *request);
  * engine it does not wait: the request is cancelled, and freed when it
  * finishes. */
 void cellm_request_free(cellm_request *request);
+
+/* ------------------------------------------ model facts and text (serve) */
+
+/* What a server or front-end shows about a model. Plain data, copied out. */
+typedef struct cellm_model_info {
+    char name[128];      /* general.name from the file, or "" */
+    char arch[32];       /* "llama", "gemma3", ... */
+    int32_t n_vocab;     /* token ids are 0..n_vocab-1 */
+    int32_t n_ctx_train; /* the context the model was trained for; 0: unknown */
+    int32_t bos, eos;    /* -1 when the model has none */
+} cellm_model_info;
+
+/* Fills *out. Thread-safe. */
+cellm_status cellm_model_get_info(const cellm_model *model, cellm_model_info *out);
+
+/* Flags of cellm_tokenize_ex. */
+enum {
+    CELLM_TOKENIZE_ADD_SPECIAL = 1u << 0,  /* add BOS (and EOS) where the model wants them */
+    CELLM_TOKENIZE_PARSE_SPECIAL = 1u << 1 /* "<|im_start|>" in the text is its control token */
+};
+
+/* Like cellm_tokenize, for text[0..len) (any bytes; need not be
+ * NUL-terminated) with the given flags. *ids is a new array the caller
+ * frees with free() (NULL when *n is 0). Thread-safe. */
+cellm_status cellm_tokenize_ex(const cellm_model *model, const char *text, size_t len,
+                               unsigned flags, int32_t **ids, int32_t *n);
+
+/* The text of ids[0..n) into a new NUL-terminated string *text (*len bytes
+ * without the NUL; free it with free()). With `special`, control tokens
+ * show as their text ("<|im_end|>"); without, they decode to nothing.
+ * Errors: CELLM_ERR_INVALID_ARG for an id out of range. Thread-safe. */
+cellm_status cellm_detokenize(const cellm_model *model, const int32_t *ids, int32_t n, int special,
+                              char **text, size_t *len);
+
+/* Positions one request may use in `engine` (prompt and completion). */
+int32_t cellm_engine_n_ctx(const cellm_engine *engine);
 
 #ifdef __cplusplus
 }

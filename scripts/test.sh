@@ -96,9 +96,10 @@ for fz in "${fuzzers[@]}"; do
     rm -rf "$work"
 done
 
-# The NEON kernels: cross-compile the library and the kernel tests for
-# aarch64 and run them under qemu-aarch64, with its default CPU (has SDOT)
-# and with a Cortex-A53 (plain NEON). Only cmocka is needed for arm64,
+# The NEON kernels and the sampler's golden draws (the same bits on ARM):
+# cross-compile the library and those tests for aarch64 and run them under
+# qemu-aarch64, with its default CPU (has SDOT) and with a Cortex-A53
+# (plain NEON). Only cmocka is needed for arm64,
 # from Debian multiarch.
 install_aarch64() {
     local missing=()
@@ -118,7 +119,8 @@ install_aarch64() {
 echo "== aarch64 (cross-compiled, under qemu-aarch64)"
 if install_aarch64 &&
     cellm_build build-aarch64 -DCMAKE_TOOLCHAIN_FILE="$CELLM_ROOT/cmake/aarch64-linux-gnu.cmake" \
-        -DCELLM_WERROR=ON -DCELLM_BUILD_TOOLS=OFF -DCELLM_TESTS="test_quant;test_kernels_simd;test_attention" \
+        -DCELLM_WERROR=ON -DCELLM_BUILD_TOOLS=OFF \
+        -DCELLM_TESTS="test_quant;test_kernels_simd;test_sampler;test_attention" \
         -DCMAKE_BUILD_TYPE=RelWithDebInfo; then
     run_ctest build-aarch64 "aarch64, default CPU (dotprod)"
     QEMU_CPU=cortex-a53 run_ctest build-aarch64 "aarch64, cortex-a53"

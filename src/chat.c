@@ -1,87 +1,176 @@
 /*
- * chat.c — built-in chat formats: detection from the model's template,
- * rendering of messages, end-of-turn tokens (see chat.h). Moved here from
- * tools/rt.c so the engine can serve chat-message requests.
+ * chat.c — chat prompts: the model's Jinja template or a built-in format,
+ * rendering and tokenizing messages, end-of-turn tokens (see chat.h).
  */
 #include "chat.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+#include "jinja.h"
+
+static const char *const builtin_names[] = {"chatml", "gemma", "llama3"};
+static const chat_format builtin_formats[] = {CHAT_CHATML, CHAT_GEMMA, CHAT_LLAMA3};
+#define N_BUILTIN 3
+#define BUILTIN_LIST "chatml|gemma|llama3"
+
+/* Texts of end-of-turn tokens in the templates of the model families
+ * cellm knows; a template that writes one ends each turn with it. */
+static const char *const eot_texts[] = {
+    "<|im_end|>", "<end_of_turn>",   "<|eot_id|>",         "<|eom_id|>",
+    "<|end|>",    "<|end_of_text|>", "<end_of_utterance>", "<｜end▁of▁sentence｜>",
+};
+
 /* The id of a special token given by its text, or -1. */
 static int32_t special_id(const tokenizer *tok, const char *text) {
     tok_ids ids = {0};
     int32_t id = -1;
     if (tokenizer_encode(tok, text, strlen(text), TOK_PARSE_SPECIAL, &ids, NULL) == CELLM_OK &&
-        ids.n == 1)
+        ids.n == 1 && tokenizer_token_type(tok, ids.ids[0]) != TOK_TYPE_NORMAL)
         id = ids.ids[0];
     tok_ids_free(&ids);
     return id;
 }
 
-cellm_status chat_tpl_detect(const model *m, const tokenizer *tok, const char *name, chat_tpl *t,
-                             cellm_error *err) {
-    memset(t, 0, sizeof *t);
-    for (int i = 0; i < CHAT_MAX_STOP; i++) t->stop[i] = -1;
-    gguf_str tpl = {"", 0};
-    bool has = gguf_get_str(m->file, "tokenizer.chat_template", &tpl);
-    char *text = malloc((size_t)tpl.len + 1);
-    if (!text) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
-    memcpy(text, tpl.ptr, (size_t)tpl.len);
-    text[tpl.len] = '\0';
-    if (name) {
-        if (!strcmp(name, "chatml"))
-            t->format = CHAT_CHATML;
-        else if (!strcmp(name, "gemma"))
-            t->format = CHAT_GEMMA;
-        else if (!strcmp(name, "llama3"))
-            t->format = CHAT_LLAMA3;
-        else {
-            free(text);
-            return err_set(err, CELLM_ERR_INVALID_ARG,
-                           "unknown chat format '%s' (known: chatml, gemma, llama3)", name);
-        }
-    } else if (strstr(text, "<|im_start|>")) {
-        t->format = CHAT_CHATML;
-    } else if (strstr(text, "<start_of_turn>") || (!has && !strncmp(m->arch, "gemma", 5))) {
-        t->format = CHAT_GEMMA;
-    } else if (strstr(text, "<|start_header_id|>")) {
-        t->format = CHAT_LLAMA3;
-    } else {
-        free(text);
-        return err_set(err, CELLM_ERR_UNSUPPORTED,
-                       "the model's chat template is not one cellm knows yet; pick a format with "
-                       "--chat-template chatml|gemma|llama3");
-    }
-    /* A default system prompt written into a ChatML template (SmolLM2's). */
-    const char *sys = strstr(text, "<|im_start|>system\n");
-    if (t->format == CHAT_CHATML && sys) {
-        sys += strlen("<|im_start|>system\n");
-        const char *end = strstr(sys, "<|im_end|>");
-        size_t n = end ? (size_t)(end - sys) : 0;
-        if (n < sizeof t->default_system && !memchr(sys, '{', n) && !memchr(sys, '\'', n)) {
-            memcpy(t->default_system, sys, n);
-            t->default_system[n] = '\0';
+static void add_stop(chat_tpl *t, const tokenizer *tok, int32_t id) {
+    if (id < 0 || id >= tokenizer_n_vocab(tok) || id == tokenizer_eos(tok)) return;
+    for (int i = 0; i < CHAT_MAX_STOP; i++) {
+        if (t->stop[i] == id) return;
+        if (t->stop[i] < 0) {
+            t->stop[i] = id;
+            return;
         }
     }
-    free(text);
-    static const char *const stops[] = {"<|im_end|>", "<end_of_turn>", "<|eot_id|>"};
-    t->stop[0] = special_id(tok, stops[t->format]);
-    return CELLM_OK;
 }
 
-/* A growing string. */
+/* A NUL-terminated copy of s[0..n), or NULL when out of memory. */
+static char *dup_n(const char *s, size_t n) {
+    char *p = malloc(n + 1);
+    if (p) {
+        memcpy(p, s, n);
+        p[n] = '\0';
+    }
+    return p;
+}
+
+/* The text of token `id`, copied; NULL for no token (and when out of
+ * memory, which then only leaves the variable undefined). */
+static char *token_text(const tokenizer *tok, int32_t id) {
+    size_t n = 0;
+    const char *s = id >= 0 ? tokenizer_token_text(tok, id, &n) : NULL;
+    return s ? dup_n(s, n) : NULL;
+}
+
+void chat_tpl_free(chat_tpl *t) {
+    free(t->jinja);
+    free(t->bos);
+    free(t->eos);
+    memset(t, 0, sizeof *t);
+}
+
+cellm_status chat_tpl_init(const model *m, const tokenizer *tok, const char *name, chat_tpl *t,
+                           cellm_error *err) {
+    memset(t, 0, sizeof *t);
+    for (int i = 0; i < CHAT_MAX_STOP; i++) t->stop[i] = -1;
+    t->bos_id = tokenizer_adds_bos(tok) ? tokenizer_bos(tok) : -1;
+    bool given = name && (strstr(name, "{{") || strstr(name, "{%"));
+    gguf_str own = {"", 0};
+    bool has_own = gguf_get_str(m->file, "tokenizer.chat_template", &own) && own.len > 0;
+    if (name && !given) {
+        int i = 0;
+        while (i < N_BUILTIN && strcmp(name, builtin_names[i])) i++;
+        if (i == N_BUILTIN)
+            return err_set(err, CELLM_ERR_INVALID_ARG,
+                           "unknown chat template '%s' (built-in: chatml, gemma, llama3; or give "
+                           "a Jinja template text)",
+                           name);
+        t->format = builtin_formats[i];
+    } else if (given) {
+        t->format = CHAT_JINJA;
+        t->jinja_len = strlen(name);
+        t->jinja = dup_n(name, t->jinja_len);
+    } else if (has_own) {
+        t->format = CHAT_JINJA;
+        t->from_model = true;
+        t->jinja_len = (size_t)own.len;
+        t->jinja = dup_n(own.ptr, t->jinja_len);
+    } else if (!strncmp(m->arch, "gemma", 5)) {
+        t->format = CHAT_GEMMA;
+    } else {
+        return err_set(err, CELLM_ERR_UNSUPPORTED,
+                       "the model file has no chat template (tokenizer.chat_template); pick a "
+                       "built-in format with --chat-template " BUILTIN_LIST);
+    }
+    if (t->format == CHAT_JINJA && !t->jinja) goto oom;
+    if (t->format == CHAT_JINJA) {
+        t->bos = token_text(tok, tokenizer_bos(tok));
+        t->eos = token_text(tok, tokenizer_eos(tok));
+        /* Try it once, so that a template cellm cannot parse fails here
+         * and not at the first request. raise_exception() is about the
+         * conversation, not the template, so it does not count. */
+        const chat_msg probe = {"user", "Hello"};
+        char *text = NULL;
+        cellm_error perr;
+        err_clear(&perr);
+        cellm_status st = chat_render(t, &probe, 1, true, &text, &perr);
+        free(text);
+        if (st != CELLM_OK && st != CELLM_ERR_INVALID_ARG) {
+            chat_tpl_free(t);
+            return err_set(err, given ? CELLM_ERR_INVALID_ARG : CELLM_ERR_UNSUPPORTED, "%s",
+                           perr.msg);
+        }
+        for (size_t i = 0; i < sizeof eot_texts / sizeof *eot_texts; i++)
+            if (strstr(t->jinja, eot_texts[i])) add_stop(t, tok, special_id(tok, eot_texts[i]));
+    } else {
+        static const char *const marks[] = {"", "<|im_end|>", "<end_of_turn>", "<|eot_id|>"};
+        add_stop(t, tok, special_id(tok, marks[t->format]));
+    }
+    /* End-of-turn ids the file names (llama.cpp's keys). */
+    int64_t id;
+    if (gguf_get_int(m->file, "tokenizer.ggml.eot_token_id", &id) && id >= 0 && id < INT32_MAX)
+        add_stop(t, tok, (int32_t)id);
+    if (gguf_get_int(m->file, "tokenizer.ggml.eom_token_id", &id) && id >= 0 && id < INT32_MAX)
+        add_stop(t, tok, (int32_t)id);
+    /* A default system prompt written into a ChatML template (SmolLM2's),
+     * for the built-in format: the Jinja template writes it itself. */
+    if (t->format == CHAT_CHATML && own.len > 0) {
+        char *text = dup_n(own.ptr, (size_t)own.len);
+        if (!text) goto oom;
+        const char *sys = strstr(text, "<|im_start|>system\n");
+        if (sys) {
+            sys += strlen("<|im_start|>system\n");
+            const char *end = strstr(sys, "<|im_end|>");
+            size_t n = end ? (size_t)(end - sys) : 0;
+            if (n < sizeof t->default_system && !memchr(sys, '{', n) && !memchr(sys, '\'', n)) {
+                memcpy(t->default_system, sys, n);
+                t->default_system[n] = '\0';
+            }
+        }
+        free(text);
+    }
+    return CELLM_OK;
+oom:
+    chat_tpl_free(t);
+    return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+}
+
+/* A growing string; `failed` once an allocation failed. */
 typedef struct sbuf {
     char *p;
     size_t n, cap;
+    bool failed;
 } sbuf;
 
 static void put(sbuf *b, const char *s) {
     size_t n = strlen(s);
+    if (b->failed) return;
     if (b->n + n + 1 > b->cap) {
         size_t cap = (b->n + n + 1) * 2;
         char *p = realloc(b->p, cap);
-        if (!p) return;
+        if (!p) {
+            b->failed = true;
+            return;
+        }
         b->p = p;
         b->cap = cap;
     }
@@ -89,9 +178,9 @@ static void put(sbuf *b, const char *s) {
     b->n += n;
 }
 
-char *chat_render(const chat_tpl *t, const chat_msg *msgs, int n, bool add_generation) {
-    sbuf b = {0};
-    put(&b, "");
+/* The built-in formats. */
+static void render_builtin(const chat_tpl *t, const chat_msg *msgs, int n, bool add_generation,
+                           sbuf *b) {
     const char *system = NULL;
     int first = 0;
     if (n > 0 && !strcmp(msgs[0].role, "system")) {
@@ -99,49 +188,111 @@ char *chat_render(const chat_tpl *t, const chat_msg *msgs, int n, bool add_gener
         first = 1;
     }
     switch (t->format) {
+    case CHAT_JINJA: break;
     case CHAT_CHATML:
         if (!system && t->default_system[0]) system = t->default_system;
         if (system) {
-            put(&b, "<|im_start|>system\n");
-            put(&b, system);
-            put(&b, "<|im_end|>\n");
+            put(b, "<|im_start|>system\n");
+            put(b, system);
+            put(b, "<|im_end|>\n");
         }
         for (int i = first; i < n; i++) {
-            put(&b, "<|im_start|>");
-            put(&b, msgs[i].role);
-            put(&b, "\n");
-            put(&b, msgs[i].content);
-            put(&b, "<|im_end|>\n");
+            put(b, "<|im_start|>");
+            put(b, msgs[i].role);
+            put(b, "\n");
+            put(b, msgs[i].content);
+            put(b, "<|im_end|>\n");
         }
-        if (add_generation) put(&b, "<|im_start|>assistant\n");
+        if (add_generation) put(b, "<|im_start|>assistant\n");
         break;
     case CHAT_GEMMA:
         /* Gemma has no system role: the system text opens the first user
-         * turn. BOS comes from the tokenizer. */
+         * turn. */
         for (int i = first; i < n; i++) {
             bool user = strcmp(msgs[i].role, "assistant") != 0;
-            put(&b, user ? "<start_of_turn>user\n" : "<start_of_turn>model\n");
+            put(b, user ? "<start_of_turn>user\n" : "<start_of_turn>model\n");
             if (system && i == first) {
-                put(&b, system);
-                put(&b, "\n\n");
+                put(b, system);
+                put(b, "\n\n");
             }
-            put(&b, msgs[i].content);
-            put(&b, "<end_of_turn>\n");
+            put(b, msgs[i].content);
+            put(b, "<end_of_turn>\n");
         }
-        if (add_generation) put(&b, "<start_of_turn>model\n");
+        if (add_generation) put(b, "<start_of_turn>model\n");
         break;
     case CHAT_LLAMA3:
         for (int i = 0; i < n; i++) {
-            put(&b, "<|start_header_id|>");
-            put(&b, msgs[i].role);
-            put(&b, "<|end_header_id|>\n\n");
-            put(&b, msgs[i].content);
-            put(&b, "<|eot_id|>");
+            put(b, "<|start_header_id|>");
+            put(b, msgs[i].role);
+            put(b, "<|end_header_id|>\n\n");
+            put(b, msgs[i].content);
+            put(b, "<|eot_id|>");
         }
-        if (add_generation) put(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        if (add_generation) put(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
         break;
     }
-    return b.p;
+}
+
+cellm_status chat_render(const chat_tpl *t, const chat_msg *msgs, int n, bool add_generation,
+                         char **out, cellm_error *err) {
+    *out = NULL;
+    if (t->format != CHAT_JINJA) {
+        sbuf b = {0};
+        put(&b, "");
+        render_builtin(t, msgs, n, add_generation, &b);
+        if (b.failed) {
+            free(b.p);
+            return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+        }
+        *out = b.p;
+        return CELLM_OK;
+    }
+    jinja_message *jm = malloc(sizeof *jm * (size_t)(n > 0 ? n : 1));
+    if (!jm) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    for (int i = 0; i < n; i++) jm[i] = (jinja_message){msgs[i].role, msgs[i].content};
+    jinja_ctx ctx;
+    memset(&ctx, 0, sizeof ctx);
+    ctx.messages = jm;
+    ctx.n_messages = (size_t)n;
+    ctx.add_generation_prompt = add_generation;
+    ctx.bos_token = t->bos;
+    ctx.eos_token = t->eos;
+    size_t len = 0;
+    cellm_error jerr;
+    err_clear(&jerr);
+    cellm_status st = jinja_render(t->jinja, t->jinja_len, &ctx, out, &len, &jerr);
+    free(jm);
+    if (st == CELLM_OK) return CELLM_OK;
+    /* raise_exception is the conversation breaking the template's rules:
+     * its message says what to fix. Anything else is the template. */
+    if (st == CELLM_ERR_INVALID_ARG) return err_set(err, st, "%s", jerr.msg);
+    if (t->from_model)
+        return err_set(err, st,
+                       "the model's chat template cannot be rendered: %.360s; pick a built-in "
+                       "format with --chat-template " BUILTIN_LIST,
+                       jerr.msg);
+    return err_set(err, st, "the chat template cannot be rendered: %.400s", jerr.msg);
+}
+
+cellm_status chat_encode(const chat_tpl *t, const tokenizer *tok, const chat_msg *msgs, int n,
+                         bool add_generation, tok_ids *ids, cellm_error *err) {
+    char *text = NULL;
+    cellm_status st = chat_render(t, msgs, n, add_generation, &text, err);
+    if (st) return st;
+    size_t first = ids->n;
+    if (t->bos_id >= 0 && !tok_ids_push(ids, t->bos_id)) {
+        free(text);
+        return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    }
+    st = tokenizer_encode(tok, text, strlen(text), TOK_PARSE_SPECIAL, ids, err);
+    free(text);
+    if (st) return st;
+    /* The template wrote BOS itself (Gemma's, Llama's): keep one. */
+    if (t->bos_id >= 0 && ids->n >= first + 2 && ids->ids[first + 1] == t->bos_id) {
+        memmove(ids->ids + first, ids->ids + first + 1, (ids->n - first - 1) * sizeof(int32_t));
+        ids->n--;
+    }
+    return CELLM_OK;
 }
 
 bool chat_is_stop(const chat_tpl *t, const tokenizer *tok, int32_t id) {

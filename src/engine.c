@@ -6,11 +6,12 @@
  * The engine thread loops: take new requests and cancellations (under the
  * engine's mutex), plan a step, run it as one forward pass, then sample the
  * next token of every request whose row asked for logits, stream its text
- * and finish it on a stop token or a length limit. Callbacks run on this
- * thread, outside the mutex. Everything a request needs on the way
- * (token array, sampler, block table, text buffer) is allocated when it is
- * submitted, so a step allocates nothing.
+ * and finish it on a stop token or string or a length limit. Callbacks run
+ * on this thread, outside the mutex. Everything a request needs on the way
+ * (token array, sampler, stop-string matcher, block table, text buffer) is
+ * allocated when it is submitted, so a step allocates nothing.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,13 +69,15 @@ cellm_status cellm_model_load(const char *path, const cellm_model_params *params
         cellm_model_free(cm);
         return fail(&err);
     }
-    /* A model without a known chat format still serves prompts and tokens;
-     * only chat-message requests need it, and they get this message. */
+    /* A model without a usable chat template still serves prompts and
+     * tokens; only chat-message requests need it, and they get this
+     * message. */
     cellm_error cerr;
     err_clear(&cerr);
-    cm->has_chat = chat_tpl_detect(cm->m, cm->tok, p.chat_template, &cm->chat, &cerr) == CELLM_OK;
+    cm->has_chat = chat_tpl_init(cm->m, cm->tok, p.chat_template, &cm->chat, &cerr) == CELLM_OK;
     if (!cm->has_chat) {
-        if (cerr.code == CELLM_ERR_INVALID_ARG) { /* a bad format name is the caller's error */
+        /* A bad name or template of the caller's, or no memory, is an error. */
+        if (cerr.code == CELLM_ERR_INVALID_ARG || cerr.code == CELLM_ERR_NO_MEMORY) {
             cellm_model_free(cm);
             return fail(&cerr);
         }
@@ -86,6 +89,7 @@ cellm_status cellm_model_load(const char *path, const cellm_model_params *params
 
 void cellm_model_free(cellm_model *cm) {
     if (!cm) return;
+    if (cm->has_chat) chat_tpl_free(&cm->chat);
     tokenizer_free(cm->tok);
     model_free(cm->m);
     free(cm);
@@ -129,11 +133,38 @@ static void publish_locked(cellm_engine *e) {
     s->n_completion_tokens = e->n_gen_tok;
     s->prompt_tokens_per_s = e->rate_prompt;
     s->completion_tokens_per_s = e->rate_gen;
+    s->n_sampled = e->n_sampled;
+    s->sample_seconds = e->t_sample;
 }
 
 /* Calls the piece callback unless the owner has let go of the request. */
 static void emit(cellm_request *r, const char *piece, size_t n) {
     if (n && r->on_piece && !r->detached) r->on_piece(piece, n, r->user);
+}
+
+/* Passes decoded text on through the request's stop strings; returns true
+ * when one has matched (nothing of it was emitted). */
+static bool deliver(cellm_request *r, const char *piece, size_t n) {
+    if (!r->stops) {
+        emit(r, piece, n);
+        return false;
+    }
+    const char *out;
+    size_t out_n = 0;
+    bool stopped = false;
+    /* The buffers were sized at submit, so this cannot fail. */
+    if (stop_feed(r->stops, piece, n, &out, &out_n, &stopped, NULL) == CELLM_OK)
+        emit(r, out, out_n);
+    if (stopped && r->stop_index < 0) r->stop_index = stop_matched(r->stops);
+    return stopped;
+}
+
+static void request_release(cellm_request *r) {
+    sampler_free(r->smp);
+    stop_free(r->stops);
+    free(r->tokens);
+    free(r->piece);
+    free(r);
 }
 
 void engine_finish(cellm_engine *e, cellm_request *r, cellm_finish_reason why, cellm_status st,
@@ -142,7 +173,14 @@ void engine_finish(cellm_engine *e, cellm_request *r, cellm_finish_reason why, c
     kv_seq_free(e->kv, &r->seq); /* blocks back to the pool now */
     size_t n = 0;
     if (tok_stream_flush(&r->ts, r->piece, r->piece_cap, &n, NULL) == CELLM_OK)
-        emit(r, r->piece, n);
+        deliver(r, r->piece, n);
+    if (r->stops) {
+        /* The held tail is not a stop string after all (nothing after a
+         * match). */
+        const char *tail;
+        stop_flush(r->stops, &tail, &n);
+        emit(r, tail, n);
+    }
     double t = now_s();
     cellm_result res;
     memset(&res, 0, sizeof res);
@@ -154,6 +192,8 @@ void engine_finish(cellm_engine *e, cellm_request *r, cellm_finish_reason why, c
     res.queue_ms = ((r->t_first_step > 0 ? r->t_first_step : t) - r->t_submit) * 1e3;
     res.first_token_ms = r->t_first_token > 0 ? (r->t_first_token - r->t_submit) * 1e3 : 0;
     res.total_ms = (t - r->t_submit) * 1e3;
+    res.stop_token = why == CELLM_FINISH_STOP ? r->stop_token : -1;
+    res.stop_index = why == CELLM_FINISH_STOP ? r->stop_index : -1;
     if (msg) snprintf(r->err, sizeof r->err, "%s", msg);
     if (r->on_done && !r->detached) r->on_done(&res, r->user);
     pthread_mutex_lock(&e->mu);
@@ -163,12 +203,7 @@ void engine_finish(cellm_engine *e, cellm_request *r, cellm_finish_reason why, c
     publish_locked(e);
     pthread_cond_broadcast(&e->cv_done);
     pthread_mutex_unlock(&e->mu);
-    if (last) {
-        sampler_free(r->smp);
-        free(r->tokens);
-        free(r->piece);
-        free(r);
-    }
+    if (last) request_release(r);
 }
 
 /* Everything fed in the step is lost: fail those requests. The first such
@@ -195,18 +230,26 @@ static void step_outputs(cellm_engine *e, const float *logits, double t_now) {
         cellm_request *r = e->fed[i];
         if (r->seq.n_pos < r->n_tokens) continue; /* mid-prompt: no logits */
         const float *row = logits + (size_t)li++ * (size_t)n_vocab;
+        double t0 = now_s();
         int32_t t = sampler_sample(r->smp, row);
+        e->t_sample += now_s() - t0;
+        e->n_sampled++;
         if (r->t_first_token == 0) r->t_first_token = t_now;
         if (is_stop(r, t)) {
+            r->stop_token = t;
             engine_finish(e, r, CELLM_FINISH_STOP, CELLM_OK, NULL);
             continue;
         }
         r->tokens[r->n_tokens++] = t;
+        sampler_accept(r->smp, t, NULL); /* t is in the vocabulary: cannot fail */
         e->n_gen_tok++;
         e->win_gen++;
         size_t n = 0;
-        if (tok_stream_push(&r->ts, t, r->piece, r->piece_cap, &n, NULL) == CELLM_OK)
-            emit(r, r->piece, n);
+        if (tok_stream_push(&r->ts, t, r->piece, r->piece_cap, &n, NULL) == CELLM_OK &&
+            deliver(r, r->piece, n)) {
+            engine_finish(e, r, CELLM_FINISH_STOP, CELLM_OK, NULL);
+            continue;
+        }
         int32_t n_gen = r->n_tokens - r->n_prompt;
         if ((r->max_tokens >= 0 && n_gen >= r->max_tokens) || r->n_tokens >= r->cap)
             engine_finish(e, r, CELLM_FINISH_LENGTH, CELLM_OK, NULL);
@@ -413,8 +456,19 @@ const char *cellm_engine_error(const cellm_engine *e) {
 cellm_request_params cellm_request_default_params(void) {
     cellm_request_params p;
     memset(&p, 0, sizeof p);
-    p.sampling.temperature = 0.0f;
-    p.sampling.top_p = 1.0f;
+    sampler_params sp = sampler_default_params();
+    p.sampling.temperature = sp.temperature;
+    p.sampling.top_k = sp.top_k;
+    p.sampling.top_p = sp.top_p;
+    p.sampling.min_p = sp.min_p;
+    p.sampling.seed = sp.seed;
+    p.sampling.typical_p = sp.typical_p;
+    p.sampling.repeat_penalty = sp.repeat_penalty;
+    p.sampling.repeat_last_n = sp.penalty_last_n;
+    p.sampling.presence_penalty = sp.presence_penalty;
+    p.sampling.frequency_penalty = sp.frequency_penalty;
+    p.sampling.ngram_guard = sp.ngram_size;
+    p.sampling.ngram_guard_repeats = sp.ngram_max_repeats;
     p.max_tokens = 256;
     return p;
 }
@@ -443,11 +497,8 @@ static cellm_status request_input(const cellm_engine *e, const cellm_request_par
             }
             msgs[i] = (chat_msg){p->messages[i].role, p->messages[i].content};
         }
-        char *text = chat_render(&cm->chat, msgs, p->n_messages, true);
+        cellm_status st = chat_encode(&cm->chat, cm->tok, msgs, p->n_messages, true, ids, err);
         free(msgs);
-        if (!text) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
-        cellm_status st = tokenizer_encode(cm->tok, text, strlen(text), flags, ids, err);
-        free(text);
         return st;
     }
     if (p->n_tokens < 1) return err_set(err, CELLM_ERR_INVALID_ARG, "n_tokens must be >= 1");
@@ -463,13 +514,87 @@ static cellm_status request_input(const cellm_engine *e, const cellm_request_par
     return CELLM_OK;
 }
 
+/* The checks of the sampling and stop parameters that name the public
+ * fields (the sampler checks the rest). */
+static cellm_status check_params(const cellm_request_params *p, cellm_error *err) {
+    const cellm_sampling *s = &p->sampling;
+    if (isnan(s->temperature) || isnan(s->top_p) || isnan(s->min_p) || isnan(s->typical_p))
+        return err_set(err, CELLM_ERR_INVALID_ARG,
+                       "temperature, top_p, min_p and typical_p must be numbers");
+    if (s->min_p > 1) return err_set(err, CELLM_ERR_INVALID_ARG, "min_p must be at most 1");
+    if (!isfinite(s->repeat_penalty) || s->repeat_penalty <= 0)
+        return err_set(err, CELLM_ERR_INVALID_ARG, "repeat_penalty must be a positive number");
+    if (!isfinite(s->presence_penalty) || !isfinite(s->frequency_penalty))
+        return err_set(err, CELLM_ERR_INVALID_ARG,
+                       "presence_penalty and frequency_penalty must be finite numbers");
+    if (s->repeat_last_n < -1)
+        return err_set(err, CELLM_ERR_INVALID_ARG,
+                       "repeat_last_n must be -1 (the whole context), 0 or a window length");
+    if (s->n_logit_bias < 0 || s->n_logit_bias > CELLM_MAX_LOGIT_BIAS ||
+        (s->n_logit_bias > 0 && !s->logit_bias))
+        return err_set(err, CELLM_ERR_INVALID_ARG,
+                       "n_logit_bias must be 0..%d, with logit_bias when not 0",
+                       CELLM_MAX_LOGIT_BIAS);
+    if (s->ngram_guard < 0 || s->ngram_guard > 64 ||
+        (s->ngram_guard > 0 && s->ngram_guard_repeats < 1))
+        return err_set(err, CELLM_ERR_INVALID_ARG,
+                       "ngram_guard must be 0..64 and ngram_guard_repeats at least 1");
+    if (s->ngram_guard > 0 && s->repeat_last_n >= 0 && s->repeat_last_n < s->ngram_guard)
+        return err_set(err, CELLM_ERR_INVALID_ARG,
+                       "the n-gram guard of %d tokens needs repeat_last_n of at least %d",
+                       (int)s->ngram_guard, (int)s->ngram_guard);
+    if (p->n_stop_tokens < 0 || p->n_stop_tokens > REQ_MAX_STOP ||
+        (p->n_stop_tokens && !p->stop_tokens))
+        return err_set(err, CELLM_ERR_INVALID_ARG, "n_stop_tokens must be 0..%d, with stop_tokens",
+                       REQ_MAX_STOP);
+    if (p->n_stop < 0 || p->n_stop > CELLM_MAX_STOP_STRINGS || (p->n_stop && !p->stop))
+        return err_set(err, CELLM_ERR_INVALID_ARG, "n_stop must be 0..%d, with stop",
+                       CELLM_MAX_STOP_STRINGS);
+    for (int32_t i = 0; i < p->n_stop; i++) {
+        size_t n = p->stop[i] ? strlen(p->stop[i]) : 0;
+        if (n < 1 || n > CELLM_MAX_STOP_LEN)
+            return err_set(err, CELLM_ERR_INVALID_ARG,
+                           "stop string %d has %zu bytes; it must have 1..%d", (int)i, n,
+                           CELLM_MAX_STOP_LEN);
+    }
+    return CELLM_OK;
+}
+
+/* The request's sampler, with the last tokens of its prompt in the
+ * penalty window. */
+static cellm_status request_sampler(cellm_engine *e, cellm_request *r, const cellm_sampling *s,
+                                    cellm_error *err) {
+    sampler_params sp = sampler_default_params();
+    sp.temperature = s->temperature;
+    sp.top_k = s->top_k;
+    sp.top_p = s->top_p;
+    sp.min_p = s->min_p;
+    sp.seed = s->seed;
+    sp.typical_p = s->typical_p;
+    sp.repeat_penalty = s->repeat_penalty;
+    int32_t max_ctx = e->kv->max_ctx;
+    sp.penalty_last_n =
+        s->repeat_last_n < 0 || s->repeat_last_n > max_ctx ? max_ctx : s->repeat_last_n;
+    sp.presence_penalty = s->presence_penalty;
+    sp.frequency_penalty = s->frequency_penalty;
+    sp.ngram_size = s->ngram_guard;
+    sp.ngram_max_repeats = s->ngram_guard_repeats;
+    /* Same layout: the sampler copies the array. */
+    _Static_assert(sizeof(cellm_logit_bias) == sizeof(sampler_logit_bias), "logit bias layout");
+    sp.logit_bias = (const sampler_logit_bias *)s->logit_bias;
+    sp.n_logit_bias = s->n_logit_bias;
+    cellm_status st = sampler_create(&sp, e->model->m->n_vocab, &r->smp, err);
+    if (st) return st;
+    int32_t from = r->n_prompt > sp.penalty_last_n ? r->n_prompt - sp.penalty_last_n : 0;
+    for (int32_t i = from; i < r->n_prompt && st == CELLM_OK; i++)
+        st = sampler_accept(r->smp, r->tokens[i], err);
+    return st;
+}
+
 /* Frees a request the engine never saw. */
 static void request_discard(cellm_engine *e, cellm_request *r) {
     if (r->seq.table[0]) kv_seq_free(e->kv, &r->seq);
-    sampler_free(r->smp);
-    free(r->tokens);
-    free(r->piece);
-    free(r);
+    request_release(r);
 }
 
 cellm_status cellm_submit(cellm_engine *e, const cellm_request_params *p, cellm_request **out) {
@@ -479,9 +604,7 @@ cellm_status cellm_submit(cellm_engine *e, const cellm_request_params *p, cellm_
     cellm_error err;
     err_clear(&err);
     const cellm_model *cm = e->model;
-    if (p->n_stop_tokens < 0 || p->n_stop_tokens > REQ_MAX_STOP ||
-        (p->n_stop_tokens && !p->stop_tokens))
-        return fail_msg(CELLM_ERR_INVALID_ARG, "n_stop_tokens must be 0..16, with stop_tokens");
+    if (check_params(p, &err)) return fail(&err);
     tok_ids ids = {0};
     if (request_input(e, p, &ids, &err)) {
         tok_ids_free(&ids);
@@ -500,6 +623,7 @@ cellm_status cellm_submit(cellm_engine *e, const cellm_request_params *p, cellm_
         return fail_msg(CELLM_ERR_NO_MEMORY, "out of memory");
     }
     r->e = e;
+    r->stop_token = r->stop_index = -1;
     r->n_prompt = r->n_tokens = (int32_t)ids.n;
     /* Room for the whole completion, so the engine never grows it. */
     int64_t cap = p->max_tokens < 0 ? max_ctx : (int64_t)r->n_prompt + p->max_tokens;
@@ -540,13 +664,12 @@ cellm_status cellm_submit(cellm_engine *e, const cellm_request_params *p, cellm_
     if (p->messages)
         for (int i = 0; i < CHAT_MAX_STOP; i++)
             if (cm->chat.stop[i] >= 0) r->stop[r->n_stop++] = cm->chat.stop[i];
-    sampler_params sp = sampler_default_params();
-    sp.temperature = p->sampling.temperature;
-    sp.top_k = p->sampling.top_k;
-    sp.top_p = p->sampling.top_p;
-    sp.min_p = p->sampling.min_p;
-    sp.seed = p->sampling.seed;
-    if (sampler_create(&sp, cm->m->n_vocab, &r->smp, &err) || kv_seq_init(e->kv, &r->seq, &err)) {
+    if (p->n_stop > 0 && (stop_create(p->stop, (size_t)p->n_stop, &r->stops, &err) ||
+                          stop_reserve(r->stops, r->piece_cap, &err))) {
+        request_discard(e, r);
+        return fail(&err);
+    }
+    if (request_sampler(e, r, &p->sampling, &err) || kv_seq_init(e->kv, &r->seq, &err)) {
         request_discard(e, r);
         return fail(&err);
     }
@@ -627,10 +750,11 @@ void cellm_request_free(cellm_request *r) {
     }
     bool last = --r->refs == 0;
     pthread_mutex_unlock(&e->mu);
-    if (last) {
-        sampler_free(r->smp);
-        free(r->tokens);
-        free(r->piece);
-        free(r);
-    }
+    if (last) request_release(r);
+}
+
+/* ------------------------------------------------ for model_info.c */
+
+cellm_status engine_fail(cellm_status code, const char *msg) {
+    return fail_msg(code, msg);
 }

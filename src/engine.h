@@ -26,13 +26,14 @@
 #include "chat.h"
 #include "forward.h"
 #include "sampler.h"
+#include "stop.h"
 #include "tokenizer.h"
 
 struct cellm_model {
     model *m;
     tokenizer *tok;
     bool has_chat; /* false: chat_err says why messages cannot be served */
-    chat_tpl chat;
+    chat_tpl chat; /* owned; valid when has_chat */
     char chat_err[CELLM_ERR_MSG_MAX];
 };
 
@@ -59,6 +60,9 @@ struct cellm_request {
     int32_t n_tokens, cap;
     kv_seq seq; /* seq.n_pos tokens of `tokens` are in the KV cache */
     sampler *smp;
+    stop_matcher *stops; /* NULL without stop strings */
+    int32_t stop_token;  /* what ended it, for the result (-1: none) */
+    int32_t stop_index;
     tok_stream ts;
     char *piece; /* tok_stream output, piece_cap bytes */
     size_t piece_cap;
@@ -94,7 +98,9 @@ struct cellm_engine {
     cellm_request **fed; /* [p.max_seqs] the requests in this step's batch */
     int32_t n_fed;
     uint64_t n_steps, n_preempt, n_prompt_tok, n_gen_tok;
-    double win_t0; /* tokens/s window */
+    uint64_t n_sampled;
+    double t_sample; /* seconds in sampler_sample */
+    double win_t0;   /* tokens/s window */
     uint64_t win_prompt, win_gen;
     double rate_prompt, rate_gen;
 
@@ -132,5 +138,10 @@ int32_t sched_plan_step(cellm_engine *e);
  * text, runs its done callback and wakes its waiters. */
 void engine_finish(cellm_engine *e, cellm_request *r, cellm_finish_reason why, cellm_status st,
                    const char *msg);
+
+/* ---- engine.c, for the public functions in other files (model_info.c) */
+
+/* Records `msg` as the calling thread's cellm_last_error(); returns code. */
+cellm_status engine_fail(cellm_status code, const char *msg);
 
 #endif /* CELLM_ENGINE_H */

@@ -15,6 +15,7 @@
 #include "forward.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -194,13 +195,25 @@ static void rope_head(const model *m, float *h, const float *cs, const float *sn
  * does (its GGML_GELU_FP16 table): the input rounded to f16, the result
  * rounded to f16, and the tails cut off at |x| >= 10. Matching this keeps
  * cellm within llama.cpp's own noise on GELU models. */
+static float gelu_tanh_f16(float h) {
+    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+    return 0.5f * h * (1.0f + tanhf(k * h * (1.0f + 0.044715f * h * h)));
+}
+
+/* The result depends only on the f16 of x, so it is a table of all 65536
+ * f16 inputs, filled once (128 KiB): a lookup instead of tanhf per
+ * element, same values. */
+static uint16_t gelu_table[1 << 16];
+static pthread_once_t gelu_once = PTHREAD_ONCE_INIT;
+static void gelu_table_fill(void) {
+    for (uint32_t i = 0; i < (1u << 16); i++)
+        gelu_table[i] = fp32_to_fp16(gelu_tanh_f16(fp16_to_fp32((uint16_t)i)));
+}
+
 static float gelu_tanh(float x) {
     if (x <= -10.0f) return 0.0f;
     if (x >= 10.0f) return x;
-    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
-    float h = fp16_to_fp32(fp32_to_fp16(x));
-    float y = 0.5f * h * (1.0f + tanhf(k * h * (1.0f + 0.044715f * h * h)));
-    return fp16_to_fp32(fp32_to_fp16(y));
+    return fp16_to_fp32(gelu_table[fp32_to_fp16(x)]);
 }
 
 static float silu(float x) {
@@ -365,8 +378,10 @@ static void task_act(void *arg, int ith, int nth) {
     for (long r = b; r < e; r++) {
         float *g = s->f->hb2 + r * m->n_ff;
         const float *u = s->f->hb + r * m->n_ff;
-        if (m->act == ACT_GELU_TANH)
+        if (m->act == ACT_GELU_TANH) {
+            (void)pthread_once(&gelu_once, gelu_table_fill);
             for (int32_t i = 0; i < m->n_ff; i++) g[i] = gelu_tanh(g[i]) * u[i];
+        }
         else
             for (int32_t i = 0; i < m->n_ff; i++) g[i] = silu(g[i]) * u[i];
     }

@@ -85,6 +85,16 @@ static bool reserve(char **buf, size_t *cap, size_t need) {
     return true;
 }
 
+cellm_status stop_reserve(stop_matcher *m, size_t max_piece, cellm_error *err) {
+    size_t longest = 0, need;
+    for (size_t i = 0; i < m->n; i++)
+        if (m->lens[i] > longest) longest = m->lens[i];
+    if (!size_add(longest, max_piece, &need) || !reserve(&m->held, &m->held_cap, need) ||
+        !reserve(&m->out, &m->out_cap, need))
+        return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    return CELLM_OK;
+}
+
 /* Moves held[0..n) to the output buffer and drops it from the held text. */
 static bool emit_front(stop_matcher *m, size_t n, const char **emit, size_t *emit_len) {
     if (!reserve(&m->out, &m->out_cap, n ? n : 1)) return false;

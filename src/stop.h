@@ -23,6 +23,10 @@ typedef struct stop_matcher stop_matcher;
 cellm_status stop_create(const char *const *stops, size_t n, stop_matcher **out, cellm_error *err);
 void stop_free(stop_matcher *m);
 
+/* Sizes the matcher's buffers for pieces of up to max_piece bytes, so that
+ * stop_feed never allocates afterwards (the engine calls it at submit). */
+cellm_status stop_reserve(stop_matcher *m, size_t max_piece, cellm_error *err);
+
 /* Forgets held text and any match, for a new generation. */
 void stop_reset(stop_matcher *m);
 

@@ -838,6 +838,9 @@ int32_t tokenizer_bos(const tokenizer *t) {
 int32_t tokenizer_eos(const tokenizer *t) {
     return t->eos;
 }
+bool tokenizer_adds_bos(const tokenizer *t) {
+    return t->add_bos && t->bos >= 0;
+}
 tok_type tokenizer_token_type(const tokenizer *t, int32_t id) {
     return id >= 0 && id < t->n_vocab ? (tok_type)t->type[id] : TOK_TYPE_UNDEFINED;
 }

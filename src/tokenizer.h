@@ -98,6 +98,8 @@ cellm_status tokenizer_encode(const tokenizer *t, const char *text, size_t len, 
 int32_t tokenizer_n_vocab(const tokenizer *t);
 int32_t tokenizer_bos(const tokenizer *t);
 int32_t tokenizer_eos(const tokenizer *t);
+/* Whether TOK_ADD_SPECIAL puts BOS first (tokenizer.ggml.add_bos_token). */
+bool tokenizer_adds_bos(const tokenizer *t);
 tok_type tokenizer_token_type(const tokenizer *t, int32_t id);
 /* "llama" or "gpt2", and the pre-tokenizer name ("" for SentencePiece). */
 const char *tokenizer_model_name(const tokenizer *t);

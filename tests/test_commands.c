@@ -3,8 +3,10 @@
  * `cellm` binary: `cellm perplexity` on the start of Genesis (KJV, public
  * domain; tests/data/genesis-kjv-start.txt) against llama.cpp's perplexity
  * of the same tokens (tests/data/forward fixtures), and `cellm run` giving a
- * sensible one-shot answer, chatting over several turns from a pipe, and
- * refusing bad arguments.
+ * sensible one-shot answer, chatting over several turns from a pipe,
+ * stopping at a reverse prompt without printing it, giving the same sampled
+ * text for a seed with 1 or 2 threads, and refusing bad arguments with a
+ * message that names the flag.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -82,12 +84,71 @@ static void test_run_answers(void **st) {
     free(out);
 }
 
+static void test_run_flags(void **st) {
+    (void)st;
+    char model[1024], cmd[4096], *out, *again;
+    test_model_path("smollm2-135m", model, sizeof model);
+    /* Greedy counting; then the same stopped at "5." (spanning tokens or
+     * not, it is never printed). */
+    snprintf(cmd, sizeof cmd, "'%s' run '%s' -p 'Count from 1 to 10.' -n 48 2>/dev/null",
+             test_cellm_bin(), model);
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
+    const char *five = strstr(out, "5.");
+    assert_non_null(five);
+    size_t before = (size_t)(five - out);
+    snprintf(cmd, sizeof cmd,
+             "'%s' run '%s' -p 'Count from 1 to 10.' -n 48 -r 5. -r zzz 2>/dev/null",
+             test_cellm_bin(), model);
+    assert_int_equal(test_run_cmd(cmd, &again), 0);
+    assert_null(strstr(again, "5."));
+    assert_int_equal(strlen(again), before + 1); /* the text before it and a newline */
+    assert_memory_equal(again, out, before);
+    free(out);
+    free(again);
+    /* Every sampling flag; the same seed gives the same text with 1 and 2
+     * threads. */
+    const char *flags = "--temp 0.9 --top-k 50 --top-p 0.95 --min-p 0.02 --typical 0.98 "
+                        "--repeat-penalty 1.1 --repeat-last-n 32 --presence-penalty 0.1 "
+                        "--frequency-penalty 0.1 --ngram-guard 3 --logit-bias 28+0.5 -s 77";
+    snprintf(cmd, sizeof cmd, "'%s' run '%s' -p 'Tell me a story.' -n 32 %s -t 1 2>/dev/null",
+             test_cellm_bin(), model, flags);
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
+    snprintf(cmd, sizeof cmd, "'%s' run '%s' -p 'Tell me a story.' -n 32 %s -t 2 2>/dev/null",
+             test_cellm_bin(), model, flags);
+    assert_int_equal(test_run_cmd(cmd, &again), 0);
+    assert_string_equal(out, again);
+    assert_true(strlen(out) > 20);
+    free(out);
+    free(again);
+}
+
 static void test_run_errors(void **st) {
     (void)st;
     char cmd[4096], *out;
     snprintf(cmd, sizeof cmd, "'%s' run --temp abc 2>&1", test_cellm_bin());
     assert_int_equal(test_run_cmd(cmd, &out), 2);
     assert_non_null(strstr(out, "--temp"));
+    free(out);
+    static const char *const bad[][2] = {
+        {"--top-p 1.5", "--top-p"},
+        {"--typical x", "--typical"},
+        {"--repeat-penalty 0", "--repeat-penalty"},
+        {"--logit-bias 12", "--logit-bias"},
+        {"-s abc", "-s"},
+        {"--ngram-guard 99", "--ngram-guard"},
+        {"-r ''", "-r"},
+        {"--repeat-last-n -2", "--repeat-last-n"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(cmd, sizeof cmd, "'%s' run %s 2>&1", test_cellm_bin(), bad[i][0]);
+        assert_int_equal(test_run_cmd(cmd, &out), 2);
+        assert_non_null(strstr(out, bad[i][1]));
+        free(out);
+    }
+    snprintf(cmd, sizeof cmd, "'%s' run smollm2-135m -p hi --chat-template '{{ x | nope }}' 2>&1",
+             test_cellm_bin());
+    assert_int_equal(test_run_cmd(cmd, &out), 1);
+    assert_non_null(strstr(out, "nope"));
     free(out);
     snprintf(cmd, sizeof cmd, "'%s' run no-such-model -p hi 2>&1", test_cellm_bin());
     assert_int_equal(test_run_cmd(cmd, &out), 1);
@@ -101,9 +162,8 @@ static void test_run_errors(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_run_errors),
-        cmocka_unit_test(test_run_answers),
-        cmocka_unit_test(test_perplexity_smollm2),
+        cmocka_unit_test(test_run_errors),        cmocka_unit_test(test_run_answers),
+        cmocka_unit_test(test_run_flags),         cmocka_unit_test(test_perplexity_smollm2),
         cmocka_unit_test(test_perplexity_gemma3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -6,6 +6,14 @@
  *  - a KV budget too small for all requests at once: every one completes
  *    with the text it has alone, through queueing and preemption;
  *  - argument and budget errors come back as status codes with messages;
+ *  - stop strings: one that spans two tokens ends the text just before it,
+ *    none of its bytes reaches the stream, the finish reason is STOP and
+ *    the result names it; bad stop strings are refused;
+ *  - seeds: the same seed and prompt give the same text across runs and
+ *    with 1 or 2 compute threads, with every sampler step on;
+ *  - logit bias and penalties change what the engine picks;
+ *  - chat templates: the model's own Jinja template, the built-in format
+ *    and a template given as text; errors that name the fault;
  *  - test_tsan_engine_stress: 16 threads submit, stream, cancel (from their
  *    own thread and from a callback) and free requests for a fixed number
  *    of rounds against one engine with a tight budget; afterwards every KV
@@ -19,6 +27,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -36,6 +45,7 @@ static cellm_model *g_model;
 typedef struct sink {
     char text[4096];
     size_t len;
+    size_t ends[512]; /* where each piece ended in text */
     int n_pieces, n_done;
     cellm_result res;
     _Atomic(cellm_request *) cancel_me; /* cancel this request at its first piece */
@@ -48,6 +58,7 @@ static void on_piece(const char *piece, size_t len, void *user) {
         s->len += len;
         s->text[s->len] = '\0';
     }
+    if (s->n_pieces < 512) s->ends[s->n_pieces] = s->len;
     s->n_pieces++;
     cellm_request *c = atomic_load(&s->cancel_me);
     if (c) cellm_cancel(c);
@@ -375,6 +386,281 @@ static void test_tsan_engine_stress(void **state) {
     cellm_engine_free(e);
 }
 
+/* Runs one request to the end; its text and tokens go to `s`. */
+static void run_one(cellm_engine *e, const cellm_request_params *base, sink *s) {
+    memset(s, 0, sizeof *s);
+    cellm_request_params p = *base;
+    p.on_piece = on_piece;
+    p.on_done = on_done;
+    p.user = s;
+    cellm_request *r = NULL;
+    if (cellm_submit(e, &p, &r) != CELLM_OK) {
+        print_error("submit: %s\n", cellm_last_error());
+        fail();
+    }
+    assert_int_equal(cellm_wait(r, NULL), CELLM_OK);
+    assert_int_equal(s->n_done, 1);
+    cellm_request_free(r);
+}
+
+static void test_stop_strings(void **state) {
+    (void)state;
+    cellm_engine *e = engine_new(1, 0);
+    cellm_request_params p = cellm_request_default_params();
+    p.prompt = "The first five prime numbers are";
+    p.max_tokens = 48;
+    static sink all, cut;
+    run_one(e, &p, &all);
+    assert_int_equal(all.res.finish_reason, CELLM_FINISH_LENGTH);
+    assert_int_equal(all.res.stop_token, -1);
+    assert_int_equal(all.res.stop_index, -1);
+    /* A stop string of the last 2 bytes of one piece and the first 2 of
+     * the next, at its first occurrence in the text. */
+    char stop[8] = "";
+    size_t at = 0;
+    for (int i = 1; i + 1 < all.n_pieces && !stop[0]; i++) {
+        size_t b = all.ends[i], a = all.ends[i - 1], c = all.ends[i + 1];
+        if (b - a < 2 || c - b < 2) continue;
+        memcpy(stop, all.text + b - 2, 4);
+        stop[4] = '\0';
+        at = (size_t)(strstr(all.text, stop) - all.text);
+        if (at != b - 2) stop[0] = '\0';
+    }
+    assert_true(stop[0] != '\0');
+    print_message("stop string '%s' at byte %zu of '%s'\n", stop, at, all.text);
+    const char *stops[] = {"no such text \x01", stop};
+    p.stop = stops;
+    p.n_stop = 2;
+    run_one(e, &p, &cut);
+    assert_int_equal(cut.res.finish_reason, CELLM_FINISH_STOP);
+    assert_int_equal(cut.res.stop_index, 1);
+    assert_int_equal(cut.res.stop_token, -1);
+    assert_int_equal(cut.len, at);
+    assert_memory_equal(cut.text, all.text, at);
+    assert_null(strstr(cut.text, stop));
+    /* The tokens that made the stop string count: up to the one that
+     * completed it. */
+    assert_true(cut.res.n_completion_tokens < all.res.n_completion_tokens);
+    /* A stop string at the very start of the output: nothing at all. */
+    char first[3] = {all.text[0], all.text[1], 0};
+    const char *stops1[] = {first};
+    p.stop = stops1;
+    p.n_stop = 1;
+    run_one(e, &p, &cut);
+    assert_int_equal(cut.res.finish_reason, CELLM_FINISH_STOP);
+    assert_int_equal(cut.len, 0);
+    assert_int_equal(cut.n_pieces, 0);
+
+    /* A chat reply ends on the end-of-turn token, and says which. */
+    cellm_chat_message msgs[] = {{"user", "What is 2+2?"}};
+    p = cellm_request_default_params();
+    p.messages = msgs;
+    p.n_messages = 1;
+    p.max_tokens = 64;
+    run_one(e, &p, &cut);
+    assert_int_equal(cut.res.finish_reason, CELLM_FINISH_STOP);
+    assert_true(cut.res.stop_token >= 0);
+    assert_int_equal(cut.res.stop_index, -1);
+
+    /* Bad stop strings. */
+    cellm_request *r = NULL;
+    p = cellm_request_default_params();
+    p.prompt = "Hello";
+    static char longs[CELLM_MAX_STOP_LEN + 2];
+    memset(longs, 'a', sizeof longs - 1);
+    const char *bad[CELLM_MAX_STOP_STRINGS + 1];
+    for (int i = 0; i <= CELLM_MAX_STOP_STRINGS; i++) bad[i] = "x";
+    p.stop = bad;
+    p.n_stop = CELLM_MAX_STOP_STRINGS + 1;
+    assert_int_equal(cellm_submit(e, &p, &r), CELLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(cellm_last_error(), "n_stop"));
+    bad[3] = "";
+    p.n_stop = 4;
+    assert_int_equal(cellm_submit(e, &p, &r), CELLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(cellm_last_error(), "stop string 3"));
+    bad[3] = longs;
+    assert_int_equal(cellm_submit(e, &p, &r), CELLM_ERR_INVALID_ARG);
+    bad[3] = NULL;
+    assert_int_equal(cellm_submit(e, &p, &r), CELLM_ERR_INVALID_ARG);
+    p.stop = NULL;
+    assert_int_equal(cellm_submit(e, &p, &r), CELLM_ERR_INVALID_ARG);
+    assert_null(r);
+    assert_pool_empty(e);
+    cellm_engine_free(e);
+}
+
+/* Every sampler step on, seeded. */
+static cellm_request_params sampled(const char *prompt, uint64_t seed) {
+    cellm_request_params p = cellm_request_default_params();
+    p.prompt = prompt;
+    p.max_tokens = 40;
+    p.sampling.temperature = 0.9f;
+    p.sampling.top_k = 60;
+    p.sampling.top_p = 0.95f;
+    p.sampling.min_p = 0.02f;
+    p.sampling.typical_p = 0.98f;
+    p.sampling.repeat_penalty = 1.1f;
+    p.sampling.repeat_last_n = 32;
+    p.sampling.presence_penalty = 0.1f;
+    p.sampling.frequency_penalty = 0.1f;
+    p.sampling.ngram_guard = 3;
+    p.sampling.seed = seed;
+    return p;
+}
+
+static void test_tsan_seed_determinism(void **state) {
+    (void)state;
+    static sink runs[5];
+    const char *prompt = "Once upon a time, in a small village by the sea,";
+    cellm_engine *e1 = engine_new(1, 0), *e2 = engine_new(2, 0);
+    cellm_request_params p = sampled(prompt, 1234);
+    run_one(e1, &p, &runs[0]);
+    run_one(e1, &p, &runs[1]);
+    run_one(e2, &p, &runs[2]);
+    run_one(e2, &p, &runs[3]);
+    for (int i = 1; i < 4; i++) {
+        assert_int_equal(runs[i].len, runs[0].len);
+        assert_string_equal(runs[i].text, runs[0].text);
+        assert_int_equal(runs[i].res.n_completion_tokens, runs[0].res.n_completion_tokens);
+    }
+    print_message("seed 1234: '%s'\n", runs[0].text);
+    /* Another seed, another text (the prompt leaves room for many). */
+    p = sampled(prompt, 99);
+    run_one(e2, &p, &runs[4]);
+    assert_true(strcmp(runs[4].text, runs[0].text) != 0);
+    cellm_engine_free(e1);
+    cellm_engine_free(e2);
+}
+
+static void test_bias_and_penalties(void **state) {
+    (void)state;
+    cellm_engine *e = engine_new(1, 0);
+    static sink plain, biased;
+    cellm_request_params p = cellm_request_default_params();
+    p.prompt = "The capital of France is";
+    p.max_tokens = 8;
+    cellm_request *r = NULL;
+    assert_int_equal(cellm_submit(e, &p, &r), CELLM_OK);
+    assert_int_equal(cellm_wait(r, NULL), CELLM_OK);
+    const int32_t *t;
+    int32_t n;
+    assert_int_equal(cellm_request_tokens(r, &t, &n), CELLM_OK);
+    assert_true(n >= 2);
+    int32_t first = t[0], second = t[1];
+    cellm_request_free(r);
+    run_one(e, &p, &plain);
+    /* Banning the greedy first token changes the text; a big bias on
+     * another makes it the first token. */
+    cellm_logit_bias ban = {first, -INFINITY};
+    p.sampling.logit_bias = &ban;
+    p.sampling.n_logit_bias = 1;
+    run_one(e, &p, &biased);
+    assert_true(strcmp(plain.text, biased.text) != 0);
+    cellm_logit_bias push = {second, 100.0f};
+    p.sampling.logit_bias = &push;
+    assert_int_equal(cellm_submit(e, &p, &r), CELLM_OK);
+    assert_int_equal(cellm_wait(r, NULL), CELLM_OK);
+    assert_int_equal(cellm_request_tokens(r, &t, &n), CELLM_OK);
+    for (int32_t i = 0; i < n; i++) assert_int_equal(t[i], second);
+    cellm_request_free(r);
+    /* A strong frequency penalty keeps that token from repeating. */
+    p.sampling.frequency_penalty = 1000.0f;
+    p.sampling.repeat_last_n = 64;
+    assert_int_equal(cellm_submit(e, &p, &r), CELLM_OK);
+    assert_int_equal(cellm_wait(r, NULL), CELLM_OK);
+    assert_int_equal(cellm_request_tokens(r, &t, &n), CELLM_OK);
+    for (int32_t i = 1; i < n; i++) assert_true(t[i] != t[0]);
+    cellm_request_free(r);
+    /* Out of range. */
+    cellm_logit_bias out = {1 << 30, 1.0f};
+    p.sampling.logit_bias = &out;
+    assert_int_equal(cellm_submit(e, &p, &r), CELLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(cellm_last_error(), "logit bias"));
+    p.sampling.logit_bias = NULL;
+    p.sampling.n_logit_bias = 0;
+    p.sampling.repeat_penalty = 0;
+    assert_int_equal(cellm_submit(e, &p, &r), CELLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(cellm_last_error(), "repeat_penalty"));
+    p.sampling.repeat_penalty = 1;
+    p.sampling.ngram_guard = 4;
+    p.sampling.repeat_last_n = 2;
+    assert_int_equal(cellm_submit(e, &p, &r), CELLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(cellm_last_error(), "n-gram"));
+    p.sampling.ngram_guard = 0;
+    p.sampling.top_p = NAN;
+    assert_int_equal(cellm_submit(e, &p, &r), CELLM_ERR_INVALID_ARG);
+    cellm_engine_free(e);
+}
+
+/* The prompt tokens and greedy reply of a chat on model `m`. */
+static void chat_once(cellm_model *m, const cellm_chat_message *msgs, int n, sink *s) {
+    cellm_engine_params ep = cellm_engine_default_params();
+    ep.n_threads = 1;
+    ep.max_ctx = 512;
+    cellm_engine *e = NULL;
+    assert_int_equal(cellm_engine_create(m, &ep, &e), CELLM_OK);
+    cellm_request_params p = cellm_request_default_params();
+    p.messages = msgs;
+    p.n_messages = n;
+    p.max_tokens = 16;
+    run_one(e, &p, s);
+    cellm_engine_free(e);
+}
+
+static void test_chat_templates(void **state) {
+    (void)state;
+    char path[4096];
+    test_model_path("smollm2-135m", path, sizeof path);
+    static sink own, builtin, given;
+    const cellm_chat_message msgs[] = {{"user", "What is 2+2?"}};
+    /* SmolLM2's own template writes the same prompt as the built-in
+     * ChatML with its default system prompt. */
+    chat_once(g_model, msgs, 1, &own);
+    cellm_model_params mp = cellm_model_default_params();
+    mp.chat_template = "chatml";
+    cellm_model *m = NULL;
+    assert_int_equal(cellm_model_load(path, &mp, &m), CELLM_OK);
+    chat_once(m, msgs, 1, &builtin);
+    cellm_model_free(m);
+    assert_int_equal(own.res.n_prompt_tokens, builtin.res.n_prompt_tokens);
+    assert_string_equal(own.text, builtin.text);
+    assert_true(own.res.n_prompt_tokens > 20); /* the default system prompt is in */
+    /* A template given as text. */
+    mp.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}";
+    assert_int_equal(cellm_model_load(path, &mp, &m), CELLM_OK);
+    chat_once(m, msgs, 1, &given);
+    int32_t *ids = NULL, n = 0;
+    assert_int_equal(cellm_tokenize(m, "What is 2+2?", &ids, &n), CELLM_OK);
+    assert_int_equal(given.res.n_prompt_tokens, n);
+    free(ids);
+    cellm_model_free(m);
+    /* Errors: an unknown name, a template that does not parse. */
+    mp.chat_template = "vicuna";
+    assert_int_equal(cellm_model_load(path, &mp, &m), CELLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(cellm_last_error(), "chatml"));
+    mp.chat_template = "{% for m in messages %}{{ m.content | nope }}{% endfor %}";
+    assert_int_equal(cellm_model_load(path, &mp, &m), CELLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(cellm_last_error(), "nope"));
+    assert_non_null(strstr(cellm_last_error(), "byte"));
+    assert_null(m);
+    /* A template that raises on some conversations loads, and the request
+     * gets the template's message. */
+    mp.chat_template = "{% if messages[0].role == 'system' %}{{ raise_exception('no system "
+                       "role') }}{% endif %}{{ messages[0].content }}";
+    assert_int_equal(cellm_model_load(path, &mp, &m), CELLM_OK);
+    cellm_engine *e = NULL;
+    assert_int_equal(cellm_engine_create(m, NULL, &e), CELLM_OK);
+    const cellm_chat_message sys[] = {{"system", "Be brief."}, {"user", "Hi"}};
+    cellm_request_params p = cellm_request_default_params();
+    p.messages = sys;
+    p.n_messages = 2;
+    cellm_request *r = NULL;
+    assert_int_equal(cellm_submit(e, &p, &r), CELLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(cellm_last_error(), "no system role"));
+    cellm_engine_free(e);
+    cellm_model_free(m);
+}
+
 static int setup(void **state) {
     (void)state;
     char path[4096];
@@ -397,6 +683,10 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_small_budget),
+        cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_tsan_seed_determinism),
+        cmocka_unit_test(test_bias_and_penalties),
+        cmocka_unit_test(test_chat_templates),
         cmocka_unit_test(test_tsan_engine_stress),
     };
     /* test.sh runs only test_tsan_* under ThreadSanitizer. */

@@ -1,6 +1,18 @@
 /* test_sampler.c — token selection: greedy, seeds, truncation, and that
  * draws follow the distribution; logit bias, repetition, presence and
- * frequency penalties over a window, the n-gram guard and typical-p. */
+ * frequency penalties over a window, the n-gram guard and typical-p.
+ *
+ * The statistical tests (test_stat_*) draw 10,000 tokens with a fixed seed
+ * from 1,000 Gaussian logits and check two things against a reference
+ * computed here in double precision from the definitions in
+ * docs/sampling.md: no draw ever falls outside the set the sampler must
+ * keep (top-k, top-p, min-p, typical-p and their chain), and the counts
+ * match the renormalised softmax(logits / T) over that set by Pearson's
+ * chi-square test at significance 0.001 (cells expecting fewer than 5
+ * draws pooled; the critical value from the Wilson-Hilferty
+ * approximation). With the seed fixed the outcome is fixed; the
+ * significance says how unlikely a failure would be for a correct sampler
+ * over random seeds. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,7 +20,10 @@
 
 #include <cmocka.h>
 #include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "sampler.h"
 
@@ -280,13 +295,452 @@ static void test_large_vocab(void **st) {
     free(l);
 }
 
+/* ---- statistical tests ---- */
+
+#define SV 1000
+#define DRAWS 10000
+
+/* 1,000 logits ~ N(0, 2^2) from a fixed generator. */
+static void gauss_logits(float *l, uint64_t seed) {
+    for (int i = 0; i < SV; i++) {
+        double u = 0;
+        for (int k = 0; k < 12; k++) { /* Irwin-Hall: sum of 12 uniforms - 6 ~ N(0, 1) */
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            u += (double)(seed >> 11) / 9007199254740992.0;
+        }
+        l[i] = (float)(2.0 * (u - 6.0));
+    }
+}
+
+static const float *g_rank_logits;
+static int by_logit(const void *a, const void *b) {
+    int i = *(const int *)a, j = *(const int *)b;
+    float x = g_rank_logits[i], y = g_rank_logits[j];
+    return x > y ? -1 : x < y ? 1 : i - j;
+}
+
+/* A candidate set: ids (best first) and their probabilities, renormalised. */
+typedef struct cset {
+    int id[SV];
+    double p[SV];
+    int n;
+} cset;
+
+/* Every token, best first, with softmax(l / T). */
+static void cs_all(cset *c, const float *l, double T) {
+    for (int i = 0; i < SV; i++) c->id[i] = i;
+    g_rank_logits = l;
+    qsort(c->id, SV, sizeof(int), by_logit);
+    c->n = SV;
+    double mx = l[c->id[0]], z = 0;
+    for (int i = 0; i < SV; i++) z += c->p[i] = exp((l[c->id[i]] - mx) / T);
+    for (int i = 0; i < SV; i++) c->p[i] /= z;
+}
+
+static void cs_renorm(cset *c) {
+    double z = 0;
+    for (int i = 0; i < c->n; i++) z += c->p[i];
+    for (int i = 0; i < c->n; i++) c->p[i] /= z;
+}
+
+static void cs_top_k(cset *c, int k) {
+    if (k < c->n) c->n = k;
+    cs_renorm(c);
+}
+
+static void cs_top_p(cset *c, double p) {
+    double cum = 0;
+    for (int i = 0; i < c->n; i++)
+        if ((cum += c->p[i]) >= p) {
+            c->n = i + 1;
+            break;
+        }
+    cs_renorm(c);
+}
+
+static void cs_min_p(cset *c, double p) {
+    int n = 1;
+    while (n < c->n && c->p[n] >= p * c->p[0]) n++;
+    c->n = n;
+    cs_renorm(c);
+}
+
+/* Keeps the tokens whose surprisal is closest to the entropy until they
+ * hold p; the kept ones stay in order of probability. */
+static void cs_typical(cset *c, double p) {
+    double H = 0;
+    for (int i = 0; i < c->n; i++) H -= c->p[i] * log(c->p[i]);
+    static int ord[SV];
+    static double score[SV];
+    for (int i = 0; i < c->n; i++) {
+        ord[i] = i;
+        score[i] = fabs(-log(c->p[i]) - H);
+    }
+    for (int i = 1; i < c->n; i++) /* insertion sort by score */
+        for (int j = i; j > 0 && score[ord[j]] < score[ord[j - 1]]; j--) {
+            int t = ord[j];
+            ord[j] = ord[j - 1];
+            ord[j - 1] = t;
+        }
+    double cum = 0;
+    int keep = c->n;
+    for (int i = 0; i < c->n; i++)
+        if ((cum += c->p[ord[i]]) >= p) {
+            keep = i + 1;
+            break;
+        }
+    static bool in[SV];
+    memset(in, 0, sizeof in);
+    for (int i = 0; i < keep; i++) in[ord[i]] = true;
+    int n = 0;
+    for (int i = 0; i < c->n; i++)
+        if (in[i]) {
+            c->id[n] = c->id[i];
+            c->p[n++] = c->p[i];
+        }
+    c->n = n;
+    cs_renorm(c);
+}
+
+/* The chi-square critical value for df degrees of freedom at
+ * significance 0.001 (z = 3.0902), Wilson-Hilferty. */
+static double chi2_crit(int df) {
+    double a = 2.0 / (9.0 * df), t = 1 - a + 3.0902 * sqrt(a);
+    return df * t * t * t;
+}
+
+/* Draws DRAWS tokens; fails on any outside `c`; chi-square against c's
+ * probabilities. */
+static void check_draws(sampler *s, const float *l, const cset *c, const char *what) {
+    static int count[SV];
+    static bool in[SV];
+    memset(count, 0, sizeof count);
+    memset(in, 0, sizeof in);
+    for (int i = 0; i < c->n; i++) in[c->id[i]] = true;
+    for (int d = 0; d < DRAWS; d++) {
+        int32_t t = sampler_sample(s, l);
+        assert_true(t >= 0 && t < SV);
+        if (!in[t]) {
+            print_error("%s: draw %d is token %d, outside the %d kept\n", what, d, t, c->n);
+            fail();
+        }
+        count[t]++;
+    }
+    /* Cells: each token expecting >= 5 draws, the rest pooled. */
+    double stat = 0, pool_e = 0;
+    int pool_o = 0, cells = 0;
+    for (int i = 0; i < c->n; i++) {
+        double e = c->p[i] * DRAWS;
+        int o = count[c->id[i]];
+        if (e >= 5) {
+            stat += (o - e) * (o - e) / e;
+            cells++;
+        } else {
+            pool_e += e;
+            pool_o += o;
+        }
+    }
+    if (pool_e > 0) {
+        if (pool_e >= 5 || cells == 0) {
+            stat += (pool_o - pool_e) * (pool_o - pool_e) / pool_e;
+            cells++;
+        } else {
+            assert_true(pool_o <= 5 + 5 * pool_e); /* a handful at most */
+        }
+    }
+    int df = cells - 1;
+    if (df < 1) { /* one cell: every draw must be in it */
+        print_message("%s: 1 token kept\n", what);
+        return;
+    }
+    double crit = chi2_crit(df);
+    print_message("%s: %d kept, chi2 = %.1f, df = %d, critical %.1f\n", what, c->n, stat, df, crit);
+    assert_true(stat < crit);
+}
+
+static sampler *mk(const sampler_params *p) {
+    sampler *s = NULL;
+    cellm_error err;
+    if (sampler_create(p, SV, &s, &err) != CELLM_OK) {
+        print_error("sampler_create: %s\n", err.msg);
+        fail();
+    }
+    return s;
+}
+
+static void test_stat_temperature(void **st) {
+    (void)st;
+    static float l[SV];
+    static cset c;
+    gauss_logits(l, 1);
+    const double temps[] = {0.5, 1.0, 2.0};
+    for (int i = 0; i < 3; i++) {
+        sampler_params p = sampler_default_params();
+        p.temperature = (float)temps[i];
+        p.seed = 100 + (uint64_t)i;
+        sampler *s = mk(&p);
+        cs_all(&c, l, temps[i]);
+        char what[64];
+        snprintf(what, sizeof what, "temperature %.1f", temps[i]);
+        check_draws(s, l, &c, what);
+        sampler_free(s);
+    }
+}
+
+static void test_stat_top_k(void **st) {
+    (void)st;
+    static float l[SV];
+    static cset c;
+    gauss_logits(l, 2);
+    const int ks[] = {1, 5, 40};
+    for (int i = 0; i < 3; i++) {
+        sampler_params p = sampler_default_params();
+        p.temperature = 1.5f;
+        p.top_k = ks[i];
+        p.seed = 7;
+        sampler *s = mk(&p);
+        cs_all(&c, l, 1.5);
+        cs_top_k(&c, ks[i]);
+        char what[64];
+        snprintf(what, sizeof what, "top-k %d", ks[i]);
+        check_draws(s, l, &c, what);
+        sampler_free(s);
+    }
+}
+
+static void test_stat_top_p(void **st) {
+    (void)st;
+    static float l[SV];
+    static cset c;
+    gauss_logits(l, 3);
+    const double ps[] = {0.1, 0.5, 0.9};
+    for (int i = 0; i < 3; i++) {
+        sampler_params p = sampler_default_params();
+        p.temperature = 0.8f;
+        p.top_p = (float)ps[i];
+        p.seed = 8;
+        sampler *s = mk(&p);
+        cs_all(&c, l, 0.8);
+        cs_top_p(&c, p.top_p);
+        char what[64];
+        snprintf(what, sizeof what, "top-p %.1f", ps[i]);
+        check_draws(s, l, &c, what);
+        sampler_free(s);
+    }
+}
+
+static void test_stat_min_p(void **st) {
+    (void)st;
+    static float l[SV];
+    static cset c;
+    gauss_logits(l, 4);
+    const double ps[] = {0.02, 0.1, 0.5};
+    for (int i = 0; i < 3; i++) {
+        sampler_params p = sampler_default_params();
+        p.temperature = 1.0f;
+        p.min_p = (float)ps[i];
+        p.seed = 1;
+        sampler *s = mk(&p);
+        cs_all(&c, l, 1.0);
+        cs_min_p(&c, p.min_p);
+        char what[64];
+        snprintf(what, sizeof what, "min-p %.2f", ps[i]);
+        check_draws(s, l, &c, what);
+        sampler_free(s);
+    }
+}
+
+static void test_stat_typical(void **st) {
+    (void)st;
+    static float l[SV];
+    static cset c;
+    gauss_logits(l, 5);
+    const double ps[] = {0.2, 0.5, 0.9};
+    for (int i = 0; i < 3; i++) {
+        sampler_params p = sampler_default_params();
+        p.temperature = 1.0f;
+        p.typical_p = (float)ps[i];
+        p.seed = 10;
+        sampler *s = mk(&p);
+        cs_all(&c, l, 1.0);
+        cs_typical(&c, p.typical_p);
+        char what[64];
+        snprintf(what, sizeof what, "typical %.1f", ps[i]);
+        check_draws(s, l, &c, what);
+        sampler_free(s);
+    }
+}
+
+/* The chain in its order: top-k, typical-p, top-p, min-p, each on what the
+ * one before kept, renormalised. */
+static void test_stat_chain(void **st) {
+    (void)st;
+    static float l[SV];
+    static cset c;
+    gauss_logits(l, 6);
+    sampler_params p = sampler_default_params();
+    p.temperature = 1.2f;
+    p.top_k = 100;
+    p.typical_p = 0.95f;
+    p.top_p = 0.8f;
+    p.min_p = 0.05f;
+    p.seed = 11;
+    sampler *s = mk(&p);
+    cs_all(&c, l, 1.2);
+    cs_top_k(&c, 100);
+    cs_typical(&c, 0.95);
+    cs_top_p(&c, 0.8);
+    cs_min_p(&c, 0.05);
+    check_draws(s, l, &c, "top-k 100, typical 0.95, top-p 0.8, min-p 0.05");
+    sampler_free(s);
+    /* top-p and min-p without top-k */
+    p.top_k = 0;
+    p.typical_p = 1;
+    p.top_p = 0.9f;
+    p.min_p = 0.1f;
+    s = mk(&p);
+    cs_all(&c, l, 1.2);
+    cs_top_p(&c, 0.9);
+    cs_min_p(&c, 0.1);
+    check_draws(s, l, &c, "top-p 0.9, min-p 0.1");
+    sampler_free(s);
+}
+
+/* Penalties and bias shift the logits as docs/sampling.md says; the draws
+ * follow softmax of the shifted logits. */
+static void test_stat_penalties(void **st) {
+    (void)st;
+    static float l[SV], adj[SV];
+    static cset c;
+    gauss_logits(l, 7);
+    /* The window: the 6 best tokens, some of them repeated. */
+    g_rank_logits = l;
+    int order[SV];
+    for (int i = 0; i < SV; i++) order[i] = i;
+    qsort(order, SV, sizeof(int), by_logit);
+    const int32_t hist[] = {order[0], order[1], order[0], order[2],
+                            order[3], order[0], order[4], order[5]};
+    const int n_hist = 8;
+    sampler_logit_bias bias[] = {{order[6], 1.5f}, {order[7], -2.0f}, {order[8], -INFINITY}};
+    sampler_params p = sampler_default_params();
+    p.temperature = 1.0f;
+    p.repeat_penalty = 1.3f;
+    p.presence_penalty = 0.5f;
+    p.frequency_penalty = 0.3f;
+    p.penalty_last_n = 6; /* the first two of hist have left the window */
+    p.logit_bias = bias;
+    p.n_logit_bias = 3;
+    p.seed = 12;
+    sampler *s = mk(&p);
+    for (int i = 0; i < n_hist; i++) assert_int_equal(sampler_accept(s, hist[i], NULL), CELLM_OK);
+    memcpy(adj, l, sizeof adj);
+    for (int i = 0; i < 3; i++) adj[bias[i].token] += bias[i].bias;
+    int cnt[SV] = {0};
+    for (int i = n_hist - 6; i < n_hist; i++) cnt[hist[i]]++;
+    for (int t = 0; t < SV; t++) {
+        if (!cnt[t]) continue;
+        float x = adj[t];
+        x = x > 0 ? x / 1.3f : x * 1.3f;
+        adj[t] = x - (float)cnt[t] * 0.3f - 0.5f;
+    }
+    cs_all(&c, adj, 1.0);
+    while (c.n > 0 && c.p[c.n - 1] == 0) c.n--; /* the banned token */
+    check_draws(s, l, &c, "penalties and bias");
+    sampler_free(s);
+}
+
+/* Limits of each parameter: top_p or typical_p 0 keep one token, top_k at
+ * or past the vocabulary is off, and a flat distribution over Gemma's
+ * vocabulary (top-p's worst case: half of it kept, ties to the lowest
+ * ids) works. */
+static void test_edges(void **st) {
+    (void)st;
+    static float l[SV];
+    gauss_logits(l, 8);
+    int32_t best = sampler_argmax(l, SV);
+    sampler_params p = sampler_default_params();
+    p.temperature = 1.0f;
+    p.top_p = 0.0f;
+    sampler *s = mk(&p);
+    for (int i = 0; i < 100; i++) assert_int_equal(sampler_sample(s, l), best);
+    sampler_free(s);
+    p.top_p = 1.0f;
+    p.typical_p = 0.0f;
+    s = mk(&p);
+    int32_t first = sampler_sample(s, l);
+    for (int i = 0; i < 100; i++) assert_int_equal(sampler_sample(s, l), first);
+    sampler_free(s);
+    p.typical_p = 1.0f;
+    p.top_k = SV + 5;
+    s = mk(&p);
+    static cset c;
+    cs_all(&c, l, 1.0);
+    check_draws(s, l, &c, "top-k past the vocabulary");
+    sampler_free(s);
+
+    const int32_t N = 262144;
+    float *flat = calloc((size_t)N, sizeof(float));
+    assert_non_null(flat);
+    p = sampler_default_params();
+    p.temperature = 1.0f;
+    p.top_p = 0.5f;
+    sampler *big = NULL;
+    assert_int_equal(sampler_create(&p, N, &big, NULL), CELLM_OK);
+    for (int i = 0; i < 200; i++) assert_true(sampler_sample(big, flat) < N / 2);
+    sampler_free(big);
+    free(flat);
+}
+
+/* The same seed gives the same tokens on every platform: the PRNG and the
+ * exponential are exact operations, so these draws are fixed. (Recorded on
+ * x86-64; a change here changes every seeded text.) */
+static void test_golden_draws(void **st) {
+    (void)st;
+    static float l[SV];
+    gauss_logits(l, 9);
+    static const struct {
+        float t, top_p, min_p;
+        int32_t top_k;
+    } modes[] = {{0.7f, 0.9f, 0, 0}, {1.0f, 1, 0.05f, 0}, {1.3f, 0.95f, 0, 50}};
+    static const int32_t want[3][12] = {
+        {156, 77, 177, 268, 410, 733, 622, 224, 481, 802, 177, 156},
+        {77, 156, 570, 802, 907, 622, 615, 733, 622, 385, 570, 156},
+        {156, 570, 752, 344, 807, 226, 627, 465, 226, 733, 752, 802}};
+    for (int m = 0; m < 3; m++) {
+        sampler_params p = sampler_default_params();
+        p.temperature = modes[m].t;
+        p.top_p = modes[m].top_p;
+        p.min_p = modes[m].min_p;
+        p.top_k = modes[m].top_k;
+        p.seed = 42;
+        sampler *s = mk(&p);
+        char got[256];
+        size_t o = 0;
+        for (int i = 0; i < 12; i++)
+            o += (size_t)snprintf(got + o, sizeof got - o, "%d, ", (int)sampler_sample(s, l));
+        sampler_free(s);
+        sampler *r = mk(&p);
+        for (int i = 0; i < 12; i++) {
+            if (sampler_sample(r, l) != want[m][i]) {
+                print_error("mode %d: got {%s}\n", m, got);
+                fail();
+            }
+        }
+        sampler_free(r);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),      cmocka_unit_test(test_seed_repeats),
         cmocka_unit_test(test_truncation),  cmocka_unit_test(test_distribution),
         cmocka_unit_test(test_logit_bias),  cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_ngram_guard), cmocka_unit_test(test_typical),
-        cmocka_unit_test(test_large_vocab),
+        cmocka_unit_test(test_large_vocab), cmocka_unit_test(test_stat_temperature),
+        cmocka_unit_test(test_stat_top_k),  cmocka_unit_test(test_stat_top_p),
+        cmocka_unit_test(test_stat_min_p),  cmocka_unit_test(test_stat_typical),
+        cmocka_unit_test(test_stat_chain),  cmocka_unit_test(test_stat_penalties),
+        cmocka_unit_test(test_edges),       cmocka_unit_test(test_golden_draws),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,6 +5,9 @@
  * decode tokens into shared forward passes. A session's decode speed is
  * its completion tokens after the first over the time since its first
  * token; the aggregate is their sum (the sessions decode side by side).
+ * Then the cost of sampling: one session decodes greedily and then with
+ * top-p 0.9 at temperature 0.8, and the time the engine spent choosing each
+ * token (cellm_stats.sample_seconds) is set against the decode step.
  * Uses only the public API (cellm.h), as an application would.
  */
 #include <stdio.h>
@@ -26,14 +29,16 @@ static double now_s(void) {
 }
 
 static void usage(FILE *out) {
-    fprintf(out,
-            "usage: cellm bench [MODEL] [options]\n\n"
-            "Aggregate decode tokens/s of MODEL (default %s) with several sessions at once.\n\n"
-            "  -s, --sessions LIST   comma-separated session counts (default 1,2,4,8,16)\n"
-            "  -n, --n-predict N     tokens per session (default 64)\n"
-            "  -t, --threads N       compute threads (default: cores, at most 4)\n"
-            "  -m, --mem SIZE        engine memory budget (default 512M)\n",
-            BENCH_DEFAULT_MODEL);
+    fprintf(
+        out,
+        "usage: cellm bench [MODEL] [options]\n\n"
+        "Aggregate decode tokens/s of MODEL (default %s) with several sessions at once.\n\n"
+        "  -s, --sessions LIST   comma-separated session counts (default 1,2,4,8,16)\n"
+        "  -n, --n-predict N     tokens per session (default 64)\n"
+        "  -t, --threads N       compute threads (default: cores, at most 4)\n"
+        "  -m, --mem SIZE        engine memory budget (default 512M)\n"
+        "  --sampling            only the sampling cost (greedy; top-p 0.9 at temperature 0.8)\n",
+        BENCH_DEFAULT_MODEL);
 }
 
 /* One round of `n` sessions; prints a table row. */
@@ -88,12 +93,66 @@ static int bench_round(const cellm_model *model, const cellm_engine_params *ep, 
     return rc;
 }
 
+/* One session of n_predict tokens sampled with `sp`; prints the sampler's
+ * time per token against the decode step (the time per token after the
+ * first, which includes the sampling). */
+static int bench_sampling_round(const cellm_model *model, const cellm_engine_params *ep,
+                                const char *name, const cellm_sampling *sp, int32_t n_predict) {
+    cellm_engine *e = NULL;
+    if (cellm_engine_create(model, ep, &e) != CELLM_OK) {
+        cli_error("%s", cellm_last_error());
+        return 1;
+    }
+    cellm_request_params rp = cellm_request_default_params();
+    rp.prompt = "Once upon a time there was a lighthouse keeper who";
+    rp.max_tokens = n_predict;
+    rp.sampling = *sp;
+    cellm_request *r = NULL;
+    cellm_result res;
+    int rc = 0;
+    if (cellm_submit(e, &rp, &r) != CELLM_OK || cellm_wait(r, &res) != CELLM_OK) {
+        cli_error("%s", cellm_last_error());
+        rc = 1;
+    }
+    cellm_request_free(r);
+    cellm_stats st;
+    cellm_engine_stats(e, &st);
+    cellm_engine_free(e);
+    if (rc) return rc;
+    if (res.n_completion_tokens < 2 || st.n_sampled == 0) {
+        cli_error("bench: the model stopped after %d tokens", res.n_completion_tokens);
+        return 1;
+    }
+    double sample_ms = st.sample_seconds * 1e3 / (double)st.n_sampled;
+    double step_ms = (res.total_ms - res.first_token_ms) / (res.n_completion_tokens - 1);
+    printf("%-28s %10.3f %14.2f %8.1f%% %8d\n", name, sample_ms, step_ms, 100 * sample_ms / step_ms,
+           res.n_completion_tokens);
+    fflush(stdout);
+    return 0;
+}
+
+static int bench_sampling(const cellm_model *model, const cellm_engine_params *ep,
+                          int32_t n_predict) {
+    cellm_engine_params p = *ep;
+    p.max_seqs = 1;
+    printf("\n%-28s %10s %14s %9s %8s\n", "sampling", "ms/token", "decode step ms", "share",
+           "tokens");
+    cellm_sampling sp = cellm_request_default_params().sampling;
+    int rc = bench_sampling_round(model, &p, "greedy", &sp, n_predict);
+    sp.temperature = 0.8f;
+    sp.top_p = 0.9f;
+    sp.seed = 1;
+    if (!rc) rc = bench_sampling_round(model, &p, "top-p 0.9, temperature 0.8", &sp, n_predict);
+    return rc;
+}
+
 int cmd_bench(int argc, char **argv) {
     const char *model_name = NULL, *sessions = "1,2,4,8,16";
     cellm_engine_params ep = cellm_engine_default_params();
     ep.mem_budget_bytes = (size_t)512 << 20;
     ep.max_ctx = 1024;
     int32_t n_predict = 64;
+    bool sampling_only = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         unsigned long long u;
@@ -114,6 +173,8 @@ int cmd_bench(int argc, char **argv) {
         } else if ((!strcmp(a, "-m") || !strcmp(a, "--mem")) && v &&
                    cli_parse_size(v, &ep.mem_budget_bytes)) {
             i++;
+        } else if (!strcmp(a, "--sampling")) {
+            sampling_only = true;
         } else if (a[0] == '-') {
             cli_error("bench: bad option or value '%s' (see `cellm bench --help`)", a);
             return 2;
@@ -137,10 +198,11 @@ int cmd_bench(int argc, char **argv) {
         cli_error("%s", cellm_last_error());
         return 1;
     }
-    printf("%8s %14s %14s %12s %10s %8s\n", "sessions", "decode tok/s", "wall tok/s", "ttft ms",
-           "preempted", "act MiB");
     int rc = 0;
-    for (const char *s = sessions; *s && !rc;) {
+    if (!sampling_only)
+        printf("%8s %14s %14s %12s %10s %8s\n", "sessions", "decode tok/s", "wall tok/s", "ttft ms",
+               "preempted", "act MiB");
+    for (const char *s = sessions; *s && !rc && !sampling_only;) {
         char *end;
         long n = strtol(s, &end, 10);
         if (end == s || n < 1 || n > BENCH_MAX_SESSIONS || (*end && *end != ',')) {
@@ -151,6 +213,7 @@ int cmd_bench(int argc, char **argv) {
         rc = bench_round(model, &ep, (int)n, n_predict);
         s = *end ? end + 1 : end;
     }
+    if (!rc) rc = bench_sampling(model, &ep, n_predict);
     cellm_model_free(model);
     return rc;
 }

@@ -10,6 +10,7 @@
 #include "inspect.h"
 #include "quantize.h"
 #include "run.h"
+#include "serve.h"
 #include "store.h"
 
 typedef struct command {
@@ -19,13 +20,14 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
-    {"run", cmd_run, "chat with a model (default: smollm2-135m)"},
+    {"run", cmd_run, "chat with a model (default: smollm2-135m); sampling and stop flags"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server (default: smollm2-135m)"},
     {"perplexity", cmd_perplexity, "perplexity of a model over a text file"},
     {"inspect", cmd_inspect, "describe a model file and the memory it needs"},
     {"pull", cmd_pull, "fetch a known model into the model store"},
     {"list", cmd_list, "list known models and the GGUF files in the store"},
     {"tokenize", cmd_tokenize, "show the token ids and pieces of a text"},
-    {"bench", cmd_bench, "aggregate decode tokens/s with 1, 2, 4, 8, 16 sessions"},
+    {"bench", cmd_bench, "decode tokens/s with 1..16 sessions; the sampler's cost per token"},
     {"bench-kernels", cmd_bench_kernels, "measure matvec kernels against memory bandwidth"},
     {"quantize", cmd_quantize, "re-quantize a model file (Q4_0 ... Q8_0, Q4_K_M, Q5_K_M, Q6_K)"},
     {NULL, NULL, NULL},

@@ -19,6 +19,7 @@
 #include "rt.h"
 #include "run.h"
 #include "sampler.h"
+#include "stop.h"
 
 #define RUN_DEFAULT_MODEL "smollm2-135m"
 #define MAX_MSGS 256
@@ -33,6 +34,8 @@ typedef struct chat {
     rt r;
     chat_tpl tpl;
     sampler *smp;
+    size_t window;       /* the sampler's penalty window */
+    stop_matcher *stops; /* reverse prompts; NULL without */
     kv_seq seq;
     tok_ids hist; /* tokens in the KV cache, in order */
     chat_msg msgs[MAX_MSGS];
@@ -51,17 +54,16 @@ static void usage(FILE *out) {
             "Chats with MODEL (a GGUF path or a model store name; default %s, fetched on first\n"
             "use). Type a message and press Enter; /reset starts over, /exit (or Ctrl-D) quits.\n\n"
             "  -p, --prompt TEXT     answer TEXT once and exit\n"
-            "  -s, --system TEXT     system prompt\n"
-            "  -n, --n-predict N     at most N tokens per answer (default 1024)\n"
-            "  --temp T              temperature (default 0: greedy)\n"
-            "  --top-k K, --top-p P, --min-p P   truncation (off by default)\n"
-            "  --seed N              sampling seed\n"
+            "  -sys, --system-prompt TEXT   system prompt (also --system)\n"
+            "  -n, --n-predict N     at most N tokens per answer; -1: no limit (default 1024)\n"
             "  -c, --ctx-size N      context length (default: the model's, at most 4096)\n"
             "  -t, --threads N       threads (default: cores, at most 4)\n"
-            "  --chat-template F     chatml, gemma or llama3 instead of the model's own\n"
+            "  --chat-template NAME  the chat format: the model's own Jinja template by default;\n"
+            "                        chatml, gemma or llama3 for a built-in one, or a Jinja text\n"
+            "  --chat-template-file FILE   a Jinja chat template from FILE\n"
             "  --raw                 no chat format: continue the prompt as plain text\n"
             "  --ignore-eos          keep generating past end-of-text (for benchmarks)\n"
-            "  -v, --verbose         print prompt and generation speed\n",
+            "  -v, --verbose         print prompt and generation speed\n\n" RT_SAMPLING_USAGE,
             RUN_DEFAULT_MODEL);
 }
 
@@ -77,13 +79,9 @@ static void rewind_to(chat *c, size_t keep) {
     }
 }
 
-/* Feeds the rendered conversation; returns false (with a message) when it
- * cannot fit the context even after dropping old turns. */
-static bool feed_prompt(chat *c, const char *text, cellm_error *err) {
-    tok_ids ids = {0};
-    if (tokenizer_encode(c->r.tok, text, strlen(text), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, &ids,
-                         err) != CELLM_OK)
-        return false;
+/* Feeds the prompt's tokens (taking them over); returns false (with a
+ * message) when they cannot fit the context. */
+static bool feed_prompt(chat *c, tok_ids ids, cellm_error *err) {
     size_t same = 0;
     while (same < ids.n && same < c->hist.n && ids.ids[same] == c->hist.ids[same]) same++;
     if (same == ids.n && same > 0) same--; /* always feed at least one token for logits */
@@ -109,6 +107,40 @@ static bool feed_prompt(chat *c, const char *text, cellm_error *err) {
     return true;
 }
 
+/* The answer so far: what was shown. */
+typedef struct text_buf {
+    char *p;
+    size_t n, cap;
+} text_buf;
+
+/* Prints a piece of the answer and keeps it; false when out of memory. */
+static bool show(text_buf *b, const char *piece, size_t n) {
+    if (!n) return true;
+    fwrite(piece, 1, n, stdout);
+    fflush(stdout);
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = (b->n + n + 1) * 2;
+        char *p = realloc(b->p, cap);
+        if (!p) return false;
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, piece, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+    return true;
+}
+
+/* Shows decoded text through the reverse prompts; true once one matched. */
+static bool pass_on(chat *c, text_buf *b, const char *piece, size_t n) {
+    if (!c->stops) return !show(b, piece, n);
+    const char *out;
+    size_t out_n = 0;
+    bool stopped = false;
+    if (stop_feed(c->stops, piece, n, &out, &out_n, &stopped, NULL) != CELLM_OK) return true;
+    return !show(b, out, out_n) || stopped;
+}
+
 /* Generates an answer after the prompt already fed; streams it to stdout
  * and returns it (malloc'd). */
 static char *generate(chat *c, cellm_error *err) {
@@ -116,52 +148,49 @@ static char *generate(chat *c, cellm_error *err) {
     tok_stream_init(&ts, c->r.tok, 0);
     size_t cap = tok_stream_bound(c->r.tok) + 1;
     char *piece = malloc(cap);
-    size_t out_cap = 1024, out_n = 0;
-    char *out = malloc(out_cap);
-    if (!piece || !out) {
+    text_buf out = {calloc(1, 1), 0, 1};
+    if (!piece || !out.p) {
         free(piece);
-        free(out);
+        free(out.p);
         err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
         return NULL;
     }
-    out[0] = '\0';
+    if (c->stops) stop_reset(c->stops);
+    /* The penalty window: the conversation's last tokens. */
+    sampler_reset_history(c->smp);
+    for (size_t i = c->hist.n > c->window ? c->hist.n - c->window : 0; i < c->hist.n; i++)
+        sampler_accept(c->smp, c->hist.ids[i], NULL);
     double t0 = now_s();
+    bool stopped = false;
     for (int32_t i = 0; c->max_tokens < 0 || i < c->max_tokens; i++) {
         int32_t t = sampler_sample(c->smp, c->logits);
         if (!c->ignore_eos && !c->raw && chat_is_stop(&c->tpl, c->r.tok, t)) break;
         if (!c->ignore_eos && c->raw && t == tokenizer_eos(c->r.tok)) break;
+        sampler_accept(c->smp, t, NULL);
         size_t n = 0;
         if (tok_stream_push(&ts, t, piece, cap, &n, err) != CELLM_OK) break;
-        fwrite(piece, 1, n, stdout);
-        fflush(stdout);
-        if (out_n + n + 1 > out_cap) {
-            out_cap = (out_n + n + 1) * 2;
-            char *p = realloc(out, out_cap);
-            if (!p) break;
-            out = p;
-        }
-        memcpy(out + out_n, piece, n);
-        out_n += n;
-        out[out_n] = '\0';
         c->n_gen++;
-        if (c->seq.n_pos + 1 >= c->r.ctx) break; /* context full */
-        if (!tok_ids_push(&c->hist, t) ||
-            rt_feed(&c->r, &c->seq, &t, 1, c->logits, err) != CELLM_OK)
+        stopped = pass_on(c, &out, piece, n);
+        if (stopped || c->seq.n_pos + 1 >= c->r.ctx) break; /* a reverse prompt, a full context */
+        if (!tok_ids_push(&c->hist, t)) break;
+        if (rt_feed(&c->r, &c->seq, &t, 1, c->logits, err) != CELLM_OK) {
+            c->hist.n--; /* hist is what the KV cache holds */
             break;
+        }
     }
     size_t n = 0;
-    if (tok_stream_flush(&ts, piece, cap, &n, err) == CELLM_OK && n) {
-        fwrite(piece, 1, n, stdout);
-        if (out_n + n + 1 <= out_cap) {
-            memcpy(out + out_n, piece, n);
-            out[out_n + n] = '\0';
-        }
+    if (!stopped && tok_stream_flush(&ts, piece, cap, &n, err) == CELLM_OK)
+        stopped = pass_on(c, &out, piece, n);
+    if (!stopped && c->stops) {
+        const char *tail;
+        stop_flush(c->stops, &tail, &n);
+        show(&out, tail, n);
     }
     c->t_gen += now_s() - t0;
     fputc('\n', stdout);
     fflush(stdout);
     free(piece);
-    return out;
+    return out.p;
 }
 
 static void free_msgs(chat *c, int from) {
@@ -172,17 +201,27 @@ static void free_msgs(chat *c, int from) {
 /* One user turn: add the message, render, feed, generate, keep the answer. */
 static bool turn(chat *c, const char *user, cellm_error *err) {
     if (c->raw) {
-        if (!feed_prompt(c, user, err)) return false;
+        tok_ids ids = {0};
+        if (tokenizer_encode(c->r.tok, user, strlen(user), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL,
+                             &ids, err) != CELLM_OK) {
+            tok_ids_free(&ids);
+            return false;
+        }
+        if (!feed_prompt(c, ids, err)) return false;
         free(generate(c, err));
         return true;
     }
     if (c->n_msgs + 2 > MAX_MSGS) free_msgs(c, c->msgs[0].role[0] == 's' ? 1 : 0);
     c->msgs[c->n_msgs++] = (chat_msg){"user", strdup(user)};
     for (;;) {
-        char *text = chat_render(&c->tpl, c->msgs, c->n_msgs, true);
-        bool ok = text && feed_prompt(c, text, err);
-        free(text);
-        if (ok) break;
+        tok_ids ids = {0};
+        if (chat_encode(&c->tpl, c->r.tok, c->msgs, c->n_msgs, true, &ids, err) != CELLM_OK) {
+            tok_ids_free(&ids);
+            c->n_msgs--; /* the turn did not happen */
+            free((char *)c->msgs[c->n_msgs].content);
+            return false;
+        }
+        if (feed_prompt(c, ids, err)) break;
         /* Too long: drop the oldest exchange (keeping a system message). */
         int first = c->msgs[0].role[0] == 's' ? 1 : 0;
         if (c->n_msgs - first <= 1) return false;
@@ -244,9 +283,10 @@ static int repl(chat *c) {
 }
 
 int cmd_run(int argc, char **argv) {
-    const char *model_name = NULL, *prompt = NULL, *system = NULL, *tpl = NULL;
+    const char *model_name = NULL, *prompt = NULL, *system = NULL, *tpl = NULL, *tpl_file = NULL;
     rt_opts o = {0};
-    sampler_params sp = sampler_default_params();
+    static rt_sampling rs; /* its bias table is 8 KiB */
+    rt_sampling_init(&rs);
     chat c;
     memset(&c, 0, sizeof c);
     c.max_tokens = 1024;
@@ -254,7 +294,6 @@ int cmd_run(int argc, char **argv) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         unsigned long long u;
-        char *end;
 #define NEED_ARG()                                                                                 \
     do {                                                                                           \
         if (!v) {                                                                                  \
@@ -262,16 +301,6 @@ int cmd_run(int argc, char **argv) {
             return 2;                                                                              \
         }                                                                                          \
         i++;                                                                                       \
-    } while (0)
-#define FLOAT_ARG(dst, lo, hi)                                                                     \
-    do {                                                                                           \
-        NEED_ARG();                                                                                \
-        double d_ = strtod(v, &end);                                                               \
-        if (*end || !(d_ >= (lo) && d_ <= (hi))) {                                                 \
-            cli_error("run: %s needs a number from %g to %g", a, (double)(lo), (double)(hi));      \
-            return 2;                                                                              \
-        }                                                                                          \
-        dst = (float)d_;                                                                           \
     } while (0)
 #define UINT_ARG(dst, max)                                                                         \
     do {                                                                                           \
@@ -282,27 +311,23 @@ int cmd_run(int argc, char **argv) {
         }                                                                                          \
         dst = u;                                                                                   \
     } while (0)
+        int taken = rt_sampling_flag(&rs, argc, argv, &i, "run");
+        if (taken < 0) return 2;
+        if (taken > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
             NEED_ARG();
             prompt = v;
-        } else if (!strcmp(a, "-s") || !strcmp(a, "--system")) {
+        } else if (!strcmp(a, "-sys") || !strcmp(a, "--system-prompt") || !strcmp(a, "--system")) {
             NEED_ARG();
             system = v;
+        } else if ((!strcmp(a, "-n") || !strcmp(a, "--n-predict")) && v && !strcmp(v, "-1")) {
+            c.max_tokens = -1;
+            i++;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             UINT_ARG(c.max_tokens, 1u << 24);
-        } else if (!strcmp(a, "--temp")) {
-            FLOAT_ARG(sp.temperature, 0, 100);
-        } else if (!strcmp(a, "--top-k")) {
-            UINT_ARG(sp.top_k, 1u << 24);
-        } else if (!strcmp(a, "--top-p")) {
-            FLOAT_ARG(sp.top_p, 0, 1);
-        } else if (!strcmp(a, "--min-p")) {
-            FLOAT_ARG(sp.min_p, 0, 1);
-        } else if (!strcmp(a, "--seed")) {
-            UINT_ARG(sp.seed, ~0ull);
         } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
             UINT_ARG(o.ctx, 1u << 20);
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
@@ -310,6 +335,9 @@ int cmd_run(int argc, char **argv) {
         } else if (!strcmp(a, "--chat-template")) {
             NEED_ARG();
             tpl = v;
+        } else if (!strcmp(a, "--chat-template-file")) {
+            NEED_ARG();
+            tpl_file = v;
         } else if (!strcmp(a, "--raw")) {
             c.raw = true;
         } else if (!strcmp(a, "--ignore-eos")) {
@@ -327,15 +355,36 @@ int cmd_run(int argc, char **argv) {
         }
     }
     if (!model_name) model_name = RUN_DEFAULT_MODEL;
+    char *tpl_text = NULL;
+    if (tpl_file) {
+        size_t len;
+        if (tpl) {
+            cli_error("run: give --chat-template or --chat-template-file, not both");
+            return 2;
+        }
+        tpl_text = cli_read_file(tpl_file, &len);
+        if (!tpl_text || strlen(tpl_text) != len ||
+            !(strstr(tpl_text, "{{") || strstr(tpl_text, "{%"))) {
+            cli_error("run: cannot read a Jinja template from '%s'", tpl_file);
+            free(tpl_text);
+            return 2;
+        }
+        tpl = tpl_text;
+    }
     cellm_error err;
     err_clear(&err);
     int rc = 1;
     if (rt_open(model_name, &o, &c.r, &err) != CELLM_OK) {
         cli_error("%s", err.msg);
+        free(tpl_text);
         return 1;
     }
-    if ((!c.raw && chat_tpl_detect(c.r.m, c.r.tok, tpl, &c.tpl, &err) != CELLM_OK) ||
+    sampler_params sp = rt_sampler_params(&rs, c.r.ctx);
+    c.window = (size_t)sp.penalty_last_n;
+    if ((!c.raw && chat_tpl_init(c.r.m, c.r.tok, tpl, &c.tpl, &err) != CELLM_OK) ||
         sampler_create(&sp, c.r.m->n_vocab, &c.smp, &err) != CELLM_OK ||
+        (rs.n_stop > 0 && (stop_create(rs.stop, (size_t)rs.n_stop, &c.stops, &err) != CELLM_OK ||
+                           stop_reserve(c.stops, tok_stream_bound(c.r.tok) + 1, &err))) ||
         kv_seq_init(c.r.kv, &c.seq, &err) != CELLM_OK) {
         cli_error("%s", err.msg);
         goto done;
@@ -355,10 +404,13 @@ int cmd_run(int argc, char **argv) {
     }
 done:
     free_msgs(&c, 0);
+    chat_tpl_free(&c.tpl);
     free(c.logits);
     tok_ids_free(&c.hist);
     if (c.seq.table[0]) kv_seq_free(c.r.kv, &c.seq);
     sampler_free(c.smp);
+    stop_free(c.stops);
     rt_close(&c.r);
+    free(tpl_text);
     return rc;
 }

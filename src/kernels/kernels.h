@@ -107,6 +107,12 @@ CELLM_AVX2_DOT4(q4_0_a8)
 CELLM_AVX2_DOT4(q4_1_a8s)
 CELLM_AVX2_DOT4(q5_0_a8)
 CELLM_AVX2_DOT4(q8_0_a8)
+void avx2_dot4_y_q4_k_q8_k(size_t n, const void *x, size_t xs, const void *y, size_t ys,
+                           float out[4]);
+void avx2_dot4_y_q5_k_q8_k(size_t n, const void *x, size_t xs, const void *y, size_t ys,
+                           float out[4]);
+void avx2_dot4_y_q6_k_q8_k(size_t n, const void *x, size_t xs, const void *y, size_t ys,
+                           float out[4]);
 
 /* ---- x86-64 AVX-512 F/BW/VL + VNNI (x86_avx512.c) ---- */
 /* True when this CPU (and OS) runs the avx512_* kernels; implies AVX2. */

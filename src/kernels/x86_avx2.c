@@ -280,37 +280,6 @@ DOT32_VARIANTS(q4_1_a8s, W_Q4_1)
 DOT32_VARIANTS(q5_0_a8, W_Q5_0)
 DOT32_VARIANTS(q8_0_a8, W_Q8_0)
 
-/* sum over groups of 32 of scale[g] * dot(q, y) for Q4_K (hbits NULL) and
- * Q5_K, one super-block, exact. */
-AVX2 static inline int q45k_block_isum(const uint8_t *qs, const uint8_t *qh, const int8_t *q8,
-                                       const uint8_t sc[8]) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F), bit = _mm256_set1_epi8(1);
-    __m256i hb = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
-    __m256i isum = _mm256_setzero_si256();
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-        __m256i lo = _mm256_and_si256(q, low4);
-        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-        if (qh) {
-            /* Bit 0 of each byte is this group's bit; the 16-bit shifts
-             * only move neighbouring bytes' bits into positions >= 1. */
-            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(hb, bit), 4));
-            hi = _mm256_or_si256(
-                hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 1), bit), 4));
-            hb = _mm256_srli_epi16(hb, 2);
-        }
-        const __m256i y0 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * c));
-        const __m256i y1 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * c + 32));
-        const __m256i p0 =
-            _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16((int16_t)sc[2 * c]));
-        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1),
-                                             _mm256_set1_epi16((int16_t)sc[2 * c + 1]));
-        isum = _mm256_add_epi32(isum, _mm256_add_epi32(p0, p1));
-    }
-    return hsum_i32x8(isum);
-}
-
 /* The 12 bytes of packed 6-bit scales and mins of Q4_K and Q5_K as 8
  * scales and 8 mins (kq_scale_min for all eight groups at once): groups
  * 0..3 are the low 6 bits of bytes 0..3 (scales) and 4..7 (mins); groups
@@ -343,83 +312,141 @@ AVX2 static inline int q45k_block_msum(const uint8_t m[8], const int16_t *bsums)
     return _mm_cvtsi128_si32(p);
 }
 
-AVX2 float avx2_vec_dot_q4_k_q8_k(size_t n, const void *vx, const void *vy) {
-    assert(n % QK_K == 0);
-    const block_q4_K *x = vx;
-    const block_q8_K *y = vy;
-    float sum = 0.0f;
-    for (size_t ib = 0; ib < n / QK_K; ib++) {
-        uint8_t sc[8], m[8];
-        k4_scales_mins(x[ib].scales, sc, m);
-        const int isum = q45k_block_isum(x[ib].qs, NULL, y[ib].qs, sc);
-        const int msum = q45k_block_msum(m, y[ib].bsums);
-        sum += y[ib].d * h2f(x[ib].d) * (float)isum - y[ib].d * h2f(x[ib].dmin) * (float)msum;
-    }
-    return sum;
-}
+/* The K-quant dots, one weight row against ny (1 or 4) activation rows:
+ * each super-block's integer sums exactly, then per pair the reference's
+ * float operations in its order, so every result is the reference's float
+ * whatever the tile. The weight codes and scales are unpacked once for all
+ * ny rows. */
+enum { K_Q4, K_Q5, K_Q6 };
 
-AVX2 float avx2_vec_dot_q5_k_q8_k(size_t n, const void *vx, const void *vy) {
+AVX2 static inline __attribute__((always_inline)) void
+dot_tile_k(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny, float *out) {
     assert(n % QK_K == 0);
-    const block_q5_K *x = vx;
-    const block_q8_K *y = vy;
-    float sum = 0.0f;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(3),
+                  bit = _mm256_set1_epi8(1);
+    const size_t xbytes = kind == K_Q4   ? sizeof(block_q4_K)
+                          : kind == K_Q5 ? sizeof(block_q5_K)
+                                         : sizeof(block_q6_K);
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (size_t ib = 0; ib < n / QK_K; ib++) {
-        uint8_t sc[8], m[8];
-        k4_scales_mins(x[ib].scales, sc, m);
-        const int isum = q45k_block_isum(x[ib].qs, x[ib].qh, y[ib].qs, sc);
-        const int msum = q45k_block_msum(m, y[ib].bsums);
-        sum += y[ib].d * h2f(x[ib].d) * (float)isum - y[ib].d * h2f(x[ib].dmin) * (float)msum;
-    }
-    return sum;
-}
-
-/* Q6_K: the 6-bit values are unsigned 0..63 for maddubs; the -32 offset is
- * applied once per block through the group sums of y. */
-AVX2 float avx2_vec_dot_q6_k_q8_k(size_t n, const void *vx, const void *vy) {
-    assert(n % QK_K == 0);
-    const block_q6_K *x = vx;
-    const block_q8_K *y = vy;
-    const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(3);
-    float sum = 0.0f;
-    for (size_t ib = 0; ib < n / QK_K; ib++) {
-        __m256i isum = _mm256_setzero_si256();
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = x[ib].ql + 64 * h, *qh = x[ib].qh + 32 * h;
-            const int8_t *sc = x[ib].scales + 8 * h, *q8 = y[ib].qs + 128 * h;
-            const __m256i qa = _mm256_loadu_si256((const __m256i *)ql);
-            const __m256i qb = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            const __m256i hv = _mm256_loadu_si256((const __m256i *)qh);
-            __m256i v[4];
-            v[0] = _mm256_and_si256(qa, low4);
-            v[1] = _mm256_and_si256(qb, low4);
-            v[2] = _mm256_and_si256(_mm256_srli_epi16(qa, 4), low4);
-            v[3] = _mm256_and_si256(_mm256_srli_epi16(qb, 4), low4);
-            v[0] = _mm256_or_si256(v[0], _mm256_slli_epi16(_mm256_and_si256(hv, low2), 4));
-            v[1] = _mm256_or_si256(
-                v[1], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 2), low2), 4));
-            v[2] = _mm256_or_si256(
-                v[2], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 4), low2), 4));
-            v[3] = _mm256_or_si256(
-                v[3], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 6), low2), 4));
+        const block_q8_K *yb[4];
 #pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                /* Elements 32k..32k+31 span groups 2k (low 128 bits of the
-                 * maddubs result) and 2k+1 (high 128 bits). */
-                const __m256i yk = _mm256_loadu_si256((const __m256i *)(q8 + 32 * k));
-                const __m256i scales =
-                    _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(sc[2 * k])),
-                                            _mm_set1_epi16(sc[2 * k + 1]), 1);
-                isum = _mm256_add_epi32(isum,
-                                        _mm256_madd_epi16(_mm256_maddubs_epi16(v[k], yk), scales));
+        for (int j = 0; j < ny; j++) yb[j] = (const block_q8_K *)(y + j * ys) + ib;
+        __m256i isum[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < ny; j++) isum[j] = _mm256_setzero_si256();
+        if (kind == K_Q6) {
+            const block_q6_K *xb = (const block_q6_K *)(x + ib * xbytes);
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *ql = xb->ql + 64 * h, *qh = xb->qh + 32 * h;
+                const int8_t *sc = xb->scales + 8 * h;
+                const __m256i qa = _mm256_loadu_si256((const __m256i *)ql);
+                const __m256i qb = _mm256_loadu_si256((const __m256i *)(ql + 32));
+                const __m256i hv = _mm256_loadu_si256((const __m256i *)qh);
+                __m256i v[4];
+                v[0] = _mm256_and_si256(qa, low4);
+                v[1] = _mm256_and_si256(qb, low4);
+                v[2] = _mm256_and_si256(_mm256_srli_epi16(qa, 4), low4);
+                v[3] = _mm256_and_si256(_mm256_srli_epi16(qb, 4), low4);
+                v[0] = _mm256_or_si256(v[0], _mm256_slli_epi16(_mm256_and_si256(hv, low2), 4));
+                v[1] = _mm256_or_si256(
+                    v[1], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 2), low2), 4));
+                v[2] = _mm256_or_si256(
+                    v[2], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 4), low2), 4));
+                v[3] = _mm256_or_si256(
+                    v[3], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 6), low2), 4));
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    /* Elements 32k..32k+31 span groups 2k (low 128 bits of
+                     * the maddubs result) and 2k+1 (high 128 bits). */
+                    const __m256i scales =
+                        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(sc[2 * k])),
+                                                _mm_set1_epi16(sc[2 * k + 1]), 1);
+#pragma GCC unroll 4
+                    for (int j = 0; j < ny; j++) {
+                        const __m256i yk =
+                            _mm256_loadu_si256((const __m256i *)(yb[j]->qs + 128 * h + 32 * k));
+                        isum[j] = _mm256_add_epi32(
+                            isum[j], _mm256_madd_epi16(_mm256_maddubs_epi16(v[k], yk), scales));
+                    }
+                }
+            }
+            const float dx = h2f(xb->d);
+#pragma GCC unroll 4
+            for (int j = 0; j < ny; j++) {
+                int offset = 0;
+                for (int g = 0; g < 16; g++) offset += xb->scales[g] * yb[j]->bsums[g];
+                const int total = hsum_i32x8(isum[j]) - 32 * offset;
+                sum[j] += yb[j]->d * dx * (float)total;
+            }
+        } else {
+            /* Q4_K and Q5_K: same scales layout, Q5_K's fifth bits in qh. */
+            const uint8_t *packed, *qs, *qh = NULL;
+            uint16_t dh, dminh;
+            if (kind == K_Q4) {
+                const block_q4_K *xb = (const block_q4_K *)(x + ib * xbytes);
+                packed = xb->scales, qs = xb->qs, dh = xb->d, dminh = xb->dmin;
+            } else {
+                const block_q5_K *xb = (const block_q5_K *)(x + ib * xbytes);
+                packed = xb->scales, qs = xb->qs, qh = xb->qh, dh = xb->d, dminh = xb->dmin;
+            }
+            uint8_t sc[8], m[8];
+            k4_scales_mins(packed, sc, m);
+            __m256i hb = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+                __m256i lo = _mm256_and_si256(q, low4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+                if (kind == K_Q5) {
+                    /* Bit 0 of each byte is this group's bit; the 16-bit
+                     * shifts only move neighbouring bytes' bits into
+                     * positions >= 1. */
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(hb, bit), 4));
+                    hi = _mm256_or_si256(
+                        hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 1), bit), 4));
+                    hb = _mm256_srli_epi16(hb, 2);
+                }
+                const __m256i s0 = _mm256_set1_epi16((int16_t)sc[2 * c]);
+                const __m256i s1 = _mm256_set1_epi16((int16_t)sc[2 * c + 1]);
+#pragma GCC unroll 4
+                for (int j = 0; j < ny; j++) {
+                    const int8_t *q8 = yb[j]->qs + 64 * c;
+                    const __m256i y0 = _mm256_loadu_si256((const __m256i *)q8);
+                    const __m256i y1 = _mm256_loadu_si256((const __m256i *)(q8 + 32));
+                    const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), s0);
+                    const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), s1);
+                    isum[j] = _mm256_add_epi32(isum[j], _mm256_add_epi32(p0, p1));
+                }
+            }
+            const float dx = h2f(dh), dmin = h2f(dminh);
+#pragma GCC unroll 4
+            for (int j = 0; j < ny; j++) {
+                const int is = hsum_i32x8(isum[j]);
+                const int msum = q45k_block_msum(m, yb[j]->bsums);
+                sum[j] += yb[j]->d * dx * (float)is - yb[j]->d * dmin * (float)msum;
             }
         }
-        int offset = 0;
-        for (int g = 0; g < 16; g++) offset += x[ib].scales[g] * y[ib].bsums[g];
-        const int total = hsum_i32x8(isum) - 32 * offset;
-        sum += y[ib].d * h2f(x[ib].d) * (float)total;
     }
-    return sum;
+#pragma GCC unroll 4
+    for (int j = 0; j < ny; j++) out[j] = sum[j];
 }
+
+#define DOTK_VARIANTS(name, kind)                                                                  \
+    AVX2 float avx2_vec_dot_##name(size_t n, const void *x, const void *y) {                       \
+        float out[1];                                                                              \
+        dot_tile_k(kind, n, x, y, 0, 1, out);                                                      \
+        return out[0];                                                                             \
+    }                                                                                              \
+    AVX2 void avx2_dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,     \
+                                 float out[4]) {                                                   \
+        (void)xs;                                                                                  \
+        dot_tile_k(kind, n, x, y, ys, 4, out);                                                     \
+    }
+
+DOTK_VARIANTS(q4_k_q8_k, K_Q4)
+DOTK_VARIANTS(q5_k_q8_k, K_Q5)
+DOTK_VARIANTS(q6_k_q8_k, K_Q6)
 
 #endif /* __x86_64__ */
