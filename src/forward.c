@@ -381,8 +381,7 @@ static void task_act(void *arg, int ith, int nth) {
         if (m->act == ACT_GELU_TANH) {
             (void)pthread_once(&gelu_once, gelu_table_fill);
             for (int32_t i = 0; i < m->n_ff; i++) g[i] = gelu_tanh(g[i]) * u[i];
-        }
-        else
+        } else
             for (int32_t i = 0; i < m->n_ff; i++) g[i] = silu(g[i]) * u[i];
     }
 }
