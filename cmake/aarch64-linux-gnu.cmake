@@ -3,7 +3,7 @@
 # gcc-aarch64-linux-gnu and qemu-user; the tests also need the arm64 cmocka
 # from Debian multiarch (libcmocka-dev:arm64). scripts/test.sh uses it as
 #   cmake -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake
-#         -DCELLM_BUILD_TOOLS=OFF -DCELLM_TESTS="test_quant;test_kernels_simd"
+#         -DCELLM_BUILD_TOOLS=OFF -DCELLM_TESTS="test_quant;test_kernels_simd;test_sampler;test_attention"
 # and ctest then runs each test through qemu-aarch64 (QEMU_CPU picks the CPU).
 set(CMAKE_SYSTEM_NAME Linux)
 set(CMAKE_SYSTEM_PROCESSOR aarch64)

@@ -1,8 +1,10 @@
 /*
  * attention.h — the small vector kernels attention runs over f16 K/V rows:
  * a dot product of an f32 query with an f16 key, and acc += w * v for an f16
- * value row. A scalar version and an AVX2/F16C version, chosen once. Both
- * reduce in a fixed order, so results depend only on their inputs.
+ * value row, and their batched forms. A scalar version, an AVX2/F16C one
+ * and a NEON one, chosen once. Each reduces in a fixed order, so results
+ * depend only on their inputs, and each batched form returns exactly what
+ * its single form returns.
  */
 #ifndef CELLM_ATTENTION_H
 #define CELLM_ATTENTION_H
