@@ -337,6 +337,42 @@ const char *cellm_request_error(const cellm_request *request);
  * finishes. */
 void cellm_request_free(cellm_request *request);
 
+/* ------------------------------------------ model facts and text (serve) */
+
+/* What a server or front-end shows about a model. Plain data, copied out. */
+typedef struct cellm_model_info {
+    char name[128];      /* general.name from the file, or "" */
+    char arch[32];       /* "llama", "gemma3", ... */
+    int32_t n_vocab;     /* token ids are 0..n_vocab-1 */
+    int32_t n_ctx_train; /* the context the model was trained for; 0: unknown */
+    int32_t bos, eos;    /* -1 when the model has none */
+} cellm_model_info;
+
+/* Fills *out. Thread-safe. */
+cellm_status cellm_model_get_info(const cellm_model *model, cellm_model_info *out);
+
+/* Flags of cellm_tokenize_ex. */
+enum {
+    CELLM_TOKENIZE_ADD_SPECIAL = 1u << 0,  /* add BOS (and EOS) where the model wants them */
+    CELLM_TOKENIZE_PARSE_SPECIAL = 1u << 1 /* "<|im_start|>" in the text is its control token */
+};
+
+/* Like cellm_tokenize, for text[0..len) (any bytes; need not be
+ * NUL-terminated) with the given flags. *ids is a new array the caller
+ * frees with free() (NULL when *n is 0). Thread-safe. */
+cellm_status cellm_tokenize_ex(const cellm_model *model, const char *text, size_t len,
+                               unsigned flags, int32_t **ids, int32_t *n);
+
+/* The text of ids[0..n) into a new NUL-terminated string *text (*len bytes
+ * without the NUL; free it with free()). With `special`, control tokens
+ * show as their text ("<|im_end|>"); without, they decode to nothing.
+ * Errors: CELLM_ERR_INVALID_ARG for an id out of range. Thread-safe. */
+cellm_status cellm_detokenize(const cellm_model *model, const int32_t *ids, int32_t n, int special,
+                              char **text, size_t *len);
+
+/* Positions one request may use in `engine` (prompt and completion). */
+int32_t cellm_engine_n_ctx(const cellm_engine *engine);
+
 #ifdef __cplusplus
 }
 #endif

@@ -18,7 +18,8 @@ cellm_pkg_installed() {
 }
 
 cellm_install_packages() {
-    local pkgs=(cmake ninja-build gcc libc6-dev libcmocka-dev libcjson-dev libedit-dev)
+    local pkgs=(cmake ninja-build gcc libc6-dev libcmocka-dev libcjson-dev libedit-dev
+        libmicrohttpd-dev)
     if [ "${1:-}" = "--test" ]; then
         pkgs+=(clang libclang-rt-14-dev clang-format)
     fi
@@ -39,6 +40,22 @@ cellm_install_packages() {
         echo "cellm setup: python3 has no pip; models are fetched with pip" >&2
         return 1
     fi
+    if [ "${1:-}" = "--test" ]; then
+        cellm_install_python_packages
+    fi
+}
+
+# Python packages the end-to-end tests use (tests/*_e2e.py), from the
+# package registry, when missing.
+cellm_install_python_packages() {
+    local mods=(openai) missing=()
+    for m in "${mods[@]}"; do
+        python3 -c "import $m" >/dev/null 2>&1 || missing+=("$m")
+    done
+    [ "${#missing[@]}" -gt 0 ] || return 0
+    echo "cellm setup: pip installing ${missing[*]}" >&2
+    python3 -m pip install --quiet "${missing[@]}" 2>/dev/null ||
+        python3 -m pip install --quiet --break-system-packages "${missing[@]}"
 }
 
 # cellm_build DIR [cmake options...] — quiet unless it fails, then it shows

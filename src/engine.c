@@ -752,3 +752,9 @@ void cellm_request_free(cellm_request *r) {
     pthread_mutex_unlock(&e->mu);
     if (last) request_release(r);
 }
+
+/* ------------------------------------------------ for model_info.c */
+
+cellm_status engine_fail(cellm_status code, const char *msg) {
+    return fail_msg(code, msg);
+}

@@ -139,4 +139,9 @@ int32_t sched_plan_step(cellm_engine *e);
 void engine_finish(cellm_engine *e, cellm_request *r, cellm_finish_reason why, cellm_status st,
                    const char *msg);
 
+/* ---- engine.c, for the public functions in other files (model_info.c) */
+
+/* Records `msg` as the calling thread's cellm_last_error(); returns code. */
+cellm_status engine_fail(cellm_status code, const char *msg);
+
 #endif /* CELLM_ENGINE_H */

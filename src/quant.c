@@ -18,41 +18,47 @@
  * from_float, vec_dot, vec_dot_type. SIZES_ONLY rows carry no kernels. */
 #define SIZES_ONLY(n, bs, ts)                                                                      \
     { .name = n, .block_size = bs, .type_size = ts }
+#define ROW(n, bs, ts, tf, ff, vd, vdt)                                                            \
+    {                                                                                              \
+        .name = n, .block_size = bs, .type_size = ts, .to_float = tf, .from_float = ff,            \
+        .vec_dot = vd, .vec_dot_type = vdt                                                         \
+    }
 
 static quant_type_info type_table[QT_COUNT] = {
-    [QT_F32] = {"F32", 1, 4, ref_dequantize_f32, ref_quantize_f32, ref_vec_dot_f32, QT_F32},
-    [QT_F16] = {"F16", 1, 2, ref_dequantize_f16, ref_quantize_f16, ref_vec_dot_f16, QT_F16},
-    [QT_BF16] = {"BF16", 1, 2, ref_dequantize_bf16, ref_quantize_bf16, ref_vec_dot_bf16, QT_BF16},
-    [QT_Q4_0] = {"Q4_0", 32, 18, ref_dequantize_q4_0, ref_quantize_q4_0, ref_vec_dot_q4_0_a8,
-                 QT_A8},
-    [QT_Q4_1] = {"Q4_1", 32, 20, ref_dequantize_q4_1, ref_quantize_q4_1, ref_vec_dot_q4_1_a8s,
-                 QT_A8S},
-    [QT_Q5_0] = {"Q5_0", 32, 22, ref_dequantize_q5_0, ref_quantize_q5_0, ref_vec_dot_q5_0_a8,
-                 QT_A8},
-    [QT_Q5_1] = {"Q5_1", 32, 24, ref_dequantize_q5_1, ref_quantize_q5_1, ref_vec_dot_q5_1_a8s,
-                 QT_A8S},
-    [QT_Q8_0] = {"Q8_0", 32, 34, ref_dequantize_q8_0, ref_quantize_q8_0, ref_vec_dot_q8_0_a8,
-                 QT_A8},
-    [QT_Q2_K] = {"Q2_K", 256, 84, ref_dequantize_q2_k, ref_quantize_q2_k, ref_vec_dot_q2_k_q8_k,
-                 QT_Q8_K},
-    [QT_Q3_K] = {"Q3_K", 256, 110, ref_dequantize_q3_k, ref_quantize_q3_k, ref_vec_dot_q3_k_q8_k,
-                 QT_Q8_K},
-    [QT_Q4_K] = {"Q4_K", 256, 144, ref_dequantize_q4_k, ref_quantize_q4_k, ref_vec_dot_q4_k_q8_k,
-                 QT_Q8_K},
-    [QT_Q5_K] = {"Q5_K", 256, 176, ref_dequantize_q5_k, ref_quantize_q5_k, ref_vec_dot_q5_k_q8_k,
-                 QT_Q8_K},
-    [QT_Q6_K] = {"Q6_K", 256, 210, ref_dequantize_q6_k, ref_quantize_q6_k, ref_vec_dot_q6_k_q8_k,
-                 QT_Q8_K},
+    [QT_F32] = ROW("F32", 1, 4, ref_dequantize_f32, ref_quantize_f32, ref_vec_dot_f32, QT_F32),
+    [QT_F16] = ROW("F16", 1, 2, ref_dequantize_f16, ref_quantize_f16, ref_vec_dot_f16, QT_F16),
+    [QT_BF16] =
+        ROW("BF16", 1, 2, ref_dequantize_bf16, ref_quantize_bf16, ref_vec_dot_bf16, QT_BF16),
+    [QT_Q4_0] =
+        ROW("Q4_0", 32, 18, ref_dequantize_q4_0, ref_quantize_q4_0, ref_vec_dot_q4_0_a8, QT_A8),
+    [QT_Q4_1] =
+        ROW("Q4_1", 32, 20, ref_dequantize_q4_1, ref_quantize_q4_1, ref_vec_dot_q4_1_a8s, QT_A8S),
+    [QT_Q5_0] =
+        ROW("Q5_0", 32, 22, ref_dequantize_q5_0, ref_quantize_q5_0, ref_vec_dot_q5_0_a8, QT_A8),
+    [QT_Q5_1] =
+        ROW("Q5_1", 32, 24, ref_dequantize_q5_1, ref_quantize_q5_1, ref_vec_dot_q5_1_a8s, QT_A8S),
+    [QT_Q8_0] =
+        ROW("Q8_0", 32, 34, ref_dequantize_q8_0, ref_quantize_q8_0, ref_vec_dot_q8_0_a8, QT_A8),
+    [QT_Q2_K] = ROW("Q2_K", 256, 84, ref_dequantize_q2_k, ref_quantize_q2_k, ref_vec_dot_q2_k_q8_k,
+                    QT_Q8_K),
+    [QT_Q3_K] = ROW("Q3_K", 256, 110, ref_dequantize_q3_k, ref_quantize_q3_k, ref_vec_dot_q3_k_q8_k,
+                    QT_Q8_K),
+    [QT_Q4_K] = ROW("Q4_K", 256, 144, ref_dequantize_q4_k, ref_quantize_q4_k, ref_vec_dot_q4_k_q8_k,
+                    QT_Q8_K),
+    [QT_Q5_K] = ROW("Q5_K", 256, 176, ref_dequantize_q5_k, ref_quantize_q5_k, ref_vec_dot_q5_k_q8_k,
+                    QT_Q8_K),
+    [QT_Q6_K] = ROW("Q6_K", 256, 210, ref_dequantize_q6_k, ref_quantize_q6_k, ref_vec_dot_q6_k_q8_k,
+                    QT_Q8_K),
     /* Q8_1 and Q8_K are only ever the y of a dot product: no vec_dot of
      * their own. Q8_1 is GGML's current 36-byte block (the gguf Python
      * package still lists the old 40-byte one). cellm's kernels pair the
      * 32-element types with its own row formats A8 and A8S instead. */
-    [QT_Q8_1] = {"Q8_1", 32, 36, ref_dequantize_q8_1, ref_quantize_q8_1, NULL, QT_Q8_1},
-    [QT_Q8_K] = {"Q8_K", 256, 292, ref_dequantize_q8_k, ref_quantize_q8_k, NULL, QT_Q8_K},
-    [QT_IQ4_NL] = {"IQ4_NL", 32, 18, ref_dequantize_iq4_nl, ref_quantize_iq4_nl,
-                   ref_vec_dot_iq4_nl_a8, QT_A8},
-    [QT_IQ4_XS] = {"IQ4_XS", 256, 136, ref_dequantize_iq4_xs, ref_quantize_iq4_xs,
-                   ref_vec_dot_iq4_xs_q8_k, QT_Q8_K},
+    [QT_Q8_1] = ROW("Q8_1", 32, 36, ref_dequantize_q8_1, ref_quantize_q8_1, NULL, QT_Q8_1),
+    [QT_Q8_K] = ROW("Q8_K", 256, 292, ref_dequantize_q8_k, ref_quantize_q8_k, NULL, QT_Q8_K),
+    [QT_IQ4_NL] = ROW("IQ4_NL", 32, 18, ref_dequantize_iq4_nl, ref_quantize_iq4_nl,
+                      ref_vec_dot_iq4_nl_a8, QT_A8),
+    [QT_IQ4_XS] = ROW("IQ4_XS", 256, 136, ref_dequantize_iq4_xs, ref_quantize_iq4_xs,
+                      ref_vec_dot_iq4_xs_q8_k, QT_Q8_K),
 
     [QT_A8] = {.name = "A8",
                .block_size = 32,

@@ -104,7 +104,7 @@ void sampler_reseed(sampler *s, uint64_t seed) {
     for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&seed);
 }
 
-static bool finite(float x) {
+static bool finite_f(float x) {
     return x == x && x != INFINITY && x != -INFINITY;
 }
 
@@ -115,8 +115,8 @@ cellm_status sampler_create(const sampler_params *p, int32_t n_vocab, sampler **
     if (!(p->temperature == p->temperature) || !(p->top_p == p->top_p) || !(p->min_p == p->min_p) ||
         p->min_p > 1 || !(p->typical_p == p->typical_p))
         return err_set(err, CELLM_ERR_INVALID_ARG, "sampling parameters must be numbers");
-    if (!finite(p->repeat_penalty) || p->repeat_penalty <= 0 || !finite(p->presence_penalty) ||
-        !finite(p->frequency_penalty))
+    if (!finite_f(p->repeat_penalty) || p->repeat_penalty <= 0 || !finite_f(p->presence_penalty) ||
+        !finite_f(p->frequency_penalty))
         return err_set(err, CELLM_ERR_INVALID_ARG,
                        "penalties must be finite and the repetition penalty positive");
     if (p->penalty_last_n < 0 || p->ngram_size < 0 || p->n_logit_bias < 0 ||

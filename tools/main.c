@@ -10,6 +10,7 @@
 #include "inspect.h"
 #include "quantize.h"
 #include "run.h"
+#include "serve.h"
 #include "store.h"
 
 typedef struct command {
@@ -20,6 +21,7 @@ typedef struct command {
 
 static const command commands[] = {
     {"run", cmd_run, "chat with a model (default: smollm2-135m); sampling and stop flags"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server (default: smollm2-135m)"},
     {"perplexity", cmd_perplexity, "perplexity of a model over a text file"},
     {"inspect", cmd_inspect, "describe a model file and the memory it needs"},
     {"pull", cmd_pull, "fetch a known model into the model store"},

@@ -1,0 +1,47 @@
+/*
+ * fuzz_serve_req.c — libFuzzer target for the request parser of `cellm
+ * serve` (tools/serve_req.c): any bytes as the body of a chat or a text
+ * completion request. It must accept or refuse with an HTTP status and a
+ * message, never crash or leak, and what it accepts must hold the ranges it
+ * promises. The first byte picks the endpoint and the limits. Seeds:
+ * fuzz/corpus/serve_req/ (one byte, then a JSON body).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 1) return 0;
+    serve_kind kind = data[0] & 1 ? SERVE_COMPLETION : SERVE_CHAT;
+    serve_limits lim = {
+        .n_vocab = data[0] & 2 ? 49152 : 16,
+        .n_ctx = data[0] & 4 ? 4096 : 8,
+        .max_n = data[0] & 8 ? 16 : 2,
+        .n_predict = data[0] & 16 ? -1 : 4,
+        .temperature = 1.0f,
+    };
+    serve_req r;
+    serve_err e;
+    memset(&e, 0, sizeof e);
+    if (serve_req_parse((const char *)data + 1, size - 1, kind, &lim, &r, &e)) {
+        if (r.n < 1 || r.n > lim.max_n) abort();
+        if (r.max_tokens != lim.n_predict && (r.max_tokens < 1 || r.max_tokens > lim.n_ctx))
+            abort();
+        if (kind == SERVE_CHAT && (r.n_messages < 1 || !r.messages)) abort();
+        if (kind == SERVE_COMPLETION && (r.n_prompts < 1 || (int64_t)r.n * r.n_prompts > lim.max_n))
+            abort();
+        for (int32_t i = 0; i < r.n_prompts; i++)
+            for (int32_t k = 0; k < r.prompts[i].n_tokens; k++)
+                if (r.prompts[i].tokens[k] < 0 || r.prompts[i].tokens[k] >= lim.n_vocab) abort();
+        for (int i = 0; i < r.n_bias; i++)
+            if (r.bias_tok[i] < 0 || r.bias_tok[i] >= lim.n_vocab) abort();
+        for (int i = 0; i < r.n_stop; i++)
+            if (!r.stop[i][0]) abort();
+        serve_req_free(&r);
+    } else if (e.status < 400 || e.status > 599 || !e.msg[0]) {
+        abort();
+    }
+    return 0;
+}

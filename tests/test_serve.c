@@ -1,0 +1,778 @@
+/*
+ * test_serve.c — `cellm serve` in process, on an ephemeral loopback port,
+ * with the real SmolLM2 model, driven through raw sockets so that any bytes
+ * can be sent:
+ *  - the endpoints answer in OpenAI's shapes (health, models, chat and
+ *    completions whole and streamed, tokenize, detokenize, metrics);
+ *  - more than 40 malformed or hostile requests each get their status
+ *    (broken JSON, wrong types, huge bodies, missing fields, bad ranges,
+ *    invalid UTF-8, unknown routes, wrong API key, slow-loris) while
+ *    another client keeps being served;
+ *  - a client that goes away mid-request has its KV blocks freed;
+ *  - 32 concurrent streaming clients all complete, after which /metrics
+ *    shows every KV block free and the process's memory back at its level.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "serve.h"
+#include "test_common.h"
+
+#define KEY "test-key-123"
+#define IDLE_S 2
+
+static server *srv;
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------------ a raw client */
+
+static int connect_srv(double timeout_s) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct timeval tv = {(time_t)timeout_s, (suseconds_t)((timeout_s - (time_t)timeout_s) * 1e6)};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)srv->port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+static void send_all(int fd, const char *p, size_t n) {
+    while (n) {
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k <= 0) return; /* the server may close early (413): fine */
+        p += k;
+        n -= (size_t)k;
+    }
+}
+
+/* Reads until the server closes (or the timeout); a new buffer. */
+static char *recv_all(int fd, size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    for (;;) {
+        if (cap - n < 4096) {
+            buf = realloc(buf, cap *= 2);
+            assert_non_null(buf);
+        }
+        ssize_t k = recv(fd, buf + n, cap - n - 1, 0);
+        if (k <= 0) break;
+        n += (size_t)k;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+/* Undoes chunked transfer coding in place. */
+static void dechunk(char *body) {
+    char *in = body, *out = body;
+    for (;;) {
+        char *end;
+        unsigned long n = strtoul(in, &end, 16);
+        char *data = strstr(end, "\r\n");
+        if (!data || n == 0) break;
+        data += 2;
+        memmove(out, data, n);
+        out += n;
+        in = data + n + 2;
+    }
+    *out = '\0';
+}
+
+typedef struct reply {
+    int status; /* 0: the server closed without a reply */
+    char *raw;  /* the whole response */
+    char *body; /* into raw, dechunked */
+} reply;
+
+/* Sends raw bytes on a new connection and reads the reply. */
+static reply http_raw(const char *req, size_t len, double timeout_s) {
+    int fd = connect_srv(timeout_s);
+    send_all(fd, req, len);
+    reply r = {0, NULL, NULL};
+    size_t n;
+    r.raw = recv_all(fd, &n);
+    close(fd);
+    sscanf(r.raw, "HTTP/1.%*d %d", &r.status);
+    char *b = strstr(r.raw, "\r\n\r\n");
+    r.body = b ? b + 4 : r.raw + n;
+    if (b && strstr(r.raw, "Transfer-Encoding: chunked") &&
+        strstr(r.raw, "Transfer-Encoding: chunked") < b)
+        dechunk(r.body);
+    return r;
+}
+
+/* A request with a body (NULL: none), extra header lines (NULL: none) and
+ * the API key unless `key` says otherwise ("" for none). */
+static reply http_ex(const char *method, const char *path, const char *key, const char *extra,
+                     const char *body) {
+    size_t blen = body ? strlen(body) : 0;
+    size_t cap = blen + 2048;
+    char *req = malloc(cap);
+    assert_non_null(req);
+    if (!key) key = KEY;
+    char auth[256] = "";
+    if (*key) snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", key);
+    int n = snprintf(req, cap,
+                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s%s"
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+                     method, path, auth, extra ? extra : "", blen);
+    if (body) memcpy(req + n, body, blen);
+    reply r = http_raw(req, (size_t)n + blen, 120);
+    free(req);
+    return r;
+}
+
+static reply http(const char *method, const char *path, const char *key, const char *body) {
+    return http_ex(method, path, key, NULL, body);
+}
+
+static void reply_free(reply *r) {
+    free(r->raw);
+}
+
+/* The value of metric `name` in /metrics. */
+static double metric(const char *name) {
+    reply r = http("GET", "/metrics", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    char pat[128];
+    snprintf(pat, sizeof pat, "\n%s ", name);
+    const char *p = strstr(r.body, pat);
+    if (!p) print_error("no metric %s in:\n%s\n", name, r.body);
+    assert_non_null(p);
+    double v = strtod(p + strlen(pat), NULL);
+    reply_free(&r);
+    return v;
+}
+
+/* Waits up to `s` seconds for every KV block to be free again. */
+static void wait_idle(double s) {
+    double t0 = now_s();
+    while (metric("cellm_kv_blocks_used") != 0 || metric("cellm_requests_in_flight") != 0) {
+        if (now_s() - t0 > s) fail_msg("the server did not return to idle in %.0f s", s);
+        sleep_ms(50);
+    }
+}
+
+/* ------------------------------------------------------------ setup */
+
+static int setup(void **st) {
+    (void)st;
+    static char path[1024];
+    test_model_path("smollm2-135m", path, sizeof path);
+    serve_opts o = serve_default_opts();
+    o.model = path;
+    o.alias = "smollm2";
+    o.port = 0;
+    o.api_key = KEY;
+    o.max_body = 64 * 1024;
+    o.idle_s = IDLE_S;
+    o.timeout_s = 300;
+    o.max_queue = 64;
+    o.max_conns = 128;
+    o.temperature = 0;
+    o.engine.max_ctx = 512;
+    o.engine.max_seqs = 16;
+    o.engine.n_threads = 2;
+    o.cors[o.n_cors++] = "http://allowed.example";
+    char err[1024];
+    srv = serve_start(&o, err, sizeof err);
+    if (!srv) print_error("serve_start: %s\n", err);
+    return srv ? 0 : -1;
+}
+
+static int teardown(void **st) {
+    (void)st;
+    serve_stop(srv);
+    srv = NULL;
+    return 0;
+}
+
+/* ------------------------------------------------------------ endpoints */
+
+static void test_endpoints(void **st) {
+    (void)st;
+    reply r = http("GET", "/health", "", NULL);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"ok\""));
+    reply_free(&r);
+
+    r = http("GET", "/v1/models", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"id\":\"smollm2\""));
+    reply_free(&r);
+    r = http("GET", "/v1/models/smollm2", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    reply_free(&r);
+
+    r = http("POST", "/v1/chat/completions", NULL,
+             "{\"model\":\"smollm2\",\"messages\":[{\"role\":\"user\",\"content\":\"What is "
+             "2+2?\"}],\"max_tokens\":24}");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"object\":\"chat.completion\""));
+    assert_non_null(strstr(r.body, "\"role\":\"assistant\""));
+    assert_non_null(strstr(r.body, "4"));
+    assert_non_null(strstr(r.body, "\"finish_reason\":\"stop\""));
+    assert_non_null(strstr(r.body, "\"prompt_tokens\":"));
+    reply_free(&r);
+
+    r = http("POST", "/v1/completions", NULL,
+             "{\"prompt\":\"The capital of France is\",\"max_tokens\":3,\"stream\":true,"
+             "\"stream_options\":{\"include_usage\":true}}");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.raw, "Content-Type: text/event-stream"));
+    assert_non_null(strstr(r.body, "Paris"));
+    assert_non_null(strstr(r.body, "\"finish_reason\":\"length\""));
+    assert_non_null(strstr(r.body, "\"completion_tokens\":3"));
+    const char *done = strstr(r.body, "data: [DONE]\n\n");
+    assert_non_null(done);
+    assert_string_equal(done, "data: [DONE]\n\n");
+    reply_free(&r);
+
+    r = http("POST", "/tokenize", NULL, "{\"content\":\"Hello world\"}");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "{\"tokens\":[19556,905]}"));
+    reply_free(&r);
+    r = http("POST", "/detokenize", NULL, "{\"tokens\":[19556,905]}");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "{\"content\":\"Hello world\"}"));
+    reply_free(&r);
+
+    r = http("GET", "/metrics", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "# TYPE cellm_kv_blocks_free gauge\n"));
+    assert_non_null(strstr(r.body, "cellm_requests_total{endpoint=\"chat_completions\"}"));
+    reply_free(&r);
+
+    r = http("GET", "/", "", NULL);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.raw, "text/html"));
+    assert_non_null(strstr(r.body, "/v1/chat/completions"));
+    reply_free(&r);
+}
+
+/* The command line refuses bad flags before loading anything. */
+static void test_cli(void **st) {
+    (void)st;
+    static const struct {
+        const char *args;
+        int rc;
+        const char *msg;
+    } cases[] = {
+        {"--bogus", 2, "unknown option '--bogus'"},
+        {"--port", 2, "--port needs a value"},
+        {"--port 70000", 2, "--port needs a whole number"},
+        {"--mem-budget lots", 2, "--mem-budget needs a size"},
+        {"--temp 3", 2, "--temp needs a number from 0 to 2"},
+        {"--api-key ''", 2, "must not be empty"},
+        {"a.gguf b.gguf", 2, "more than one model"},
+        {"/nonexistent/model.gguf --port 0", 1, "model"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char cmd[1024], *out;
+        snprintf(cmd, sizeof cmd, "'%s' serve %s 2>&1", test_cellm_bin(), cases[i].args);
+        int rc = test_run_cmd(cmd, &out);
+        if (rc != cases[i].rc || !strstr(out, cases[i].msg))
+            fail_msg("cellm serve %s: want %d and '%s', got %d: %s", cases[i].args, cases[i].rc,
+                     cases[i].msg, rc, out);
+        free(out);
+    }
+    char cmd[1024], *out;
+    snprintf(cmd, sizeof cmd, "'%s' serve --help", test_cellm_bin());
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
+    assert_non_null(strstr(out, "--api-key"));
+    free(out);
+}
+
+/* CORS headers only for the origins the operator named. */
+static void test_cors(void **st) {
+    (void)st;
+    const char *pre = "Origin: http://allowed.example\r\nAccess-Control-Request-Method: POST\r\n"
+                      "Access-Control-Request-Headers: authorization, content-type\r\n";
+    reply r = http_ex("OPTIONS", "/v1/chat/completions", "", pre, NULL);
+    assert_int_equal(r.status, 204);
+    assert_non_null(strstr(r.raw, "Access-Control-Allow-Origin: http://allowed.example\r\n"));
+    assert_non_null(strstr(r.raw, "Access-Control-Allow-Headers: Authorization, Content-Type"));
+    reply_free(&r);
+    r = http_ex("OPTIONS", "/v1/chat/completions", "", "Origin: http://evil.example\r\n", NULL);
+    assert_int_equal(r.status, 403);
+    assert_null(strstr(r.raw, "Access-Control-Allow-Origin"));
+    reply_free(&r);
+    r = http_ex("GET", "/v1/models", NULL, "Origin: http://allowed.example\r\n", NULL);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.raw, "Access-Control-Allow-Origin: http://allowed.example\r\n"));
+    reply_free(&r);
+    r = http_ex("GET", "/v1/models", NULL, "Origin: http://evil.example\r\n", NULL);
+    assert_int_equal(r.status, 200);
+    assert_null(strstr(r.raw, "Access-Control-Allow-Origin"));
+    reply_free(&r);
+    /* Errors carry the header too, so a page can read them. */
+    r = http_ex("GET", "/v1/models", "wrong", "Origin: http://allowed.example\r\n", NULL);
+    assert_int_equal(r.status, 401);
+    assert_non_null(strstr(r.raw, "Access-Control-Allow-Origin: http://allowed.example\r\n"));
+    reply_free(&r);
+}
+
+/* ------------------------------------------------------------ hostile input */
+
+typedef struct bad_case {
+    const char *name;
+    const char *method, *path, *key, *body;
+    int status;
+    const char *expect; /* in the body, or NULL */
+} bad_case;
+
+#define CHAT "/v1/chat/completions"
+#define CMPL "/v1/completions"
+#define MSG "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]"
+
+static const bad_case bad_cases[] = {
+    {"broken JSON", "POST", CHAT, NULL, "{\"messages\":", 400, "invalid_json"},
+    {"trailing junk", "POST", CHAT, NULL, "{" MSG "} xyz", 400, "invalid_json"},
+    {"not an object", "POST", CHAT, NULL, "[1,2,3]", 400, "JSON object"},
+    {"empty body", "POST", CHAT, NULL, "", 400, "no body"},
+    {"JSON null", "POST", CHAT, NULL, "null", 400, "invalid_json"},
+    {"messages missing", "POST", CHAT, NULL, "{\"model\":\"smollm2\"}", 400, "'messages'"},
+    {"messages a string", "POST", CHAT, NULL, "{\"messages\":\"hi\"}", 400, "invalid_type"},
+    {"messages empty", "POST", CHAT, NULL, "{\"messages\":[]}", 400, "invalid_value"},
+    {"message not an object", "POST", CHAT, NULL, "{\"messages\":[42]}", 400, "messages[0]"},
+    {"role missing", "POST", CHAT, NULL, "{\"messages\":[{\"content\":\"hi\"}]}", 400,
+     "messages[0].role"},
+    {"role unknown", "POST", CHAT, NULL, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}",
+     400, "messages[0].role"},
+    {"content a number", "POST", CHAT, NULL, "{\"messages\":[{\"role\":\"user\",\"content\":7}]}",
+     400, "messages[0].content"},
+    {"content missing", "POST", CHAT, NULL, "{\"messages\":[{\"role\":\"user\"}]}", 400,
+     "messages[0].content"},
+    {"image part", "POST", CHAT, NULL,
+     "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}",
+     400, "text only"},
+    {"max_tokens negative", "POST", CHAT, NULL, "{" MSG ",\"max_tokens\":-1}", 400, "max_tokens"},
+    {"max_tokens zero", "POST", CHAT, NULL, "{" MSG ",\"max_tokens\":0}", 400, "max_tokens"},
+    {"max_tokens huge", "POST", CHAT, NULL, "{" MSG ",\"max_tokens\":1e300}", 400, "max_tokens"},
+    {"max_tokens fraction", "POST", CHAT, NULL, "{" MSG ",\"max_tokens\":1.5}", 400, "integer"},
+    {"max_tokens a string", "POST", CHAT, NULL, "{" MSG ",\"max_tokens\":\"10\"}", 400, "integer"},
+    {"max_completion_tokens huge", "POST", CHAT, NULL, "{" MSG ",\"max_completion_tokens\":99999}",
+     400, "max_completion_tokens"},
+    {"temperature a string", "POST", CHAT, NULL, "{" MSG ",\"temperature\":\"hot\"}", 400,
+     "temperature"},
+    {"temperature too high", "POST", CHAT, NULL, "{" MSG ",\"temperature\":5}", 400, "temperature"},
+    {"top_p negative", "POST", CHAT, NULL, "{" MSG ",\"top_p\":-0.5}", 400, "top_p"},
+    {"top_k fraction", "POST", CHAT, NULL, "{" MSG ",\"top_k\":2.5}", 400, "top_k"},
+    {"n zero", "POST", CHAT, NULL, "{" MSG ",\"n\":0}", 400, "'n'"},
+    {"n huge", "POST", CHAT, NULL, "{" MSG ",\"n\":100000}", 400, "'n'"},
+    {"seed a string", "POST", CHAT, NULL, "{" MSG ",\"seed\":\"abc\"}", 400, "seed"},
+    {"stream a string", "POST", CHAT, NULL, "{" MSG ",\"stream\":\"yes\"}", 400, "stream"},
+    {"stream_options without stream", "POST", CHAT, NULL,
+     "{" MSG ",\"stream_options\":{\"include_usage\":true}}", 400, "stream_options"},
+    {"five stop strings", "POST", CHAT, NULL, "{" MSG ",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}",
+     400, "stop"},
+    {"stop a number", "POST", CHAT, NULL, "{" MSG ",\"stop\":[1]}", 400, "stop"},
+    {"empty stop string", "POST", CHAT, NULL, "{" MSG ",\"stop\":\"\"}", 400, "stop"},
+    {"logit_bias bad key", "POST", CHAT, NULL, "{" MSG ",\"logit_bias\":{\"x\":1}}", 400,
+     "logit_bias"},
+    {"logit_bias id too big", "POST", CHAT, NULL, "{" MSG ",\"logit_bias\":{\"99999999\":1}}", 400,
+     "logit_bias"},
+    {"logprobs asked", "POST", CHAT, NULL, "{" MSG ",\"logprobs\":true}", 400, "logprobs"},
+    {"tools asked", "POST", CHAT, NULL, "{" MSG ",\"tools\":[{\"type\":\"function\"}]}", 400,
+     "tools"},
+    {"user a number", "POST", CHAT, NULL, "{" MSG ",\"user\":5}", 400, "user"},
+    {"unknown model", "POST", CHAT, NULL, "{" MSG ",\"model\":\"gpt-4\"}", 404, "model_not_found"},
+    {"model a number", "POST", CHAT, NULL, "{" MSG ",\"model\":4}", 400, "model"},
+    {"prompt missing", "POST", CMPL, NULL, "{\"max_tokens\":3}", 400, "prompt"},
+    {"prompt an object", "POST", CMPL, NULL, "{\"prompt\":{}}", 400, "prompt"},
+    {"prompt mixed array", "POST", CMPL, NULL, "{\"prompt\":[\"a\",[1,2]]}", 400, "prompt"},
+    {"prompt token out of range", "POST", CMPL, NULL, "{\"prompt\":[1,2,999999]}", 400, "0..49151"},
+    {"prompt token negative", "POST", CMPL, NULL, "{\"prompt\":[-3]}", 400, "prompt"},
+    {"prompt empty", "POST", CMPL, NULL, "{\"prompt\":\"\"}", 400, "prompt"},
+    {"echo with tokens", "POST", CMPL, NULL, "{\"prompt\":[1,2],\"echo\":true}", 400, "echo"},
+    {"suffix", "POST", CMPL, NULL, "{\"prompt\":\"a\",\"suffix\":\"b\"}", 400, "suffix"},
+    {"unknown route", "GET", "/v2/nothing", NULL, NULL, 404, "not_found"},
+    {"path traversal", "GET", "/../../etc/passwd", NULL, NULL, 404, NULL},
+    {"model id with slash", "GET", "/v1/models/a/b", NULL, NULL, 404, NULL},
+    {"unknown model id", "GET", "/v1/models/nope", NULL, NULL, 404, "model_not_found"},
+    {"wrong method", "DELETE", CHAT, NULL, NULL, 405, "not allowed"},
+    {"GET on a POST route", "GET", CHAT, NULL, NULL, 405, "not allowed"},
+    {"no API key", "POST", CHAT, "", "{" MSG "}", 401, "invalid_api_key"},
+    {"wrong API key", "POST", CHAT, "test-key-124", "{" MSG "}", 401, "invalid_api_key"},
+    {"API key prefix", "POST", CHAT, "test-key-12", "{" MSG "}", 401, "invalid_api_key"},
+    {"API key longer", "POST", CHAT, "test-key-1234", "{" MSG "}", 401, "invalid_api_key"},
+    {"metrics without key", "GET", "/metrics", "", NULL, 401, NULL},
+    {"tokenize a number", "POST", "/tokenize", NULL, "{\"content\":5}", 400, "content"},
+    {"tokenize not JSON", "POST", "/tokenize", NULL, "hello", 400, "JSON"},
+    {"detokenize bad id", "POST", "/detokenize", NULL, "{\"tokens\":[1,-1]}", 400, "tokens"},
+    {"detokenize a string", "POST", "/detokenize", NULL, "{\"tokens\":\"1 2\"}", 400, "tokens"},
+};
+
+/* A body that is valid JSON nested far deeper than cJSON allows. */
+static char *deep_json(size_t depth) {
+    char *b = malloc(2 * depth + 64);
+    assert_non_null(b);
+    size_t n = (size_t)sprintf(b, "{\"messages\":");
+    for (size_t i = 0; i < depth; i++) b[n++] = '[';
+    for (size_t i = 0; i < depth; i++) b[n++] = ']';
+    b[n++] = '}';
+    b[n] = '\0';
+    return b;
+}
+
+/* A prompt longer than the test server's context of 512 positions. */
+static char *long_prompt(void) {
+    char *b = malloc(20000);
+    assert_non_null(b);
+    size_t n = (size_t)sprintf(b, "{\"prompt\":\"");
+    for (int i = 0; i < 1500; i++) n += (size_t)sprintf(b + n, "word ");
+    sprintf(b + n, "\",\"max_tokens\":4}");
+    return b;
+}
+
+/* The bystander: keeps sending small valid requests while the hostile
+ * ones run; every one of them must succeed. */
+typedef struct bystander {
+    atomic_bool stop;
+    int ok, failed;
+} bystander;
+
+static void *bystander_main(void *arg) {
+    bystander *b = arg;
+    while (!atomic_load(&b->stop)) {
+        reply r = http("POST", CHAT, NULL,
+                       "{\"messages\":[{\"role\":\"user\",\"content\":\"Say hi\"}],"
+                       "\"max_tokens\":4}");
+        if (r.status == 200 && strstr(r.body, "\"chat.completion\""))
+            b->ok++;
+        else
+            b->failed++;
+        reply_free(&r);
+    }
+    return NULL;
+}
+
+static int n_failed;
+
+/* Checks a reply; a failure is counted (so the bystander is always
+ * stopped before the test fails). Every error is OpenAI's JSON error. */
+static void expect(const char *name, reply r, int status, const char *text) {
+    bool ok = r.status == status && (!text || strstr(r.body, text)) &&
+              (status < 400 || strstr(r.body, "{\"error\":{\"message\":"));
+    if (!ok) {
+        print_error("%s: want %d with '%s', got %d: %.300s\n", name, status, text ? text : "",
+                    r.status, r.raw);
+        n_failed++;
+    }
+}
+
+static void expect_true(const char *name, bool ok) {
+    if (!ok) {
+        print_error("%s: failed\n", name);
+        n_failed++;
+    }
+}
+
+/* Raw requests no JSON client would send. */
+static void hostile_raw(void) {
+    char req[512];
+    /* A body declared far over the limit: refused before it is sent. */
+    snprintf(req, sizeof req,
+             "POST " CHAT " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " KEY
+             "\r\nContent-Length: 100000000\r\n\r\n{");
+    reply r = http_raw(req, strlen(req), 10);
+    expect("huge Content-Length", r, 413, "request_too_large");
+    reply_free(&r);
+
+    /* A chunked body that grows past the limit. */
+    size_t big = 256 * 1024; /* 50 chunks of 4 KiB and their framing */
+    char *b = malloc(big + 512);
+    assert_non_null(b);
+    int n = snprintf(b, 512,
+                     "POST " CHAT " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " KEY
+                     "\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n");
+    size_t len = (size_t)n;
+    for (int i = 0; i < 50; i++) {
+        len += (size_t)sprintf(b + len, "1000\r\n");
+        memset(b + len, 'a', 4096);
+        len += 4096;
+        len += (size_t)sprintf(b + len, "\r\n");
+    }
+    len += (size_t)sprintf(b + len, "0\r\n\r\n");
+    r = http_raw(b, len, 10);
+    expect("huge chunked body", r, 413, "request_too_large");
+    reply_free(&r);
+    free(b);
+
+    /* Deep nesting within the size limit. */
+    char *deep = deep_json(20000);
+    r = http("POST", CHAT, NULL, deep);
+    expect("deep nesting", r, 400, "invalid_json");
+    reply_free(&r);
+    free(deep);
+
+    /* A prompt longer than the context. */
+    char *lp = long_prompt();
+    r = http("POST", CMPL, NULL, lp);
+    expect("prompt over the context", r, 400, "context_length_exceeded");
+    reply_free(&r);
+    free(lp);
+
+    /* Invalid UTF-8 (a lone continuation byte, an overlong, a surrogate). */
+    static const char *const bad_utf8[] = {
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"\x80\"}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"\xC0\xAF\"}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"\xED\xA0\x80\"}]}",
+        "{\"prompt\":\"abc\xF5\x80\x80\x80\"}",
+    };
+    for (size_t i = 0; i < sizeof bad_utf8 / sizeof *bad_utf8; i++) {
+        r = http("POST", i == 3 ? CMPL : CHAT, NULL, bad_utf8[i]);
+        expect("invalid UTF-8", r, 400, "UTF-8");
+        reply_free(&r);
+    }
+
+    /* A NUL byte inside the body. */
+    static const char nul_body[] = "{\"messages\":[{\"role\":\"user\",\0\"content\":\"hi\"}]}";
+    n = snprintf(req, sizeof req,
+                 "POST " CHAT " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " KEY
+                 "\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n",
+                 sizeof nul_body - 1);
+    memcpy(req + n, nul_body, sizeof nul_body - 1);
+    r = http_raw(req, (size_t)n + sizeof nul_body - 1, 10);
+    expect("NUL in the body", r, 400, "invalid_json");
+    reply_free(&r);
+
+    /* Not HTTP at all: libmicrohttpd answers or hangs up; nothing breaks. */
+    static const char junk[] = "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 TLS hello?\r\n\r\n";
+    r = http_raw(junk, sizeof junk - 1, 10);
+    expect_true("TLS hello", r.status == 0 || (r.status >= 400 && r.status < 500));
+    reply_free(&r);
+    r = http_raw("GET\r\n\r\n", 7, 10);
+    expect_true("bare GET", r.status == 0 || (r.status >= 400 && r.status < 500));
+    reply_free(&r);
+
+    /* A header far over libmicrohttpd's memory for one request. */
+    size_t hl = 100 * 1024;
+    char *h = malloc(hl + 256);
+    assert_non_null(h);
+    n = sprintf(h, "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ");
+    memset(h + n, 'b', hl);
+    strcpy(h + n + hl, "\r\n\r\n");
+    r = http_raw(h, strlen(h), 10);
+    expect_true("huge header", r.status == 0 || r.status == 413 || r.status == 431);
+    reply_free(&r);
+    free(h);
+}
+
+/* Slow-loris: connections that send part of a request and stall are cut
+ * off after the idle timeout; others are served meanwhile. */
+static void slow_loris(void) {
+    int fds[8];
+    for (int i = 0; i < 8; i++) {
+        fds[i] = connect_srv(IDLE_S + 5);
+        const char *part = i % 2 ? "POST " CHAT " HTTP/1.1\r\nHost: x\r\nContent-Le"
+                                 : "POST " CHAT " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " KEY
+                                   "\r\nContent-Length: 50\r\n\r\n{\"messages\":";
+        send_all(fds[i], part, strlen(part));
+    }
+    reply r = http("GET", "/health", "", NULL);
+    expect("health during slow-loris", r, 200, "ok"); /* served while they stall */
+    reply_free(&r);
+    double t0 = now_s();
+    for (int i = 0; i < 8; i++) {
+        char c;
+        ssize_t k = recv(fds[i], &c, 1, 0);
+        expect_true("slow-loris closed by the server", k == 0); /* not by our timeout */
+        close(fds[i]);
+    }
+    double waited = now_s() - t0;
+    print_message("slow-loris connections closed after %.1f s (idle timeout %d s)\n", waited,
+                  IDLE_S);
+    expect_true("slow-loris closed in time", waited < IDLE_S + 3);
+}
+
+static void test_hostile(void **st) {
+    (void)st;
+    bystander by = {0};
+    atomic_init(&by.stop, false);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, bystander_main, &by), 0);
+
+    size_t n = sizeof bad_cases / sizeof *bad_cases;
+    for (size_t i = 0; i < n; i++) {
+        const bad_case *c = &bad_cases[i];
+        reply r = http(c->method, c->path, c->key, c->body);
+        expect(c->name, r, c->status, c->expect);
+        reply_free(&r);
+    }
+    hostile_raw();
+    slow_loris();
+
+    atomic_store(&by.stop, true);
+    pthread_join(th, NULL);
+    assert_int_equal(n_failed, 0);
+    print_message("%zu table cases and 16 raw ones refused; the bystander got %d answers, %d "
+                  "failures\n",
+                  n, by.ok, by.failed);
+    assert_int_equal(by.failed, 0);
+    assert_true(by.ok >= 1);
+    wait_idle(10);
+}
+
+/* ------------------------------------------------------------ disconnects */
+
+/* Starts a long request, reads a little, hangs up; the engine must free
+ * its blocks. */
+static void hang_up(bool stream) {
+    double before = metric("cellm_client_disconnects_total");
+    char body[256], req[1024];
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"Once upon a time\",\"max_tokens\":400,\"temperature\":1,"
+             "\"stream\":%s}",
+             stream ? "true" : "false");
+    int n = snprintf(req, sizeof req,
+                     "POST " CMPL " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " KEY
+                     "\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    int fd = connect_srv(30);
+    send_all(fd, req, (size_t)n);
+    double t0 = now_s();
+    while (metric("cellm_kv_blocks_used") == 0) { /* the request is running */
+        if (now_s() - t0 > 10) fail_msg("the request did not start");
+        sleep_ms(20);
+    }
+    if (stream) {
+        char buf[4096];
+        assert_true(recv(fd, buf, sizeof buf, 0) > 0); /* the stream has begun */
+    }
+    close(fd);
+    t0 = now_s();
+    wait_idle(5);
+    print_message("%s: blocks free %.2f s after the client hung up\n",
+                  stream ? "stream" : "whole reply", now_s() - t0);
+    assert_true(metric("cellm_client_disconnects_total") >= before + 1);
+}
+
+static void test_disconnect(void **st) {
+    (void)st;
+    hang_up(true);
+    hang_up(false);
+}
+
+/* ------------------------------------------------------------ load */
+
+#define N_CLIENTS 32
+#define PER_CLIENT 2
+
+typedef struct client {
+    int id, ok, n_requests, max_tokens;
+    char err[256];
+} client;
+
+static void *client_main(void *arg) {
+    client *c = arg;
+    for (int k = 0; k < c->n_requests; k++) {
+        char body[512];
+        snprintf(body, sizeof body,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"Count from %d to %d.\"}],"
+                 "\"max_tokens\":%d,\"temperature\":0.7,\"seed\":%d,\"stream\":true,"
+                 "\"stream_options\":{\"include_usage\":true}}",
+                 c->id, c->id + 5, c->max_tokens, c->id * 10 + k);
+        reply r = http("POST", CHAT, NULL, body);
+        const char *done = strstr(r.body, "data: [DONE]\n\n");
+        if (r.status != 200 || !done || !strstr(r.body, "\"finish_reason\":\"") ||
+            !strstr(r.body, "\"usage\":{\"prompt_tokens\"") || strstr(r.body, "\"error\""))
+            snprintf(c->err, sizeof c->err, "client %d: %d %.200s", c->id, r.status, r.raw);
+        else
+            c->ok++;
+        reply_free(&r);
+    }
+    return NULL;
+}
+
+/* n clients at once, each sending `per` streamed requests one after
+ * another; all must complete, and the server must return to idle. */
+static void load_round(const char *what, int n, int per, int max_tokens) {
+    pthread_t th[N_CLIENTS];
+    client cl[N_CLIENTS];
+    assert_true(n <= N_CLIENTS);
+    double t0 = now_s();
+    for (int i = 0; i < n; i++) {
+        cl[i] = (client){i, 0, per, max_tokens, ""};
+        assert_int_equal(pthread_create(&th[i], NULL, client_main, &cl[i]), 0);
+    }
+    int ok = 0;
+    for (int i = 0; i < n; i++) {
+        pthread_join(th[i], NULL);
+        if (cl[i].err[0]) print_error("%s\n", cl[i].err);
+        ok += cl[i].ok;
+    }
+    print_message("%s: %d of %d streamed requests from %d clients complete in %.1f s\n", what, ok,
+                  n * per, n, now_s() - t0);
+    assert_int_equal(ok, n * per);
+    wait_idle(10);
+    assert_int_equal((int)metric("cellm_kv_blocks_free"), (int)metric("cellm_kv_blocks_total"));
+    assert_int_equal((int)metric("cellm_streams_open"), 0);
+}
+
+static void test_load(void **st) {
+    (void)st;
+    load_round("warm-up", N_CLIENTS, PER_CLIENT, 16);
+    double rss0 = metric("process_resident_memory_bytes");
+    load_round("load", N_CLIENTS, PER_CLIENT, 16);
+    double rss1 = metric("process_resident_memory_bytes");
+    print_message("resident memory after warm-up %.1f MiB, after load %.1f MiB\n", rss0 / 1048576,
+                  rss1 / 1048576);
+#if !defined(__SANITIZE_ADDRESS__)
+    /* (ASan's quarantine holds freed memory on purpose; LSan checks leaks
+     * there.) */
+    assert_true(rss1 <= rss0 + 8.0 * 1048576);
+#endif
+    assert_int_equal((int)metric("cellm_choices_finished_total{reason=\"error\"}"), 0);
+}
+
+/* The server's threads under ThreadSanitizer: a few concurrent streams,
+ * a whole reply and a stream whose clients hang up, and bad input. */
+static void test_tsan_serve(void **st) {
+    (void)st;
+    load_round("tsan", 3, 1, 2);
+    hang_up(true);
+    hang_up(false);
+    reply r = http("POST", CHAT, NULL, "{\"messages\":[}");
+    assert_int_equal(r.status, 400);
+    reply_free(&r);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cli),        cmocka_unit_test(test_endpoints),
+        cmocka_unit_test(test_cors),       cmocka_unit_test(test_hostile),
+        cmocka_unit_test(test_disconnect), cmocka_unit_test(test_load),
+        cmocka_unit_test(test_tsan_serve),
+    };
+    /* test.sh runs only test_tsan_* under ThreadSanitizer. */
+    if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

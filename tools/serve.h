@@ -1,0 +1,242 @@
+/*
+ * serve.h — `cellm serve`: an OpenAI-compatible HTTP server on one engine.
+ *
+ * The server is split by subject:
+ *   serve.c          the command: flags, loading the model, starting and
+ *                    stopping the engine and the HTTP daemon
+ *   serve_http.c     the HTTP layer on libmicrohttpd: bodies, limits,
+ *                    API key, CORS, routing, JSON replies and errors
+ *   serve_req.c      parsing and validating request JSON (no engine: the
+ *                    fuzz target drives it alone)
+ *   serve_oai.c      the endpoints: completions (checked, then run as a
+ *                    job), models, tokenize, detokenize
+ *   serve_job.c      a job: the engine requests of one completion request
+ *                    and their reply, whole or streamed as server-sent events
+ *   serve_metrics.c  counters and the Prometheus text of /metrics
+ *   serve_page.c     the web chat page served at /
+ *
+ * Threads: libmicrohttpd runs one thread per connection; each handles its
+ * requests one after another and may block (waiting for the engine) without
+ * holding up the others. The engine thread runs the request callbacks,
+ * which only copy text into their job under the job's lock.
+ */
+#ifndef CELLM_SERVE_H
+#define CELLM_SERVE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cellm.h"
+
+/* ------------------------------------------------------------ options */
+
+#define SERVE_MAX_CORS 8
+
+typedef struct serve_opts {
+    const char *model;         /* path or store name */
+    const char *host;          /* default 127.0.0.1 */
+    int port;                  /* 0: any free port */
+    const char *alias;         /* model id in the API; default: store name or file stem */
+    const char *api_key;       /* NULL: no check */
+    const char *chat_template; /* NULL: the model's */
+    cellm_engine_params engine;
+    int32_t n_predict;  /* max_tokens when a request gives none; -1: the context */
+    float temperature;  /* when a request gives none */
+    size_t max_body;    /* bytes of a request body */
+    int max_queue;      /* engine requests running or waiting; more get 503 */
+    int max_conns;      /* connections at once */
+    int max_n;          /* choices per request (n x prompts) */
+    unsigned timeout_s; /* one request, submit to last byte; 0: none */
+    unsigned idle_s;    /* a connection that sends nothing this long is closed */
+    const char *cors[SERVE_MAX_CORS];
+    int n_cors;
+    bool verbose;
+} serve_opts;
+
+serve_opts serve_default_opts(void);
+
+/* ------------------------------------------------------------ metrics */
+
+/* Counters the HTTP threads bump (relaxed atomics: they are statistics). */
+typedef struct serve_counters {
+    atomic_ullong http_2xx, http_4xx, http_5xx, http_other;
+    atomic_ullong chat, completions, other_routes;
+    atomic_ullong prompt_tokens, completion_tokens;
+    atomic_ullong finished_stop, finished_length, cancelled, errors;
+    atomic_ullong disconnects, timeouts, rejected_busy;
+    atomic_ullong n_timed, queue_us, total_us; /* over finished choices */
+    atomic_ullong n_first, first_token_us;     /* over those that made a token */
+    atomic_int in_flight;                      /* engine requests submitted and not yet freed */
+    atomic_int streams;                        /* streaming responses open */
+} serve_counters;
+
+/* ------------------------------------------------------------ the server */
+
+typedef struct server {
+    serve_opts o;
+    char model_id[256];
+    char model_path[4096];
+    cellm_model *model;
+    cellm_engine *engine;
+    cellm_model_info info;
+    int32_t n_ctx;
+    struct MHD_Daemon *daemon;
+    int port;       /* the port bound */
+    double t_start; /* monotonic seconds */
+    long created;   /* wall-clock seconds, for the model list */
+    atomic_bool stopping;
+    atomic_ullong rng_ctr; /* ids and seeds: splitmix64 of rng_seed + counter */
+    uint64_t rng_seed;
+    serve_counters c;
+} server;
+
+/* Loads the model, creates the engine and starts listening. On failure
+ * writes a message to err (cap bytes) and returns NULL. */
+server *serve_start(const serve_opts *o, char *err, size_t cap);
+
+/* Stops listening, ends every connection (cancelling their requests) and
+ * frees everything. NULL is fine. */
+void serve_stop(server *s);
+
+/* A random 64-bit number (thread-safe). */
+uint64_t serve_random(server *s);
+
+/* `cellm serve [MODEL] [options]`. */
+int cmd_serve(int argc, char **argv);
+
+/* ------------------------------------------------------------ serve_http.c */
+
+/* Starts the HTTP daemon on s->o.host:s->o.port; sets s->port. */
+bool http_start(server *s, char *err, size_t cap);
+void http_stop(server *s);
+
+/* ------------------------------------------------------------ serve_req.c */
+
+/* An error for the client, OpenAI style. */
+typedef struct serve_err {
+    int status;       /* HTTP status */
+    const char *type; /* "invalid_request_error", "server_error", ... */
+    const char *code; /* "invalid_value", ... or NULL */
+    char param[64];   /* the offending field, or "" */
+    char msg[512];
+} serve_err;
+
+/* Sets *e and returns false, so a failing check reads `return serr(...)`. */
+bool serr(serve_err *e, int status, const char *code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+typedef enum serve_kind { SERVE_CHAT, SERVE_COMPLETION } serve_kind;
+
+#define SERVE_MAX_STOP 4
+#define SERVE_MAX_BIAS 300
+
+/* One completion prompt: text, or token ids. */
+typedef struct serve_prompt {
+    char *text;
+    int32_t *tokens;
+    int32_t n_tokens;
+} serve_prompt;
+
+/* What the parser needs to know about the server to check ranges. */
+typedef struct serve_limits {
+    int32_t n_vocab;
+    int32_t n_ctx;
+    int max_n;
+    int32_t n_predict;
+    float temperature;
+} serve_limits;
+
+/* A validated request to /v1/chat/completions or /v1/completions. Every
+ * string is owned by the request (freed by serve_req_free). */
+typedef struct serve_req {
+    serve_kind kind;
+    char *model; /* NULL: not given */
+    cellm_chat_message *messages;
+    int32_t n_messages;
+    serve_prompt *prompts;
+    int32_t n_prompts;
+    int32_t max_tokens; /* -1: until the context is full */
+    float temperature, top_p, min_p, typical_p;
+    int32_t top_k;
+    bool has_seed;
+    uint64_t seed;
+    char *stop[SERVE_MAX_STOP];
+    int n_stop;
+    float presence_penalty, frequency_penalty, repeat_penalty;
+    int32_t repeat_last_n; /* the penalties' window; -1: the whole context */
+    int32_t bias_tok[SERVE_MAX_BIAS];
+    float bias_val[SERVE_MAX_BIAS];
+    int n_bias;
+    int n;
+    bool stream, include_usage, echo;
+} serve_req;
+
+/* Parses and validates body[0..len) (any bytes). True with *r filled, or
+ * false with *e set (and nothing left to free). */
+bool serve_req_parse(const char *body, size_t len, serve_kind kind, const serve_limits *lim,
+                     serve_req *r, serve_err *e);
+void serve_req_free(serve_req *r);
+
+/* Parses body[0..len) (followed by nothing but white space) into a new
+ * cJSON tree (a cJSON *; free with cJSON_Delete), or NULL with *err_at
+ * (may be NULL) near the error. Thread-safe. */
+void *serve_json_parse(const char *body, size_t len, size_t *err_at);
+
+/* True when s[0..len) is valid UTF-8 (no overlongs, surrogates or code
+ * points past U+10FFFF). */
+bool serve_utf8_valid(const char *s, size_t len);
+
+/* Adds s[0..n) to the cJSON object `obj` as the string field `name`, any
+ * invalid UTF-8 replaced by U+FFFD (JSON text must be UTF-8). */
+void *serve_json_add_text(void *obj, const char *name, const char *s, size_t n);
+
+/* ------------------------------------------------------------ serve_job.c */
+
+struct MHD_Connection;
+typedef struct job job;
+
+/* Makes a job of the validated request *rq (which it takes over: *rq is
+ * emptied) and submits its engine requests. NULL with *e set when it
+ * cannot: 503 when the queue is full, 400 for a prompt the engine refuses
+ * (too long for the context, ...). */
+job *job_start(server *s, struct MHD_Connection *conn, serve_req *rq, serve_err *e);
+
+/* Replies with the job's result, whole (waiting for it here) or streamed
+ * (the job then lives as long as the response), and frees the job.
+ * libmicrohttpd's MHD_YES / MHD_NO. */
+int job_reply(job *j);
+
+/* ------------------------------------------------------------ serve_oai.c */
+
+/* Each handles one complete request (body[0..len)) and queues the reply on
+ * `conn`; the return value is libmicrohttpd's (MHD_YES / MHD_NO). */
+int oai_completions(server *s, struct MHD_Connection *conn, serve_kind kind, const char *body,
+                    size_t len);
+int oai_models(server *s, struct MHD_Connection *conn, const char *id);
+int oai_tokenize(server *s, struct MHD_Connection *conn, const char *body, size_t len);
+int oai_detokenize(server *s, struct MHD_Connection *conn, const char *body, size_t len);
+
+/* ------------------------------------------------------------ replies */
+
+/* Queue a reply on `conn` with the server's common headers (CORS) and count
+ * its status. `body` is copied. retry_after > 0 adds Retry-After. */
+int http_reply(server *s, struct MHD_Connection *conn, int status, const char *ctype,
+               const char *body, size_t len, int retry_after);
+int http_reply_error(server *s, struct MHD_Connection *conn, const serve_err *e);
+/* Replies with the JSON text of `json` (a cJSON *) and frees it. */
+int http_reply_json(server *s, struct MHD_Connection *conn, int status, void *json);
+/* Adds the common headers to a response made elsewhere (streams). */
+void http_add_headers(server *s, struct MHD_Connection *conn, void *response);
+void http_count_status(server *s, int status);
+
+/* ------------------------------------------------------------ the rest */
+
+/* The Prometheus text of /metrics, a new string the caller frees. */
+char *metrics_text(server *s);
+
+/* The web chat page: static HTML. */
+extern const char serve_page_html[];
+
+#endif /* CELLM_SERVE_H */
