@@ -28,11 +28,11 @@ static void quantize_rows(void *arg, int ith, int nth) {
 }
 
 /* One tile of weight rows [j0, j1) against every activation row: groups of
- * eight, then four activation rows through dot8_y and dot4_y (each weight block unpacked once for
- * four rows), then the rest one at a time through dot4_x (four weight rows
- * share each activation block). Every (weight row, activation row) pair
- * gets the same arithmetic as vec_dot whichever path takes it, so results
- * do not depend on m, the tile or the thread split. */
+ * eight, then four activation rows through dot8_y and dot4_y (each weight
+ * block unpacked once for all of them), then the rest one at a time. Every
+ * (weight row, activation row) pair gets the same arithmetic as vec_dot
+ * whichever path takes it, so results do not depend on m, the tile or the
+ * thread split. */
 static void dot_tile(const mm_task *t, long j0, long j1) {
     const quant_type_info *wt = t->wt;
     const size_t n = (size_t)t->n, k = (size_t)t->k;
@@ -61,17 +61,12 @@ static void dot_tile(const mm_task *t, long j0, long j1) {
     for (; r < t->m; r++) {
         const uint8_t *xq = t->xq + (size_t)r * t->x_row;
         float *yr = t->y + (size_t)r * n;
-        long j = j0;
-        /* Four weight rows at once would halve the streaming rate of a
-         * matvec (four interleaved streams prefetch worse than one on the
-         * CPUs measured, see docs/kernels.md): only when rows are cached. */
-        if (wt->dot4_x && t->m > 1) {
-            for (; j + 4 <= j1; j += 4) {
-                wt->dot4_x(k, t->w + (size_t)j * t->w_row, t->w_row, xq, 0, out);
-                for (int i = 0; i < 4; i++) yr[j + i] = out[i];
-            }
-        }
-        for (; j < j1; j++) yr[j] = wt->vec_dot(k, t->w + (size_t)j * t->w_row, xq);
+        /* One weight row at a time (the tile's rows stay in L1 for the
+         * next activation row). dot4_x's four weight rows at once would
+         * read four interleaved streams, which prefetch worse: a matvec
+         * from memory ran at half speed, and a step with 2 sessions lost
+         * 40% (docs/kernels.md). */
+        for (long j = j0; j < j1; j++) yr[j] = wt->vec_dot(k, t->w + (size_t)j * t->w_row, xq);
     }
 }
 
