@@ -345,6 +345,7 @@ static bool step_intake(cellm_engine *e) {
         session_release_kv(e, sn);
         pthread_mutex_lock(&e->mu);
         sn->dropped = true; /* the freeing thread may free it from here on */
+        publish_locked(e);
         pthread_cond_broadcast(&e->cv_done);
         pthread_mutex_unlock(&e->mu);
     }

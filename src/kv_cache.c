@@ -207,17 +207,21 @@ size_t kv_cache_release_free(kv_cache *c) {
                 b++;
                 continue;
             }
-            int32_t end = b;
-            bool any = false;
+            int32_t end = b, n_res = 0;
             while (end < g->n_blocks && g->ref[end] == 0) {
-                any |= g->resident[end] != 0;
-                g->n_resident -= g->resident[end];
+                n_res += g->resident[end];
                 g->resident[end] = 0;
                 end++;
             }
-            if (any)
-                released += pages_release(g->mem + (size_t)b * g->block_bytes,
-                                          (size_t)(end - b) * g->block_bytes);
+            g->n_resident -= n_res;
+            if (n_res > 0) {
+                /* Pages of blocks never used were not resident: count
+                 * those of the resident blocks, at most what went back. */
+                size_t n = pages_release(g->mem + (size_t)b * g->block_bytes,
+                                         (size_t)(end - b) * g->block_bytes);
+                size_t res = (size_t)n_res * g->block_bytes;
+                released += n < res ? n : res;
+            }
             b = end;
         }
     }

@@ -113,8 +113,8 @@ int32_t kv_cache_used_blocks(const kv_cache *c, int32_t group);
 
 /* Gives the pages of every free block back to the OS (they read as zero
  * when next handed out, and every position is written before it is read).
- * Returns the bytes given back: whole pages, so a little less than the
- * blocks' bytes where a block does not end on a page boundary. */
+ * Returns the bytes of resident blocks given back (whole pages: a little
+ * less where a run of free blocks does not end on a page boundary). */
 size_t kv_cache_release_free(kv_cache *c);
 
 /* Bytes of blocks that hold pages of memory: an estimate of the cache's

@@ -295,7 +295,7 @@ void cellm_session_free(cellm_session *s) {
         pthread_mutex_unlock(&e->mu);
         session_release_kv(e, s);
         session_destroy(s);
-        return;
+        return; /* the stats catch up at the end of the step */
     }
     /* Its blocks are the engine thread's to give back. */
     s->next_free = e->session_frees;
