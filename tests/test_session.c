@@ -14,6 +14,8 @@
  *  - cellm_engine_trim at each level gives back what it says (free pages,
  *    then kept blocks, then running requests' blocks) and requests still
  *    finish with the text they have alone;
+ *  - the same on Gemma 3 with a conversation longer than its sliding
+ *    window;
  *  - QoS changes while requests run (threads in use, pacing) leave greedy
  *    output unchanged and do not deadlock, and pacing slows steps down;
  *  - argument errors.
@@ -713,6 +715,42 @@ static void test_tsan_sessions(void **state) {
     cellm_engine_free(e);
 }
 
+/* Gemma 3: a conversation longer than its 512-position sliding window, so
+ * the kept KV of its windowed layers has already let go of its oldest
+ * blocks when the next turn takes it. */
+static void test_session_gemma(void **state) {
+    (void)state;
+    char path[4096];
+    cellm_model *gm = NULL;
+    assert_int_equal(cellm_model_load(test_model_path("gemma3-270m", path, sizeof path), NULL, &gm),
+                     CELLM_OK);
+    cellm_engine_params ep = cellm_engine_default_params();
+    ep.n_threads = 2;
+    ep.max_ctx = 2048;
+    ep.max_batch_tokens = 128;
+    cellm_engine *e = NULL;
+    assert_int_equal(cellm_engine_create(gm, &ep, &e), CELLM_OK);
+    static char system[8192];
+    size_t len = 0;
+    for (int i = 0; len + 100 < sizeof system && i < 60; i++)
+        len += (size_t)snprintf(system + len, sizeof system - len,
+                                "Rule %d: answer in plain words, and keep it short. ", i + 1);
+    cellm_session *s = session_new(e, system, 12);
+    reply r1, r2, ref;
+    turn(s, questions[0], NULL, &r1);
+    turn(s, questions[1], NULL, &r2);
+    print_message("gemma: turn 2 has %d prompt tokens, %d cached: '%s'\n", r2.res.n_prompt_tokens,
+                  r2.res.n_cached_tokens, r2.text);
+    assert_true(r1.res.n_prompt_tokens > 600);
+    assert_true(r2.res.n_cached_tokens >= r1.res.n_prompt_tokens);
+    one_shot(e, s, NULL, 12, &ref);
+    assert_same_reply(&r2, &ref);
+    cellm_session_free(s);
+    assert_pool_empty(e);
+    cellm_engine_free(e);
+    cellm_model_free(gm);
+}
+
 /* ---- errors ---- */
 
 static void free_in_done(const cellm_result *res, void *user) {
@@ -813,8 +851,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_session_errors),     cmocka_unit_test(test_session_turns),
         cmocka_unit_test(test_session_divergence), cmocka_unit_test(test_session_pressure),
-        cmocka_unit_test(test_trim_levels),        cmocka_unit_test(test_tsan_qos_changes),
-        cmocka_unit_test(test_tsan_sessions),
+        cmocka_unit_test(test_trim_levels),        cmocka_unit_test(test_session_gemma),
+        cmocka_unit_test(test_tsan_qos_changes),   cmocka_unit_test(test_tsan_sessions),
     };
     /* test.sh runs only test_tsan_* under ThreadSanitizer. */
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
