@@ -232,16 +232,17 @@ void engine_finish(cellm_engine *e, cellm_request *r, cellm_finish_reason why, c
     bool last = --r->refs == 0;
     if (r->session) {
         r->session->turn = NULL;
-        if (r->session->free_pending) orphan = r->session;
+        if (r->session->free_pending) {
+            /* Freed from a callback while this turn ran: its blocks go
+             * back before the stats are published. */
+            orphan = r->session;
+            session_release_kv(e, orphan);
+        }
     }
     publish_locked(e);
     pthread_cond_broadcast(&e->cv_done);
     pthread_mutex_unlock(&e->mu);
-    if (orphan) {
-        /* Freed from a callback while this turn ran. */
-        session_release_kv(e, orphan);
-        session_destroy(orphan);
-    }
+    session_destroy(orphan);
     if (last) request_release(r);
 }
 
