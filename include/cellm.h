@@ -132,6 +132,26 @@ typedef enum cellm_kv_type {
     CELLM_KV_F16 = 0 /* the only type for now */
 } cellm_kv_type;
 
+/* The power/QoS policy: how hard the engine works, traded against heat and
+ * battery. Fewer threads and rests between steps make every request
+ * slower, never different: a request's tokens do not depend on the thread
+ * count (batch invariance). A phone app lowers it when the device reports
+ * thermal pressure or low battery, and raises it again after. */
+typedef struct cellm_qos {
+    /* Compute threads in use, 1..the engine's n_threads (the pool is made
+     * once, at creation; the threads not in use sleep). 0 (default): all. */
+    int n_threads;
+    /* Pacing: at least this many microseconds from the start of one step to
+     * the start of the next (a cap on steps per second); 0..10,000,000.
+     * Default 0: no minimum. */
+    int32_t min_step_us;
+    /* Pacing: the share of time spent computing, 0.01..1. After a step that
+     * took t seconds the engine rests t (1 - duty_cycle) / duty_cycle
+     * (0.5: rest as long as it worked). Default 1: no rest. With both set,
+     * the longer rest applies. */
+    float duty_cycle;
+} cellm_qos;
+
 typedef struct cellm_engine_params {
     int n_threads;            /* compute threads; 0 (default): cores, at most 4 */
     size_t mem_budget_bytes;  /* KV cache + activations; default 256 MiB */
@@ -139,6 +159,7 @@ typedef struct cellm_engine_params {
     int32_t max_seqs;         /* requests running at once; default 16 */
     int32_t max_ctx;          /* positions per request; 0 (default): the model's, at most 4096 */
     cellm_kv_type kv_type;    /* default CELLM_KV_F16 */
+    cellm_qos qos;            /* the policy it starts with (default: all threads, no pacing) */
 } cellm_engine_params;
 
 cellm_engine_params cellm_engine_default_params(void);
@@ -153,9 +174,46 @@ cellm_status cellm_engine_create(const cellm_model *model, const cellm_engine_pa
 
 /* Stops the engine thread and frees the engine (NULL is fine). Requests
  * still running or waiting finish as CELLM_FINISH_CANCELLED first (their
- * done callbacks run). Every request handle must be freed before this call.
- * Must not be called from a callback. */
+ * done callbacks run). Every request and session handle must be freed
+ * before this call. Must not be called from a callback. */
 void cellm_engine_free(cellm_engine *engine);
+
+/* Changes the power/QoS policy while the engine runs: from the start of
+ * its next step (a rest under the old policy ends at once). Thread-safe,
+ * callable from callbacks. Errors: CELLM_ERR_INVALID_ARG (a field out of
+ * its range; the engine keeps its policy). */
+cellm_status cellm_engine_set_qos(cellm_engine *engine, const cellm_qos *qos);
+
+/* The policy in force (n_threads as set: 0 means all). Thread-safe. */
+cellm_status cellm_engine_get_qos(cellm_engine *engine, cellm_qos *out);
+
+/* How much to give back under memory pressure; each level does what the
+ * ones before it do, and more. */
+typedef enum cellm_trim_level {
+    /* The pages of free KV blocks go back to the OS (they come back, as
+     * zeros, when next used). Costs nothing but page faults later. */
+    CELLM_TRIM_LIGHT = 1,
+    /* Also the KV blocks that sessions keep between turns are dropped:
+     * their next turn recomputes the conversation. */
+    CELLM_TRIM_MODERATE = 2,
+    /* Also every running request is preempted: its KV blocks go back to
+     * the OS and it waits in the queue, to be recomputed when it is
+     * readmitted (its text does not change). The engine then resumes:
+     * lower the QoS policy or cancel requests to keep it small. */
+    CELLM_TRIM_CRITICAL = 3
+} cellm_trim_level;
+
+/* Releases memory for the OS's low-memory warnings. A suggested mapping:
+ * Android onTrimMemory RUNNING_MODERATE or UI_HIDDEN -> LIGHT; RUNNING_LOW
+ * or BACKGROUND -> MODERATE; RUNNING_CRITICAL or COMPLETE -> CRITICAL; an
+ * iOS memory warning -> MODERATE (CRITICAL when it repeats). The engine
+ * thread does it between two steps; this waits until it is done and puts
+ * the bytes given back to the OS in *released (may be NULL; calls at the
+ * same time may share one trim and its count). From a callback it cannot
+ * wait: the trim is done after the current step and *released is 0.
+ * cellm_stats.bytes_kv_resident and bytes_released show the effect.
+ * Thread-safe. Errors: CELLM_ERR_INVALID_ARG (an unknown level). */
+cellm_status cellm_engine_trim(cellm_engine *engine, cellm_trim_level level, size_t *released);
 
 /* A snapshot of the engine's state, for metrics. */
 typedef struct cellm_stats {
@@ -170,6 +228,16 @@ typedef struct cellm_stats {
     double completion_tokens_per_s;
     uint64_t n_sampled;    /* tokens chosen by the samplers since creation */
     double sample_seconds; /* engine-thread time spent choosing them */
+    /* Memory as the OS sees it: the KV pool is mapped at creation but
+     * costs memory only once blocks are used, until a trim gives their
+     * pages back. */
+    size_t bytes_kv_resident; /* estimate: KV blocks used since their pages were given back */
+    size_t bytes_released;    /* given back to the OS by cellm_engine_trim since creation */
+    uint64_t n_trims;
+    int32_t blocks_kept;     /* KV blocks sessions keep between turns (part of blocks_used) */
+    int32_t n_sessions_kept; /* sessions with kept blocks */
+    int32_t n_threads;       /* compute threads in use (the QoS policy) */
+    double rest_seconds;     /* engine-thread time spent resting by the QoS pacing */
 } cellm_stats;
 
 /* Fills *out. Thread-safe; a consistent snapshot as of the last step. */
@@ -199,12 +267,13 @@ typedef struct cellm_result {
     cellm_status status; /* CELLM_OK unless finish_reason is CELLM_FINISH_ERROR */
     int32_t n_prompt_tokens;
     int32_t n_completion_tokens;
-    int32_t n_preemptions; /* times the request was preempted and recomputed */
-    double queue_ms;       /* submit to first step that ran it */
-    double first_token_ms; /* submit to first completion token */
-    double total_ms;       /* submit to finish */
-    int32_t stop_token;    /* CELLM_FINISH_STOP on a token: that token; else -1 */
-    int32_t stop_index;    /* CELLM_FINISH_STOP on a string: its index in params.stop; else -1 */
+    int32_t n_preemptions;   /* times the request was preempted and recomputed */
+    int32_t n_cached_tokens; /* prompt tokens a session kept from earlier turns: not computed */
+    double queue_ms;         /* submit to first step that ran it */
+    double first_token_ms;   /* submit to first completion token */
+    double total_ms;         /* submit to finish */
+    int32_t stop_token;      /* CELLM_FINISH_STOP on a token: that token; else -1 */
+    int32_t stop_index;      /* CELLM_FINISH_STOP on a string: its index in params.stop; else -1 */
 } cellm_result;
 
 /* Called on the engine thread with each piece of text as it is made:
@@ -372,6 +441,75 @@ cellm_status cellm_detokenize(const cellm_model *model, const int32_t *ids, int3
 
 /* Positions one request may use in `engine` (prompt and completion). */
 int32_t cellm_engine_n_ctx(const cellm_engine *engine);
+
+/* ---------------------------------------------------------------- sessions */
+
+/* A chat session: a conversation on one engine that keeps the KV cache of
+ * its earlier turns, so a new message computes only its own tokens (and
+ * those of the template around it) instead of the whole conversation.
+ * Each turn is a request like any other (the same callbacks, result,
+ * cancel, wait and free); the assistant's reply is added to the session's
+ * history when the request finishes. The next turn renders the whole
+ * history with the model's chat template and reuses the kept KV as far as
+ * its tokens agree with the new rendering (a template that rewrites
+ * earlier turns, or a reply cut by a stop string, costs a recompute from
+ * the first token that differs). Kept blocks count against the engine's
+ * budget; when blocks run short the engine drops them, least recently used
+ * session first and before preempting any request (the next turn then
+ * recomputes), and cellm_engine_trim drops them from CELLM_TRIM_MODERATE.
+ *
+ * A session runs one turn at a time. Its calls are not thread-safe against
+ * each other: one thread at a time uses a session (any thread; the engine
+ * thread's access is synchronised inside). */
+typedef struct cellm_session cellm_session;
+
+typedef struct cellm_session_params {
+    const char *system;      /* the system message, copied; NULL (default): none */
+    cellm_sampling sampling; /* each turn's sampling by default; logit_bias is copied */
+    int32_t max_tokens;      /* each reply's limit by default; 256 */
+} cellm_session_params;
+
+cellm_session_params cellm_session_default_params(void);
+
+/* Creates an empty session on `engine` (which must outlive it). `params`
+ * may be NULL for the defaults. Thread-safe. Errors: CELLM_ERR_INVALID_ARG,
+ * CELLM_ERR_UNSUPPORTED (the model has no chat template cellm can render),
+ * CELLM_ERR_NO_MEMORY. */
+cellm_status cellm_session_create(cellm_engine *engine, const cellm_session_params *params,
+                                  cellm_session **out);
+
+/* Request params for the session's next turn: the defaults of
+ * cellm_request_default_params() with the session's sampling and
+ * max_tokens. Set callbacks, stops or priority on it and pass it to
+ * cellm_session_send. Its logit_bias points into the session. */
+cellm_request_params cellm_session_request_params(const cellm_session *session);
+
+/* Adds the user message `content` (copied) to the conversation and submits
+ * the assistant's reply as a request: *out as from cellm_submit (the
+ * caller owns it and frees it with cellm_request_free). `params` may be
+ * NULL for cellm_session_request_params(session); its input fields
+ * (prompt, messages, tokens) must be empty, since the session supplies the
+ * conversation. When the request finishes, the text it streamed becomes
+ * the assistant's message in the history; a turn that fails, or is
+ * cancelled before its first token, leaves the history as it was.
+ * Errors: those of cellm_submit (the history is then unchanged), and
+ * CELLM_ERR_INVALID_ARG when the previous turn has not finished or the
+ * conversation no longer fits the engine's context (max_ctx). */
+cellm_status cellm_session_send(cellm_session *session, const char *content,
+                                const cellm_request_params *params, cellm_request **out);
+
+/* The conversation so far (system message first, if any), in *msgs (owned
+ * by the session, valid until the next cellm_session_send or free) and *n.
+ * Not while a turn runs (CELLM_ERR_INVALID_ARG), except from that turn's
+ * done callback, where the reply is already in. */
+cellm_status cellm_session_messages(cellm_session *session, const cellm_chat_message **msgs,
+                                    int32_t *n);
+
+/* Frees the session (NULL is fine) and gives its kept KV blocks back to the
+ * engine. A turn still running is cancelled first and this waits for it
+ * (from a callback it does not wait: the session is freed when its turn
+ * has finished). The turn's request handle stays the caller's to free. */
+void cellm_session_free(cellm_session *session);
 
 #ifdef __cplusplus
 }

@@ -66,7 +66,8 @@ echo "== build (TSan)"
 cellm_build build-tsan -DCELLM_WERROR=ON -DCELLM_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 # Under TSan the models run 10-20x slower: the real-model tests run only
 # their cases named test_tsan_* there (test_forward's invariance on SmolLM2
-# with 1 and 2 threads, test_engine's 16-thread stress run), and
+# with 1 and 2 threads, test_engine's 16-thread stress run, test_session's
+# live QoS changes and concurrent sessions under trims), and
 # test_commands is left out (the same code runs in its release and ASan
 # runs; test_threadpool covers the pool under TSan).
 TSAN_OPTIONS=halt_on_error=1 CELLM_TEST_FILTER="test_tsan_*" \

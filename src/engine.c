@@ -1,15 +1,17 @@
 /*
  * engine.c — the public API of include/cellm.h: models, engines, requests,
  * and the engine thread that serves them (see engine.h for who owns what
- * and which lock guards it; scheduler.c plans each step).
+ * and which lock guards it; scheduler.c plans each step; session.c keeps
+ * chat sessions).
  *
- * The engine thread loops: take new requests and cancellations (under the
- * engine's mutex), plan a step, run it as one forward pass, then sample the
- * next token of every request whose row asked for logits, stream its text
- * and finish it on a stop token or string or a length limit. Callbacks run
- * on this thread, outside the mutex. Everything a request needs on the way
- * (token array, sampler, stop-string matcher, block table, text buffer) is
- * allocated when it is submitted, so a step allocates nothing.
+ * The engine thread loops: take new requests, cancellations, trims and
+ * session frees (under the engine's mutex), rest if the QoS policy's pacing
+ * says so, plan a step, run it as one forward pass, then sample the next
+ * token of every request whose row asked for logits, stream its text and
+ * finish it on a stop token or string or a length limit. Callbacks run on this
+ * thread, outside the mutex. Everything a request needs on the way (token
+ * array, sampler, stop-string matcher, block table, text buffer) is allocated when it is
+ * submitted, so a step allocates nothing.
  */
 #include <math.h>
 #include <stdio.h>
@@ -45,6 +47,14 @@ static cellm_status fail(const cellm_error *err) {
 static cellm_status fail_msg(cellm_status code, const char *msg) {
     snprintf(tl_error, sizeof tl_error, "%s", msg);
     return code;
+}
+
+cellm_status engine_fail(cellm_status code, const char *msg) {
+    return fail_msg(code, msg);
+}
+
+bool engine_on_thread(const cellm_engine *e) {
+    return pthread_equal(pthread_self(), e->thread) != 0;
 }
 
 /* ------------------------------------------------------------------ models */
@@ -135,11 +145,25 @@ static void publish_locked(cellm_engine *e) {
     s->completion_tokens_per_s = e->rate_gen;
     s->n_sampled = e->n_sampled;
     s->sample_seconds = e->t_sample;
+    s->bytes_kv_resident = kv_cache_resident_bytes(e->kv);
+    s->bytes_released = e->bytes_released;
+    s->n_trims = e->n_trims;
+    s->blocks_kept = e->blocks_kept;
+    s->n_sessions_kept = e->n_lru;
+    s->n_threads = tp_threads(e->tp);
+    s->rest_seconds = e->rest_s;
 }
 
-/* Calls the piece callback unless the owner has let go of the request. */
+/* Calls the piece callback unless the owner has let go of the request;
+ * a session's turn also keeps the text for the history. */
 static void emit(cellm_request *r, const char *piece, size_t n) {
-    if (n && r->on_piece && !r->detached) r->on_piece(piece, n, r->user);
+    if (!n) return;
+    if (r->reply && r->reply_len + n < r->reply_cap) {
+        memcpy(r->reply + r->reply_len, piece, n);
+        r->reply_len += n;
+        r->reply[r->reply_len] = '\0';
+    }
+    if (r->on_piece && !r->detached) r->on_piece(piece, n, r->user);
 }
 
 /* Passes decoded text on through the request's stop strings; returns true
@@ -164,13 +188,13 @@ static void request_release(cellm_request *r) {
     stop_free(r->stops);
     free(r->tokens);
     free(r->piece);
+    free(r->reply);
     free(r);
 }
 
 void engine_finish(cellm_engine *e, cellm_request *r, cellm_finish_reason why, cellm_status st,
                    const char *msg) {
     sched_remove(e, r);
-    kv_seq_free(e->kv, &r->seq); /* blocks back to the pool now */
     size_t n = 0;
     if (tok_stream_flush(&r->ts, r->piece, r->piece_cap, &n, NULL) == CELLM_OK)
         deliver(r, r->piece, n);
@@ -181,6 +205,10 @@ void engine_finish(cellm_engine *e, cellm_request *r, cellm_finish_reason why, c
         stop_flush(r->stops, &tail, &n);
         emit(r, tail, n);
     }
+    /* A session's turn hands its KV to the session (and its text to the
+     * history); anything else's blocks go back to the pool now. */
+    if (r->session) session_turn_end(e, r, why);
+    kv_seq_free(e->kv, &r->seq);
     double t = now_s();
     cellm_result res;
     memset(&res, 0, sizeof res);
@@ -189,6 +217,7 @@ void engine_finish(cellm_engine *e, cellm_request *r, cellm_finish_reason why, c
     res.n_prompt_tokens = r->n_prompt;
     res.n_completion_tokens = r->n_tokens - r->n_prompt;
     res.n_preemptions = r->n_preempt;
+    res.n_cached_tokens = r->n_cached;
     res.queue_ms = ((r->t_first_step > 0 ? r->t_first_step : t) - r->t_submit) * 1e3;
     res.first_token_ms = r->t_first_token > 0 ? (r->t_first_token - r->t_submit) * 1e3 : 0;
     res.total_ms = (t - r->t_submit) * 1e3;
@@ -196,13 +225,24 @@ void engine_finish(cellm_engine *e, cellm_request *r, cellm_finish_reason why, c
     res.stop_index = why == CELLM_FINISH_STOP ? r->stop_index : -1;
     if (msg) snprintf(r->err, sizeof r->err, "%s", msg);
     if (r->on_done && !r->detached) r->on_done(&res, r->user);
+    cellm_session *orphan = NULL;
     pthread_mutex_lock(&e->mu);
     r->result = res;
     r->done = true;
     bool last = --r->refs == 0;
+    if (r->session) {
+        r->session->turn = NULL;
+        if (r->session->free_pending) {
+            /* Freed from a callback while this turn ran: its blocks go
+             * back before the stats are published. */
+            orphan = r->session;
+            session_release_kv(e, orphan);
+        }
+    }
     publish_locked(e);
     pthread_cond_broadcast(&e->cv_done);
     pthread_mutex_unlock(&e->mu);
+    session_destroy(orphan);
     if (last) request_release(r);
 }
 
@@ -256,11 +296,21 @@ static void step_outputs(cellm_engine *e, const float *logits, double t_now) {
     }
 }
 
-/* Takes new requests in, and finishes the cancelled ones (all of them
- * when the engine stops). Returns false when the thread should end. */
+/* Gives memory back at `level` (cellm_trim_level); returns the bytes the
+ * OS got back. */
+static size_t trim_now(cellm_engine *e, int level) {
+    if (level >= CELLM_TRIM_CRITICAL) sched_preempt_all(e);
+    if (level >= CELLM_TRIM_MODERATE) session_drop_all(e);
+    return kv_cache_release_free(e->kv);
+}
+
+/* Takes new requests in, finishes the cancelled ones (all of them when the
+ * engine stops), lets go of freed sessions, trims, and takes up the QoS
+ * policy. Returns false when the thread should end. */
 static bool step_intake(cellm_engine *e) {
     pthread_mutex_lock(&e->mu);
-    while (!e->stop && !e->incoming && e->n_running == 0 && !e->waiting) {
+    while (!e->stop && !e->incoming && e->n_running == 0 && !e->waiting && !e->trim_level &&
+           !e->session_frees) {
         e->win_t0 = 0; /* idle time is not in the rates */
         pthread_cond_wait(&e->cv_work, &e->mu);
     }
@@ -274,8 +324,15 @@ static bool step_intake(cellm_engine *e) {
     for (int32_t i = 0; i < e->n_running; i++)
         e->running[i]->cancel_seen = e->running[i]->cancel || stopping;
     for (cellm_request *r = e->waiting; r; r = r->next) r->cancel_seen = r->cancel || stopping;
+    e->qos_now = e->qos;
+    int trim = e->trim_level;
+    uint64_t trim_ticket = e->trim_asked;
+    e->trim_level = 0;
+    cellm_session *frees = e->session_frees;
+    e->session_frees = NULL;
     pthread_mutex_unlock(&e->mu);
 
+    tp_set_threads(e->tp, e->qos_now.n_threads > 0 ? e->qos_now.n_threads : tp_size(e->tp));
     for (int32_t i = e->n_running - 1; i >= 0; i--)
         if (e->running[i]->cancel_seen)
             engine_finish(e, e->running[i], CELLM_FINISH_CANCELLED, CELLM_OK, NULL);
@@ -283,13 +340,76 @@ static bool step_intake(cellm_engine *e) {
         next = r->next;
         if (r->cancel_seen) engine_finish(e, r, CELLM_FINISH_CANCELLED, CELLM_OK, NULL);
     }
+    while (frees) {
+        cellm_session *sn = frees;
+        frees = sn->next_free;
+        session_release_kv(e, sn);
+        pthread_mutex_lock(&e->mu);
+        sn->dropped = true; /* the freeing thread may free it from here on */
+        publish_locked(e);
+        pthread_cond_broadcast(&e->cv_done);
+        pthread_mutex_unlock(&e->mu);
+    }
+    if (trim) {
+        size_t released = trim_now(e, trim);
+        pthread_mutex_lock(&e->mu);
+        e->trim_released = released;
+        e->trim_done = trim_ticket;
+        e->bytes_released += released;
+        e->n_trims++;
+        publish_locked(e);
+        pthread_cond_broadcast(&e->cv_done);
+        pthread_mutex_unlock(&e->mu);
+    }
     return !stopping;
+}
+
+/* When the QoS policy lets the next step start (0: now), from the last
+ * step's times. */
+static double next_step_at(const cellm_engine *e) {
+    if (e->step_t1 <= 0) return 0;
+    const cellm_qos *q = &e->qos_now;
+    double at = e->step_t0 + (double)q->min_step_us * 1e-6;
+    if (q->duty_cycle < 1) {
+        double rest = (e->step_t1 - e->step_t0) * (1 - (double)q->duty_cycle) / q->duty_cycle;
+        if (e->step_t1 + rest > at) at = e->step_t1 + rest;
+    }
+    return at;
+}
+
+/* Rests until `until` (now_s time) or something needs the engine thread
+ * sooner: a cancel, a trim, a session free, a new policy or the stop (they
+ * bump e->events; new requests do not, they wait for the next step). */
+static void engine_rest(cellm_engine *e, double until) {
+    double t0 = now_s(), t = t0;
+    pthread_mutex_lock(&e->mu);
+    uint64_t events = e->events;
+    while (!e->stop && e->events == events && t < until) {
+        /* Condition variables wait on the real-time clock wherever
+         * pthread_condattr_setclock is missing (Darwin): aim by it. */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double left = until - t;
+        long sec = (long)left;
+        long nsec = ts.tv_nsec + (long)((left - (double)sec) * 1e9);
+        ts.tv_sec += sec + nsec / 1000000000L;
+        ts.tv_nsec = nsec % 1000000000L;
+        pthread_cond_timedwait(&e->cv_work, &e->mu, &ts);
+        t = now_s();
+    }
+    pthread_mutex_unlock(&e->mu);
+    e->rest_s += t - t0;
 }
 
 static void *engine_main(void *arg) {
     cellm_engine *e = arg;
     cellm_error err;
     while (step_intake(e)) {
+        double at = next_step_at(e);
+        if (at > 0 && (e->n_running > 0 || e->waiting) && now_s() < at) {
+            engine_rest(e, at); /* then take in what came meanwhile */
+            continue;
+        }
         int32_t n_rows = sched_plan_step(e);
         if (n_rows == 0) continue;
         double t0 = now_s();
@@ -312,6 +432,8 @@ static void *engine_main(void *arg) {
         double t1 = now_s();
         step_outputs(e, logits, t1);
         e->n_steps++;
+        e->step_t0 = t0;
+        e->step_t1 = now_s();
         if (t1 - e->win_t0 >= 1.0) {
             e->rate_prompt = (double)e->win_prompt / (t1 - e->win_t0);
             e->rate_gen = (double)e->win_gen / (t1 - e->win_t0);
@@ -336,7 +458,21 @@ cellm_engine_params cellm_engine_default_params(void) {
     p.max_seqs = 16;
     p.max_ctx = 0;
     p.kv_type = CELLM_KV_F16;
+    p.qos.n_threads = 0;
+    p.qos.min_step_us = 0;
+    p.qos.duty_cycle = 1.0f;
     return p;
+}
+
+/* Checks a policy against a pool of `pool` threads; NULL when it is good,
+ * else what is wrong. */
+static const char *qos_check(const cellm_qos *q, int pool) {
+    if (q->n_threads < 0 || q->n_threads > pool)
+        return "qos.n_threads must be 0 (all) up to the engine's n_threads";
+    if (q->min_step_us < 0 || q->min_step_us > 10000000)
+        return "qos.min_step_us must be 0..10000000";
+    if (!(q->duty_cycle >= 0.01f && q->duty_cycle <= 1.0f)) return "qos.duty_cycle must be 0.01..1";
+    return NULL;
 }
 
 /* Frees what engine_create made, in reverse; the thread is not running. */
@@ -375,6 +511,8 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
         p.max_ctx = m->n_ctx_train > 0 && m->n_ctx_train < 4096 ? m->n_ctx_train : 4096;
     if (p.kv_type != CELLM_KV_F16)
         return fail_msg(CELLM_ERR_UNSUPPORTED, "only the f16 KV cache type exists so far");
+    const char *bad_qos = qos_check(&p.qos, p.n_threads);
+    if (bad_qos) return fail_msg(CELLM_ERR_INVALID_ARG, bad_qos);
 
     cellm_engine *e = calloc(1, sizeof *e);
     if (!e) return fail_msg(CELLM_ERR_NO_MEMORY, "out of memory");
@@ -409,6 +547,8 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
     pthread_cond_init(&e->cv_work, NULL);
     pthread_cond_init(&e->cv_done, NULL);
     atomic_init(&e->failed, false);
+    e->qos = e->qos_now = p.qos;
+    tp_set_threads(e->tp, p.qos.n_threads > 0 ? p.qos.n_threads : p.n_threads);
     e->stats.bytes_activations = e->act_bytes;
     for (int32_t g = 0; g < e->kv->n_groups; g++)
         e->stats.bytes_kv_total += (size_t)e->kv->groups[g].n_blocks * e->kv->groups[g].block_bytes;
@@ -428,6 +568,7 @@ void cellm_engine_free(cellm_engine *e) {
     if (!e) return;
     pthread_mutex_lock(&e->mu);
     e->stop = true;
+    e->events++;
     pthread_cond_signal(&e->cv_work);
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->thread, NULL);
@@ -442,6 +583,44 @@ cellm_status cellm_engine_stats(cellm_engine *e, cellm_stats *out) {
     pthread_mutex_lock(&e->mu);
     *out = e->stats;
     out->n_waiting += e->n_incoming;
+    pthread_mutex_unlock(&e->mu);
+    return CELLM_OK;
+}
+
+cellm_status cellm_engine_set_qos(cellm_engine *e, const cellm_qos *qos) {
+    if (!e || !qos) return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_engine_set_qos: a NULL argument");
+    const char *bad = qos_check(qos, e->p.n_threads);
+    if (bad) return fail_msg(CELLM_ERR_INVALID_ARG, bad);
+    pthread_mutex_lock(&e->mu);
+    e->qos = *qos;
+    e->events++;
+    pthread_cond_signal(&e->cv_work);
+    pthread_mutex_unlock(&e->mu);
+    return CELLM_OK;
+}
+
+cellm_status cellm_engine_get_qos(cellm_engine *e, cellm_qos *out) {
+    if (!e || !out) return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_engine_get_qos: a NULL argument");
+    pthread_mutex_lock(&e->mu);
+    *out = e->qos;
+    pthread_mutex_unlock(&e->mu);
+    return CELLM_OK;
+}
+
+cellm_status cellm_engine_trim(cellm_engine *e, cellm_trim_level level, size_t *released) {
+    if (released) *released = 0;
+    if (!e) return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_engine_trim: engine is NULL");
+    if (level < CELLM_TRIM_LIGHT || level > CELLM_TRIM_CRITICAL)
+        return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_engine_trim: the level must be 1..3");
+    pthread_mutex_lock(&e->mu);
+    if (e->trim_level < (int)level) e->trim_level = (int)level;
+    uint64_t ticket = ++e->trim_asked;
+    e->events++;
+    pthread_cond_signal(&e->cv_work);
+    if (!engine_on_thread(e)) {
+        while (e->trim_done < ticket && !e->stop) pthread_cond_wait(&e->cv_done, &e->mu);
+        if (released && e->trim_done >= ticket) *released = e->trim_released;
+    }
     pthread_mutex_unlock(&e->mu);
     return CELLM_OK;
 }
@@ -560,6 +739,14 @@ static cellm_status check_params(const cellm_request_params *p, cellm_error *err
     return CELLM_OK;
 }
 
+cellm_status engine_check_sampling(const cellm_sampling *sampling) {
+    cellm_request_params p = cellm_request_default_params();
+    p.sampling = *sampling;
+    cellm_error err;
+    err_clear(&err);
+    return check_params(&p, &err) ? fail(&err) : CELLM_OK;
+}
+
 /* The request's sampler, with the last tokens of its prompt in the
  * penalty window. */
 static cellm_status request_sampler(cellm_engine *e, cellm_request *r, const cellm_sampling *s,
@@ -601,6 +788,11 @@ cellm_status cellm_submit(cellm_engine *e, const cellm_request_params *p, cellm_
     if (!out) return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_submit: out is NULL");
     *out = NULL;
     if (!e || !p) return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_submit: a NULL argument");
+    return engine_submit(e, p, NULL, out);
+}
+
+cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm_session *session,
+                           cellm_request **out) {
     cellm_error err;
     err_clear(&err);
     const cellm_model *cm = e->model;
@@ -632,7 +824,14 @@ cellm_status cellm_submit(cellm_engine *e, const cellm_request_params *p, cellm_
     r->tokens = malloc((size_t)r->cap * sizeof(int32_t));
     r->piece_cap = tok_stream_bound(cm->tok) + 1;
     r->piece = malloc(r->piece_cap);
-    if (!r->tokens || !r->piece) {
+    if (session) {
+        /* Every token's text and the final flush, so the reply is kept
+         * whole without growing the buffer on the engine thread. */
+        r->reply_cap = ((size_t)(r->cap - r->n_prompt) + 1) * r->piece_cap + 1;
+        r->reply = malloc(r->reply_cap);
+        if (r->reply) r->reply[0] = '\0';
+    }
+    if (!r->tokens || !r->piece || (session && !r->reply)) {
         tok_ids_free(&ids);
         request_discard(e, r);
         return fail_msg(CELLM_ERR_NO_MEMORY, "out of memory");
@@ -683,6 +882,15 @@ cellm_status cellm_submit(cellm_engine *e, const cellm_request_params *p, cellm_
         request_discard(e, r);
         return fail_msg(CELLM_ERR_INVALID_ARG, "the engine is shutting down");
     }
+    if (session) {
+        if (session->turn) {
+            pthread_mutex_unlock(&e->mu);
+            request_discard(e, r);
+            return fail_msg(CELLM_ERR_INVALID_ARG, "the session's previous turn has not finished");
+        }
+        session->turn = r;
+        r->session = session;
+    }
     r->arrival = e->next_arrival++;
     r->next = e->incoming;
     e->incoming = r;
@@ -699,6 +907,7 @@ cellm_status cellm_cancel(cellm_request *r) {
     pthread_mutex_lock(&e->mu);
     if (!r->done) {
         r->cancel = true;
+        e->events++;
         pthread_cond_signal(&e->cv_work);
     }
     pthread_mutex_unlock(&e->mu);
@@ -737,6 +946,7 @@ void cellm_request_free(cellm_request *r) {
     pthread_mutex_lock(&e->mu);
     if (!r->done) {
         r->cancel = true;
+        e->events++;
         pthread_cond_signal(&e->cv_work);
         if (pthread_equal(pthread_self(), e->thread)) {
             /* From a callback: the engine finishes it later and frees it
@@ -751,10 +961,4 @@ void cellm_request_free(cellm_request *r) {
     bool last = --r->refs == 0;
     pthread_mutex_unlock(&e->mu);
     if (last) request_release(r);
-}
-
-/* ------------------------------------------------ for model_info.c */
-
-cellm_status engine_fail(cellm_status code, const char *msg) {
-    return fail_msg(code, msg);
 }

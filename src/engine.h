@@ -1,18 +1,21 @@
 /*
  * engine.h — the insides of the public engine API, shared by engine.c (the
- * handles, submission, the engine thread and its step loop) and
- * scheduler.c (the queues and the plan of each step's flat batch).
+ * handles, submission, the engine thread and its step loop, the QoS policy
+ * and trimming), scheduler.c (the queues and the plan of each step's flat
+ * batch) and session.c (chat sessions and the KV they keep).
  *
  * Threads and locks. Application threads call the public functions; one
  * engine thread per engine runs steps (and every callback); the thread
  * pool's workers only ever run forward-pass tasks for the engine thread.
  * `cellm_engine.mu` guards what application threads and the engine thread
- * share: the incoming list, the stop flag, the published stats, and in each
- * request the `cancel`, `done`, `refs` and `result` fields. Everything else
- * the engine thread owns alone (the KV cache, the forward context, the
- * running and waiting queues and each request's sequence state), or is
- * written once before the engine thread can see it (a request's fixed
- * parameters, set before it is put on the incoming list under `mu`).
+ * share: the incoming list, the stop flag, the published stats, the QoS
+ * policy, pending trims and session frees, in each request the `cancel`,
+ * `done`, `refs` and `result` fields, and in each session `turn` and the
+ * free handshake. Everything else the engine thread owns alone (the KV
+ * cache, the forward context, the running and waiting queues, each
+ * request's sequence state, each session's kept KV), or is written once
+ * before the engine thread can see it (a request's fixed parameters, set
+ * before it is put on the incoming list under `mu`).
  */
 #ifndef CELLM_ENGINE_H
 #define CELLM_ENGINE_H
@@ -38,6 +41,39 @@ struct cellm_model {
 };
 
 #define REQ_MAX_STOP 16
+
+/* A chat session (session.c). */
+struct cellm_session {
+    cellm_engine *e;
+
+    /* Fixed at creation. */
+    cellm_sampling sampling; /* logit_bias points to `bias` */
+    cellm_logit_bias *bias;
+    int32_t max_tokens;
+
+    /* The conversation: contents owned (roles are static strings). The
+     * owner's while no turn runs; the engine thread's while one does (it
+     * appends the reply, or takes back the user message, before clearing
+     * `turn` under mu). Capacity for two more is reserved at each send, so
+     * the engine thread never allocates. */
+    cellm_chat_message *msgs;
+    int32_t n_msgs, cap_msgs;
+
+    /* Engine thread only: the kept KV. seq.n_pos positions hold the K/V
+     * of kept[0 .. seq.n_pos). While a turn runs, its request holds the
+     * blocks (the two swap block tables at admission and at the end). */
+    kv_seq seq;
+    int32_t *kept; /* [engine max_ctx] */
+    int32_t n_kept_blocks;
+    cellm_session *lru_prev, *lru_next; /* idle with kept blocks: e->lru list */
+    bool in_lru;
+
+    /* Guarded by e->mu. */
+    cellm_request *turn;      /* the turn in flight, NULL when idle */
+    bool free_pending;        /* freed from a callback mid-turn: freed when it ends */
+    bool dropped;             /* the engine thread has let go of it (after a free) */
+    cellm_session *next_free; /* e->session_frees */
+};
 
 struct cellm_request {
     cellm_engine *e;
@@ -73,6 +109,14 @@ struct cellm_request {
     int32_t n_preempt;
     char err[CELLM_ERR_MSG_MAX];
 
+    /* A turn of a session (fixed at submit), and what the engine thread
+     * does with it. */
+    cellm_session *session;
+    bool adopted;     /* took the session's kept KV at admission */
+    int32_t n_cached; /* prompt tokens whose KV it took */
+    char *reply;      /* the text streamed, for the history; reply_cap bytes */
+    size_t reply_len, reply_cap;
+
     /* Guarded by e->mu. */
     bool cancel;
     bool done; /* finished and the done callback has returned */
@@ -103,6 +147,11 @@ struct cellm_engine {
     double win_t0;   /* tokens/s window */
     uint64_t win_prompt, win_gen;
     double rate_prompt, rate_gen;
+    cellm_qos qos_now;                  /* the policy of this step */
+    double step_t0, step_t1;            /* when the last step started and ended (0: none) */
+    double rest_s;                      /* seconds rested */
+    cellm_session *lru_head, *lru_tail; /* idle sessions with kept KV, least recent first */
+    int32_t n_lru, blocks_kept;
 
     /* Guarded by mu. */
     pthread_mutex_t mu;
@@ -112,7 +161,15 @@ struct cellm_engine {
     int32_t n_incoming;
     uint64_t next_arrival;
     bool stop;
-    cellm_stats stats; /* published by the engine thread */
+    cellm_stats stats;              /* published by the engine thread */
+    cellm_qos qos;                  /* the policy set by cellm_engine_set_qos */
+    uint64_t events;                /* bumped by what must end a rest early: see engine_rest */
+    int trim_level;                 /* pending trim, 0: none */
+    uint64_t trim_asked, trim_done; /* tickets: a trim covers every one asked before it */
+    size_t trim_released;           /* by the last trim */
+    size_t bytes_released;
+    uint64_t n_trims;
+    cellm_session *session_frees; /* sessions whose KV the engine thread must drop */
 
     pthread_t thread;
     atomic_bool failed; /* set once, after `error` is written */
@@ -132,6 +189,39 @@ void sched_remove(cellm_engine *e, cellm_request *r);
  * number of rows. May finish requests that can never fit. */
 int32_t sched_plan_step(cellm_engine *e);
 
+/* Preempts every running request (CELLM_TRIM_CRITICAL): blocks back to the
+ * pool, requests back to the waiting queue. Returns how many. */
+int32_t sched_preempt_all(cellm_engine *e);
+
+/* ---- session.c (engine thread only) ---- */
+
+/* At admission of a session's turn: takes the session's kept KV as far as
+ * it agrees with the turn's prompt (always leaving its last token to
+ * compute), and sets r->n_cached. */
+void session_adopt(cellm_engine *e, cellm_request *r);
+
+/* Undoes session_adopt for a turn that could not be admitted after all:
+ * the KV it took goes back to the session, kept. */
+void session_unadopt(cellm_engine *e, cellm_request *r);
+
+/* At the end of a session's turn, before its done callback: the reply goes
+ * into the history (or the user message comes out again), the turn's KV
+ * becomes the session's kept KV. */
+void session_turn_end(cellm_engine *e, cellm_request *r, cellm_finish_reason why);
+
+/* Drops the kept KV of the least recently used idle session; false when
+ * no session keeps any. */
+bool session_drop_lru(cellm_engine *e);
+
+/* Drops the kept KV of every idle session. Returns the blocks freed. */
+int32_t session_drop_all(cellm_engine *e);
+
+/* Lets go of a session being freed: drops its kept KV and block tables. */
+void session_release_kv(cellm_engine *e, cellm_session *s);
+
+/* Frees what the session owns apart from its KV, and the session. */
+void session_destroy(cellm_session *s);
+
 /* ---- engine.c ---- */
 
 /* Ends a request on the engine thread: frees its KV blocks, flushes its
@@ -139,9 +229,21 @@ int32_t sched_plan_step(cellm_engine *e);
 void engine_finish(cellm_engine *e, cellm_request *r, cellm_finish_reason why, cellm_status st,
                    const char *msg);
 
-/* ---- engine.c, for the public functions in other files (model_info.c) */
+/* cellm_submit, with `s` the session whose turn this is (or NULL); for a
+ * turn, `s->turn` is set under mu as the request is queued, and it fails
+ * with CELLM_ERR_INVALID_ARG when a turn is already in flight. Sets the
+ * thread's last error on failure. */
+cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm_session *s,
+                           cellm_request **out);
 
-/* Records `msg` as the calling thread's cellm_last_error(); returns code. */
+/* Checks sampling parameters as cellm_submit does (the sampler checks the
+ * rest when a request is made); sets the thread's last error. */
+cellm_status engine_check_sampling(const cellm_sampling *sampling);
+
+/* True on the engine thread (in a callback). */
+bool engine_on_thread(const cellm_engine *e);
+
+/* Records a message as the calling thread's last error; returns `code`. */
 cellm_status engine_fail(cellm_status code, const char *msg);
 
 #endif /* CELLM_ENGINE_H */

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pages.h"
+
 /* Positions a windowed group must hold for one sequence: the window plus
  * the block being filled, rounded to blocks. */
 static int32_t group_positions(int32_t window, int32_t ctx) {
@@ -61,10 +63,12 @@ cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, kv_
                            budget, g->block_bytes);
         }
         g->n_blocks = (int32_t)n;
-        g->mem = malloc(n * g->block_bytes);
+        g->map_bytes = n * g->block_bytes;
+        g->mem = pages_map(g->map_bytes);
         g->free_list = malloc(n * sizeof *g->free_list);
         g->ref = calloc(n, sizeof *g->ref);
-        if (!g->mem || !g->free_list || !g->ref) {
+        g->resident = calloc(n, 1);
+        if (!g->mem || !g->free_list || !g->ref || !g->resident) {
             kv_cache_free(c);
             return err_set(err, CELLM_ERR_NO_MEMORY, "cannot allocate %zu bytes of KV cache",
                            n * g->block_bytes);
@@ -80,9 +84,10 @@ cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, kv_
 void kv_cache_free(kv_cache *c) {
     if (!c) return;
     for (int32_t gi = 0; gi < 2; gi++) {
-        free(c->groups[gi].mem);
+        pages_unmap(c->groups[gi].mem, c->groups[gi].map_bytes);
         free(c->groups[gi].free_list);
         free(c->groups[gi].ref);
+        free(c->groups[gi].resident);
     }
     free(c);
 }
@@ -147,6 +152,10 @@ cellm_status kv_seq_reserve(kv_cache *c, kv_seq *s, int32_t n, cellm_error *err)
             if (s->table[gi][b] >= 0) continue;
             int32_t id = g->free_list[--g->n_free];
             g->ref[id] = 1;
+            if (!g->resident[id]) {
+                g->resident[id] = 1;
+                g->n_resident++;
+            }
             s->table[gi][b] = id;
         }
     }
@@ -185,4 +194,43 @@ bool kv_seq_truncate(kv_cache *c, kv_seq *s, int32_t n) {
             }
     s->n_pos = n;
     return true;
+}
+
+size_t kv_cache_release_free(kv_cache *c) {
+    size_t released = 0;
+    for (int32_t gi = 0; gi < c->n_groups; gi++) {
+        kv_group *g = &c->groups[gi];
+        /* Runs of adjacent free blocks, so that pages shared by two free
+         * blocks go back too. */
+        for (int32_t b = 0; b < g->n_blocks;) {
+            if (g->ref[b] != 0) {
+                b++;
+                continue;
+            }
+            int32_t end = b, n_res = 0;
+            while (end < g->n_blocks && g->ref[end] == 0) {
+                n_res += g->resident[end];
+                g->resident[end] = 0;
+                end++;
+            }
+            g->n_resident -= n_res;
+            if (n_res > 0) {
+                /* Pages of blocks never used were not resident: count
+                 * those of the resident blocks, at most what went back. */
+                size_t n = pages_release(g->mem + (size_t)b * g->block_bytes,
+                                         (size_t)(end - b) * g->block_bytes);
+                size_t res = (size_t)n_res * g->block_bytes;
+                released += n < res ? n : res;
+            }
+            b = end;
+        }
+    }
+    return released;
+}
+
+size_t kv_cache_resident_bytes(const kv_cache *c) {
+    size_t n = 0;
+    for (int32_t gi = 0; gi < c->n_groups; gi++)
+        n += (size_t)c->groups[gi].n_resident * c->groups[gi].block_bytes;
+    return n;
 }

@@ -14,6 +14,12 @@
  *
  * K and V are stored as f16. Blocks carry a reference count so that later
  * prefix sharing and copy-on-write fit without changing the layout.
+ *
+ * The pool is mapped from the OS (pages.h), so a block costs no physical
+ * memory until a sequence first writes it; kv_cache_release_free() gives
+ * the pages of free blocks back under memory pressure. Each group counts
+ * its resident blocks (handed out since their pages were last given back)
+ * as an estimate of the memory the cache really holds.
  */
 #ifndef CELLM_KV_CACHE_H
 #define CELLM_KV_CACHE_H
@@ -34,10 +40,13 @@ typedef struct kv_group {
     size_t layer_bytes;  /* one layer's slice of a block */
     size_t block_bytes;
     int32_t n_blocks;
-    uint8_t *mem;
+    uint8_t *mem; /* pages_map'd, map_bytes */
+    size_t map_bytes;
     int32_t *free_list; /* stack of free block ids */
     int32_t n_free;
-    uint16_t *ref; /* references per block */
+    uint16_t *ref;     /* references per block */
+    uint8_t *resident; /* per block: written since its pages were given back */
+    int32_t n_resident;
 } kv_group;
 
 typedef struct kv_cache {
@@ -101,5 +110,15 @@ static inline uint16_t *kv_v(const kv_cache *c, const kv_seq *s, int32_t group, 
 
 /* Blocks in use in a group (for metrics and tests). */
 int32_t kv_cache_used_blocks(const kv_cache *c, int32_t group);
+
+/* Gives the pages of every free block back to the OS (they read as zero
+ * when next handed out, and every position is written before it is read).
+ * Returns the bytes of resident blocks given back (whole pages: a little
+ * less where a run of free blocks does not end on a page boundary). */
+size_t kv_cache_release_free(kv_cache *c);
+
+/* Bytes of blocks that hold pages of memory: an estimate of the cache's
+ * resident size. */
+size_t kv_cache_resident_bytes(const kv_cache *c);
 
 #endif /* CELLM_KV_CACHE_H */

@@ -26,6 +26,13 @@
  * preempted, so a victim is not readmitted at once. A request alone in the
  * cache that still does not fit has outgrown the budget: it finishes with
  * CELLM_FINISH_LENGTH.
+ *
+ * Sessions keep the blocks of their conversation between turns. Those
+ * blocks give way first: when a running request's row or a waiting
+ * request's admission does not fit, the least recently used idle session's
+ * kept blocks are dropped before anything is preempted. A session's turn
+ * takes its session's kept blocks when it is admitted (session_adopt), so
+ * it only has to feed the tokens after the prefix they hold.
  */
 #include <string.h>
 
@@ -123,7 +130,8 @@ static int32_t largest_fit(const cellm_engine *e, const plan_blocks *pb, const c
     return n > 0 ? n : 0;
 }
 
-/* Blocks group g needs to hold r's whole input and its next token: the
+/* Blocks group g still needs to hold r's whole input and its next token
+ * (blocks a session's turn took from its session count as held): the
  * admission test. A windowed group holds at most its window, the block
  * being filled and one chunk. */
 static int32_t admit_need(const cellm_engine *e, const cellm_request *r, int32_t g) {
@@ -131,22 +139,44 @@ static int32_t admit_need(const cellm_engine *e, const cellm_request *r, int32_t
     int32_t w = e->kv->groups[g].window;
     if (w > 0 && pos > w + KV_BLOCK_TOKENS + e->p.max_batch_tokens)
         pos = w + KV_BLOCK_TOKENS + e->p.max_batch_tokens;
-    return (pos + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+    int32_t need = (pos + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+    if (r->seq.n_pos > 0) {
+        int32_t last = (r->seq.n_pos - 1) / KV_BLOCK_TOKENS;
+        for (int32_t b = 0; b <= last; b++) need -= r->seq.table[g][b] >= 0;
+    }
+    return need > 0 ? need : 0;
 }
 
-/* Moves running[i] back to the waiting queue and frees its blocks; its
- * planned rows go back to the budget. */
+static bool admit_fits(const cellm_engine *e, const plan_blocks *pb, const cellm_request *r) {
+    for (int32_t g = 0; g < e->kv->n_groups; g++)
+        if (admit_need(e, r, g) > avail(e, pb, g)) return false;
+    return true;
+}
+
+/* Moves running[i] back to the waiting queue and frees its blocks. */
+static void preempt_one(cellm_engine *e, int32_t i) {
+    cellm_request *r = e->running[i];
+    kv_seq_reset(e->kv, &r->seq);
+    sched_remove(e, r);
+    sched_enqueue(e, r);
+    r->n_preempt++;
+    e->n_preempt++;
+}
+
+/* preempt_one during a plan: r's planned rows go back to the budget. */
 static void preempt(cellm_engine *e, plan_blocks *pb, int32_t *budget, int32_t i) {
     cellm_request *r = e->running[i];
     for (int32_t g = 0; g < e->kv->n_groups; g++)
         pb->taken[g] -= missing_blocks(&r->seq, g, r->plan_n);
     *budget += r->plan_n;
     r->plan_n = 0;
-    kv_seq_reset(e->kv, &r->seq);
-    sched_remove(e, r);
-    sched_enqueue(e, r);
-    r->n_preempt++;
-    e->n_preempt++;
+    preempt_one(e, i);
+}
+
+int32_t sched_preempt_all(cellm_engine *e) {
+    int32_t n = e->n_running;
+    while (e->n_running > 0) preempt_one(e, e->n_running - 1);
+    return n;
 }
 
 /* Plans rows for the running requests of one kind (decode: one token to
@@ -165,6 +195,7 @@ static bool plan_running(cellm_engine *e, plan_blocks *pb, int32_t *budget, bool
                 *budget -= n;
                 break;
             }
+            if (session_drop_lru(e)) continue; /* idle sessions' blocks go first */
             preempted = true;
             if (e->n_running == 1) {
                 /* Alone in the cache and still no room: it has outgrown
@@ -194,12 +225,17 @@ int32_t sched_plan_step(cellm_engine *e) {
 
     while (!preempted && e->waiting && e->n_running < e->p.max_seqs && budget > 0) {
         cellm_request *r = e->waiting;
-        bool ok = true;
-        for (int32_t g = 0; g < e->kv->n_groups; g++)
-            if (admit_need(e, r, g) > avail(e, &pb, g)) ok = false;
+        bool adopted_now = r->session && !r->adopted;
+        if (adopted_now) session_adopt(e, r);
+        bool ok = admit_fits(e, &pb, r);
+        while (!ok && session_drop_lru(e)) ok = admit_fits(e, &pb, r);
         /* Into an empty cache a request always goes: it may still finish
          * within the budget, and nothing else would make room. */
-        if (!ok && e->n_running > 0) break;
+        if (!ok && e->n_running > 0) {
+            /* Its session keeps the blocks while it waits. */
+            if (adopted_now) session_unadopt(e, r);
+            break;
+        }
         e->waiting = r->next;
         r->next = NULL;
         e->n_waiting--;

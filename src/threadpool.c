@@ -1,16 +1,20 @@
 /*
  * threadpool.c — persistent workers for the forward pass (see
- * threadpool.h). A task is published by bumping `generation`; workers that
- * see the new generation run their share and decrement `pending`; the
- * caller runs share 0 and waits for `pending` to reach zero. Workers spin on
- * the generation for a while before sleeping on a condition variable, so
- * the hundreds of small tasks of one token cost no system calls.
+ * threadpool.h). A task is published by storing a new `task` word, which
+ * holds the task's number and how many threads run it; workers that see a
+ * new word run their share (if their index is below that count) and
+ * decrement `pending`; the caller runs share 0 and waits for `pending` to
+ * reach zero. Workers spin on the word for a while before sleeping on a
+ * condition variable, so the hundreds of small tasks of one token cost no
+ * system calls. Workers beyond the threads in use (tp_set_threads) park on
+ * `idle` instead, and are not woken by tasks.
  */
 #include "threadpool.h"
 
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -29,30 +33,52 @@ typedef struct worker {
     pthread_t thread;
 } worker;
 
+/* The task word: the task's number above, its thread count in the low
+ * bits. One word, so a worker reads both at once; 48 bits of numbers never
+ * wrap, so a parked worker cannot mistake a new task for one it saw. */
+#define TASK_NTH_BITS 16
+#define TASK_NTH_MASK ((1u << TASK_NTH_BITS) - 1)
+
 struct threadpool {
     int n;
     worker *workers;
-    /* The current task: written before `generation` is bumped (release),
-     * read after it is seen (acquire). */
+    /* The current task: written before `task` is stored (release), read
+     * after it is seen (acquire), only by the threads that run it. */
     tp_task_fn fn;
     void *arg;
-    _Atomic unsigned generation;
+    uint64_t n_tasks; /* the caller's count, for the next task word */
+    _Atomic uint64_t task;
     _Atomic int pending;
     _Atomic int stop;
     _Atomic int sleepers;
-    pthread_mutex_t lock; /* guards sleeping on `wake` */
-    pthread_cond_t wake;
+    _Atomic int active;   /* threads in use (written under `lock`) */
+    pthread_mutex_t lock; /* guards sleeping on `wake` and `idle` */
+    pthread_cond_t wake;  /* a new task */
+    pthread_cond_t idle;  /* `active` changed */
 };
+
+/* Sleeps while worker `ith` is not in use. */
+static void park(threadpool *tp, int ith) {
+    pthread_mutex_lock(&tp->lock);
+    while (ith >= atomic_load(&tp->active) && !atomic_load(&tp->stop))
+        pthread_cond_wait(&tp->idle, &tp->lock);
+    pthread_mutex_unlock(&tp->lock);
+}
 
 static void *worker_main(void *p) {
     worker *w = p;
     threadpool *tp = w->tp;
-    unsigned seen = 0;
+    uint64_t seen = 0;
     for (;;) {
-        unsigned gen;
+        uint64_t task;
         int spins = 0;
-        while ((gen = atomic_load_explicit(&tp->generation, memory_order_acquire)) == seen &&
+        while ((task = atomic_load_explicit(&tp->task, memory_order_acquire)) == seen &&
                !atomic_load_explicit(&tp->stop, memory_order_acquire)) {
+            if (w->ith >= atomic_load_explicit(&tp->active, memory_order_relaxed)) {
+                park(tp, w->ith);
+                spins = 0;
+                continue;
+            }
             if (++spins < SPIN_ROUNDS) {
                 if (spins % 1024 == 0)
                     sched_yield(); /* let a waiting thread run on a busy machine */
@@ -62,15 +88,20 @@ static void *worker_main(void *p) {
             }
             pthread_mutex_lock(&tp->lock);
             atomic_fetch_add(&tp->sleepers, 1);
-            while (atomic_load(&tp->generation) == seen && !atomic_load(&tp->stop))
+            while (atomic_load(&tp->task) == seen && !atomic_load(&tp->stop) &&
+                   w->ith < atomic_load(&tp->active))
                 pthread_cond_wait(&tp->wake, &tp->lock);
             atomic_fetch_sub(&tp->sleepers, 1);
             pthread_mutex_unlock(&tp->lock);
             spins = 0;
         }
         if (atomic_load_explicit(&tp->stop, memory_order_acquire)) return NULL;
-        seen = gen;
-        tp->fn(tp->arg, w->ith, tp->n);
+        seen = task;
+        int nth = (int)(task & TASK_NTH_MASK);
+        /* A task without this worker can finish and be followed by another
+         * without it noticing: it must not touch fn or arg. */
+        if (w->ith >= nth) continue;
+        tp->fn(tp->arg, w->ith, nth);
         atomic_fetch_sub_explicit(&tp->pending, 1, memory_order_acq_rel);
     }
 }
@@ -82,8 +113,10 @@ cellm_status tp_create(int n_threads, threadpool **out, cellm_error *err) {
     threadpool *tp = calloc(1, sizeof *tp);
     if (!tp) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory for the thread pool");
     tp->n = n_threads;
+    atomic_init(&tp->active, n_threads);
     pthread_mutex_init(&tp->lock, NULL);
     pthread_cond_init(&tp->wake, NULL);
+    pthread_cond_init(&tp->idle, NULL);
     if (n_threads > 1) {
         tp->workers = calloc((size_t)n_threads, sizeof *tp->workers);
         if (!tp->workers) {
@@ -109,8 +142,10 @@ void tp_destroy(threadpool *tp) {
     atomic_store(&tp->stop, 1);
     pthread_mutex_lock(&tp->lock);
     pthread_cond_broadcast(&tp->wake);
+    pthread_cond_broadcast(&tp->idle);
     pthread_mutex_unlock(&tp->lock);
     for (int i = 1; i < tp->n && tp->workers; i++) pthread_join(tp->workers[i].thread, NULL);
+    pthread_cond_destroy(&tp->idle);
     pthread_cond_destroy(&tp->wake);
     pthread_mutex_destroy(&tp->lock);
     free(tp->workers);
@@ -121,21 +156,39 @@ int tp_size(const threadpool *tp) {
     return tp->n;
 }
 
+void tp_set_threads(threadpool *tp, int k) {
+    if (k < 1) k = 1;
+    if (k > tp->n) k = tp->n;
+    if (k == atomic_load_explicit(&tp->active, memory_order_relaxed)) return;
+    pthread_mutex_lock(&tp->lock);
+    atomic_store(&tp->active, k);
+    pthread_cond_broadcast(&tp->idle);
+    pthread_mutex_unlock(&tp->lock);
+}
+
+int tp_threads(const threadpool *tp) {
+    return atomic_load_explicit(&((threadpool *)tp)->active, memory_order_relaxed);
+}
+
 void tp_run(threadpool *tp, tp_task_fn fn, void *arg) {
-    if (tp->n == 1) {
+    /* Only this thread changes `active`. */
+    int nth = atomic_load_explicit(&tp->active, memory_order_relaxed);
+    if (nth == 1) {
         fn(arg, 0, 1);
         return;
     }
     tp->fn = fn;
     tp->arg = arg;
-    atomic_store_explicit(&tp->pending, tp->n - 1, memory_order_relaxed);
-    atomic_fetch_add(&tp->generation, 1); /* seq_cst: pairs with `sleepers` */
+    atomic_store_explicit(&tp->pending, nth - 1, memory_order_relaxed);
+    tp->n_tasks++;
+    /* seq_cst: pairs with `sleepers` */
+    atomic_store(&tp->task, tp->n_tasks << TASK_NTH_BITS | (uint64_t)nth);
     if (atomic_load(&tp->sleepers) > 0) {
         pthread_mutex_lock(&tp->lock);
         pthread_cond_broadcast(&tp->wake);
         pthread_mutex_unlock(&tp->lock);
     }
-    fn(arg, 0, tp->n);
+    fn(arg, 0, nth);
     /* Spin while the others finish; yield once it takes long, which it
      * does when the machine has more runnable threads than cores. */
     for (int spins = 0; atomic_load_explicit(&tp->pending, memory_order_acquire) > 0; spins++) {

@@ -8,11 +8,15 @@
  * Then the cost of sampling: one session decodes greedily and then with
  * top-p 0.9 at temperature 0.8, and the time the engine spent choosing each
  * token (cellm_stats.sample_seconds) is set against the decode step.
+ * Memory: the KV cache the round made resident (cellm_stats, an estimate)
+ * and the process's peak resident set so far (getrusage), which includes
+ * the pages of the mapped weights that were read.
  * Uses only the public API (cellm.h), as an application would.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "cellm.h"
@@ -39,6 +43,17 @@ static void usage(FILE *out) {
         "  -m, --mem SIZE        engine memory budget (default 512M)\n"
         "  --sampling            only the sampling cost (greedy; top-p 0.9 at temperature 0.8)\n",
         BENCH_DEFAULT_MODEL);
+}
+
+/* The process's peak resident set so far, in MiB. */
+static double peak_rss_mib(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+#if defined(__APPLE__)
+    return (double)ru.ru_maxrss / (1 << 20); /* bytes */
+#else
+    return (double)ru.ru_maxrss / 1024; /* KiB */
+#endif
 }
 
 /* One round of `n` sessions; prints a table row. */
@@ -86,8 +101,9 @@ static int bench_round(const cellm_model *model, const cellm_engine_params *ep, 
     cellm_stats st;
     cellm_engine_stats(e, &st);
     if (!rc)
-        printf("%8d %14.1f %14.1f %12.0f %10llu %8.1f\n", n, decode_tps, tokens / wall, ttft,
-               (unsigned long long)st.n_preemptions, (double)st.bytes_activations / (1 << 20));
+        printf("%8d %14.1f %14.1f %12.0f %10llu %8.1f %8.1f %9.1f\n", n, decode_tps, tokens / wall,
+               ttft, (unsigned long long)st.n_preemptions, (double)st.bytes_activations / (1 << 20),
+               (double)st.bytes_kv_resident / (1 << 20), peak_rss_mib());
     fflush(stdout);
     cellm_engine_free(e);
     return rc;
@@ -200,8 +216,8 @@ int cmd_bench(int argc, char **argv) {
     }
     int rc = 0;
     if (!sampling_only)
-        printf("%8s %14s %14s %12s %10s %8s\n", "sessions", "decode tok/s", "wall tok/s", "ttft ms",
-               "preempted", "act MiB");
+        printf("%8s %14s %14s %12s %10s %8s %8s %9s\n", "sessions", "decode tok/s", "wall tok/s",
+               "ttft ms", "preempted", "act MiB", "KV MiB", "peak RSS");
     for (const char *s = sessions; *s && !rc && !sampling_only;) {
         char *end;
         long n = strtol(s, &end, 10);
