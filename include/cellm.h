@@ -160,6 +160,16 @@ typedef struct cellm_engine_params {
     int32_t max_ctx;          /* positions per request; 0 (default): the model's, at most 4096 */
     cellm_kv_type kv_type;    /* default CELLM_KV_F16 */
     cellm_qos qos;            /* the policy it starts with (default: all threads, no pacing) */
+    /* 0 (default): the engine runs its own thread, which runs a step
+     * whenever there is work. 1: no engine thread; the app runs each
+     * step with cellm_engine_step() on a thread of its choice (a game
+     * loop, a worker it already has). Callbacks then run on the thread
+     * that steps. cellm_wait, cellm_request_free of an unfinished request,
+     * cellm_session_free during a turn and cellm_engine_trim run steps on
+     * the calling thread until what they wait for has happened, so they
+     * cannot hang for want of a stepper. The QoS pacing is the app's to do
+     * (the engine does not rest between steps it is asked to run). */
+    int manual_steps;
 } cellm_engine_params;
 
 cellm_engine_params cellm_engine_default_params(void);
@@ -171,6 +181,16 @@ cellm_engine_params cellm_engine_default_params(void);
  * max_batch_tokens plus at least one KV block, or allocation failed). */
 cellm_status cellm_engine_create(const cellm_model *model, const cellm_engine_params *params,
                                  cellm_engine **out);
+
+/* Runs one step of an engine created with manual_steps: takes in new
+ * requests, cancellations, trims and session frees, then runs one forward
+ * pass over the next batch (if any request has work) and streams its
+ * tokens through the callbacks, on the calling thread. *more (may be NULL)
+ * becomes 1 when requests still have work (0 when none has), i.e. the app should call
+ * again. Thread-safe: steps from several threads run one at a time.
+ * Errors: CELLM_ERR_INVALID_ARG for an engine with its own thread, or a
+ * call from one of the engine's callbacks. */
+cellm_status cellm_engine_step(cellm_engine *engine, int *more);
 
 /* Stops the engine thread and frees the engine (NULL is fine). Requests
  * still running or waiting finish as CELLM_FINISH_CANCELLED first (their

@@ -53,7 +53,11 @@ cellm_status engine_fail(cellm_status code, const char *msg) {
     return fail_msg(code, msg);
 }
 
+/* The manual engine whose step this thread is running, if any. */
+static _Thread_local const cellm_engine *tl_stepping;
+
 bool engine_on_thread(const cellm_engine *e) {
+    if (e->manual) return tl_stepping == e;
     return pthread_equal(pthread_self(), e->thread) != 0;
 }
 
@@ -307,10 +311,10 @@ static size_t trim_now(cellm_engine *e, int level) {
 /* Takes new requests in, finishes the cancelled ones (all of them when the
  * engine stops), lets go of freed sessions, trims, and takes up the QoS
  * policy. Returns false when the thread should end. */
-static bool step_intake(cellm_engine *e) {
+static bool step_intake(cellm_engine *e, bool block) {
     pthread_mutex_lock(&e->mu);
-    while (!e->stop && !e->incoming && e->n_running == 0 && !e->waiting && !e->trim_level &&
-           !e->session_frees) {
+    while (block && !e->stop && !e->incoming && e->n_running == 0 && !e->waiting &&
+           !e->trim_level && !e->session_frees) {
         e->win_t0 = 0; /* idle time is not in the rates */
         pthread_cond_wait(&e->cv_work, &e->mu);
     }
@@ -401,50 +405,97 @@ static void engine_rest(cellm_engine *e, double until) {
     e->rest_s += t - t0;
 }
 
+/* One step: intake, then (unless the QoS policy says rest, or nothing has
+ * work) one forward pass and its outputs. `block`: the engine thread's
+ * way, waiting for work and resting as the policy says; a manual step does
+ * neither. Returns -1 when the engine is stopping, 0 when no forward pass
+ * ran, 1 when one did. */
+static int engine_step_once(cellm_engine *e, bool block) {
+    cellm_error err;
+    if (!step_intake(e, block)) return -1;
+    double at = block ? next_step_at(e) : 0;
+    if (at > 0 && (e->n_running > 0 || e->waiting) && now_s() < at) {
+        engine_rest(e, at); /* then take in what came meanwhile */
+        return 0;
+    }
+    int32_t n_rows = sched_plan_step(e);
+    if (n_rows == 0) return 0;
+    double t0 = now_s();
+    if (e->win_t0 == 0) e->win_t0 = t0;
+    for (int32_t i = 0; i < e->n_fed; i++)
+        if (e->fed[i]->t_first_step == 0) e->fed[i]->t_first_step = t0;
+    const float *logits = NULL;
+    err_clear(&err);
+    if (forward_run(e->fwd, e->rows, n_rows, &logits, &err) != CELLM_OK) {
+        /* The scheduler counted the blocks, so this is a bug or a bad
+         * input we did not catch at submit: fail the step's requests,
+         * keep serving the others. */
+        fail_fed(e, &err);
+        return 1;
+    }
+    int32_t n_prompt_rows = 0;
+    for (int32_t i = 0; i < n_rows; i++) n_prompt_rows += !e->rows[i].logits;
+    e->n_prompt_tok += (uint64_t)n_prompt_rows;
+    e->win_prompt += (uint64_t)n_prompt_rows;
+    double t1 = now_s();
+    step_outputs(e, logits, t1);
+    e->n_steps++;
+    e->step_t0 = t0;
+    e->step_t1 = now_s();
+    if (t1 - e->win_t0 >= 1.0) {
+        e->rate_prompt = (double)e->win_prompt / (t1 - e->win_t0);
+        e->rate_gen = (double)e->win_gen / (t1 - e->win_t0);
+        e->win_prompt = e->win_gen = 0;
+        e->win_t0 = t1;
+    }
+    pthread_mutex_lock(&e->mu);
+    publish_locked(e);
+    pthread_mutex_unlock(&e->mu);
+    return 1;
+}
+
 static void *engine_main(void *arg) {
     cellm_engine *e = arg;
-    cellm_error err;
-    while (step_intake(e)) {
-        double at = next_step_at(e);
-        if (at > 0 && (e->n_running > 0 || e->waiting) && now_s() < at) {
-            engine_rest(e, at); /* then take in what came meanwhile */
-            continue;
-        }
-        int32_t n_rows = sched_plan_step(e);
-        if (n_rows == 0) continue;
-        double t0 = now_s();
-        if (e->win_t0 == 0) e->win_t0 = t0;
-        for (int32_t i = 0; i < e->n_fed; i++)
-            if (e->fed[i]->t_first_step == 0) e->fed[i]->t_first_step = t0;
-        const float *logits = NULL;
-        err_clear(&err);
-        if (forward_run(e->fwd, e->rows, n_rows, &logits, &err) != CELLM_OK) {
-            /* The scheduler counted the blocks, so this is a bug or a bad
-             * input we did not catch at submit: fail the step's requests,
-             * keep serving the others. */
-            fail_fed(e, &err);
-            continue;
-        }
-        int32_t n_prompt_rows = 0;
-        for (int32_t i = 0; i < n_rows; i++) n_prompt_rows += !e->rows[i].logits;
-        e->n_prompt_tok += (uint64_t)n_prompt_rows;
-        e->win_prompt += (uint64_t)n_prompt_rows;
-        double t1 = now_s();
-        step_outputs(e, logits, t1);
-        e->n_steps++;
-        e->step_t0 = t0;
-        e->step_t1 = now_s();
-        if (t1 - e->win_t0 >= 1.0) {
-            e->rate_prompt = (double)e->win_prompt / (t1 - e->win_t0);
-            e->rate_gen = (double)e->win_gen / (t1 - e->win_t0);
-            e->win_prompt = e->win_gen = 0;
-            e->win_t0 = t1;
-        }
-        pthread_mutex_lock(&e->mu);
-        publish_locked(e);
-        pthread_mutex_unlock(&e->mu);
+    while (engine_step_once(e, true) >= 0) {
     }
     return NULL;
+}
+
+/* A manual engine's step on this thread; *more as cellm_engine_step. */
+static int manual_step(cellm_engine *e, int *more) {
+    pthread_mutex_lock(&e->step_mu);
+    tl_stepping = e;
+    int r = engine_step_once(e, false);
+    if (more) {
+        pthread_mutex_lock(&e->mu);
+        *more = e->n_running > 0 || e->waiting || e->incoming || e->trim_level || e->session_frees;
+        pthread_mutex_unlock(&e->mu);
+    }
+    tl_stepping = NULL;
+    pthread_mutex_unlock(&e->step_mu);
+    return r;
+}
+
+cellm_status cellm_engine_step(cellm_engine *e, int *more) {
+    if (more) *more = 0;
+    if (!e) return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_engine_step: engine is NULL");
+    if (!e->manual)
+        return fail_msg(CELLM_ERR_INVALID_ARG,
+                        "cellm_engine_step: the engine runs its own thread (manual_steps is 0)");
+    if (engine_on_thread(e))
+        return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_engine_step called from a callback");
+    manual_step(e, more);
+    return CELLM_OK;
+}
+
+void engine_wait_locked(cellm_engine *e) {
+    if (!e->manual) {
+        pthread_cond_wait(&e->cv_done, &e->mu);
+        return;
+    }
+    pthread_mutex_unlock(&e->mu);
+    manual_step(e, NULL);
+    pthread_mutex_lock(&e->mu);
 }
 
 /* ----------------------------------------------------------------- engines */
@@ -553,7 +604,10 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
     for (int32_t g = 0; g < e->kv->n_groups; g++)
         e->stats.bytes_kv_total += (size_t)e->kv->groups[g].n_blocks * e->kv->groups[g].block_bytes;
     publish_locked(e); /* no other thread yet */
-    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+    e->manual = p.manual_steps != 0;
+    pthread_mutex_init(&e->step_mu, NULL);
+    if (!e->manual && pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        pthread_mutex_destroy(&e->step_mu);
         pthread_cond_destroy(&e->cv_done);
         pthread_cond_destroy(&e->cv_work);
         pthread_mutex_destroy(&e->mu);
@@ -571,7 +625,18 @@ void cellm_engine_free(cellm_engine *e) {
     e->events++;
     pthread_cond_signal(&e->cv_work);
     pthread_mutex_unlock(&e->mu);
-    pthread_join(e->thread, NULL);
+    if (e->manual) {
+        /* This thread does what the engine thread does on the way out:
+         * finish every request as cancelled, give sessions' blocks back. */
+        pthread_mutex_lock(&e->step_mu);
+        tl_stepping = e;
+        (void)engine_step_once(e, false);
+        tl_stepping = NULL;
+        pthread_mutex_unlock(&e->step_mu);
+    } else {
+        pthread_join(e->thread, NULL);
+    }
+    pthread_mutex_destroy(&e->step_mu);
     pthread_cond_destroy(&e->cv_done);
     pthread_cond_destroy(&e->cv_work);
     pthread_mutex_destroy(&e->mu);
@@ -618,7 +683,7 @@ cellm_status cellm_engine_trim(cellm_engine *e, cellm_trim_level level, size_t *
     e->events++;
     pthread_cond_signal(&e->cv_work);
     if (!engine_on_thread(e)) {
-        while (e->trim_done < ticket && !e->stop) pthread_cond_wait(&e->cv_done, &e->mu);
+        while (e->trim_done < ticket && !e->stop) engine_wait_locked(e);
         if (released && e->trim_done >= ticket) *released = e->trim_released;
     }
     pthread_mutex_unlock(&e->mu);
@@ -918,11 +983,11 @@ cellm_status cellm_wait(cellm_request *r, cellm_result *result) {
     if (!r) return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_wait: request is NULL");
     cellm_engine *e = r->e;
     pthread_mutex_lock(&e->mu);
-    if (!r->done && pthread_equal(pthread_self(), e->thread)) {
+    if (!r->done && engine_on_thread(e)) {
         pthread_mutex_unlock(&e->mu);
         return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_wait called from a callback would deadlock");
     }
-    while (!r->done) pthread_cond_wait(&e->cv_done, &e->mu);
+    while (!r->done) engine_wait_locked(e);
     if (result) *result = r->result;
     pthread_mutex_unlock(&e->mu);
     return CELLM_OK;
@@ -948,7 +1013,7 @@ void cellm_request_free(cellm_request *r) {
         r->cancel = true;
         e->events++;
         pthread_cond_signal(&e->cv_work);
-        if (pthread_equal(pthread_self(), e->thread)) {
+        if (engine_on_thread(e)) {
             /* From a callback: the engine finishes it later and frees it
              * then; no callback of it runs again. */
             r->detached = true;
@@ -956,7 +1021,7 @@ void cellm_request_free(cellm_request *r) {
             pthread_mutex_unlock(&e->mu);
             return;
         }
-        while (!r->done) pthread_cond_wait(&e->cv_done, &e->mu);
+        while (!r->done) engine_wait_locked(e);
     }
     bool last = --r->refs == 0;
     pthread_mutex_unlock(&e->mu);

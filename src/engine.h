@@ -171,8 +171,10 @@ struct cellm_engine {
     uint64_t n_trims;
     cellm_session *session_frees; /* sessions whose KV the engine thread must drop */
 
-    pthread_t thread;
-    atomic_bool failed; /* set once, after `error` is written */
+    pthread_t thread;        /* the engine thread, unless manual */
+    bool manual;             /* manual_steps: no engine thread; see cellm_engine_step */
+    pthread_mutex_t step_mu; /* manual: one stepping thread at a time */
+    atomic_bool failed;      /* set once, after `error` is written */
     char error[CELLM_ERR_MSG_MAX];
 };
 
@@ -240,8 +242,15 @@ cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm
  * rest when a request is made); sets the thread's last error. */
 cellm_status engine_check_sampling(const cellm_sampling *sampling);
 
-/* True on the engine thread (in a callback). */
+/* True on the engine thread (in a callback), or, for a manual engine, on
+ * the thread running its step. */
 bool engine_on_thread(const cellm_engine *e);
+
+/* Waits, with e->mu held, for the engine to make progress (then the caller
+ * checks its condition again): on cv_done for an engine with its own
+ * thread; for a manual engine by running one step on this thread (mu is
+ * released meanwhile). */
+void engine_wait_locked(cellm_engine *e);
 
 /* Records a message as the calling thread's last error; returns `code`. */
 cellm_status engine_fail(cellm_status code, const char *msg);

@@ -289,7 +289,7 @@ void cellm_session_free(cellm_session *s) {
             pthread_mutex_unlock(&e->mu);
             return;
         }
-        while (s->turn) pthread_cond_wait(&e->cv_done, &e->mu);
+        while (s->turn) engine_wait_locked(e);
     }
     if (on_thread) {
         pthread_mutex_unlock(&e->mu);
@@ -302,7 +302,7 @@ void cellm_session_free(cellm_session *s) {
     e->session_frees = s;
     e->events++;
     pthread_cond_signal(&e->cv_work);
-    while (!s->dropped) pthread_cond_wait(&e->cv_done, &e->mu);
+    while (!s->dropped) engine_wait_locked(e);
     pthread_mutex_unlock(&e->mu);
     session_destroy(s);
 }

@@ -29,6 +29,7 @@
 #include <cmocka.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <time.h>
 
@@ -212,6 +213,157 @@ static void test_batch_invariance(void **state) {
     run_prompts(e, N_PROMPTS, 16, &together);
     g_temperature = 0.0f;
     assert_same(&alone, &together);
+    cellm_engine_free(e);
+}
+
+/* An engine without its own thread: steps run by the app (explicitly, or
+ * inside cellm_wait / cellm_request_free) give the same greedy text as the
+ * threaded engine; stepping from a callback and on a threaded engine are
+ * refused; freeing the engine cancels what is left. */
+static int g_step_from_cb; /* cellm_engine_step's status when called from a callback */
+static cellm_engine *g_manual;
+static void on_piece_step(const char *piece, size_t len, void *user) {
+    on_piece(piece, len, user);
+    int more;
+    g_step_from_cb = cellm_engine_step(g_manual, &more);
+}
+
+static cellm_engine *manual_engine(int threads) {
+    cellm_engine_params ep = cellm_engine_default_params();
+    ep.n_threads = threads;
+    ep.max_ctx = 512;
+    ep.max_batch_tokens = 64;
+    ep.manual_steps = 1;
+    cellm_engine *e = NULL;
+    assert_int_equal(cellm_engine_create(g_model, &ep, &e), CELLM_OK);
+    return e;
+}
+
+static void test_manual_steps(void **state) {
+    (void)state;
+    static outputs threaded, manual;
+    cellm_engine *e = engine_new(2, 0);
+    run_prompts(e, N_PROMPTS, 16, &threaded);
+    int more = 0;
+    assert_int_equal(cellm_engine_step(e, &more), CELLM_ERR_INVALID_ARG);
+    cellm_engine_free(e);
+
+    /* cellm_wait drives the steps. */
+    e = manual_engine(2);
+    run_prompts(e, N_PROMPTS, 16, &manual);
+    assert_same(&threaded, &manual);
+    assert_pool_empty(e);
+
+    /* Explicit steps until nothing has work; a step from a callback is
+     * refused. */
+    static sink sinks[3];
+    memset(sinks, 0, sizeof sinks);
+    cellm_request *req[3];
+    g_manual = e;
+    g_step_from_cb = CELLM_OK;
+    /* Inputs 0 and 3 are plain prompts in run_prompts, 2 the same prompt's
+     * token ids: the same text from a prompt here. */
+    static const int which[3] = {0, 2, 3};
+    for (int i = 0; i < 3; i++) {
+        cellm_request_params p = cellm_request_default_params();
+        p.prompt = prompts[which[i]];
+        p.max_tokens = 16;
+        p.on_piece = i == 0 ? on_piece_step : on_piece;
+        p.on_done = on_done;
+        p.user = &sinks[i];
+        assert_int_equal(cellm_submit(e, &p, &req[i]), CELLM_OK);
+    }
+    int steps = 0;
+    do {
+        assert_int_equal(cellm_engine_step(e, &more), CELLM_OK);
+        steps++;
+    } while (more && steps < 1000);
+    assert_false(more);
+    assert_int_equal(g_step_from_cb, CELLM_ERR_INVALID_ARG);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(sinks[i].n_done, 1);
+        assert_string_equal(sinks[i].text, manual.text[which[i]]);
+        cellm_request_free(req[i]);
+    }
+    /* Steps counted: 16 tokens each, all three in the same steps. */
+    assert_true(steps >= 16 && steps < 40);
+    assert_pool_empty(e);
+
+    /* Freeing an unfinished request steps until its cancel is done;
+     * freeing the engine cancels the rest (their done callbacks run). */
+    memset(sinks, 0, sizeof sinks);
+    for (int i = 0; i < 2; i++) {
+        cellm_request_params p = cellm_request_default_params();
+        p.prompt = prompts[i];
+        p.max_tokens = 64;
+        p.on_piece = on_piece;
+        p.on_done = on_done;
+        p.user = &sinks[i];
+        assert_int_equal(cellm_submit(e, &p, &req[i]), CELLM_OK);
+    }
+    for (int i = 0; i < 3; i++) assert_int_equal(cellm_engine_step(e, &more), CELLM_OK);
+    cellm_request_free(req[0]);
+    assert_int_equal(sinks[0].n_done, 1);
+    assert_int_equal(sinks[0].res.finish_reason, CELLM_FINISH_CANCELLED);
+    cellm_result res;
+    assert_int_equal(cellm_wait(req[1], &res), CELLM_OK);
+    assert_int_equal(res.finish_reason, CELLM_FINISH_LENGTH);
+    cellm_request_free(req[1]);
+    cellm_engine_free(e);
+}
+
+/* Two threads stepping one manual engine while a third submits: steps run
+ * one at a time, every request finishes with the threaded engine's text. */
+typedef struct stepper_arg {
+    cellm_engine *e;
+    atomic_int *stop;
+} stepper_arg;
+
+static void *stepper(void *p) {
+    stepper_arg *a = p;
+    while (!atomic_load(a->stop)) {
+        int more;
+        if (cellm_engine_step(a->e, &more) != CELLM_OK) return (void *)1;
+        if (!more) sched_yield();
+    }
+    return NULL;
+}
+
+static void test_tsan_manual_steppers(void **state) {
+    (void)state;
+    static outputs threaded;
+    cellm_engine *e = engine_new(1, 0);
+    run_prompts(e, 4, 8, &threaded);
+    cellm_engine_free(e);
+
+    e = manual_engine(1);
+    atomic_int stop = 0;
+    stepper_arg a = {e, &stop};
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&t[i], NULL, stepper, &a), 0);
+    static sink sinks[N_PROMPTS];
+    memset(sinks, 0, sizeof sinks);
+    cellm_request *req[N_PROMPTS];
+    cellm_chat_message msgs[N_PROMPTS][2];
+    int32_t *ids[N_PROMPTS] = {0};
+    for (int i = 0; i < N_PROMPTS; i++) {
+        cellm_request_params p = input(i, 8, &sinks[i], msgs[i], &ids[i]);
+        assert_int_equal(cellm_submit(e, &p, &req[i]), CELLM_OK);
+    }
+    for (int i = 0; i < N_PROMPTS; i++) {
+        cellm_result res;
+        assert_int_equal(cellm_wait(req[i], &res), CELLM_OK);
+        assert_string_equal(sinks[i].text, threaded.text[i]);
+        cellm_request_free(req[i]);
+        free(ids[i]);
+    }
+    atomic_store(&stop, 1);
+    for (int i = 0; i < 2; i++) {
+        void *ret;
+        pthread_join(t[i], &ret);
+        assert_null(ret);
+    }
+    assert_pool_empty(e);
     cellm_engine_free(e);
 }
 
@@ -683,6 +835,8 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_small_budget),
+        cmocka_unit_test(test_manual_steps),
+        cmocka_unit_test(test_tsan_manual_steppers),
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_tsan_seed_determinism),
         cmocka_unit_test(test_bias_and_penalties),
