@@ -75,6 +75,6 @@ cellm_build() {
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     cellm_install_packages "$@"
-    cellm_build build -DCMAKE_BUILD_TYPE=Release
+    cellm_build build -DCMAKE_BUILD_TYPE=Release -DCELLM_WERROR=OFF
     echo "cellm setup: built $CELLM_ROOT/build/cellm"
 fi

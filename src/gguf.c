@@ -143,8 +143,8 @@ static size_t min_elem_size(gguf_type t) {
 
 static cellm_status read_array(cursor *c, gguf_value *out, int depth, const char *key_desc) {
     size_t at = c->pos;
-    uint32_t et;
-    uint64_t n;
+    uint32_t et = 0; /* set on success; zeroed for GCC -O3's flow analysis */
+    uint64_t n = 0;
     cellm_status st = cur_u32(c, &et, "array element type");
     if (st) return st;
     if (et >= GGUF_TYPE_COUNT)
@@ -272,7 +272,7 @@ static cellm_status read_kvs(cursor *c, gguf_file *f) {
                                "duplicate metadata key '%s' at byte offset %llu", name,
                                (unsigned long long)kv->offset);
         size_t type_at = c->pos;
-        uint32_t type;
+        uint32_t type = 0;
         if ((st = cur_u32(c, &type, "metadata value type"))) return st;
         if (type >= GGUF_TYPE_COUNT)
             return err_set(c->err, CELLM_ERR_FORMAT,
