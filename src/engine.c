@@ -628,11 +628,7 @@ void cellm_engine_free(cellm_engine *e) {
     if (e->manual) {
         /* This thread does what the engine thread does on the way out:
          * finish every request as cancelled, give sessions' blocks back. */
-        pthread_mutex_lock(&e->step_mu);
-        tl_stepping = e;
-        (void)engine_step_once(e, false);
-        tl_stepping = NULL;
-        pthread_mutex_unlock(&e->step_mu);
+        (void)manual_step(e, NULL);
     } else {
         pthread_join(e->thread, NULL);
     }

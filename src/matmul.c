@@ -62,9 +62,9 @@ static void dot_tile(const mm_task *t, long j0, long j1) {
         const uint8_t *xq = t->xq + (size_t)r * t->x_row;
         float *yr = t->y + (size_t)r * n;
         /* One weight row at a time (the tile's rows stay in L1 for the
-         * next activation row). dot4_x's four weight rows at once would
-         * read four interleaved streams, which prefetch worse: a matvec
-         * from memory ran at half speed, and a step with 2 sessions lost
+         * next activation row). A tile of four weight rows was tried and
+         * taken out: four interleaved streams prefetch worse, a matvec
+         * from memory ran at half speed and a step with 2 sessions lost
          * 40% (docs/kernels.md). */
         for (long j = j0; j < j1; j++) yr[j] = wt->vec_dot(k, t->w + (size_t)j * t->w_row, xq);
     }

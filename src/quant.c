@@ -105,9 +105,7 @@ static void select_kernels(void) {
         t[QT_A8S].from_float = avx2_quantize_a8s;
         t[QT_Q8_K].from_float = avx2_quantize_q8_k;
         t[QT_F16].vec_dot = avx2_vec_dot_f16;
-#define SET_DOT32(T, name)                                                                         \
-    (t[T].vec_dot = avx2_vec_dot_##name, t[T].dot4_x = avx2_dot4_x_##name,                         \
-     t[T].dot4_y = avx2_dot4_y_##name)
+#define SET_DOT32(T, name) (t[T].vec_dot = avx2_vec_dot_##name, t[T].dot4_y = avx2_dot4_y_##name)
         SET_DOT32(QT_Q4_0, q4_0_a8);
         SET_DOT32(QT_Q4_1, q4_1_a8s);
         SET_DOT32(QT_Q5_0, q5_0_a8);
@@ -121,7 +119,7 @@ static void select_kernels(void) {
         t[QT_Q6_K].dot4_y = avx2_dot4_y_q6_k_q8_k;
         kernels_name = "avx2";
         if (avx512_cpu_supported()) {
-            /* Same results as the AVX2 kernels (dot4_x stays AVX2). */
+            /* Same results as the AVX2 kernels. */
 #define SET_DOT512(T, name)                                                                        \
     (t[T].vec_dot = avx512_vec_dot_##name, t[T].dot4_y = avx512_dot4_y_##name,                     \
      t[T].dot8_y = avx512_dot8_y_##name)
@@ -141,7 +139,6 @@ static void select_kernels(void) {
     t[QT_F16].vec_dot = neon_vec_dot_f16;
 #define SET_DOT32(T, name)                                                                         \
     (t[T].vec_dot = dp ? neon_dotprod_vec_dot_##name : neon_vec_dot_##name,                        \
-     t[T].dot4_x = dp ? neon_dotprod_dot4_x_##name : neon_dot4_x_##name,                           \
      t[T].dot4_y = dp ? neon_dotprod_dot4_y_##name : neon_dot4_y_##name)
     SET_DOT32(QT_Q4_0, q4_0_a8);
     SET_DOT32(QT_Q4_1, q4_1_a8s);

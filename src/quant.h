@@ -67,9 +67,9 @@ typedef void (*quant_to_float_fn)(const void *src, float *dst, size_t n);
 typedef void (*quant_from_float_fn)(const float *src, void *dst, size_t n);
 /* Dot product of x (a row of this type) and y (a row of vec_dot_type). */
 typedef float (*quant_vec_dot_fn)(size_t n, const void *x, const void *y);
-/* Four dot products at once, for matmul: out[i] = vec_dot(n, x + i * xs,
- * y + i * ys), where one of the strides is 0 (four weight rows against one
- * activation row, or one weight row against four activation rows). Each
+/* Several dot products at once, for matmul: out[i] = vec_dot(n, x, y + i *
+ * ys), one weight row against four (or eight) activation rows; xs is
+ * unused (the weight row's stride, kept for a tile of weight rows). Each
  * out[i] is bit-identical to what vec_dot returns for the same pair: the
  * tile only shares loads and unpacking between the four, never changes the
  * arithmetic of one. That keeps a row's result independent of the batch
@@ -87,10 +87,9 @@ typedef struct quant_type_info {
     quant_from_float_fn from_float;
     quant_vec_dot_fn vec_dot;
     uint32_t vec_dot_type; /* type of vec_dot's y; meaningful when vec_dot is set */
-    /* Tiles of vec_dot (see quant_vec_dot4_fn), NULL where the variant has
-     * none: dot4_x takes four weight rows (ys = 0), dot4_y four activation
-     * rows (xs = 0). */
-    quant_vec_dot4_fn dot4_x, dot4_y;
+    /* A tile of vec_dot (see quant_vec_dot4_fn) of four activation rows,
+     * NULL where the variant has none. */
+    quant_vec_dot4_fn dot4_y;
     /* dot4_y's tile of eight activation rows (out[8]), NULL where none. */
     quant_vec_dot4_fn dot8_y;
     bool internal; /* an activation format of cellm's own: no file holds it */

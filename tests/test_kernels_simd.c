@@ -339,8 +339,8 @@ static void test_vec_dots(void **state) {
     print_message("%d vec_dot variant(s) checked\n", ran);
 }
 
-/* The table's tiles (dot4_x: four weight rows, dot4_y and dot8_y: four
- * and eight activation rows) return exactly what its vec_dot returns for each pair: the
+/* The table's tiles (dot4_y and dot8_y: four and eight activation rows)
+ * return exactly what its vec_dot returns for each pair: the
  * batch invariance of matmul rests on this. */
 static void test_dot4_tiles(void **state) {
     (void)state;
@@ -350,7 +350,7 @@ static void test_dot4_tiles(void **state) {
     int ran = 0;
     for (uint32_t type = 0; type < QT_COUNT; type++) {
         const quant_type_info *info = quant_type_get(type);
-        if (!info || !info->vec_dot || (!info->dot4_x && !info->dot4_y)) continue;
+        if (!info || !info->vec_dot || !info->dot4_y) continue;
         const quant_type_info *yinfo = quant_type_get(info->vec_dot_type);
         ran++;
         for (int round = 0; round < 50; round++) {
@@ -369,16 +369,9 @@ static void test_dot4_tiles(void **state) {
                 for (int i = 0; i < 8; i++)
                     assert_same_float(info->name, out[i], info->vec_dot(n, w, a + i * arow));
             }
-            if (info->dot4_x) {
-                info->dot4_x(n, w, (size_t)wrow, a, 0, out);
-                for (int i = 0; i < 4; i++)
-                    assert_same_float(info->name, out[i], info->vec_dot(n, w + i * wrow, a));
-            }
-            if (info->dot4_y) {
-                info->dot4_y(n, w, 0, a, (size_t)arow, out);
-                for (int i = 0; i < 4; i++)
-                    assert_same_float(info->name, out[i], info->vec_dot(n, w, a + i * arow));
-            }
+            info->dot4_y(n, w, 0, a, (size_t)arow, out);
+            for (int i = 0; i < 4; i++)
+                assert_same_float(info->name, out[i], info->vec_dot(n, w, a + i * arow));
         }
     }
     print_message("%d type(s) with tiles checked (%s)\n", ran, quant_kernels_name());

@@ -1,8 +1,8 @@
 /*
  * arm_neon.c — AArch64 NEON versions of the hot kernels: the A8 and A8S
  * activation quantizers; the dot products of Q4_0, Q5_0, Q8_0 (against
- * A8) and Q4_1 (against A8S), each with its tiles of four (dot4_x, dot4_y:
- * see quant.h); Q4_K, Q5_K and Q6_K (against Q8_K); F16. NEON is part of
+ * A8) and Q4_1 (against A8S), each with its tile of four activation rows
+ * (dot4_y: see quant.h); Q4_K, Q5_K and Q6_K (against Q8_K); F16. NEON is part of
  * every AArch64 CPU; each integer dot product also comes in a variant
  * using the SDOT instruction (ARMv8.2 dotprod), compiled per function with
  * a target attribute and chosen by quant.c when neon_dotprod_supported()
@@ -400,11 +400,6 @@ static inline __attribute__((always_inline)) float q6_k_body(size_t n, const voi
         float out[1];                                                                              \
         dot_tile_32(kind, n, x, 0, 1, y, 0, 1, out, dot);                                          \
         return out[0];                                                                             \
-    }                                                                                              \
-    attr void prefix##dot4_x_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,  \
-                                    float out[4]) {                                                \
-        (void)ys;                                                                                  \
-        dot_tile_32(kind, n, x, xs, 4, y, 0, 1, out, dot);                                         \
     }                                                                                              \
     attr void prefix##dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,  \
                                     float out[4]) {                                                \

@@ -96,11 +96,9 @@ float avx2_vec_dot_q4_0_a8(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q4_1_a8s(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q5_0_a8(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q8_0_a8(size_t n, const void *x, const void *y);
-/* Tiles of four (quant_vec_dot4_fn): dot4_x four weight rows, dot4_y four
- * activation rows; each result bit-identical to the vec_dot above. */
+/* Tiles of four activation rows (quant_vec_dot4_fn); each result
+ * bit-identical to the vec_dot above. */
 #define CELLM_AVX2_DOT4(name)                                                                      \
-    void avx2_dot4_x_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,          \
-                            float out[4]);                                                         \
     void avx2_dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,          \
                             float out[4]);
 CELLM_AVX2_DOT4(q4_0_a8)
@@ -141,13 +139,11 @@ bool neon_dotprod_supported(void);
 void neon_quantize_a8(const float *src, void *dst, size_t n);
 void neon_quantize_a8s(const float *src, void *dst, size_t n);
 float neon_vec_dot_f16(size_t n, const void *x, const void *y);
-/* The 32-element types: vec_dot and its tiles of four (quant_vec_dot4_fn:
- * dot4_x four weight rows, dot4_y four activation rows), each result
- * bit-identical to the vec_dot of the same variant. */
+/* The 32-element types: vec_dot and its tile of four activation rows
+ * (quant_vec_dot4_fn), each result bit-identical to the vec_dot of the
+ * same variant. */
 #define CELLM_NEON_DOT32(prefix, name)                                                             \
     float prefix##vec_dot_##name(size_t n, const void *x, const void *y);                          \
-    void prefix##dot4_x_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,       \
-                               float out[4]);                                                      \
     void prefix##dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,       \
                                float out[4]);
 CELLM_NEON_DOT32(neon_, q4_0_a8)

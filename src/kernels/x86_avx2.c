@@ -257,17 +257,13 @@ AVX2 static inline __attribute__((always_inline)) void dot_tile_32(int kind, siz
     }
 }
 
-/* The single dot product and its two tiles, for each 32-element type. */
+/* The single dot product and its tile of four activation rows, for each
+ * 32-element type. */
 #define DOT32_VARIANTS(name, kind)                                                                 \
     AVX2 float avx2_vec_dot_##name(size_t n, const void *x, const void *y) {                       \
         float out[1];                                                                              \
         dot_tile_32(kind, n, x, 0, 1, y, 0, 1, out);                                               \
         return out[0];                                                                             \
-    }                                                                                              \
-    AVX2 void avx2_dot4_x_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,     \
-                                 float out[4]) {                                                   \
-        (void)ys;                                                                                  \
-        dot_tile_32(kind, n, x, xs, 4, y, 0, 1, out);                                              \
     }                                                                                              \
     AVX2 void avx2_dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,     \
                                  float out[4]) {                                                   \
