@@ -18,4 +18,9 @@ set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
 set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY ONLY)
 set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE BOTH)
 
-set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64 -L /usr/aarch64-linux-gnu)
+# The programs run with the multiarch arm64 C library (libc6:arm64, at
+# /lib/ld-linux-aarch64.so.1), not the cross compiler's copy under
+# /usr/aarch64-linux-gnu: with `-L /usr/aarch64-linux-gnu` the cross loader
+# finds the multiarch libc.so.6 through the host's ld.so.cache, and a loader
+# and libc from different builds hang in pthread_create.
+set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64)
