@@ -35,8 +35,8 @@ run_ctest() { # run_ctest BUILD_DIR LABEL [CTEST ARGS...]
     rm -f "$log"
 }
 
-echo "== build (warnings are errors)"
-cellm_build build -DCELLM_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+echo "== build (warnings are errors; with the Java binding)"
+cellm_build build -DCELLM_WERROR=ON -DCELLM_BUILD_JAVA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
 echo "== real models"
 "$CELLM_ROOT/build/cellm" pull smollm2-135m
@@ -55,6 +55,62 @@ for ex in build/example_*; do
         failed=$((failed + 1))
     fi
 done
+
+# count_summary LOG LABEL RC: adds the counts of a test program's closing
+# "N passed, M failed" line; a program that failed without one counts as one
+# failure.
+count_summary() {
+    local line
+    line="$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$1" | tail -1)"
+    if [ -n "$line" ]; then
+        passed=$((passed + $(cut -d' ' -f1 <<<"$line")))
+        failed=$((failed + $(cut -d' ' -f3 <<<"$line")))
+    fi
+    if [ "$3" -ne 0 ] && { [ -z "$line" ] || [ "$(cut -d' ' -f3 <<<"$line")" -eq 0 ]; }; then
+        echo "test.sh: $2 exited with $3" >&2
+        failed=$((failed + 1))
+    fi
+}
+
+echo "== Java binding (bindings/java, JNI on the desktop JVM, real default model)"
+rc=0
+CELLM_BIN="$CELLM_ROOT/build/cellm" timeout 600 java \
+    -Dcellm.jni.library="$CELLM_ROOT/build/libcellm_jni.so" \
+    -cp build/cellm.jar:build/cellm-test.jar org.cellm.CellmTest >build/java_test.log 2>&1 || rc=$?
+cat build/java_test.log
+count_summary build/java_test.log "the Java binding test" "$rc"
+
+echo "== Python binding (pip install ./bindings/python, real default model)"
+# Installed into a folder of its own (no virtualenv or system site needed);
+# pip builds libcellm into the package with CMake. The tests run from
+# outside the source tree, so they import the installed package.
+pydir="$(mktemp -d)"
+rc=0
+if python3 -m pip install --quiet --target "$pydir/site" ./bindings/python >"$pydir/pip.log" 2>&1; then
+    (cd "$pydir" && PYTHONPATH="$pydir/site" CELLM_BIN="$CELLM_ROOT/build/cellm" timeout 600 \
+        python3 -m unittest discover -v -s "$CELLM_ROOT/bindings/python/tests") >"$pydir/log" 2>&1 ||
+        rc=$?
+    cat "$pydir/log"
+    total="$(sed -nE 's/^Ran ([0-9]+) tests? in .*/\1/p' "$pydir/log" | tail -1)"
+    nfail=0
+    for kind in failures errors; do
+        n="$(sed -nE "s/^FAILED \(.*$kind=([0-9]+).*/\1/p" "$pydir/log" | tail -1)"
+        nfail=$((nfail + ${n:-0}))
+    done
+    if [ -n "$total" ]; then
+        passed=$((passed + total - nfail))
+        failed=$((failed + nfail))
+    fi
+    if [ "$rc" -ne 0 ] && { [ -z "$total" ] || [ "$nfail" -eq 0 ]; }; then
+        echo "test.sh: the Python binding tests exited with $rc" >&2
+        failed=$((failed + 1))
+    fi
+else
+    tail -40 "$pydir/pip.log"
+    echo "test.sh: pip install ./bindings/python failed" >&2
+    failed=$((failed + 1))
+fi
+rm -rf "$pydir"
 
 echo "== build (ASan + UBSan)"
 # Optimised (-O2 -g) so the real models run at a usable speed.
