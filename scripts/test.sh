@@ -79,6 +79,18 @@ CELLM_BIN="$CELLM_ROOT/build/cellm" timeout 600 java \
     -cp build/cellm.jar:build/cellm-test.jar org.cellm.CellmTest >build/java_test.log 2>&1 || rc=$?
 cat build/java_test.log
 count_summary build/java_test.log "the Java binding test" "$rc"
+# The example docs/mobile.md shows (an Android-shaped chat), run on the desktop.
+if java -Dcellm.jni.library="$CELLM_ROOT/build/libcellm_jni.so" \
+    -cp build/cellm.jar:build/cellm-examples.jar org.cellm.examples.StreamingChat \
+    "${CELLM_HOME:-$HOME/.cache/cellm}/models/smollm2-135m.gguf" \
+    "What is the capital of France?" "And of Italy?" >build/java_example.log 2>&1; then
+    echo "-- StreamingChat (Java example): ok"
+    passed=$((passed + 1))
+else
+    cat build/java_example.log
+    echo "test.sh: the Java example StreamingChat failed" >&2
+    failed=$((failed + 1))
+fi
 
 echo "== Python binding (pip install ./bindings/python, real default model)"
 # Installed into a folder of its own (no virtualenv or system site needed);

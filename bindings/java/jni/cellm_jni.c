@@ -267,6 +267,15 @@ static void n_engine_free(JNIEnv *env, jclass cls, jlong h) {
     cellm_engine_free((cellm_engine *)(intptr_t)h);
 }
 
+static jlong n_engine_trim(JNIEnv *env, jclass cls, jlong h, jint level) {
+    (void)cls;
+    size_t released = 0;
+    cellm_status st =
+        cellm_engine_trim((cellm_engine *)(intptr_t)h, (cellm_trim_level)level, &released);
+    if (st != CELLM_OK) throw_status(env, st);
+    return (jlong)released;
+}
+
 /* Sampling and limits from the Java GenerationOptions, flattened:
  * ints = {maxTokens, topK}, floats = {temperature, topP, minP,
  * repeatPenalty}. */
@@ -461,6 +470,7 @@ static const JNINativeMethod g_natives[] = {
     {"modelFree", "(J)V", (void *)n_model_free},
     {"engineCreate", "(JIJII)J", (void *)n_engine_create},
     {"engineFree", "(J)V", (void *)n_engine_free},
+    {"engineTrim", "(JI)J", (void *)n_engine_trim},
     {"submit", "(JJLorg/cellm/Generation;[B[[B[[B[I[FJ[[B)J", (void *)n_submit},
     {"cancel", "(J)V", (void *)n_cancel},
     {"await", "(J)[I", (void *)n_await},

@@ -93,6 +93,21 @@ public final class Engine implements AutoCloseable {
         }
     }
 
+    /** {@link #trim} levels (cellm_trim_level); each does what the ones before it do. */
+    public static final int TRIM_LIGHT = 1; // free KV pages go back to the OS
+    public static final int TRIM_MODERATE = 2; // also the KV cache sessions keep between turns
+    public static final int TRIM_CRITICAL = 3; // also running generations' (recomputed later)
+
+    /**
+     * Gives memory back under pressure, for Android's onTrimMemory (RUNNING_MODERATE or
+     * UI_HIDDEN: TRIM_LIGHT; RUNNING_LOW or BACKGROUND: TRIM_MODERATE; RUNNING_CRITICAL or
+     * COMPLETE: TRIM_CRITICAL). No output changes. Returns the bytes given back to the OS.
+     */
+    public synchronized long trim(int level) {
+        // Under the lock, so close() cannot free the engine during the trim.
+        return Native.engineTrim(handleLocked(), level);
+    }
+
     Generation submit(long session, String prompt, String[] roles, String[] contents,
             GenerationOptions options, TokenListener listener) {
         GenerationOptions o = options != null ? options : new GenerationOptions();

@@ -13,7 +13,7 @@ final class Native {
         // the .so the app ships in its jniLibs).
         String path = System.getProperty("cellm.jni.library");
         if (path != null && !path.isEmpty()) {
-            System.load(path);
+            System.load(new java.io.File(path).getAbsolutePath());
         } else {
             System.loadLibrary("cellm_jni");
         }
@@ -59,6 +59,8 @@ final class Native {
     static native long engineCreate(long model, int threads, long budget, int maxCtx, int maxSeqs);
 
     static native void engineFree(long engine);
+
+    static native long engineTrim(long engine, int level);
 
     static native long submit(long engine, long session, Generation gen, byte[] prompt,
             byte[][] roles, byte[][] contents, int[] ints, float[] floats, long seed,

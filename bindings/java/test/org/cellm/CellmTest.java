@@ -320,6 +320,12 @@ public final class CellmTest {
             checkEquals(4, msgs.size(), "messages");
             checkEquals("assistant", msgs.get(1).role(), "role");
             checkEquals(first.text(), msgs.get(1).content(), "the first reply in the history");
+            // Memory pressure: the kept KV cache goes, the conversation goes on.
+            check(engine.trim(Engine.TRIM_MODERATE) >= 0, "trim");
+            Result third = chat.send("Thanks!", null).await();
+            checkEquals(0, third.cachedTokens(), "nothing kept after the trim");
+            check(!third.text().isEmpty(), "a third reply");
+            expectCellm(CellmException.INVALID_ARG, () -> engine.trim(9));
         }
     }
 
