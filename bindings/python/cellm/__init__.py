@@ -69,21 +69,32 @@ class Result:
 
 
 class _Owner:
-    """Closes the objects made from it before itself."""
+    """Closes the objects made from it before itself. Its lock is held
+    while its handle is used to make a child and while close() takes the
+    handle away, so a child made on another thread during close() is either
+    closed with the others or refused."""
 
     def __init__(self):
+        self._h = None
         self._children = weakref.WeakSet()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     def _adopt(self, child):
         with self._lock:
             self._children.add(child)
 
-    def _close_children(self):
+    def close(self):
+        """Closes what was made from this object, then frees it (closing
+        twice is harmless)."""
         with self._lock:
+            self._h = None
             children = list(self._children)
         for c in children:
+            if isinstance(c, Stream):
+                c.cancel()  # all at once: they end in one step
+        for c in children:
             c.close()
+        self._fin()
 
     def __enter__(self):
         return self
@@ -133,11 +144,6 @@ class Model(_Owner):
         finally:
             _n.libc_free(ids)
 
-    def close(self):
-        """Closes the engines made from this model, then frees it."""
-        self._close_children()
-        self._h = None
-        self._fin()
 
 
 def _sampling(s, temperature, top_k, top_p, min_p, seed, repeat_penalty):
@@ -336,11 +342,12 @@ class Engine(_Owner):
         if max_seqs is not None:
             p.max_seqs = max_seqs
         h = ctypes.c_void_p()
-        _check(lib.cellm_engine_create(model._handle(), ctypes.byref(p), ctypes.byref(h)))
-        self._h = h.value
-        self.model = model  # the model outlives the engine
-        self._fin = weakref.finalize(self, lib.cellm_engine_free, self._h)
-        model._adopt(self)
+        with model._lock:
+            _check(lib.cellm_engine_create(model._handle(), ctypes.byref(p), ctypes.byref(h)))
+            self._h = h.value
+            self.model = model  # the model outlives the engine
+            self._fin = weakref.finalize(self, lib.cellm_engine_free, self._h)
+            model._adopt(self)
 
     def _handle(self):
         if self._h is None:
@@ -350,10 +357,10 @@ class Engine(_Owner):
     @property
     def n_ctx(self):
         """Positions one request may use (prompt and completion)."""
-        return _n.lib().cellm_engine_n_ctx(self._handle())
+        with self._lock:
+            return _n.lib().cellm_engine_n_ctx(self._handle())
 
     def _submit(self, fill, max_tokens, stop, sampling):
-        h = self._handle()
         lib = _n.lib()
 
         def submit(st, out):
@@ -362,9 +369,10 @@ class Engine(_Owner):
             fill(args, p)
             p.on_piece = st.on_piece
             p.on_done = st.on_done
-            return lib.cellm_submit(h, ctypes.byref(p), out)
+            return lib.cellm_submit(self._handle(), ctypes.byref(p), out)
 
-        return Stream(self, submit)
+        with self._lock:
+            return Stream(self, submit)
 
     def stream(self, prompt, max_tokens=None, stop=None, temperature=None, top_k=None,
                top_p=None, min_p=None, seed=None, repeat_penalty=None):
@@ -408,12 +416,6 @@ class Engine(_Owner):
         return Session(self, system, max_tokens,
                        (temperature, top_k, top_p, min_p, seed, repeat_penalty))
 
-    def close(self):
-        """Cancels and frees the requests and sessions still open on this
-        engine, then stops it."""
-        self._close_children()
-        self._h = None
-        self._fin()
 
 
 class Session(_Owner):
@@ -431,11 +433,12 @@ class Session(_Owner):
             p.max_tokens = max_tokens
         _sampling(p.sampling, *sampling)
         h = ctypes.c_void_p()
-        _check(lib.cellm_session_create(engine._handle(), ctypes.byref(p), ctypes.byref(h)))
-        self._h = h.value
-        self.engine = engine
-        self._fin = weakref.finalize(self, lib.cellm_session_free, self._h)
-        engine._adopt(self)
+        with engine._lock:
+            _check(lib.cellm_session_create(engine._handle(), ctypes.byref(p), ctypes.byref(h)))
+            self._h = h.value
+            self.engine = engine
+            self._fin = weakref.finalize(self, lib.cellm_session_free, self._h)
+            engine._adopt(self)
 
     def _handle(self):
         if self._h is None:
@@ -444,11 +447,12 @@ class Session(_Owner):
 
     def send(self, content, stop=None):
         """Sends a user message; returns the reply as a Stream."""
-        h = self._handle()
         lib = _n.lib()
         content_b = content.encode()
 
         def submit(st, out):
+            h = self._handle()
+            self.engine._handle()
             p = lib.cellm_session_request_params(h)
             args = _Args(p, None, stop, (None,) * 6)
             p.on_piece = st.on_piece
@@ -457,11 +461,12 @@ class Session(_Owner):
             del args
             return rc
 
-        # The turn's request belongs to the engine too, so closing the engine
-        # frees it before the engine.
-        s = Stream(self, submit)
-        self.engine._adopt(s)
-        return s
+        with self._lock, self.engine._lock:
+            s = Stream(self, submit)
+            # The turn's request belongs to the engine too, so closing the
+            # engine frees it before the engine.
+            self.engine._adopt(s)
+            return s
 
     @property
     def messages(self):
@@ -473,8 +478,3 @@ class Session(_Owner):
         return [{"role": msgs[i].role.decode(), "content": msgs[i].content.decode()}
                 for i in range(n.value)]
 
-    def close(self):
-        """Frees the session (a turn still running is cancelled)."""
-        self._close_children()
-        self._h = None
-        self._fin()

@@ -10,7 +10,6 @@ test time on the same prompts with greedy decoding. A missing model or
 command fails the tests: they never skip.
 """
 
-import ctypes
 import gc
 import os
 import subprocess
@@ -248,6 +247,39 @@ class TestLifetimes(unittest.TestCase):
             chat.send("Hello")
         with self.assertRaises(cellm.CellmError):
             model.tokenize("Hello")
+
+    def test_close_while_threads_submit(self):
+        model = cellm.Model(model_path())
+        engine = cellm.Engine(model, n_threads=1, max_ctx=256)
+        started = threading.Event()
+        ends = []
+        streams = []
+
+        def work():
+            try:
+                while True:
+                    if len(streams) < 64:  # a bound on what the close cancels
+                        streams.append(engine.stream("Hello", max_tokens=8))
+                    else:
+                        self.assertEqual(engine.n_ctx, 256)  # or refused once closed
+                    started.set()
+            except cellm.CellmError as e:
+                ends.append(e.message)
+
+        threads = [threading.Thread(target=work) for _ in range(2)]
+        for t in threads:
+            t.start()
+        self.assertTrue(started.wait(60))
+        time.sleep(0.2)
+        engine.close()  # while the threads submit: each either made it or is refused
+        for t in threads:
+            t.join(60)
+            self.assertFalse(t.is_alive())
+        self.assertEqual(ends, ["the engine is closed"] * 2)
+        self.assertGreater(len(streams), 0)
+        for s in streams:
+            self.assertIn(s.result.finish_reason, ("cancelled", "length", "stop"))
+        model.close()
 
     def test_dropped_stream_is_freed(self):
         with cellm.Model(model_path()) as model, cellm.Engine(model, n_threads=1) as engine:

@@ -149,6 +149,7 @@ public final class Engine implements AutoCloseable {
             gs = new ArrayList<>(generations);
             ss = new ArrayList<>(sessions);
         }
+        for (Generation g : gs) g.cancel(); // all at once: they end in one step
         for (Generation g : gs) g.close();
         for (ChatSession s : ss) s.close();
         Native.engineFree(h);

@@ -358,6 +358,47 @@ public final class CellmTest {
         checkEquals(FinishReason.CANCELLED, h.await().finishReason(), "closed, then awaited");
     }
 
+    public static void testCloseWhileThreadsSubmit() throws Exception {
+        Model m = new Model(modelPath());
+        Engine e = new Engine(m, new Engine.Options().threads(1).maxContext(256));
+        CountDownLatch started = new CountDownLatch(1);
+        List<String> ends = Collections.synchronizedList(new ArrayList<>());
+        List<Generation> made = Collections.synchronizedList(new ArrayList<>());
+        Thread[] threads = new Thread[2];
+        for (int i = 0; i < threads.length; i++) {
+            threads[i] = new Thread(() -> {
+                try {
+                    while (true) {
+                        if (made.size() < 64) { // a bound on what the close cancels
+                            made.add(e.generate("Hello", new GenerationOptions().maxTokens(8),
+                                    null));
+                        } else {
+                            e.trim(Engine.TRIM_LIGHT); // or refused once closed
+                        }
+                        started.countDown();
+                    }
+                } catch (CellmException x) {
+                    ends.add(x.getMessage());
+                }
+            });
+            threads[i].start();
+        }
+        check(started.await(60, TimeUnit.SECONDS), "generations started");
+        Thread.sleep(200);
+        e.close(); // while the threads submit: each either made it or is refused
+        for (Thread t : threads) {
+            t.join(60000);
+            check(!t.isAlive(), "a submitting thread ended");
+        }
+        checkEquals(List.of("the engine is closed", "the engine is closed"), ends, "refusals");
+        synchronized (made) {
+            check(!made.isEmpty(), "some were made");
+            for (Generation g : made)
+                check(g.await().finishReason() != FinishReason.NONE, "each finished");
+        }
+        m.close();
+    }
+
     // ------------------------------------------------------------------ runner
 
     public static void main(String[] args) throws Exception {
