@@ -37,6 +37,10 @@ static jmethodID g_on_piece; /* Generation.onNativePiece(byte[]) */
 static jmethodID g_on_done;  /* Generation.onNativeDone(int, int, int, int, int) */
 static pthread_key_t g_detach_key;
 
+/* jreqs allocated and not yet freed (each holds one global reference): the
+ * test checks it is back to 0 once everything is closed. */
+static atomic_long g_live_requests;
+
 /* Set while this thread runs a request callback. */
 static _Thread_local int tl_in_callback;
 
@@ -349,6 +353,7 @@ static jlong n_submit(JNIEnv *env, jclass cls, jlong engine, jlong session, jobj
     }
     atomic_init(&r->req, NULL);
     atomic_init(&r->cancelled, 0);
+    atomic_fetch_add(&g_live_requests, 1);
     p.on_piece = on_piece;
     p.on_done = on_done;
     p.user = r;
@@ -367,7 +372,10 @@ static jlong n_submit(JNIEnv *env, jclass cls, jlong engine, jlong session, jobj
     r = NULL;
 done:
     if (r) {
-        if (r->gen) (*env)->DeleteGlobalRef(env, r->gen);
+        if (r->gen) {
+            (*env)->DeleteGlobalRef(env, r->gen);
+            atomic_fetch_sub(&g_live_requests, 1);
+        }
         free(r);
     }
     free(msgs);
@@ -417,6 +425,13 @@ static void n_request_free(JNIEnv *env, jclass cls, jlong h) {
     cellm_request_free(atomic_load(&r->req)); /* no callback of it runs after this */
     (*env)->DeleteGlobalRef(env, r->gen);
     free(r);
+    atomic_fetch_sub(&g_live_requests, 1);
+}
+
+static jlong n_live_requests(JNIEnv *env, jclass cls) {
+    (void)env;
+    (void)cls;
+    return (jlong)atomic_load(&g_live_requests);
 }
 
 static jlong n_session_create(JNIEnv *env, jclass cls, jlong engine, jbyteArray system,
@@ -476,6 +491,7 @@ static const JNINativeMethod g_natives[] = {
     {"await", "(J)[I", (void *)n_await},
     {"requestError", "(J)[B", (void *)n_request_error},
     {"requestFree", "(J)V", (void *)n_request_free},
+    {"liveRequests", "()J", (void *)n_live_requests},
     {"sessionCreate", "(J[B[I[FJ)J", (void *)n_session_create},
     {"sessionFree", "(J)V", (void *)n_session_free},
     {"sessionMessages", "(J)[[B", (void *)n_session_messages},

@@ -191,6 +191,16 @@ class _Args:
         p.n_messages = len(messages)
 
 
+# Native requests submitted and not yet freed (for the tests).
+_live = [0]
+_live_lock = threading.Lock()
+
+
+def _live_requests():
+    with _live_lock:
+        return _live[0]
+
+
 # Set while a thread runs one of the request callbacks.
 _in_callback = threading.local()
 _kept_alive = []
@@ -248,6 +258,8 @@ class _StreamState:
             lib = _n.lib()
             lib.cellm_cancel(req)
             lib.cellm_request_free(req)  # waits for the done callback
+            with _live_lock:
+                _live[0] -= 1
 
 
 class Stream:
@@ -264,6 +276,8 @@ class Stream:
         req = ctypes.c_void_p()
         _check(submit(st, ctypes.byref(req)))
         st.req = req.value
+        with _live_lock:
+            _live[0] += 1
         self._fin = weakref.finalize(self, st.free)
         owner._adopt(self)
 

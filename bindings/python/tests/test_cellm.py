@@ -65,6 +65,8 @@ class Base(unittest.TestCase):
     def tearDownClass(cls):
         cls.engine.close()
         cls.model.close()
+        # Every native request the tests made was freed.
+        assert cellm._live_requests() == 0, cellm._live_requests()
 
 
 class TestLibrary(unittest.TestCase):
@@ -247,6 +249,7 @@ class TestLifetimes(unittest.TestCase):
             chat.send("Hello")
         with self.assertRaises(cellm.CellmError):
             model.tokenize("Hello")
+        self.assertEqual(cellm._live_requests(), 0)
 
     def test_close_while_threads_submit(self):
         model = cellm.Model(model_path())
@@ -280,6 +283,7 @@ class TestLifetimes(unittest.TestCase):
         for s in streams:
             self.assertIn(s.result.finish_reason, ("cancelled", "length", "stop"))
         model.close()
+        self.assertEqual(cellm._live_requests(), 0)
 
     def test_dropped_stream_is_freed(self):
         with cellm.Model(model_path()) as model, cellm.Engine(model, n_threads=1) as engine:
@@ -291,6 +295,7 @@ class TestLifetimes(unittest.TestCase):
             # The finalizer cancelled and freed the request.
             self.assertIsNone(st.req)
             self.assertEqual(st.result.finish_reason, "cancelled")
+        self.assertEqual(cellm._live_requests(), 0)
 
 
 if __name__ == "__main__":

@@ -74,6 +74,9 @@ final class Native {
 
     static native void requestFree(long req);
 
+    /** Native requests allocated and not yet freed (for the tests). */
+    static native long liveRequests();
+
     static native long sessionCreate(long engine, byte[] system, int[] ints, float[] floats,
             long seed);
 

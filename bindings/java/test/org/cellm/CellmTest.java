@@ -424,6 +424,15 @@ public final class CellmTest {
         }
         engine.close();
         model.close();
+        // Every native request (and the global reference it holds) was freed.
+        long live = Native.liveRequests();
+        if (live == 0) {
+            passed++;
+            System.out.println("ok   noNativeRequestLeft");
+        } else {
+            failed++;
+            System.out.println("FAIL noNativeRequestLeft: " + live + " still allocated");
+        }
         System.out.println(passed + " passed, " + failed + " failed");
         System.exit(failed == 0 ? 0 : 1);
     }
