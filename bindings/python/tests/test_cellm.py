@@ -169,7 +169,6 @@ class TestGenerate(Base):
         canceller = threading.Thread(target=lambda: (first.wait(60), s.cancel()))
         canceller.start()
         n = 0
-        t0 = time.monotonic()
         for _ in s:
             n += 1
             first.set()
@@ -178,7 +177,6 @@ class TestGenerate(Base):
         self.assertEqual(r.finish_reason, "cancelled")
         self.assertGreaterEqual(n, 1)
         self.assertLess(r.n_completion_tokens, 1000)
-        self.assertLess(time.monotonic() - t0, 120)
         s.cancel()  # after the end: harmless
         # The engine serves on after a cancel.
         self.assertTrue(self.engine.generate("Hello", max_tokens=4))
