@@ -22,6 +22,8 @@ cellm_install_packages() {
         libmicrohttpd-dev)
     if [ "${1:-}" = "--test" ]; then
         pkgs+=(clang libclang-rt-14-dev clang-format)
+        # The Java binding's build and test (bindings/java): any JDK >= 11.
+        command -v javac >/dev/null 2>&1 || pkgs+=(default-jdk-headless)
     fi
     command -v python3 >/dev/null 2>&1 || pkgs+=(python3 python3-pip)
     local missing=()
