@@ -170,6 +170,19 @@ typedef struct cellm_engine_params {
      * cannot hang for want of a stepper. The QoS pacing is the app's to do
      * (the engine does not rest between steps it is asked to run). */
     int manual_steps;
+    /* The phone memory mode. 0 (default): off, and mem_budget_bytes is the
+     * engine's budget. Otherwise a cap, in bytes, on the memory of the whole
+     * process for this model and engine (a phone app gets about 512 MiB):
+     * the model's mapped file, counted whole as if every page were resident;
+     * its tables (tokenizer, template); an allowance for code, the C
+     * library and thread stacks; max_seqs requests' samplers at their
+     * largest and token arrays; the activations; and the KV pool, which
+     * gets everything left (mem_budget_bytes is ignored). Creation fails
+     * with CELLM_ERR_NO_MEMORY, and a message with the figures and what
+     * would fit, unless max_seqs sequences of max_ctx positions fit in the
+     * KV cache at once; so under this cap no request is ever preempted for
+     * memory. */
+    size_t process_budget_bytes;
 } cellm_engine_params;
 
 cellm_engine_params cellm_engine_default_params(void);

@@ -526,6 +526,57 @@ static const char *qos_check(const cellm_qos *q, int pool) {
     return NULL;
 }
 
+/* The phone memory mode's accounting (cellm_engine_params.process_budget_bytes).
+ * Beyond the model's file, the process holds: the model's tables, about
+ * 100 bytes per vocabulary entry (measured: 5.9 MiB of heap after loading
+ * SmolLM2's 49,152 tokens and merges, 19.3 MiB for Gemma 3's 262,144); code,
+ * the C library, stdio and the stacks the threads touch; and per request a
+ * sampler at its largest (8 arrays of the vocabulary's size, every penalty
+ * and typical-p on) plus its token array and a session's history and kept
+ * tokens (16 bytes per position of max_ctx). test_memory measures the peak
+ * resident size of real runs against this sum. */
+#define PROC_TABLE_BYTES_PER_TOKEN 128
+#define PROC_RUNTIME_BYTES ((size_t)8 << 20)
+#define PROC_THREAD_BYTES ((size_t)256 << 10)
+#define PROC_SAMPLER_BYTES_PER_TOKEN 32
+#define PROC_SEQ_BYTES_PER_POS 16
+
+/* Fits the engine into p->process_budget_bytes: sets p->mem_budget_bytes
+ * to what the process leaves for activations and KV, or fails with the
+ * figures when max_seqs sequences of max_ctx positions do not fit. */
+static cellm_status process_budget_fit(const cellm_model *cm, cellm_engine_params *p,
+                                       size_t act_bytes, cellm_error *err) {
+    const model *m = cm->m;
+    const size_t mib = (size_t)1 << 20;
+    const size_t weights = m->file->size;
+    const size_t tables = (size_t)m->n_vocab * PROC_TABLE_BYTES_PER_TOKEN;
+    const size_t runtime = PROC_RUNTIME_BYTES + (size_t)p->n_threads * PROC_THREAD_BYTES;
+    const size_t per_seq = (size_t)m->n_vocab * PROC_SAMPLER_BYTES_PER_TOKEN +
+                           (size_t)p->max_ctx * PROC_SEQ_BYTES_PER_POS;
+    const size_t fixed = weights + tables + runtime + (size_t)p->max_seqs * per_seq + act_bytes;
+    const size_t seq_kv = kv_cache_seq_bytes(m, p->max_ctx);
+    const size_t kv_need = (size_t)p->max_seqs * seq_kv;
+    const size_t budget = p->process_budget_bytes;
+    if (fixed >= budget || kv_need > budget - fixed) {
+        /* How many sequences of max_ctx would fit, each with its own
+         * request memory. */
+        size_t base = fixed - (size_t)p->max_seqs * per_seq;
+        size_t fit = base < budget ? (budget - base) / (per_seq + seq_kv) : 0;
+        return err_set(
+            err, CELLM_ERR_NO_MEMORY,
+            "a process budget of %zu MiB cannot hold %d sequences of %d positions: model "
+            "file %zu MiB, its tables %zu MiB, code and threads %zu MiB, %d requests' "
+            "samplers and tokens %zu MiB, activations %zu MiB, KV cache %zu MiB (%zu "
+            "MiB a sequence); %zu sequence%s of %d positions would fit: lower the "
+            "context or the sessions, or raise the budget",
+            budget / mib, p->max_seqs, p->max_ctx, weights / mib, tables / mib, runtime / mib,
+            p->max_seqs, (size_t)p->max_seqs * per_seq / mib, act_bytes / mib, kv_need / mib,
+            seq_kv / mib, fit, fit == 1 ? "" : "s", p->max_ctx);
+    }
+    p->mem_budget_bytes = budget - (fixed - act_bytes);
+    return CELLM_OK;
+}
+
 /* Frees what engine_create made, in reverse; the thread is not running. */
 static void engine_destroy(cellm_engine *e) {
     forward_free(e->fwd);
@@ -573,6 +624,12 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
     e->act_bytes = forward_bytes(m, p.max_batch_tokens, e->logit_rows, p.n_threads, p.max_ctx) +
                    (size_t)p.max_batch_tokens * sizeof(fwd_row) +
                    2 * (size_t)p.max_seqs * sizeof(cellm_request *);
+    if (p.process_budget_bytes) {
+        if (process_budget_fit(cm, &p, e->act_bytes, &err) != CELLM_OK) {
+            free(e);
+            return fail(&err);
+        }
+    }
     if (p.mem_budget_bytes <= e->act_bytes) {
         err_set(&err, CELLM_ERR_NO_MEMORY,
                 "a memory budget of %zu bytes does not cover the %zu bytes of activations for "

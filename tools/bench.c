@@ -13,6 +13,8 @@
  * the pages of the mapped weights that were read.
  * Uses only the public API (cellm.h), as an application would.
  */
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +42,11 @@ static void usage(FILE *out) {
         "  -s, --sessions LIST   comma-separated session counts (default 1,2,4,8,16)\n"
         "  -n, --n-predict N     tokens per session (default 64)\n"
         "  -t, --threads N       compute threads (default: cores, at most 4)\n"
-        "  -m, --mem SIZE        engine memory budget (default 512M)\n"
+        "  -m, --mem SIZE        engine memory budget: KV + activations (default 512M)\n"
+        "  --mem-budget SIZE     cap on the whole process instead (the phone memory mode);\n"
+        "                        the largest session count must fit at -c positions each\n"
+        "  -c, --ctx-size N      positions per session (default 1024)\n"
+        "  --ignore-eos          EOS banned: every session generates -n tokens\n"
         "  --sampling            only the sampling cost (greedy; top-p 0.9 at temperature 0.8)\n",
         BENCH_DEFAULT_MODEL);
 }
@@ -56,11 +62,20 @@ static double peak_rss_mib(void) {
 #endif
 }
 
+static bool g_ignore_eos; /* --ignore-eos */
+
 /* One round of `n` sessions; prints a table row. */
 static int bench_round(const cellm_model *model, const cellm_engine_params *ep, int n,
                        int32_t n_predict) {
     cellm_engine_params p = *ep;
-    if (p.max_seqs < n) p.max_seqs = n;
+    if (p.process_budget_bytes)
+        p.max_seqs = n; /* the cap must hold these sessions at full context */
+    else if (p.max_seqs < n)
+        p.max_seqs = n;
+    /* --ignore-eos: EOS banned, so every session generates n_predict. */
+    cellm_model_info info;
+    cellm_logit_bias ban = {.token = -1, .bias = -INFINITY};
+    if (g_ignore_eos && cellm_model_get_info(model, &info) == CELLM_OK) ban.token = info.eos;
     cellm_engine *e = NULL;
     if (cellm_engine_create(model, &p, &e) != CELLM_OK) {
         cli_error("%s", cellm_last_error());
@@ -79,6 +94,10 @@ static int bench_round(const cellm_model *model, const cellm_engine_params *ep, 
         cellm_request_params rp = cellm_request_default_params();
         rp.prompt = prompt;
         rp.max_tokens = n_predict;
+        if (ban.token >= 0) {
+            rp.sampling.logit_bias = &ban;
+            rp.sampling.n_logit_bias = 1;
+        }
         if (cellm_submit(e, &rp, &req[i]) != CELLM_OK) {
             cli_error("%s", cellm_last_error());
             rc = 1;
@@ -179,7 +198,7 @@ int cmd_bench(int argc, char **argv) {
             sessions = v;
             i++;
         } else if ((!strcmp(a, "-n") || !strcmp(a, "--n-predict")) && v &&
-                   cli_parse_uint(v, 4096, &u) && u > 0) {
+                   cli_parse_uint(v, 1u << 20, &u) && u > 0) {
             n_predict = (int32_t)u;
             i++;
         } else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && v &&
@@ -189,6 +208,15 @@ int cmd_bench(int argc, char **argv) {
         } else if ((!strcmp(a, "-m") || !strcmp(a, "--mem")) && v &&
                    cli_parse_size(v, &ep.mem_budget_bytes)) {
             i++;
+        } else if (!strcmp(a, "--mem-budget") && v && cli_parse_size(v, &ep.process_budget_bytes) &&
+                   ep.process_budget_bytes > 0) {
+            i++;
+        } else if ((!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) && v &&
+                   cli_parse_uint(v, 1u << 20, &u) && u >= 64) {
+            ep.max_ctx = (int32_t)u;
+            i++;
+        } else if (!strcmp(a, "--ignore-eos")) {
+            g_ignore_eos = true;
         } else if (!strcmp(a, "--sampling")) {
             sampling_only = true;
         } else if (a[0] == '-') {
