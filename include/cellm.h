@@ -159,7 +159,16 @@ typedef struct cellm_engine_params {
     int32_t max_seqs;         /* requests running at once; default 16 */
     int32_t max_ctx;          /* positions per request; 0 (default): the model's, at most 4096 */
     cellm_kv_type kv_type;    /* default CELLM_KV_F16 */
-    cellm_qos qos;            /* the policy it starts with (default: all threads, no pacing) */
+    /* 1 (default): the prefix cache. Full blocks of 16 computed positions
+     * stay in the KV cache, indexed by their tokens (and all the tokens
+     * before them), after their request ends, until the budget needs the
+     * room (least recently used first); a request whose tokens start with
+     * a cached prefix (a shared system prompt, an earlier turn of a chat)
+     * takes those blocks instead of computing them. The output does not
+     * change. 0: off. Models whose layers all use a sliding window have no
+     * prefix cache. */
+    int prefix_cache;
+    cellm_qos qos; /* the policy it starts with (default: all threads, no pacing) */
     /* 0 (default): the engine runs its own thread, which runs a step
      * whenever there is work. 1: no engine thread; the app runs each
      * step with cellm_engine_step() on a thread of its choice (a game
@@ -211,7 +220,9 @@ cellm_status cellm_engine_get_qos(cellm_engine *engine, cellm_qos *out);
  * ones before it do, and more. */
 typedef enum cellm_trim_level {
     /* The pages of free KV blocks go back to the OS (they come back, as
-     * zeros, when next used). Costs nothing but page faults later. */
+     * zeros, when next used), and with them the prefix cache's blocks
+     * that no request or session holds. Costs page faults later, and the
+     * recompute of prefixes that were cached. */
     CELLM_TRIM_LIGHT = 1,
     /* Also the KV blocks that sessions keep between turns are dropped:
      * their next turn recomputes the conversation. */
@@ -254,10 +265,12 @@ typedef struct cellm_stats {
     size_t bytes_kv_resident; /* estimate: KV blocks used since their pages were given back */
     size_t bytes_released;    /* given back to the OS by cellm_engine_trim since creation */
     uint64_t n_trims;
-    int32_t blocks_kept;     /* KV blocks sessions keep between turns (part of blocks_used) */
-    int32_t n_sessions_kept; /* sessions with kept blocks */
-    int32_t n_threads;       /* compute threads in use (the QoS policy) */
-    double rest_seconds;     /* engine-thread time spent resting by the QoS pacing */
+    int32_t blocks_kept;      /* KV blocks sessions keep between turns (part of blocks_used) */
+    int32_t blocks_cached;    /* prefix-cache blocks no one holds (part of blocks_free) */
+    uint64_t n_prefix_tokens; /* prompt positions taken from the prefix cache since creation */
+    int32_t n_sessions_kept;  /* sessions with kept blocks */
+    int32_t n_threads;        /* compute threads in use (the QoS policy) */
+    double rest_seconds;      /* engine-thread time spent resting by the QoS pacing */
 } cellm_stats;
 
 /* Fills *out. Thread-safe; a consistent snapshot as of the last step. */
@@ -288,7 +301,8 @@ typedef struct cellm_result {
     int32_t n_prompt_tokens;
     int32_t n_completion_tokens;
     int32_t n_preemptions;   /* times the request was preempted and recomputed */
-    int32_t n_cached_tokens; /* prompt tokens a session kept from earlier turns: not computed */
+    int32_t n_cached_tokens; /* prompt tokens not computed: kept by the session from earlier
+                                turns, or found in the prefix cache */
     double queue_ms;         /* submit to first step that ran it */
     double first_token_ms;   /* submit to first completion token */
     double total_ms;         /* submit to finish */

@@ -153,6 +153,10 @@ static void publish_locked(cellm_engine *e) {
     s->bytes_released = e->bytes_released;
     s->n_trims = e->n_trims;
     s->blocks_kept = e->blocks_kept;
+    s->blocks_cached = 0;
+    for (int32_t g = 0; g < e->kv->n_groups; g++)
+        s->blocks_cached += kv_cache_idle_blocks(e->kv, g);
+    s->n_prefix_tokens = e->n_prefix_tok;
     s->n_sessions_kept = e->n_lru;
     s->n_threads = tp_threads(e->tp);
     s->rest_seconds = e->rest_s;
@@ -509,6 +513,7 @@ cellm_engine_params cellm_engine_default_params(void) {
     p.max_seqs = 16;
     p.max_ctx = 0;
     p.kv_type = CELLM_KV_F16;
+    p.prefix_cache = 1;
     p.qos.n_threads = 0;
     p.qos.min_step_us = 0;
     p.qos.duty_cycle = 1.0f;
@@ -594,6 +599,7 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
         engine_destroy(e);
         return fail(&err);
     }
+    kv_cache_set_prefix(e->kv, p.prefix_cache != 0);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv_work, NULL);
     pthread_cond_init(&e->cv_done, NULL);
@@ -933,6 +939,7 @@ cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm
         request_discard(e, r);
         return fail(&err);
     }
+    r->seq.tokens = r->tokens; /* its full blocks go into the prefix cache */
     tok_stream_init(&r->ts, cm->tok, 0);
     r->refs = 2;
     r->t_submit = now_s();

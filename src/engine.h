@@ -152,6 +152,7 @@ struct cellm_engine {
     double rest_s;                      /* seconds rested */
     cellm_session *lru_head, *lru_tail; /* idle sessions with kept KV, least recent first */
     int32_t n_lru, blocks_kept;
+    uint64_t n_prefix_tok; /* prompt positions taken from the prefix cache */
 
     /* Guarded by mu. */
     pthread_mutex_t mu;

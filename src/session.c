@@ -108,6 +108,8 @@ void session_adopt(cellm_engine *e, cellm_request *r) {
         d = 0;
     }
     swap_seq(&r->seq, &s->seq); /* r's own tables were empty */
+    r->seq.tokens = r->tokens;
+    s->seq.tokens = s->kept;
     r->adopted = true;
     r->n_cached = d;
 }
@@ -115,6 +117,8 @@ void session_adopt(cellm_engine *e, cellm_request *r) {
 void session_unadopt(cellm_engine *e, cellm_request *r) {
     cellm_session *s = r->session;
     swap_seq(&r->seq, &s->seq);
+    r->seq.tokens = r->tokens;
+    s->seq.tokens = s->kept;
     r->adopted = false;
     r->n_cached = 0;
     lru_push(e, s);
@@ -124,6 +128,8 @@ void session_turn_end(cellm_engine *e, cellm_request *r, cellm_finish_reason why
     cellm_session *s = r->session;
     if (r->adopted) {
         swap_seq(&r->seq, &s->seq);
+        r->seq.tokens = r->tokens;
+        s->seq.tokens = s->kept;
         r->adopted = false;
         /* The tokens whose K/V are in the blocks: the prompt and the reply
          * but its last token, which was sampled and not fed. */
