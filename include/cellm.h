@@ -539,6 +539,37 @@ cellm_status cellm_session_send(cellm_session *session, const char *content,
 cellm_status cellm_session_messages(cellm_session *session, const cellm_chat_message **msgs,
                                     int32_t *n);
 
+/* A new session *out with the history, sampling and max_tokens of
+ * `session` whose kept KV shares the blocks of `session` (no copy: a block
+ * is copied only when one of the two writes into it), so both continue the
+ * same conversation from here, each in its own way. Not while a turn of
+ * `session` runs, nor from a callback of its engine. Thread-safe against
+ * other sessions. Errors: CELLM_ERR_INVALID_ARG, CELLM_ERR_NO_MEMORY. */
+cellm_status cellm_session_fork(cellm_session *session, cellm_session **out);
+
+/* Saves the session to the file at `path` (replaced as a whole: written
+ * aside, then renamed): its history, the tokens of its kept KV and the KV
+ * blocks themselves, with the model's identity, the engine's KV layout and
+ * a SHA-256 checksum, so that cellm_session_restore can resume the
+ * conversation without recomputing it (after the app was killed, say).
+ * A session whose kept KV was dropped saves its history only. Not while a
+ * turn runs, nor from a callback. Errors: CELLM_ERR_INVALID_ARG,
+ * CELLM_ERR_IO, CELLM_ERR_NO_MEMORY. */
+cellm_status cellm_session_save(cellm_session *session, const char *path);
+
+/* Creates *out from a file cellm_session_save wrote: the history and the
+ * kept KV come from the file, the sampling and max_tokens from `params`
+ * (NULL: defaults; its `system` is ignored). A file saved from another
+ * model or by an engine with another KV layout, or one that is damaged or
+ * truncated, is refused with a message that says which. Not from a
+ * callback. Errors: CELLM_ERR_IO (cannot read), CELLM_ERR_CHECKSUM
+ * (damaged or truncated), CELLM_ERR_FORMAT (not a session file, or one
+ * from another model or KV layout),
+ * CELLM_ERR_NO_MEMORY (also when the KV cache cannot hold the blocks now),
+ * CELLM_ERR_INVALID_ARG, CELLM_ERR_UNSUPPORTED (no chat template). */
+cellm_status cellm_session_restore(cellm_engine *engine, const char *path,
+                                   const cellm_session_params *params, cellm_session **out);
+
 /* Frees the session (NULL is fine) and gives its kept KV blocks back to the
  * engine. A turn still running is cancelled first and this waits for it
  * (from a callback it does not wait: the session is freed when its turn

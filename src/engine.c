@@ -318,7 +318,7 @@ static size_t trim_now(cellm_engine *e, int level) {
 static bool step_intake(cellm_engine *e, bool block) {
     pthread_mutex_lock(&e->mu);
     while (block && !e->stop && !e->incoming && e->n_running == 0 && !e->waiting &&
-           !e->trim_level && !e->session_frees) {
+           !e->trim_level && !e->session_frees && !e->jobs) {
         e->win_t0 = 0; /* idle time is not in the rates */
         pthread_cond_wait(&e->cv_work, &e->mu);
     }
@@ -338,6 +338,8 @@ static bool step_intake(cellm_engine *e, bool block) {
     e->trim_level = 0;
     cellm_session *frees = e->session_frees;
     e->session_frees = NULL;
+    engine_job *jobs = e->jobs;
+    e->jobs = NULL;
     pthread_mutex_unlock(&e->mu);
 
     tp_set_threads(e->tp, e->qos_now.n_threads > 0 ? e->qos_now.n_threads : tp_size(e->tp));
@@ -354,6 +356,16 @@ static bool step_intake(cellm_engine *e, bool block) {
         session_release_kv(e, sn);
         pthread_mutex_lock(&e->mu);
         sn->dropped = true; /* the freeing thread may free it from here on */
+        publish_locked(e);
+        pthread_cond_broadcast(&e->cv_done);
+        pthread_mutex_unlock(&e->mu);
+    }
+    while (jobs) {
+        engine_job *j = jobs;
+        jobs = j->next;
+        j->fn(e, j->arg);
+        pthread_mutex_lock(&e->mu);
+        j->done = true; /* the waiting thread may free it from here on */
         publish_locked(e);
         pthread_cond_broadcast(&e->cv_done);
         pthread_mutex_unlock(&e->mu);
@@ -472,7 +484,8 @@ static int manual_step(cellm_engine *e, int *more) {
     int r = engine_step_once(e, false);
     if (more) {
         pthread_mutex_lock(&e->mu);
-        *more = e->n_running > 0 || e->waiting || e->incoming || e->trim_level || e->session_frees;
+        *more = e->n_running > 0 || e->waiting || e->incoming || e->trim_level ||
+                e->session_frees || e->jobs;
         pthread_mutex_unlock(&e->mu);
     }
     tl_stepping = NULL;
@@ -500,6 +513,21 @@ void engine_wait_locked(cellm_engine *e) {
     pthread_mutex_unlock(&e->mu);
     manual_step(e, NULL);
     pthread_mutex_lock(&e->mu);
+}
+
+void engine_run_job(cellm_engine *e, void (*fn)(cellm_engine *e, void *arg), void *arg) {
+    if (engine_on_thread(e)) {
+        fn(e, arg);
+        return;
+    }
+    engine_job j = {fn, arg, false, NULL};
+    pthread_mutex_lock(&e->mu);
+    j.next = e->jobs;
+    e->jobs = &j;
+    e->events++;
+    pthread_cond_signal(&e->cv_work);
+    while (!j.done) engine_wait_locked(e);
+    pthread_mutex_unlock(&e->mu);
 }
 
 /* ----------------------------------------------------------------- engines */

@@ -472,6 +472,24 @@ int32_t kv_seq_lookup(kv_cache *c, kv_seq *s, const int32_t *tokens, int32_t n) 
     return s->n_pos;
 }
 
+int32_t kv_seq_first_block(const kv_cache *c, int32_t g, int32_t n_pos) {
+    return first_needed(c->groups[g].window, n_pos);
+}
+
+const uint8_t *kv_seq_block(const kv_cache *c, const kv_seq *s, int32_t g, int32_t b) {
+    int32_t id = s->table[g][b];
+    return id < 0 ? NULL : c->groups[g].mem + (size_t)id * c->groups[g].block_bytes;
+}
+
+bool kv_seq_set_block(kv_cache *c, kv_seq *s, int32_t g, int32_t b, const void *data) {
+    kv_group *grp = &c->groups[g];
+    if (grp->n_free == 0 || s->table[g][b] >= 0) return false;
+    int32_t id = block_take(c, grp);
+    memcpy(grp->mem + (size_t)id * grp->block_bytes, data, grp->block_bytes);
+    s->table[g][b] = id;
+    return true;
+}
+
 void kv_cache_drop_idle(kv_cache *c) {
     for (int32_t gi = 0; gi < c->n_groups; gi++) {
         kv_group *g = &c->groups[gi];

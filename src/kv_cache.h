@@ -158,6 +158,19 @@ void kv_seq_fork(kv_cache *c, kv_seq *dst, const kv_seq *src);
  * Set s->tokens to `tokens` afterwards to keep publishing. */
 int32_t kv_seq_lookup(kv_cache *c, kv_seq *s, const int32_t *tokens, int32_t n);
 
+/* First block index a sequence of n_pos positions still needs in group g
+ * (0 but for windowed groups); it needs every block from there to the
+ * one holding position n_pos - 1. */
+int32_t kv_seq_first_block(const kv_cache *c, int32_t g, int32_t n_pos);
+
+/* The bytes (the group's block_bytes) of block index b of group g of s, for
+ * saving; NULL when the sequence has no block there. */
+const uint8_t *kv_seq_block(const kv_cache *c, const kv_seq *s, int32_t g, int32_t b);
+
+/* Gives s a new block at index b of group g (which has none) holding
+ * `data` (block_bytes). False when the pool has no free block. */
+bool kv_seq_set_block(kv_cache *c, kv_seq *s, int32_t g, int32_t b, const void *data);
+
 /* Turns the prefix cache off (no publishing, no lookups; what is indexed
  * is dropped) or on again. On by default where the model allows it. */
 void kv_cache_set_prefix(kv_cache *c, bool on);
