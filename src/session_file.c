@@ -354,9 +354,13 @@ static cellm_status parse(const cellm_engine *e, const uint8_t *buf, size_t len,
                           cellm_chat_message **msgs_out, size_t **lens_out, int32_t *n_msgs,
                           char *msg, size_t cap) {
     const kv_cache *c = e->kv;
-    if (len < 8 + SHA256_DIGEST_SIZE || memcmp(buf, SES_MAGIC, 8) != 0) {
+    if (len < 8 || memcmp(buf, SES_MAGIC, 8) != 0) {
         snprintf(msg, cap, "not a cellm session file (no CELLMSES header)");
         return CELLM_ERR_FORMAT;
+    }
+    if (len < 8 + SHA256_DIGEST_SIZE) {
+        snprintf(msg, cap, "the session file is truncated (%zu bytes)", len);
+        return CELLM_ERR_CHECKSUM;
     }
     uint8_t sum[SHA256_DIGEST_SIZE];
     sha256_ctx h;
