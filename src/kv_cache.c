@@ -472,8 +472,8 @@ int32_t kv_seq_lookup(kv_cache *c, kv_seq *s, const int32_t *tokens, int32_t n) 
     return s->n_pos;
 }
 
-int32_t kv_seq_first_block(const kv_cache *c, int32_t g, int32_t n_pos) {
-    return first_needed(c->groups[g].window, n_pos);
+int32_t kv_first_block(int32_t window, int32_t n_pos) {
+    return first_needed(window, n_pos);
 }
 
 const uint8_t *kv_seq_block(const kv_cache *c, const kv_seq *s, int32_t g, int32_t b) {

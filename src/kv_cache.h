@@ -158,10 +158,10 @@ void kv_seq_fork(kv_cache *c, kv_seq *dst, const kv_seq *src);
  * Set s->tokens to `tokens` afterwards to keep publishing. */
 int32_t kv_seq_lookup(kv_cache *c, kv_seq *s, const int32_t *tokens, int32_t n);
 
-/* First block index a sequence of n_pos positions still needs in group g
- * (0 but for windowed groups); it needs every block from there to the
- * one holding position n_pos - 1. */
-int32_t kv_seq_first_block(const kv_cache *c, int32_t g, int32_t n_pos);
+/* First block index a sequence of n_pos positions still needs in a group
+ * with this window (0: full attention, and it is 0); it needs every block
+ * from there to the one holding position n_pos - 1. */
+int32_t kv_first_block(int32_t window, int32_t n_pos);
 
 /* The bytes (the group's block_bytes) of block index b of group g of s, for
  * saving; NULL when the sequence has no block there. */

@@ -35,6 +35,7 @@
 
 #include "engine.h"
 #include "gguf.h"
+#include "session_file.h"
 #include "sha256.h"
 
 #define SES_MAGIC "CELLMSES"
@@ -84,7 +85,7 @@ static void snap_kv(cellm_engine *e, void *arg) {
     int32_t end = (q->n_pos + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
     for (int32_t g = 0; g < c->n_groups; g++) {
         size_t bb = c->groups[g].block_bytes;
-        sn->first[g] = kv_seq_first_block(c, g, q->n_pos);
+        sn->first[g] = kv_first_block(c->groups[g].window, q->n_pos);
         sn->count[g] = end - sn->first[g];
         sn->blocks[g] = malloc((size_t)sn->count[g] * bb);
         if (!sn->blocks[g]) {
@@ -269,21 +270,19 @@ static uint64_t get_u64(reader *r) {
 /* What restore hands to the engine thread. */
 typedef struct restore_job {
     cellm_session *s;
-    int32_t n_pos;
-    const uint8_t *tokens; /* n_pos little-endian i32 */
-    int32_t first[2], count[2];
-    const uint8_t *blocks[2];
+    const ses_parsed *f;
     bool no_room;
 } restore_job;
 
 static void restore_kv(cellm_engine *e, void *arg) {
     restore_job *j = arg;
+    const ses_parsed *f = j->f;
     kv_cache *c = e->kv;
     kv_seq *q = &j->s->seq;
     /* Room first: idle sessions' kept blocks give way, as for a request. */
     for (;;) {
         bool fits = true;
-        for (int32_t g = 0; g < c->n_groups; g++) fits &= j->count[g] <= c->groups[g].n_free;
+        for (int32_t g = 0; g < c->n_groups; g++) fits &= f->count[g] <= c->groups[g].n_free;
         if (fits) break;
         if (!session_drop_lru(e)) {
             j->no_room = true;
@@ -291,15 +290,15 @@ static void restore_kv(cellm_engine *e, void *arg) {
         }
     }
     for (int32_t g = 0; g < c->n_groups; g++)
-        for (int32_t i = 0; i < j->count[g]; i++)
-            (void)kv_seq_set_block(c, q, g, j->first[g] + i,
-                                   j->blocks[g] + (size_t)i * c->groups[g].block_bytes);
-    for (int32_t i = 0; i < j->n_pos; i++) {
-        const uint8_t *b = j->tokens + 4 * (size_t)i;
+        for (int32_t i = 0; i < f->count[g]; i++)
+            (void)kv_seq_set_block(c, q, g, f->first[g] + i,
+                                   f->blocks[g] + (size_t)i * c->groups[g].block_bytes);
+    for (int32_t i = 0; i < f->n_pos; i++) {
+        const uint8_t *b = f->tokens + 4 * (size_t)i;
         j->s->kept[i] = (int32_t)((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
                                   (uint32_t)b[3] << 24);
     }
-    q->n_pos = j->n_pos;
+    q->n_pos = f->n_pos;
     q->tokens = j->s->kept;
     kv_seq_trim(c, q); /* its full blocks go into the prefix cache */
     session_keep(e, j->s);
@@ -348,12 +347,9 @@ static cellm_status read_file(const char *path, size_t limit, uint8_t **buf, siz
     return CELLM_OK;
 }
 
-/* Parses and checks the file; fills the job and the messages (contents
- * point into the buffer, not NUL-terminated: lens). */
-static cellm_status parse(const cellm_engine *e, const uint8_t *buf, size_t len, restore_job *j,
-                          cellm_chat_message **msgs_out, size_t **lens_out, int32_t *n_msgs,
-                          char *msg, size_t cap) {
-    const kv_cache *c = e->kv;
+cellm_status ses_parse(const ses_layout *lay, const uint8_t *buf, size_t len, ses_parsed *out,
+                       char *msg, size_t cap) {
+    memset(out, 0, sizeof *out);
     if (len < 8 || memcmp(buf, SES_MAGIC, 8) != 0) {
         snprintf(msg, cap, "not a cellm session file (no CELLMSES header)");
         return CELLM_ERR_FORMAT;
@@ -382,20 +378,17 @@ static cellm_status parse(const cellm_engine *e, const uint8_t *buf, size_t len,
         return CELLM_ERR_FORMAT;
     }
     const uint8_t *id = take(&r, SHA256_DIGEST_SIZE);
-    uint8_t mine[SHA256_DIGEST_SIZE];
-    model_identity(e->model, mine);
-    if (id && memcmp(id, mine, sizeof mine) != 0) {
+    if (id && memcmp(id, lay->id, sizeof lay->id) != 0) {
         snprintf(msg, cap, "the session file was saved from another model");
         return CELLM_ERR_FORMAT;
     }
     uint32_t kv_type = get_u32(&r), bt = get_u32(&r), ng = get_u32(&r);
-    bool same =
-        kv_type == (uint32_t)e->p.kv_type && bt == KV_BLOCK_TOKENS && ng == (uint32_t)c->n_groups;
+    bool same = kv_type == lay->kv_type && bt == KV_BLOCK_TOKENS && ng == (uint32_t)lay->n_groups;
     for (uint32_t g = 0; g < ng && g < 2 && same; g++) {
         uint32_t nl = get_u32(&r), w = get_u32(&r);
         uint64_t bb = get_u64(&r);
-        same = nl == (uint32_t)c->groups[g].n_layers && w == (uint32_t)c->groups[g].window &&
-               bb == c->groups[g].block_bytes;
+        same = nl == (uint32_t)lay->n_layers[g] && w == (uint32_t)lay->window[g] &&
+               bb == lay->block_bytes[g];
     }
     if (!r.short_read && !same) {
         snprintf(msg, cap,
@@ -406,9 +399,9 @@ static cellm_status parse(const cellm_engine *e, const uint8_t *buf, size_t len,
     int32_t n_pos = (int32_t)get_u32(&r);
     uint32_t nm = get_u32(&r);
     if (r.short_read) goto truncated;
-    if (n_pos < 0 || n_pos > c->max_ctx) {
+    if (n_pos < 0 || n_pos > lay->max_ctx) {
         snprintf(msg, cap, "the session holds %d positions; this engine's context is %d", n_pos,
-                 c->max_ctx);
+                 lay->max_ctx);
         return CELLM_ERR_FORMAT;
     }
     if (nm > SES_MAX_MSGS) {
@@ -417,8 +410,8 @@ static cellm_status parse(const cellm_engine *e, const uint8_t *buf, size_t len,
     }
     cellm_chat_message *msgs = calloc(nm ? nm : 1, sizeof *msgs);
     size_t *lens = calloc(nm ? nm : 1, sizeof *lens);
-    *msgs_out = msgs;
-    *lens_out = lens;
+    out->msgs = msgs;
+    out->lens = lens;
     if (!msgs || !lens) {
         snprintf(msg, cap, "out of memory");
         return CELLM_ERR_NO_MEMORY;
@@ -439,13 +432,13 @@ static cellm_status parse(const cellm_engine *e, const uint8_t *buf, size_t len,
         msgs[i] = (cellm_chat_message){ses_roles[*role], (const char *)text};
         lens[i] = n;
     }
-    *n_msgs = (int32_t)nm;
-    j->n_pos = n_pos;
-    j->tokens = take(&r, 4 * (size_t)n_pos);
-    if (!j->tokens) goto truncated;
-    int32_t n_vocab = e->model->m->n_vocab;
+    out->n_msgs = (int32_t)nm;
+    out->n_pos = n_pos;
+    out->tokens = take(&r, 4 * (size_t)n_pos);
+    if (!out->tokens) goto truncated;
+    int32_t n_vocab = lay->n_vocab;
     for (int32_t i = 0; i < n_pos; i++) {
-        const uint8_t *b = j->tokens + 4 * (size_t)i;
+        const uint8_t *b = out->tokens + 4 * (size_t)i;
         int64_t t = (int32_t)((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
                               (uint32_t)b[3] << 24);
         if (t < 0 || t >= n_vocab) {
@@ -454,22 +447,23 @@ static cellm_status parse(const cellm_engine *e, const uint8_t *buf, size_t len,
         }
     }
     int32_t end = (n_pos + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
-    for (int32_t g = 0; g < c->n_groups; g++) {
+    for (int32_t g = 0; g < lay->n_groups; g++) {
         int32_t first = (int32_t)get_u32(&r);
         uint32_t count = get_u32(&r);
         if (r.short_read) goto truncated;
         /* Exactly the blocks the forward pass will read. */
-        int32_t want_first = n_pos > 0 ? kv_seq_first_block(c, g, n_pos) : 0;
+        int32_t want_first = n_pos > 0 ? kv_first_block(lay->window[g], n_pos) : 0;
         if (count != (uint32_t)(end - want_first) || (count > 0 && first != want_first)) {
             snprintf(msg, cap,
                      "the session file's group %d has blocks %d..+%u; %d positions need %d..%d", g,
                      first, count, n_pos, want_first, end - 1);
             return CELLM_ERR_FORMAT;
         }
-        j->first[g] = want_first;
-        j->count[g] = (int32_t)count;
-        j->blocks[g] = take(&r, (size_t)count * c->groups[g].block_bytes);
-        if (!j->blocks[g]) goto truncated;
+        out->first[g] = want_first;
+        out->count[g] = (int32_t)count;
+        if (lay->block_bytes[g] > SIZE_MAX / (count ? count : 1)) goto truncated;
+        out->blocks[g] = take(&r, (size_t)count * (size_t)lay->block_bytes[g]);
+        if (!out->blocks[g]) goto truncated;
     }
     if (r.left != 0) {
         snprintf(msg, cap, "the session file has %zu bytes after its blocks", r.left);
@@ -479,6 +473,35 @@ static cellm_status parse(const cellm_engine *e, const uint8_t *buf, size_t len,
 truncated:
     snprintf(msg, cap, "the session file ends too early");
     return CELLM_ERR_FORMAT;
+}
+
+void ses_parsed_free(ses_parsed *p) {
+    free(p->msgs);
+    free(p->lens);
+    p->msgs = NULL;
+    p->lens = NULL;
+}
+
+size_t ses_max_bytes(const ses_layout *lay) {
+    size_t n = 256 + SES_MAX_TEXT + (size_t)SES_MAX_MSGS * 5 + 4 * (size_t)lay->max_ctx;
+    size_t blocks = ((size_t)lay->max_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+    for (int32_t g = 0; g < lay->n_groups; g++) n += blocks * (size_t)lay->block_bytes[g] + 8;
+    return n;
+}
+
+/* The layout of an engine. */
+static void layout_of(const cellm_engine *e, ses_layout *lay) {
+    memset(lay, 0, sizeof *lay);
+    model_identity(e->model, lay->id);
+    lay->kv_type = (uint32_t)e->p.kv_type;
+    lay->n_groups = e->kv->n_groups;
+    for (int32_t g = 0; g < lay->n_groups; g++) {
+        lay->n_layers[g] = e->kv->groups[g].n_layers;
+        lay->window[g] = e->kv->groups[g].window;
+        lay->block_bytes[g] = e->kv->groups[g].block_bytes;
+    }
+    lay->max_ctx = e->kv->max_ctx;
+    lay->n_vocab = e->model->m->n_vocab;
 }
 
 cellm_status cellm_session_restore(cellm_engine *e, const char *path,
@@ -493,26 +516,20 @@ cellm_status cellm_session_restore(cellm_engine *e, const char *path,
         cellm_status st = engine_check_sampling(&params->sampling);
         if (st) return st;
     }
-    /* The largest file this engine could have written. */
-    const kv_cache *c = e->kv;
-    size_t limit = 256 + SES_MAX_TEXT + (size_t)SES_MAX_MSGS * 5 + 4 * (size_t)c->max_ctx;
-    for (int32_t g = 0; g < c->n_groups; g++)
-        limit += (size_t)c->max_blocks_per_seq * c->groups[g].block_bytes + 8;
+    ses_layout lay;
+    layout_of(e, &lay);
     char msg[CELLM_ERR_MSG_MAX] = "";
     uint8_t *buf = NULL;
     size_t len = 0;
-    cellm_chat_message *msgs = NULL;
-    size_t *lens = NULL;
-    int32_t n_msgs = 0;
-    restore_job j;
-    memset(&j, 0, sizeof j);
+    ses_parsed f;
+    memset(&f, 0, sizeof f);
     cellm_session *s = NULL;
-    cellm_status st = read_file(path, limit, &buf, &len, msg, sizeof msg);
-    if (!st) st = parse(e, buf, len, &j, &msgs, &lens, &n_msgs, msg, sizeof msg);
+    cellm_status st = read_file(path, ses_max_bytes(&lay), &buf, &len, msg, sizeof msg);
+    if (!st) st = ses_parse(&lay, buf, len, &f, msg, sizeof msg);
     if (st) goto fail;
     /* NUL-terminated copies of the message texts for the session. */
     size_t text = 0;
-    for (int32_t i = 0; i < n_msgs; i++) text += lens[i] + 1;
+    for (int32_t i = 0; i < f.n_msgs; i++) text += f.lens[i] + 1;
     if (text > SES_MAX_TEXT) {
         st = CELLM_ERR_FORMAT;
         snprintf(msg, sizeof msg, "the session's messages hold %zu bytes (at most %zu)", text,
@@ -526,39 +543,37 @@ cellm_status cellm_session_restore(cellm_engine *e, const char *path,
         goto fail;
     }
     size_t at = 0;
-    for (int32_t i = 0; i < n_msgs; i++) {
-        memcpy(texts + at, msgs[i].content, lens[i]);
-        texts[at + lens[i]] = '\0';
-        msgs[i].content = texts + at;
-        at += lens[i] + 1;
+    for (int32_t i = 0; i < f.n_msgs; i++) {
+        memcpy(texts + at, f.msgs[i].content, f.lens[i]);
+        texts[at + f.lens[i]] = '\0';
+        f.msgs[i].content = texts + at;
+        at += f.lens[i] + 1;
     }
-    st = session_new_with(e, params, msgs, n_msgs, &s);
+    st = session_new_with(e, params, f.msgs, f.n_msgs, &s);
     free(texts);
     if (st) {
         snprintf(msg, sizeof msg, "%s", cellm_last_error());
         goto fail;
     }
-    if (j.n_pos > 0) {
-        j.s = s;
+    if (f.n_pos > 0) {
+        restore_job j = {s, &f, false};
         engine_run_job(e, restore_kv, &j);
         if (j.no_room) {
             st = CELLM_ERR_NO_MEMORY;
             snprintf(msg, sizeof msg,
                      "the KV cache has no room for the session's %d positions now (its budget is "
                      "in use)",
-                     j.n_pos);
+                     f.n_pos);
             goto fail;
         }
     }
     free(buf);
-    free(msgs);
-    free(lens);
+    ses_parsed_free(&f);
     *out = s;
     return CELLM_OK;
 fail:
     free(buf);
-    free(msgs);
-    free(lens);
+    ses_parsed_free(&f);
     cellm_session_free(s);
     return engine_fail(st, msg);
 }
