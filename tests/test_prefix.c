@@ -16,7 +16,8 @@
  *    for token the turn an uninterrupted session gives; files from another
  *    model, damaged, truncated or forged files are refused with clear
  *    errors;
- *  - concurrent requests sharing a prompt under ThreadSanitizer.
+ *  - concurrent requests sharing a prompt (test_tsan_*: the case test.sh
+ *    runs under ThreadSanitizer, through CELLM_TEST_FILTER).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -457,5 +458,6 @@ int main(void) {
         cmocka_unit_test(test_tsan_shared_prompt),
         cmocka_unit_test(test_prefix_gemma),
     };
+    if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }
