@@ -272,6 +272,7 @@ typedef struct restore_job {
     cellm_session *s;
     const ses_parsed *f;
     bool no_room;
+    int32_t need, free_blocks; /* of the group that lacked room */
 } restore_job;
 
 static void restore_kv(cellm_engine *e, void *arg) {
@@ -282,7 +283,11 @@ static void restore_kv(cellm_engine *e, void *arg) {
     /* Room first: idle sessions' kept blocks give way, as for a request. */
     for (;;) {
         bool fits = true;
-        for (int32_t g = 0; g < c->n_groups; g++) fits &= f->count[g] <= c->groups[g].n_free;
+        for (int32_t g = 0; g < c->n_groups && fits; g++) {
+            fits = f->count[g] <= c->groups[g].n_free;
+            j->need = f->count[g];
+            j->free_blocks = c->groups[g].n_free;
+        }
         if (fits) break;
         if (!session_drop_lru(e)) {
             j->no_room = true;
@@ -556,14 +561,15 @@ cellm_status cellm_session_restore(cellm_engine *e, const char *path,
         goto fail;
     }
     if (f.n_pos > 0) {
-        restore_job j = {s, &f, false};
+        restore_job j = {s, &f, false, 0, 0};
         engine_run_job(e, restore_kv, &j);
         if (j.no_room) {
             st = CELLM_ERR_NO_MEMORY;
             snprintf(msg, sizeof msg,
-                     "the KV cache has no room for the session's %d positions now (its budget is "
-                     "in use)",
-                     f.n_pos);
+                     "the KV cache has no room for the session's %d positions: they take %d "
+                     "blocks, %d are free (running requests hold the rest, or the budget is "
+                     "smaller than the one that saved it)",
+                     f.n_pos, j.need, j.free_blocks);
             goto fail;
         }
     }

@@ -398,6 +398,19 @@ static void test_session_save_restore(void **state) {
         free(g);
     }
     free(b);
+    /* An engine whose KV budget cannot hold the blocks now. */
+    cellm_stats probe = stats_of(e);
+    size_t block = probe.bytes_kv_total / (size_t)probe.blocks_total;
+    cellm_engine_free(e);
+    cellm_engine_params ep = cellm_engine_default_params();
+    ep.n_threads = 2;
+    ep.max_ctx = 2048;
+    ep.max_batch_tokens = 64;
+    ep.mem_budget_bytes = probe.bytes_activations + 3 * block + block / 2;
+    assert_int_equal(cellm_engine_create(m, &ep, &e), CELLM_OK);
+    assert_int_equal(stats_of(e).blocks_total, 3);
+    assert_refused(e, file, CELLM_ERR_NO_MEMORY, "no room");
+    assert_int_equal(stats_of(e).blocks_used, 0);
     cellm_engine_free(e);
     cellm_model_free(m);
 
