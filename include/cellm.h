@@ -265,7 +265,9 @@ typedef struct cellm_stats {
     size_t bytes_kv_resident; /* estimate: KV blocks used since their pages were given back */
     size_t bytes_released;    /* given back to the OS by cellm_engine_trim since creation */
     uint64_t n_trims;
-    int32_t blocks_kept;      /* KV blocks sessions keep between turns (part of blocks_used) */
+    /* KV blocks sessions keep between turns (part of blocks_used; a block
+     * forked sessions share counts once for each). */
+    int32_t blocks_kept;
     int32_t blocks_cached;    /* prefix-cache blocks no one holds (part of blocks_free) */
     uint64_t n_prefix_tokens; /* prompt positions taken from the prefix cache since creation */
     int32_t n_sessions_kept;  /* sessions with kept blocks */
