@@ -13,7 +13,8 @@
  *    would;
  *  - a session saved, everything freed (model and engine too), restored
  *    on a fresh engine: the next turn reuses the restored KV and is token
- *    for token the turn an uninterrupted session gives; files from another
+ *    for token the turn an uninterrupted session gives; the same with the
+ *    save done by a child process that then exits; files from another
  *    model, damaged, truncated or forged files are refused with clear
  *    errors;
  *  - concurrent requests sharing a prompt (test_tsan_*: the case test.sh
@@ -426,6 +427,66 @@ static void test_session_save_restore(void **state) {
     remove(bad);
 }
 
+/* The save in another process that then exits; the restore here. */
+static void test_session_restore_across_processes(void **state) {
+    (void)state;
+    char file[512];
+    tmp_path("child-session.bin", file, sizeof file);
+    remove(file);
+    const char *sys = "You are a helpful assistant who answers briefly.";
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* The child: two turns, a save, and gone (no cmocka here). */
+        cellm_engine_params ep = cellm_engine_default_params();
+        ep.n_threads = 2;
+        ep.max_ctx = 2048;
+        ep.max_batch_tokens = 64;
+        cellm_engine *e = NULL;
+        cellm_session *s = NULL;
+        cellm_session_params sp = cellm_session_default_params();
+        sp.system = sys;
+        sp.max_tokens = 16;
+        if (cellm_engine_create(g_model, &ep, &e) || cellm_session_create(e, &sp, &s)) _exit(2);
+        for (int i = 0; i < 2; i++) {
+            cellm_request *r = NULL;
+            cellm_result res;
+            if (cellm_session_send(s, questions[i], NULL, &r) || cellm_wait(r, &res) ||
+                res.status != CELLM_OK)
+                _exit(3);
+            cellm_request_free(r);
+        }
+        _exit(cellm_session_save(s, file) == CELLM_OK ? 0 : 4);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+
+    /* The uninterrupted conversation, here. */
+    cellm_engine *e = engine_on(g_model, 64, 0);
+    cellm_session *u = session_on(e, sys);
+    reply u1, u2, u3, r3;
+    turn(u, questions[0], &u1);
+    turn(u, questions[1], &u2);
+    turn(u, questions[2], &u3);
+    cellm_session_free(u);
+    cellm_engine_free(e);
+
+    e = engine_on(g_model, 64, 1);
+    cellm_session *s = NULL;
+    assert_int_equal(cellm_session_restore(e, file, NULL, &s), CELLM_OK);
+    turn(s, questions[2], &r3);
+    print_message("restored from another process: %d of %d prompt tokens cached\n",
+                  r3.res.n_cached_tokens, r3.res.n_prompt_tokens);
+    assert_true(r3.res.n_cached_tokens > u2.res.n_prompt_tokens);
+    assert_same(&r3, &u3);
+    cellm_session_free(s);
+    cellm_engine_free(e);
+    remove(file);
+}
+
 /* Requests sharing a prompt at once, with the cache on: the same tokens. */
 static void test_tsan_shared_prompt(void **state) {
     (void)state;
@@ -468,6 +529,7 @@ int main(void) {
         cmocka_unit_test(test_session_shares_system_prompt),
         cmocka_unit_test(test_session_fork),
         cmocka_unit_test(test_session_save_restore),
+        cmocka_unit_test(test_session_restore_across_processes),
         cmocka_unit_test(test_tsan_shared_prompt),
         cmocka_unit_test(test_prefix_gemma),
     };
