@@ -153,6 +153,10 @@ static void publish_locked(cellm_engine *e) {
     s->bytes_released = e->bytes_released;
     s->n_trims = e->n_trims;
     s->blocks_kept = e->blocks_kept;
+    s->blocks_cached = 0;
+    for (int32_t g = 0; g < e->kv->n_groups; g++)
+        s->blocks_cached += kv_cache_idle_blocks(e->kv, g);
+    s->n_prefix_tokens = e->n_prefix_tok;
     s->n_sessions_kept = e->n_lru;
     s->n_threads = tp_threads(e->tp);
     s->rest_seconds = e->rest_s;
@@ -314,7 +318,7 @@ static size_t trim_now(cellm_engine *e, int level) {
 static bool step_intake(cellm_engine *e, bool block) {
     pthread_mutex_lock(&e->mu);
     while (block && !e->stop && !e->incoming && e->n_running == 0 && !e->waiting &&
-           !e->trim_level && !e->session_frees) {
+           !e->trim_level && !e->session_frees && !e->jobs) {
         e->win_t0 = 0; /* idle time is not in the rates */
         pthread_cond_wait(&e->cv_work, &e->mu);
     }
@@ -334,6 +338,8 @@ static bool step_intake(cellm_engine *e, bool block) {
     e->trim_level = 0;
     cellm_session *frees = e->session_frees;
     e->session_frees = NULL;
+    engine_job *jobs = e->jobs;
+    e->jobs = NULL;
     pthread_mutex_unlock(&e->mu);
 
     tp_set_threads(e->tp, e->qos_now.n_threads > 0 ? e->qos_now.n_threads : tp_size(e->tp));
@@ -350,6 +356,16 @@ static bool step_intake(cellm_engine *e, bool block) {
         session_release_kv(e, sn);
         pthread_mutex_lock(&e->mu);
         sn->dropped = true; /* the freeing thread may free it from here on */
+        publish_locked(e);
+        pthread_cond_broadcast(&e->cv_done);
+        pthread_mutex_unlock(&e->mu);
+    }
+    while (jobs) {
+        engine_job *j = jobs;
+        jobs = j->next;
+        j->fn(e, j->arg);
+        pthread_mutex_lock(&e->mu);
+        j->done = true; /* the waiting thread may free it from here on */
         publish_locked(e);
         pthread_cond_broadcast(&e->cv_done);
         pthread_mutex_unlock(&e->mu);
@@ -468,7 +484,8 @@ static int manual_step(cellm_engine *e, int *more) {
     int r = engine_step_once(e, false);
     if (more) {
         pthread_mutex_lock(&e->mu);
-        *more = e->n_running > 0 || e->waiting || e->incoming || e->trim_level || e->session_frees;
+        *more = e->n_running > 0 || e->waiting || e->incoming || e->trim_level ||
+                e->session_frees || e->jobs;
         pthread_mutex_unlock(&e->mu);
     }
     tl_stepping = NULL;
@@ -498,6 +515,21 @@ void engine_wait_locked(cellm_engine *e) {
     pthread_mutex_lock(&e->mu);
 }
 
+void engine_run_job(cellm_engine *e, void (*fn)(cellm_engine *e, void *arg), void *arg) {
+    if (engine_on_thread(e)) {
+        fn(e, arg);
+        return;
+    }
+    engine_job j = {fn, arg, false, NULL};
+    pthread_mutex_lock(&e->mu);
+    j.next = e->jobs;
+    e->jobs = &j;
+    e->events++;
+    pthread_cond_signal(&e->cv_work);
+    while (!j.done) engine_wait_locked(e);
+    pthread_mutex_unlock(&e->mu);
+}
+
 /* ----------------------------------------------------------------- engines */
 
 cellm_engine_params cellm_engine_default_params(void) {
@@ -509,6 +541,7 @@ cellm_engine_params cellm_engine_default_params(void) {
     p.max_seqs = 16;
     p.max_ctx = 0;
     p.kv_type = CELLM_KV_F16;
+    p.prefix_cache = 1;
     p.qos.n_threads = 0;
     p.qos.min_step_us = 0;
     p.qos.duty_cycle = 1.0f;
@@ -651,6 +684,7 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
         engine_destroy(e);
         return fail(&err);
     }
+    kv_cache_set_prefix(e->kv, p.prefix_cache != 0);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv_work, NULL);
     pthread_cond_init(&e->cv_done, NULL);
@@ -990,6 +1024,7 @@ cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm
         request_discard(e, r);
         return fail(&err);
     }
+    r->seq.tokens = r->tokens; /* its full blocks go into the prefix cache */
     tok_stream_init(&r->ts, cm->tok, 0);
     r->refs = 2;
     r->t_submit = now_s();
