@@ -32,6 +32,7 @@ typedef struct weight {
 
 typedef struct layer_desc {
     weight attn_norm, wq, wk, wv, wo;
+    weight bq, bk, bv;     /* Q/K/V biases (qwen2); data NULL when absent */
     weight q_norm, k_norm; /* per-head RMSNorm of Q and K; data NULL when absent */
     weight post_attn_norm; /* norm of the attention output before the residual */
     weight ffn_norm, w_gate, w_up, w_down;
@@ -51,9 +52,12 @@ typedef struct model {
     rope_kind rope;
     int32_t rope_dim;        /* leading dimensions of each head that RoPE rotates */
     float rope_freq_scale;   /* 1 / linear scaling factor */
-    const float *rope_freqs; /* per-pair frequency divisors (llama 3.1 style), or NULL */
+    const float *rope_freqs; /* per-pair frequency divisors (llama 3.1, phi3 LongRoPE), or NULL */
+    float rope_mscale;       /* multiplies RoPE's cos and sin (phi3 LongRoPE); 1 for none */
     float emb_scale;         /* multiplies the token embedding; 1 for none */
     float attn_scale;        /* multiplies Q·K */
+    float residual_scale;    /* multiplies each block's output before the residual; 1 for none */
+    float logit_scale;       /* multiplies the final logits; 1 for none */
     float attn_softcap;      /* tanh soft-capping of attention scores; 0: none */
     float logit_softcap;     /* tanh soft-capping of the final logits; 0: none */
     mlp_act act;
