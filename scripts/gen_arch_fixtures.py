@@ -106,10 +106,11 @@ def families():
                             sliding_window=None, rope_scaling=None), Phi3ForCausalLM,
                  torch.float32)
     # Phi-3 with LongRoPE factors (sequences here stay under the original
-    # context length, so the short factors apply).
+    # context length, so the short factors apply; 512 is above the 256
+    # llama.cpp rounds its context up to, so it picks the short ones too).
     hd2 = 64 // 4 // 2
-    f["phi3-longrope"] = (Phi3Config(**dict(COMMON, max_position_embeddings=1024),
-                                     original_max_position_embeddings=128, rope_theta=10000.0,
+    f["phi3-longrope"] = (Phi3Config(**dict(COMMON, max_position_embeddings=4096),
+                                     original_max_position_embeddings=512, rope_theta=10000.0,
                                      tie_word_embeddings=False, sliding_window=None,
                                      rope_scaling={"type": "longrope",
                                                    "short_factor": [1.0 + 0.25 * i for i in range(hd2)],
