@@ -17,6 +17,13 @@
  * one) moves logits by whole units. The fixtures' greedy steps all have a
  * top-1 margin of at least 0.1 (the generator picks such a seed), so F16
  * rounding cannot flip them.
+ *
+ * test_convert_types converts the llama fixture to each kind of type. F32
+ * and BF16 are held close; the quantized types on these toy random
+ * weights (Gaussian, no outliers, rows of 64 so the K quants fall back to
+ * Q5_0/Q8_0) move logits by up to ~2% (Q8_0) and ~15-30% (4-bit) of the
+ * largest logit, measured: the bounds there are sanity checks (a wrong
+ * block layout leaves top-1 agreement near chance, 0.3%).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -29,6 +36,8 @@
 
 #include "convert.h"
 #include "forward.h"
+#include "gguf.h"
+#include "quant.h"
 #include "test_common.h"
 
 #define LOGIT_TOL 0.004 /* times max(1, the row's largest |logit|) */
@@ -202,6 +211,33 @@ static double check_logits(rig *r, const fixture *fx, const char *name) {
     return worst;
 }
 
+/* For the quantized types: the worst relative logit difference and the
+ * share of positions whose top-1 token is transformers'. */
+static void compare_loose(rig *r, const fixture *fx, double *worst, double *top1) {
+    int same = 0, n = 0;
+    *worst = 0;
+    for (int i = 0; i < fx->n_logits; i++) {
+        const fx_logits *c = &fx->lg[i];
+        kv_seq s;
+        cellm_error e;
+        assert_int_equal(kv_seq_init(r->kv, &s, &e), CELLM_OK);
+        const float *lg = run(r, &s, c->tok, c->n_tok);
+        for (int pos = c->first; pos < c->n_tok; pos++, n++) {
+            const float *got = lg + (size_t)pos * (size_t)fx->vocab;
+            const float *ref = c->rows + (size_t)(pos - c->first) * (size_t)fx->vocab;
+            double mx = 1, d = 0;
+            for (int v = 0; v < fx->vocab; v++) {
+                mx = fmax(mx, fabs(ref[v]));
+                d = fmax(d, fabs((double)got[v] - ref[v]));
+            }
+            *worst = fmax(*worst, d / mx);
+            same += argmax(got, fx->vocab) == argmax(ref, fx->vocab);
+        }
+        kv_seq_free(r->kv, &s);
+    }
+    *top1 = (double)same / n;
+}
+
 /* 32 greedy steps, one token per forward pass, against transformers'. */
 static void check_greedy(rig *r, const fixture *fx, const char *name) {
     kv_seq s;
@@ -303,12 +339,71 @@ static void test_arch_fields(void **state) {
     }
 }
 
+/* `cellm convert --type T`: the matrices take the type (or, for the K
+ * quants, quantize's fallbacks for rows of 64), norms stay F32, and the
+ * logits stay near transformers' by the type's precision. */
+static void test_convert_types(void **state) {
+    (void)state;
+    static const struct {
+        const char *type;
+        uint32_t attn_type; /* of blk.0.attn_q.weight */
+        double tol, min_top1;
+    } want[] =
+        {
+            {"f32", QT_F32, 0.002, 1.0},    {"bf16", QT_BF16, 0.02, 0.9},
+            {"q8_0", QT_Q8_0, 0.05, 0.9},   {"Q4_0", QT_Q4_0, 0.4, 0.5},
+            {"q4_k_m", QT_Q5_0, 0.4, 0.5}, /* Q4_K's fallback for rows of 64 */
+        };
+    fixture fx;
+    load_fixture("llama", &fx);
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        char path[1024];
+        convert("llama", want[i].type, path, sizeof path);
+        gguf_file *g;
+        cellm_error e;
+        assert_int_equal(gguf_open(path, &g, &e), CELLM_OK);
+        assert_int_equal(gguf_find_tensor(g, "blk.0.attn_q.weight")->type, want[i].attn_type);
+        assert_int_equal(gguf_find_tensor(g, "blk.0.attn_norm.weight")->type, QT_F32);
+        gguf_close(g);
+        rig r;
+        rig_open(&r, path, 2);
+        double worst, top1;
+        compare_loose(&r, &fx, &worst, &top1);
+        print_message("llama %s: logits within %.4f of transformers' (relative), top-1 %.0f%%\n",
+                      want[i].type, worst, 100 * top1);
+        assert_true(worst <= want[i].tol);
+        assert_true(top1 >= want[i].min_top1);
+        rig_close(&r);
+        remove_converted(path);
+    }
+    fixture_free(&fx);
+}
+
+/* Bad arguments and folders fail with a message and leave no file. */
+static void test_convert_errors(void **state) {
+    (void)state;
+    char cmd[4096], *out;
+    snprintf(cmd, sizeof cmd,
+             "'%s' convert '%s/tests/data/arch/llama' /tmp/cellm-x.gguf --type q3_x 2>&1",
+             test_cellm_bin(), CELLM_SOURCE_DIR);
+    assert_int_equal(test_run_cmd(cmd, &out), 1);
+    assert_non_null(strstr(out, "unknown type 'q3_x'"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' convert /nonexistent-dir /tmp/cellm-x.gguf 2>&1",
+             test_cellm_bin());
+    assert_int_equal(test_run_cmd(cmd, &out), 1);
+    assert_non_null(strstr(out, "config.json"));
+    free(out);
+    assert_int_not_equal(access("/tmp/cellm-x.gguf", F_OK), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama),          cmocka_unit_test(test_mistral_window),
         cmocka_unit_test(test_qwen2_bias),     cmocka_unit_test(test_qwen3_qknorm_bf16),
         cmocka_unit_test(test_phi3_fused),     cmocka_unit_test(test_phi3_longrope),
         cmocka_unit_test(test_granite_scales), cmocka_unit_test(test_arch_fields),
+        cmocka_unit_test(test_convert_types),  cmocka_unit_test(test_convert_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
