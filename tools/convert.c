@@ -530,6 +530,12 @@ static cellm_status write_tensors(conv *c, uint32_t type, const convert_params *
 
 /* ---- tokenizer ---- */
 
+/* Bytes of the first UTF-8 character at p (1 for a stray byte). */
+static size_t utf8_len(const char *p) {
+    uint8_t b = (uint8_t)p[0];
+    return b < 0x80 ? 1 : b >> 5 == 6 ? 2 : b >> 4 == 14 ? 3 : b >> 3 == 30 ? 4 : 1;
+}
+
 /* tokenizer.ggml.pre for the pre-tokenizer in tokenizer.json, by what it
  * does: NULL when cellm does not recognise it. */
 static const char *detect_pre(const cJSON *pt) {
@@ -574,15 +580,23 @@ static cellm_status set_value(conv *c, const char *key, gguf_value *v, cellm_err
     return gguf_writer_set(c->w, key, v, err);
 }
 
+static cellm_status write_bpe(conv *c, const cJSON *tmodel, gguf_str *tokens, int32_t *types,
+                              size_t n, const char *pre, cellm_error *err);
+static cellm_status write_spm(conv *c, const cJSON *tmodel, gguf_str *tokens, int32_t *types,
+                              size_t n, cellm_error *err);
+static cellm_status write_specials(conv *c, const gguf_str *tokens, cellm_error *err);
+
 static cellm_status write_tokenizer(conv *c, cellm_error *err) {
     const cJSON *tmodel = jget(c->tok, "model");
     const cJSON *mtype = jget(tmodel, "type");
-    if (!cJSON_IsString(mtype) || strcmp(mtype->valuestring, "BPE") ||
-        cJSON_IsTrue(jget(tmodel, "byte_fallback")))
+    if (!cJSON_IsString(mtype) || strcmp(mtype->valuestring, "BPE"))
         return err_set(err, CELLM_ERR_UNSUPPORTED,
-                       "%s/tokenizer.json: only byte-level BPE tokenizers are converted so far",
+                       "%s/tokenizer.json: only BPE tokenizers (byte-level, or SentencePiece's "
+                       "with byte fallback) are converted so far",
                        c->dir);
-    const char *pre = detect_pre(jget(c->tok, "pre_tokenizer"));
+    /* BPE with byte fallback is a SentencePiece model in tokenizers' form. */
+    bool spm = cJSON_IsTrue(jget(tmodel, "byte_fallback"));
+    const char *pre = spm ? "default" : detect_pre(jget(c->tok, "pre_tokenizer"));
     if (!pre)
         return err_set(err, CELLM_ERR_UNSUPPORTED,
                        "%s/tokenizer.json: the pre-tokenizer is not one cellm recognises "
@@ -625,6 +639,18 @@ static cellm_status write_tokenizer(conv *c, cellm_error *err) {
         tokens[i] = (gguf_str){pad, strlen(pad)};
         types[i] = 5; /* unused */
     }
+    cellm_status st;
+    if (spm) {
+        if ((st = write_spm(c, tmodel, tokens, types, n, err))) return st;
+    } else {
+        if ((st = write_bpe(c, tmodel, tokens, types, n, pre, err))) return st;
+    }
+    return write_specials(c, tokens, err);
+}
+
+/* Byte-level BPE: tokenizer.ggml.model "gpt2" with its merges. */
+static cellm_status write_bpe(conv *c, const cJSON *tmodel, gguf_str *tokens, int32_t *types,
+                              size_t n, const char *pre, cellm_error *err) {
     const cJSON *merges = jget(tmodel, "merges");
     size_t n_merges = (size_t)cJSON_GetArraySize(merges);
     gguf_str *ms = calloc(n_merges ? n_merges : 1, sizeof *ms);
@@ -663,7 +689,151 @@ static cellm_status write_tokenizer(conv *c, cellm_error *err) {
     v.v.arr.n = n_merges;
     v.v.arr.data = NULL;
     v.v.arr.strs = ms;
-    if ((st = set_value(c, "tokenizer.ggml.merges", &v, err))) return st;
+    return set_value(c, "tokenizer.ggml.merges", &v, err);
+}
+
+/* Token text -> id, open addressing (the vocabulary can have 256k entries
+ * and SentencePiece's merges as many). */
+typedef struct tok_index {
+    int64_t *slot; /* id, or -1 */
+    size_t mask;
+    const gguf_str *tokens;
+} tok_index;
+
+static uint64_t hash_bytes(const char *p, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)p[i]) * 1099511628211ull;
+    return h;
+}
+
+static bool index_build(tok_index *x, const gguf_str *tokens, size_t n) {
+    size_t cap = 16;
+    while (cap < 2 * n) cap *= 2;
+    x->slot = malloc(cap * sizeof *x->slot);
+    if (!x->slot) return false;
+    memset(x->slot, 0xff, cap * sizeof *x->slot);
+    x->mask = cap - 1;
+    x->tokens = tokens;
+    for (size_t i = 0; i < n; i++) {
+        size_t h = (size_t)hash_bytes(tokens[i].ptr, (size_t)tokens[i].len) & x->mask;
+        while (x->slot[h] >= 0) h = (h + 1) & x->mask;
+        x->slot[h] = (int64_t)i;
+    }
+    return true;
+}
+
+/* The first id whose text is p[0, n); -1 when none. */
+static int64_t index_find(const tok_index *x, const char *p, size_t n) {
+    size_t h = (size_t)hash_bytes(p, n) & x->mask;
+    for (; x->slot[h] >= 0; h = (h + 1) & x->mask) {
+        const gguf_str *t = &x->tokens[x->slot[h]];
+        if (t->len == n && !memcmp(t->ptr, p, n)) return x->slot[h];
+    }
+    return -1;
+}
+
+/* True when the tokenizer puts "▁" before the text (SentencePiece's
+ * add_dummy_prefix): a Prepend normalizer, or a Metaspace pre-tokenizer
+ * that prepends. */
+static bool spm_space_prefix(const cJSON *tok) {
+    const cJSON *norm = jget(tok, "normalizer");
+    const cJSON *list = jget(norm, "normalizers");
+    for (const cJSON *e = cJSON_IsArray(list) ? list->child : norm; e;
+         e = cJSON_IsArray(list) ? e->next : NULL) {
+        const cJSON *t = jget(e, "type");
+        if (cJSON_IsString(t) && !strcmp(t->valuestring, "Prepend")) return true;
+    }
+    const cJSON *pt = jget(tok, "pre_tokenizer");
+    list = jget(pt, "pretokenizers");
+    for (const cJSON *e = cJSON_IsArray(list) ? list->child : pt; e;
+         e = cJSON_IsArray(list) ? e->next : NULL) {
+        const cJSON *t = jget(e, "type"), *ps = jget(e, "prepend_scheme");
+        if (!cJSON_IsString(t) || strcmp(t->valuestring, "Metaspace")) continue;
+        if (cJSON_IsString(ps)) return strcmp(ps->valuestring, "never") != 0;
+        return !cJSON_IsFalse(jget(e, "add_prefix_space"));
+    }
+    return false;
+}
+
+/* SentencePiece in tokenizers' form (BPE with byte fallback): the "llama"
+ * tokenizer, with a score per token. SentencePiece merges the pair whose
+ * result scores highest; tokenizers' merges list is in that order, so a
+ * token scores minus the rank of the first merge that makes it, and tokens
+ * no merge makes score below all of them. <0xNN> tokens are bytes. */
+static cellm_status write_spm(conv *c, const cJSON *tmodel, gguf_str *tokens, int32_t *types,
+                              size_t n, cellm_error *err) {
+    const cJSON *merges = jget(tmodel, "merges");
+    size_t n_merges = (size_t)cJSON_GetArraySize(merges);
+    float *scores = malloc(n * sizeof *scores);
+    char *buf = malloc(4096);
+    tok_index x = {0};
+    if (!keep(c, scores) || !keep(c, buf) || !index_build(&x, tokens, n)) {
+        free(x.slot);
+        return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        scores[i] = -(float)n_merges - 1;
+        const char *p = tokens[i].ptr;
+        if (tokens[i].len == 6 && !strncmp(p, "<0x", 3) && p[5] == '>' && isxdigit(p[3]) &&
+            isxdigit(p[4]) && types[i] == 1)
+            types[i] = 6; /* byte */
+    }
+    size_t r = 0;
+    for (const cJSON *e = cJSON_IsArray(merges) ? merges->child : NULL; e; e = e->next, r++) {
+        const char *l, *rt;
+        size_t ll, rl;
+        if (cJSON_IsString(e)) {
+            const char *sp = strchr(e->valuestring, ' ');
+            if (!sp) continue;
+            l = e->valuestring, ll = (size_t)(sp - l), rt = sp + 1, rl = strlen(rt);
+        } else {
+            const cJSON *a = cJSON_GetArrayItem(e, 0), *b = cJSON_GetArrayItem(e, 1);
+            if (!cJSON_IsString(a) || !cJSON_IsString(b)) continue;
+            l = a->valuestring, ll = strlen(l), rt = b->valuestring, rl = strlen(rt);
+        }
+        if (ll + rl > 4096) continue;
+        memcpy(buf, l, ll);
+        memcpy(buf + ll, rt, rl);
+        int64_t id = index_find(&x, buf, ll + rl);
+        if (id >= 0 && scores[id] < -(float)r) scores[id] = -(float)r;
+    }
+    free(x.slot);
+    /* Single characters and bytes are where merging starts: above all. */
+    for (size_t i = 0; i < n; i++)
+        if (types[i] == 6 ||
+            (types[i] == 1 && scores[i] == -(float)n_merges - 1 && tokens[i].len <= 4 &&
+             (size_t)tokens[i].len == utf8_len(tokens[i].ptr)))
+            scores[i] = 0;
+    const cJSON *unk = jget(tmodel, "unk_token");
+    if (cJSON_IsString(unk)) {
+        int64_t id = -1;
+        for (size_t i = 0; i < n && id < 0; i++)
+            if (!strcmp(tokens[i].ptr, unk->valuestring)) id = (int64_t)i;
+        if (id >= 0) types[id] = 2; /* unknown */
+    }
+    cellm_status st;
+    gguf_value v = {.type = GGUF_TYPE_ARRAY};
+    if ((st = gguf_writer_set_str(c->w, "tokenizer.ggml.model", "llama", err)) ||
+        (st = gguf_writer_set_str(c->w, "tokenizer.ggml.pre", "default", err)))
+        return st;
+    v.v.arr.type = GGUF_TYPE_STRING;
+    v.v.arr.n = n;
+    v.v.arr.strs = tokens;
+    if ((st = set_value(c, "tokenizer.ggml.tokens", &v, err))) return st;
+    v.v.arr.strs = NULL;
+    v.v.arr.type = GGUF_TYPE_FLOAT32;
+    v.v.arr.data = scores;
+    if ((st = set_value(c, "tokenizer.ggml.scores", &v, err))) return st;
+    v.v.arr.type = GGUF_TYPE_INT32;
+    v.v.arr.data = types;
+    if ((st = set_value(c, "tokenizer.ggml.token_type", &v, err))) return st;
+    gguf_value bv = {.type = GGUF_TYPE_BOOL, .v.b = spm_space_prefix(c->tok)};
+    return set_value(c, "tokenizer.ggml.add_space_prefix", &bv, err);
+}
+
+/* The special token ids, BOS/EOS flags and the chat template. */
+static cellm_status write_specials(conv *c, const gguf_str *tokens, cellm_error *err) {
+    cellm_status st;
     static const char *specials[4][2] = {{"bos_token", "tokenizer.ggml.bos_token_id"},
                                          {"eos_token", "tokenizer.ggml.eos_token_id"},
                                          {"unk_token", "tokenizer.ggml.unknown_token_id"},
