@@ -94,6 +94,13 @@ def families():
     f = {}
     f["llama"] = (LlamaConfig(**COMMON, rope_theta=10000.0, tie_word_embeddings=False),
                   LlamaForCausalLM, torch.float32)
+    # Llama 3.1's RoPE scaling, with an original length small enough that
+    # the pairs fall in all three bands (kept, blended, divided).
+    f["llama-rope3"] = (LlamaConfig(**COMMON, rope_theta=10000.0, tie_word_embeddings=False,
+                                    rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                  "original_max_position_embeddings": 64}),
+                        LlamaForCausalLM, torch.float32)
     # Mistral with a sliding window shorter than the long prompt.
     f["mistral"] = (MistralConfig(**COMMON, rope_theta=10000.0, sliding_window=16,
                                   tie_word_embeddings=False), MistralForCausalLM, torch.float32)

@@ -1,7 +1,8 @@
 /*
  * test_arch.c — the architecture rows against Hugging Face transformers.
- * For each family (llama, mistral with a sliding window, qwen2, qwen3 saved
- * in bf16, phi3 plain and with LongRoPE, granite), a tiny random-weight
+ * For each family (llama, llama with Llama 3.1's RoPE scaling, mistral with
+ * a sliding window, qwen2, qwen3 saved in bf16, phi3 plain and with
+ * LongRoPE, granite), a tiny random-weight
  * model saved by transformers (tests/data/arch/NAME/, made by
  * scripts/gen_arch_fixtures.py) is converted by `cellm convert` to F16 and
  * run: its logits must be within LOGIT_TOL of transformers' float32 logits
@@ -277,6 +278,10 @@ static void test_llama(void **state) {
     (void)state;
     check_family("llama");
 }
+static void test_llama_rope_llama3(void **state) {
+    (void)state;
+    check_family("llama-rope3");
+}
 static void test_mistral_window(void **state) {
     (void)state;
     check_family("mistral");
@@ -350,8 +355,8 @@ static void test_convert_types(void **state) {
         double tol, min_top1;
     } want[] =
         {
-            {"f32", QT_F32, 0.002, 1.0},    {"bf16", QT_BF16, 0.02, 0.9},
-            {"q8_0", QT_Q8_0, 0.05, 0.9},   {"Q4_0", QT_Q4_0, 0.4, 0.5},
+            {"f32", QT_F32, 0.002, 1.0},   {"bf16", QT_BF16, 0.02, 0.9},
+            {"q8_0", QT_Q8_0, 0.05, 0.9},  {"Q4_0", QT_Q4_0, 0.4, 0.5},
             {"q4_k_m", QT_Q5_0, 0.4, 0.5}, /* Q4_K's fallback for rows of 64 */
         };
     fixture fx;
@@ -399,11 +404,17 @@ static void test_convert_errors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_llama),          cmocka_unit_test(test_mistral_window),
-        cmocka_unit_test(test_qwen2_bias),     cmocka_unit_test(test_qwen3_qknorm_bf16),
-        cmocka_unit_test(test_phi3_fused),     cmocka_unit_test(test_phi3_longrope),
-        cmocka_unit_test(test_granite_scales), cmocka_unit_test(test_arch_fields),
-        cmocka_unit_test(test_convert_types),  cmocka_unit_test(test_convert_errors),
+        cmocka_unit_test(test_llama),
+        cmocka_unit_test(test_llama_rope_llama3),
+        cmocka_unit_test(test_mistral_window),
+        cmocka_unit_test(test_qwen2_bias),
+        cmocka_unit_test(test_qwen3_qknorm_bf16),
+        cmocka_unit_test(test_phi3_fused),
+        cmocka_unit_test(test_phi3_longrope),
+        cmocka_unit_test(test_granite_scales),
+        cmocka_unit_test(test_arch_fields),
+        cmocka_unit_test(test_convert_types),
+        cmocka_unit_test(test_convert_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

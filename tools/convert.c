@@ -317,6 +317,35 @@ static cellm_status write_rope(conv *c, cellm_error *err) {
         if ((st = set_f32(c, "rope.scaling.attn_factor", attn, err))) return st;
         return set_u32(c, "rope.scaling.original_context_length", orig, err);
     }
+    if (!strcmp(type, "llama3")) {
+        /* Llama 3.1's scaling: long wavelengths divided by `factor`, short
+         * ones kept, a smooth blend between; stored as per-pair divisors. */
+        double factor, lo, hi;
+        int64_t orig;
+        if (!jnum(sc, "factor", &factor) || !jnum(sc, "low_freq_factor", &lo) ||
+            !jnum(sc, "high_freq_factor", &hi) ||
+            !jint(sc, "original_max_position_embeddings", 1, INT32_MAX, &orig) || !(factor > 0) ||
+            !(lo > 0) || !(hi > lo) || c->rope_dim / 2 > 512)
+            return err_set(err, CELLM_ERR_FORMAT,
+                           "%s: llama3 RoPE scaling needs factor, low_freq_factor < "
+                           "high_freq_factor and original_max_position_embeddings",
+                           c->dir);
+        float div[512];
+        double lo_wave = (double)orig / lo, hi_wave = (double)orig / hi;
+        for (int64_t i = 0; i < c->rope_dim / 2; i++) {
+            double freq = pow(theta, -2.0 * (double)i / (double)c->rope_dim);
+            double wave = 6.283185307179586 / freq; /* 2 pi / freq */
+            if (wave < hi_wave)
+                div[i] = 1.0f;
+            else if (wave > lo_wave)
+                div[i] = (float)factor;
+            else {
+                double smooth = ((double)orig / wave - lo) / (hi - lo);
+                div[i] = (float)(1.0 / ((1 - smooth) / factor + smooth));
+            }
+        }
+        return add_f32(c, "rope_freqs.weight", div, (uint64_t)c->rope_dim / 2, err);
+    }
     return err_set(err, CELLM_ERR_UNSUPPORTED, "%s: RoPE scaling '%.32s' is not supported for %s",
                    c->dir, type, c->fam->hf_class);
 }
