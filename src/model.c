@@ -237,12 +237,14 @@ cellm_status model_load(const char *path, model **out, cellm_error *err) {
     m->rope_freq_scale = 1.0f;
     char key[128];
     snprintf(key, sizeof key, "%s.rope.scaling.type", a);
-    if (gguf_get_str(f, key, &s) && !gguf_str_eq(s, "none")) {
+    /* LongRoPE is its factor tensors and attention factor, read below. */
+    if (gguf_get_str(f, key, &s) && !gguf_str_eq(s, "none") &&
+        !(gguf_str_eq(s, "longrope") && gguf_find_tensor(f, "rope_factors_short.weight"))) {
         float factor = 1.0f;
         if (!gguf_str_eq(s, "linear") || !meta_f32(f, a, "rope.scaling.factor", &factor) ||
             !(factor > 0)) {
             st = err_set(err, CELLM_ERR_UNSUPPORTED,
-                         "%s: RoPE scaling '%.*s' is not supported (only linear)", path,
+                         "%s: RoPE scaling '%.*s' is not supported (linear, longrope)", path,
                          (int)(s.len < 32 ? s.len : 32), s.ptr);
             goto fail;
         }

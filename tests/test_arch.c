@@ -344,6 +344,52 @@ static void test_arch_fields(void **state) {
     }
 }
 
+/* A copy of the GGUF file at `src` with string key `key` set to `val`. */
+static void copy_with_key(const char *src, const char *dst, const char *key, const char *val) {
+    gguf_file *g;
+    cellm_error e;
+    assert_int_equal(gguf_open(src, &g, &e), CELLM_OK);
+    gguf_writer *w = gguf_writer_new();
+    assert_non_null(w);
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        char k[256];
+        snprintf(k, sizeof k, "%.*s", (int)g->kv[i].key.len, g->kv[i].key.ptr);
+        assert_int_equal(gguf_writer_set(w, k, &g->kv[i].value, &e), CELLM_OK);
+    }
+    assert_int_equal(gguf_writer_set_str(w, key, val, &e), CELLM_OK);
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const gguf_tensor *t = &g->tensors[i];
+        char n[256];
+        snprintf(n, sizeof n, "%.*s", (int)t->name.len, t->name.ptr);
+        assert_int_equal(gguf_writer_add_tensor(w, n, t->type, t->n_dims, t->ne, t->data, &e),
+                         CELLM_OK);
+    }
+    assert_int_equal(gguf_writer_write(w, dst, &e), CELLM_OK);
+    gguf_writer_free(w);
+    gguf_close(g);
+}
+
+/* Files that name LongRoPE in rope.scaling.type load (the factors are the
+ * scaling); other unknown scaling types are refused by name. */
+static void test_rope_scaling_type_key(void **state) {
+    (void)state;
+    char path[1024], copy[1100];
+    convert("phi3-longrope", "f16", path, sizeof path);
+    snprintf(copy, sizeof copy, "%s.copy.gguf", path);
+    model *m;
+    cellm_error e;
+    copy_with_key(path, copy, "phi3.rope.scaling.type", "longrope");
+    assert_int_equal(model_load(copy, &m, &e), CELLM_OK);
+    assert_non_null(m->rope_freqs);
+    assert_true(m->rope_mscale > 1.0f);
+    model_free(m);
+    copy_with_key(path, copy, "phi3.rope.scaling.type", "yarn");
+    assert_int_equal(model_load(copy, &m, &e), CELLM_ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "'yarn'"));
+    unlink(copy);
+    remove_converted(path);
+}
+
 /* `cellm convert --type T`: the matrices take the type (or, for the K
  * quants, quantize's fallbacks for rows of 64), norms stay F32, and the
  * logits stay near transformers' by the type's precision. */
@@ -413,6 +459,7 @@ int main(void) {
         cmocka_unit_test(test_phi3_longrope),
         cmocka_unit_test(test_granite_scales),
         cmocka_unit_test(test_arch_fields),
+        cmocka_unit_test(test_rope_scaling_type_key),
         cmocka_unit_test(test_convert_types),
         cmocka_unit_test(test_convert_errors),
     };
