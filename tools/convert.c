@@ -28,6 +28,7 @@
 #include "quant.h"
 #include "quantize.h"
 #include "safetensors.h"
+#include "tokenizer.h"
 
 /* A family: Hugging Face class name -> GGUF architecture. */
 typedef struct hf_family {
@@ -950,13 +951,18 @@ cellm_status convert_hf(const char *dir, const char *out_path, const convert_par
         unlink(tmp);
         if (st) return st;
     }
-    /* The check: cellm loads what it wrote. */
+    /* The check: cellm loads what it wrote, model and tokenizer. */
     model *m = NULL;
+    tokenizer *tk = NULL;
     cellm_error lerr;
-    if (model_load(out_path, &m, &lerr) != CELLM_OK) {
+    if (model_load(out_path, &m, &lerr) != CELLM_OK ||
+        (gguf_find_key(m->file, "tokenizer.ggml.model") &&
+         tokenizer_load(m->file, &tk, &lerr) != CELLM_OK)) {
+        model_free(m);
         unlink(out_path);
         return err_set(err, lerr.code, "the converted file does not load: %s", lerr.msg);
     }
+    tokenizer_free(tk);
     model_free(m);
     return CELLM_OK;
 done:
