@@ -448,6 +448,82 @@ static void test_convert_errors(void **state) {
     assert_int_not_equal(access("/tmp/cellm-x.gguf", F_OK), 0);
 }
 
+/* Copies tests/data/arch/llama into a new folder, replaces `file` there
+ * with `content` (NULL: removes it), converts, and expects a failure whose
+ * message holds `want`, with no output left. */
+static void bad_folder(const char *file, const char *content, const char *want) {
+    char dir[] = "/tmp/cellm-badhf-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char cmd[4096], path[1024], *out;
+    snprintf(cmd, sizeof cmd, "cp '%s/tests/data/arch/llama/'* '%s/'", CELLM_SOURCE_DIR, dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    if (content) {
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(content, f);
+        fclose(f);
+    } else {
+        assert_int_equal(unlink(path), 0);
+    }
+    snprintf(cmd, sizeof cmd, "'%s' convert '%s' '%s/out.gguf' 2>&1", test_cellm_bin(), dir, dir);
+    int rc = test_run_cmd(cmd, &out);
+    if (rc != 1 || !strstr(out, want)) print_error("%s: rc %d, '%s'\n", file, rc, out);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(out, want));
+    free(out);
+    snprintf(path, sizeof path, "%s/out.gguf", dir);
+    assert_int_not_equal(access(path, F_OK), 0);
+    snprintf(cmd, sizeof cmd, "rm -r '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* config.json, the index and tokenizer.json are untrusted too: each bad
+ * one is an error naming it. */
+static void test_convert_bad_folders(void **state) {
+    (void)state;
+    bad_folder("config.json", "{\"architectures\": [\"GPT2LMHeadModel\"]}",
+               "'GPT2LMHeadModel' is not supported");
+    bad_folder("config.json",
+               "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": -64, "
+               "\"num_hidden_layers\": 2, \"intermediate_size\": 128, "
+               "\"num_attention_heads\": 4, \"vocab_size\": 352}",
+               "hidden_size");
+    bad_folder("config.json",
+               "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, "
+               "\"num_hidden_layers\": 2, \"intermediate_size\": 128, "
+               "\"num_attention_heads\": 4, \"num_key_value_heads\": 3, \"vocab_size\": 352}",
+               "do not fit");
+    bad_folder("config.json", "[1, 2", "config.json is not a JSON object");
+    bad_folder("config.json", NULL, "config.json is missing");
+    /* A layer count below the tensors': blk.1 has no place. */
+    bad_folder("config.json",
+               "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, "
+               "\"num_hidden_layers\": 1, \"intermediate_size\": 128, "
+               "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 352}",
+               "model.layers.1.");
+    /* Sizes that disagree with the tensors: the loaded-back check. */
+    bad_folder("config.json",
+               "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, "
+               "\"num_hidden_layers\": 2, \"intermediate_size\": 96, "
+               "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 352}",
+               "does not load");
+    bad_folder("model.safetensors.index.json",
+               "{\"weight_map\": {\"lm_head.weight\": \"../../etc/passwd\"}}", "bad file");
+    bad_folder("model.safetensors.index.json",
+               "{\"weight_map\": {\"lm_head.weight\": \"missing.safetensors\"}}",
+               "missing.safetensors");
+    bad_folder("tokenizer.json", "{\"model\": {\"type\": \"WordPiece\"}}", "only BPE");
+    bad_folder("tokenizer.json",
+               "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 400}, \"merges\": []}, "
+               "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
+               "bad or repeated id");
+    bad_folder("tokenizer.json",
+               "{\"model\": {\"type\": \"BPE\", \"vocab\": {}}, "
+               "\"pre_tokenizer\": {\"type\": \"Whitespace\"}}",
+               "pre-tokenizer");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama),
@@ -461,6 +537,7 @@ int main(void) {
         cmocka_unit_test(test_arch_fields),
         cmocka_unit_test(test_rope_scaling_type_key),
         cmocka_unit_test(test_convert_types),
+        cmocka_unit_test(test_convert_bad_folders),
         cmocka_unit_test(test_convert_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
