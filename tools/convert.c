@@ -511,42 +511,56 @@ static cellm_status write_tensors(conv *c, uint32_t type, const convert_params *
             if (t->n_dims < 1 || t->n_dims > 2 || t->n_elems == 0)
                 return err_set(err, CELLM_ERR_FORMAT, "tensor '%.200s' has %u dimensions", t->name,
                                t->n_dims);
+            /* The float copy lives only while this tensor is converted;
+             * what the writer borrows is kept until the file is written. */
             float *f = malloc((size_t)t->n_elems * sizeof *f);
-            if (!keep(c, f))
+            if (!f)
                 return err_set(err, CELLM_ERR_NO_MEMORY, "tensor '%.200s': out of memory", t->name);
-            if (!safetensors_to_float(t, 0, t->n_elems, f))
+            if (!safetensors_to_float(t, 0, t->n_elems, f)) {
+                free(f);
                 return err_set(err, CELLM_ERR_UNSUPPORTED,
                                "tensor '%.200s' is %s; cellm converts F32, F16 and BF16", t->name,
                                safetensors_dtype_name(t->dtype));
-            uint64_t rows = t->n_dims == 2 ? t->shape[0] : t->shape[0];
-            uint64_t cols = t->n_dims == 2 ? t->shape[1] : 1;
+            }
+            /* Hugging Face shapes are [rows, cols] or [n]; GGUF's ne is
+             * innermost first. */
+            uint64_t rows = t->shape[0], cols = t->n_dims == 2 ? t->shape[1] : 1;
             bool is_q = strstr(name, ".attn_q.") != NULL, is_k = strstr(name, ".attn_k.") != NULL;
             if (c->fam->permute_qk && (is_q || is_k)) {
                 int64_t nh = is_q ? c->n_head : c->n_head_kv;
-                if (rows != (uint64_t)(nh * c->head_dim))
+                float *perm = rows == (uint64_t)(nh * c->head_dim)
+                                  ? malloc((size_t)t->n_elems * sizeof *perm)
+                                  : NULL;
+                if (!perm) {
+                    free(f);
                     return err_set(err, CELLM_ERR_FORMAT,
-                                   "tensor '%.200s' has %llu rows, expected %lld heads of %lld",
+                                   "tensor '%.200s' has %llu rows, expected %lld heads of %lld "
+                                   "(or out of memory)",
                                    t->name, (unsigned long long)rows, (long long)nh,
                                    (long long)c->head_dim);
-                float *perm = malloc((size_t)t->n_elems * sizeof *perm);
-                if (!keep(c, perm)) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+                }
                 permute_rows(perm, f, nh, c->head_dim, (int64_t)cols);
+                free(f);
                 f = perm;
             }
-            uint64_t ne[2] = {cols, rows};
             uint32_t n_dims = t->n_dims;
-            if (n_dims == 1) ne[0] = rows;
+            uint64_t ne[2] = {n_dims == 2 ? cols : rows, rows};
             /* Vectors stay F32 (llama.cpp's rule), matrices take the type. */
             uint32_t out_type = n_dims == 2 ? type : QT_F32;
             const void *data = f;
-            if (out_type != QT_F32) {
+            if (out_type == QT_F32) {
+                if (!keep(c, f)) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+            } else {
                 uint64_t bytes;
-                if (cols % qi->block_size || !quant_nbytes(out_type, t->n_elems, &bytes))
-                    return err_set(err, CELLM_ERR_UNSUPPORTED, "tensor '%.200s' cannot be %s",
-                                   t->name, qi->name);
-                void *q = malloc(bytes ? (size_t)bytes : 1);
-                if (!keep(c, q)) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
-                qi->from_float(f, q, (size_t)t->n_elems);
+                void *q = NULL;
+                if (cols % qi->block_size == 0 && quant_nbytes(out_type, t->n_elems, &bytes))
+                    q = malloc(bytes ? (size_t)bytes : 1);
+                if (q) qi->from_float(f, q, (size_t)t->n_elems);
+                free(f);
+                if (!keep(c, q))
+                    return err_set(err, CELLM_ERR_UNSUPPORTED,
+                                   "tensor '%.200s' cannot be %s (or out of memory)", t->name,
+                                   qi->name);
                 data = q;
             }
             progress(p, k, total, name, safetensors_dtype_name(t->dtype),
