@@ -24,7 +24,7 @@ fixed text, so the folders stay small; the real tokenizers are tested
 elsewhere (scripts/gen_tok_roundtrip.py).
 
 Needs: torch, transformers, tokenizers, safetensors.
-Usage: python3 scripts/gen_arch_fixtures.py [OUT_DIR]  (default tests/data/arch)
+Usage: python3 scripts/gen_arch_fixtures.py [OUT_DIR [NAME ...]]  (default tests/data/arch, all)
 """
 import json
 import math
@@ -33,7 +33,7 @@ import sys
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (GraniteConfig, GraniteForCausalLM, LlamaConfig, LlamaForCausalLM,
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GraniteConfig, GraniteForCausalLM, LlamaConfig, LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
                           PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
                           Qwen3ForCausalLM)
@@ -127,6 +127,14 @@ def families():
                                   embedding_multiplier=12.0, residual_multiplier=0.22,
                                   attention_multiplier=0.0078125, logits_scaling=8.0),
                     GraniteForCausalLM, torch.float32)
+    # Gemma 3 (text): six layers so the pattern has its global layer
+    # (every 6th), a window shorter than the long prompt, (1 + w) norms.
+    g = dict(COMMON, num_hidden_layers=6, head_dim=16)
+    f["gemma3"] = (Gemma3TextConfig(**g, sliding_window=16, query_pre_attn_scalar=16,
+                                    rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                                    tie_word_embeddings=True, final_logit_softcapping=None,
+                                    attn_logit_softcapping=None),
+                   Gemma3ForCausalLM, torch.float32)
     return f
 
 
@@ -199,8 +207,10 @@ def main():
     os.makedirs(root, exist_ok=True)
     torch.manual_seed(0)
     n_tok = make_tokenizer(os.path.join(root, ".tok"))
+    only = sys.argv[2:]  # family names to make (default: all)
     for name, (cfg, cls, dtype) in families().items():
-        gen_family(name, cfg, cls, dtype, root, n_tok)
+        if not only or name in only:
+            gen_family(name, cfg, cls, dtype, root, n_tok)
     for fn in os.listdir(os.path.join(root, ".tok")):
         os.remove(os.path.join(root, ".tok", fn))
     os.rmdir(os.path.join(root, ".tok"))

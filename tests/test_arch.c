@@ -2,8 +2,8 @@
  * test_arch.c — the architecture rows against Hugging Face transformers.
  * For each family (llama, llama with Llama 3.1's RoPE scaling, mistral with
  * a sliding window, qwen2, qwen3 saved in bf16, phi3 plain and with
- * LongRoPE, granite), a tiny random-weight
- * model saved by transformers (tests/data/arch/NAME/, made by
+ * LongRoPE, granite, gemma3 with its 5:1 windowed/global layers), a tiny
+ * random-weight model saved by transformers (tests/data/arch/NAME/, made by
  * scripts/gen_arch_fixtures.py) is converted by `cellm convert` to F16 and
  * run: its logits must be within LOGIT_TOL of transformers' float32 logits
  * (tests/data/arch/NAME.txt) at every recorded position, and its greedy
@@ -302,6 +302,10 @@ static void test_phi3_longrope(void **state) {
     (void)state;
     check_family("phi3-longrope");
 }
+static void test_gemma3_pattern(void **state) {
+    (void)state;
+    check_family("gemma3");
+}
 static void test_granite_scales(void **state) {
     (void)state;
     check_family("granite");
@@ -321,6 +325,7 @@ static void test_arch_fields(void **state) {
         {"qwen3", "qwen3", ROPE_NEOX, false, true, false},
         {"phi3", "phi3", ROPE_NEOX, false, false, false},
         {"granite", "granite", ROPE_NORM, false, false, false},
+        {"gemma3", "gemma3", ROPE_NEOX, false, true, true},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         char path[1024];
@@ -333,6 +338,12 @@ static void test_arch_fields(void **state) {
         assert_int_equal(m->layers[0].bq.data != NULL, want[i].bias);
         assert_int_equal(m->layers[0].q_norm.data != NULL, want[i].qk_norm);
         assert_int_equal(m->layers[0].window, want[i].window ? 16 : 0);
+        if (!strcmp(want[i].name, "gemma3")) { /* the 6th layer is global */
+            assert_int_equal(m->n_layer, 6);
+            assert_int_equal(m->layers[5].window, 0);
+            assert_non_null(m->layers[0].post_attn_norm.data);
+            assert_non_null(m->layers[0].post_ffn_norm.data);
+        }
         if (!strcmp(want[i].name, "granite")) {
             assert_true(fabsf(m->emb_scale - 12.0f) < 1e-6f);
             assert_true(fabsf(m->residual_scale - 0.22f) < 1e-6f);
@@ -534,6 +545,7 @@ int main(void) {
         cmocka_unit_test(test_phi3_fused),
         cmocka_unit_test(test_phi3_longrope),
         cmocka_unit_test(test_granite_scales),
+        cmocka_unit_test(test_gemma3_pattern),
         cmocka_unit_test(test_arch_fields),
         cmocka_unit_test(test_rope_scaling_type_key),
         cmocka_unit_test(test_convert_types),

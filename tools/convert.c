@@ -35,13 +35,27 @@ typedef struct hf_family {
     const char *hf_class;
     const char *arch;
     bool permute_qk; /* llama's RoPE pairs adjacent dims; HF rotates halves */
-    bool window;     /* config's sliding_window applies to every layer */
+    bool window;     /* config's sliding_window applies (every layer, or gemma3's pattern) */
+    bool gemma;      /* norms stored as w for (1 + w); Gemma's norm names */
 } hf_family;
 
 static const hf_family families[] = {
-    {"LlamaForCausalLM", "llama", true, false},  {"MistralForCausalLM", "llama", true, true},
-    {"Qwen2ForCausalLM", "qwen2", false, false}, {"Qwen3ForCausalLM", "qwen3", false, false},
-    {"Phi3ForCausalLM", "phi3", false, true},    {"GraniteForCausalLM", "granite", true, false},
+    {"LlamaForCausalLM", "llama", true, false, false},
+    {"MistralForCausalLM", "llama", true, true, false},
+    {"Qwen2ForCausalLM", "qwen2", false, false, false},
+    {"Qwen3ForCausalLM", "qwen3", false, false, false},
+    {"Phi3ForCausalLM", "phi3", false, true, false},
+    {"GraniteForCausalLM", "granite", true, false, false},
+    {"Gemma3ForCausalLM", "gemma3", false, true, true},
+};
+
+/* Gemma's names for its norms around attention and the MLP. */
+static const struct {
+    const char *hf, *gguf;
+} gemma_names[] = {
+    {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+    {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+    {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
 };
 
 /* Tensor names inside a layer: Hugging Face suffix -> GGUF suffix. */
@@ -259,6 +273,17 @@ static cellm_status add_f32(conv *c, const char *name, const float *v, uint64_t 
 static cellm_status write_rope(conv *c, cellm_error *err) {
     const cJSON *g = c->cfg, *rp = jget(g, "rope_parameters"); /* transformers 5 */
     if (!cJSON_IsObject(rp)) rp = NULL;
+    if (c->fam->gemma) {
+        /* Gemma 3: the global layers' RoPE here; the windowed layers' base
+         * is the gemma3 row's 10000, which the folder must agree with. */
+        const cJSON *local = jget(rp, "sliding_attention");
+        double lb = 10000.0;
+        if (!jnum(local, "rope_theta", &lb)) jnum(g, "rope_local_base_freq", &lb);
+        if (lb != 10000.0)
+            return err_set(err, CELLM_ERR_UNSUPPORTED,
+                           "%s: a local RoPE base of %g (cellm's gemma3 uses 10000)", c->dir, lb);
+        if (cJSON_IsObject(jget(rp, "full_attention"))) rp = jget(rp, "full_attention");
+    }
     const cJSON *sc = jget(g, "rope_scaling");
     if (!cJSON_IsObject(sc)) sc = rp;
     double theta = 10000.0, prf = 1.0;
@@ -378,6 +403,32 @@ static cellm_status write_hparams(conv *c, cellm_error *err) {
     if (c->fam->window && jint(g, "sliding_window", 1, INT32_MAX, &window) &&
         (st = set_u32(c, "attention.sliding_window", window, err)))
         return st;
+    if (c->fam->gemma) {
+        /* Every 6th layer global, the others windowed: the gemma3 row's
+         * pattern, which layer_types must follow. */
+        const cJSON *lt = jget(g, "layer_types");
+        int i = 0;
+        for (const cJSON *e = cJSON_IsArray(lt) ? lt->child : NULL; e; e = e->next, i++) {
+            const char *want = (i + 1) % 6 ? "sliding_attention" : "full_attention";
+            if (!cJSON_IsString(e) || strcmp(e->valuestring, want))
+                return err_set(err, CELLM_ERR_UNSUPPORTED,
+                               "%s: layer %d is not %s (cellm's gemma3 has every 6th layer "
+                               "global)",
+                               c->dir, i, want);
+        }
+        double qs, cap;
+        if (jnum(g, "query_pre_attn_scalar", &qs) && qs != (double)c->head_dim) {
+            if (!(qs > 0))
+                return err_set(err, CELLM_ERR_FORMAT, "%s: query_pre_attn_scalar %g", c->dir, qs);
+            if ((st = set_f32(c, "attention.scale", 1.0 / sqrt(qs), err))) return st;
+        }
+        if (jnum(g, "attn_logit_softcapping", &cap) &&
+            (st = set_f32(c, "attn_logit_softcapping", cap, err)))
+            return st;
+        if (jnum(g, "final_logit_softcapping", &cap) &&
+            (st = set_f32(c, "final_logit_softcapping", cap, err)))
+            return st;
+    }
     if (!strcmp(c->fam->arch, "granite")) {
         static const char *keys[4][2] = {{"embedding_multiplier", "embedding_scale"},
                                          {"residual_multiplier", "residual_scale"},
@@ -463,6 +514,9 @@ static bool gguf_name(const conv *c, const char *hf, char *out, size_t cap, bool
         *skip = true;
         return true;
     }
+    for (size_t i = 0; c->fam->gemma && i < sizeof gemma_names / sizeof gemma_names[0]; i++)
+        if (!strcmp(end + 1, gemma_names[i].hf))
+            return snprintf(out, cap, "blk.%ld.%s", il, gemma_names[i].gguf) > 0;
     for (size_t i = 0; i < sizeof layer_names / sizeof layer_names[0]; i++)
         if (!strcmp(end + 1, layer_names[i].hf))
             return snprintf(out, cap, "blk.%ld.%s", il, layer_names[i].gguf) > 0;
@@ -543,6 +597,10 @@ static cellm_status write_tensors(conv *c, uint32_t type, const convert_params *
                 free(f);
                 f = perm;
             }
+            /* Gemma computes x * (1 + w); GGUF files store 1 + w. */
+            size_t nl = strlen(name);
+            if (c->fam->gemma && nl > 11 && !strcmp(name + nl - 11, "norm.weight"))
+                for (uint64_t j = 0; j < t->n_elems; j++) f[j] += 1.0f;
             uint32_t n_dims = t->n_dims;
             uint64_t ne[2] = {n_dims == 2 ? cols : rows, rows};
             /* Vectors stay F32 (llama.cpp's rule), matrices take the type. */
