@@ -521,6 +521,12 @@ static void test_convert_bad_folders(void **state) {
                "does not load");
     bad_folder("model.safetensors.index.json",
                "{\"weight_map\": {\"lm_head.weight\": \"../../etc/passwd\"}}", "bad file");
+    bad_folder("config.json",
+               "{\"architectures\": [\"Gemma3ForCausalLM\"], \"hidden_size\": 64, "
+               "\"num_hidden_layers\": 2, \"intermediate_size\": 128, "
+               "\"num_attention_heads\": 4, \"vocab_size\": 352, \"rope_parameters\": "
+               "{\"full_attention\": {\"rope_type\": \"linear\", \"factor\": 8.0}}}",
+               "global layers is not supported");
     bad_folder("model.safetensors.index.json",
                "{\"weight_map\": {\"lm_head.weight\": \"missing.safetensors\"}}",
                "missing.safetensors");
