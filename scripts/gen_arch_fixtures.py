@@ -135,6 +135,15 @@ def families():
                                     tie_word_embeddings=True, final_logit_softcapping=None,
                                     attn_logit_softcapping=None),
                    Gemma3ForCausalLM, torch.float32)
+    # Gemma 3 4B's linear RoPE scaling, which applies to the global layers
+    # only (every 6th).
+    f["gemma3-scaled"] = (Gemma3TextConfig(**g, sliding_window=16, query_pre_attn_scalar=16,
+                                           rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                                           rope_scaling={"rope_type": "linear", "factor": 8.0},
+                                           tie_word_embeddings=True,
+                                           final_logit_softcapping=None,
+                                           attn_logit_softcapping=None),
+                          Gemma3ForCausalLM, torch.float32)
     return f
 
 

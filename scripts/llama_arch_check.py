@@ -33,7 +33,7 @@ from llama_cpp import Llama
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "..", "tests", "data", "arch")
 NAMES = ["llama", "llama-rope3", "mistral", "qwen2", "qwen3", "phi3", "phi3-longrope", "granite",
-         "gemma3"]
+         "gemma3", "gemma3-scaled"]
 
 
 def parse(path):

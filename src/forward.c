@@ -168,12 +168,12 @@ static void rmsnorm(float *out, const float *x, const float *w, int32_t n, float
 /* cos/sin of every rotated pair at position `pos`, computed as ggml does
  * (theta multiplied by base^(-2/d) pair after pair, in float), so rotations
  * match llama.cpp's to the last bit of theta. */
-static void rope_cache(const model *m, int32_t pos, float base, float *cs, float *sn) {
+static void rope_cache(const model *m, int32_t pos, float base, float scale, float *cs, float *sn) {
     float theta_scale = powf(base, -2.0f / (float)m->rope_dim);
     float theta = (float)pos;
     for (int32_t i = 0; i < m->rope_dim / 2; i++) {
         float ff = m->rope_freqs ? m->rope_freqs[i] : 1.0f;
-        float t = m->rope_freq_scale * (theta / ff);
+        float t = scale * (theta / ff);
         cs[i] = cosf(t) * m->rope_mscale;
         sn[i] = sinf(t) * m->rope_mscale;
         theta *= theta_scale;
@@ -270,7 +270,7 @@ static void task_qk(void *arg, int ith, int nth) {
         if (L->bk.data) add_bias(k, L->bk.data, kd);
         if (L->bv.data) add_bias(v, L->bv.data, vd);
         float cs[512], sn[512]; /* rope_dim <= head_dim <= 1024 (model_load checks) */
-        rope_cache(m, pos, L->rope_base, cs, sn);
+        rope_cache(m, pos, L->rope_base, L->rope_scale, cs, sn);
         for (int32_t h = 0; h < m->n_head; h++) {
             if (L->q_norm.data) rmsnorm(q + h * hd, q + h * hd, L->q_norm.data, hd, m->norm_eps);
             rope_head(m, q + h * hd, cs, sn);

@@ -328,6 +328,8 @@ cellm_status model_load(const char *path, model **out, cellm_error *err) {
         bool local = window > 0 && (ar->swa_period == 0 || (il + 1) % ar->swa_period != 0);
         L->window = local ? window : 0;
         L->rope_base = local && ar->rope_base_local > 0 ? ar->rope_base_local : base;
+        /* Gemma 3's windowed layers keep their own RoPE, unscaled. */
+        L->rope_scale = local && ar->rope_base_local > 0 ? 1.0f : m->rope_freq_scale;
         /* Windowed layers keep their own block table, so blocks that left
          * the window can be freed for them alone. */
         L->kv_group = local && ar->swa_period ? 1 : 0;

@@ -38,6 +38,7 @@ typedef struct layer_desc {
     weight ffn_norm, w_gate, w_up, w_down;
     weight post_ffn_norm; /* norm of the MLP output before the residual */
     float rope_base;      /* frequency base of this layer */
+    float rope_scale;     /* position scale of this layer (1 / linear scaling factor) */
     int32_t window;       /* sliding window in tokens; 0: full attention */
     int32_t kv_group;     /* which KV block table the layer uses */
     int32_t kv_index;     /* the layer's index within its KV group */
@@ -51,7 +52,7 @@ typedef struct model {
     float norm_eps;
     rope_kind rope;
     int32_t rope_dim;        /* leading dimensions of each head that RoPE rotates */
-    float rope_freq_scale;   /* 1 / linear scaling factor */
+    float rope_freq_scale;   /* 1 / linear scaling factor (of the global layers, for gemma3) */
     const float *rope_freqs; /* per-pair frequency divisors (llama 3.1, phi3 LongRoPE), or NULL */
     float rope_mscale;       /* multiplies RoPE's cos and sin (phi3 LongRoPE); 1 for none */
     float emb_scale;         /* multiplies the token embedding; 1 for none */

@@ -2,7 +2,8 @@
  * test_arch.c — the architecture rows against Hugging Face transformers.
  * For each family (llama, llama with Llama 3.1's RoPE scaling, mistral with
  * a sliding window, qwen2, qwen3 saved in bf16, phi3 plain and with
- * LongRoPE, granite, gemma3 with its 5:1 windowed/global layers), a tiny
+ * LongRoPE, granite, gemma3 with its 5:1 windowed/global layers, and with
+ * Gemma 3 4B's linear RoPE scaling of the global layers), a tiny
  * random-weight model saved by transformers (tests/data/arch/NAME/, made by
  * scripts/gen_arch_fixtures.py) is converted by `cellm convert` to F16 and
  * run: its logits must be within LOGIT_TOL of transformers' float32 logits
@@ -306,6 +307,10 @@ static void test_gemma3_pattern(void **state) {
     (void)state;
     check_family("gemma3");
 }
+static void test_gemma3_scaled_global(void **state) {
+    (void)state;
+    check_family("gemma3-scaled");
+}
 static void test_granite_scales(void **state) {
     (void)state;
     check_family("granite");
@@ -521,12 +526,6 @@ static void test_convert_bad_folders(void **state) {
                "does not load");
     bad_folder("model.safetensors.index.json",
                "{\"weight_map\": {\"lm_head.weight\": \"../../etc/passwd\"}}", "bad file");
-    bad_folder("config.json",
-               "{\"architectures\": [\"Gemma3ForCausalLM\"], \"hidden_size\": 64, "
-               "\"num_hidden_layers\": 2, \"intermediate_size\": 128, "
-               "\"num_attention_heads\": 4, \"vocab_size\": 352, \"rope_parameters\": "
-               "{\"full_attention\": {\"rope_type\": \"linear\", \"factor\": 8.0}}}",
-               "global layers is not supported");
     bad_folder("model.safetensors.index.json",
                "{\"weight_map\": {\"lm_head.weight\": \"missing.safetensors\"}}",
                "missing.safetensors");
@@ -552,6 +551,7 @@ int main(void) {
         cmocka_unit_test(test_phi3_longrope),
         cmocka_unit_test(test_granite_scales),
         cmocka_unit_test(test_gemma3_pattern),
+        cmocka_unit_test(test_gemma3_scaled_global),
         cmocka_unit_test(test_arch_fields),
         cmocka_unit_test(test_rope_scaling_type_key),
         cmocka_unit_test(test_convert_types),

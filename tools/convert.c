@@ -301,10 +301,6 @@ static cellm_status write_rope(conv *c, cellm_error *err) {
     if (!cJSON_IsString(ty)) ty = jget(sc, "type");
     const char *type = cJSON_IsString(ty) ? ty->valuestring : "default";
     if (!strcmp(type, "default")) return CELLM_OK;
-    if (c->fam->gemma) /* Gemma 3 4B+: scaling of the global layers only */
-        return err_set(err, CELLM_ERR_UNSUPPORTED,
-                       "%s: RoPE scaling '%.32s' on Gemma 3's global layers is not supported yet",
-                       c->dir, type);
     if (!strcmp(type, "linear")) {
         double factor;
         if (!jnum(sc, "factor", &factor) || !(factor > 0))
