@@ -50,9 +50,10 @@ cellm_install_packages() {
 # Python packages the end-to-end tests use (tests/*_e2e.py), from the
 # package registry, when missing.
 cellm_install_python_packages() {
-    local mods=(openai) missing=()
+    # module=package where the two names differ
+    local mods=(openai numpy llama_cpp=llama-cpp-python==0.3.36) missing=()
     for m in "${mods[@]}"; do
-        python3 -c "import $m" >/dev/null 2>&1 || missing+=("$m")
+        python3 -c "import ${m%%=*}" >/dev/null 2>&1 || missing+=("${m#*=}")
     done
     [ "${#missing[@]}" -gt 0 ] || return 0
     echo "cellm setup: pip installing ${missing[*]}" >&2
