@@ -1,9 +1,11 @@
 # aarch64-linux-gnu.cmake — cross-compile cellm for 64-bit ARM Linux on a
 # Debian x86-64 machine and run its tests under QEMU user mode. Needs
-# gcc-aarch64-linux-gnu and qemu-user; the tests also need the arm64 cmocka
-# from Debian multiarch (libcmocka-dev:arm64). scripts/test.sh uses it as
+# gcc-aarch64-linux-gnu and qemu-user, and from Debian multiarch the arm64
+# C library and the -dev packages the build links (libc6:arm64,
+# libcmocka-dev:arm64; for the cellm command libcjson-dev:arm64,
+# libedit-dev:arm64, libmicrohttpd-dev:arm64). scripts/test.sh uses it as
 #   cmake -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake
-#         -DCELLM_BUILD_TOOLS=OFF -DCELLM_TESTS="test_quant;test_kernels_simd;test_sampler;test_attention"
+#         -DCELLM_WERROR=ON
 # and ctest then runs each test through qemu-aarch64 (QEMU_CPU picks the CPU).
 set(CMAKE_SYSTEM_NAME Linux)
 set(CMAKE_SYSTEM_PROCESSOR aarch64)
