@@ -9,6 +9,8 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/fp16.h"
 #include "kernels/kernels.h"
@@ -253,6 +255,8 @@ static const attn_kernels *chosen = &ref_kernels;
 static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
 
 static void choose(void) {
+    const char *want = getenv("CELLM_KERNELS"); /* "ref": the scalar kernels, as quant.c */
+    if (want && !strcmp(want, "ref")) return;
 #if defined(__x86_64__)
     if (avx2_cpu_supported()) chosen = &avx2_kernels;
 #elif defined(__aarch64__)
