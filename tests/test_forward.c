@@ -421,7 +421,7 @@ static void check_invariance(const char *name) {
 
 /* The logits of a short prompt (the first BITS_TOKENS tokens of the first
  * fixture case, one chunk, 2 threads), hashed bit for bit with SHA-256 of
- * their little-endian bytes, against tests/data/forward/logits-bits.txt,
+ * their little-endian bytes, against tests/data/logits-bits.txt,
  * made by the x86-64 build. The kernels of every CPU follow one order of
  * float operations and the forward pass calls no libm function whose bits
  * vary between platforms (xmath.h), so AArch64 (NEON, with and without
@@ -452,7 +452,7 @@ static void check_logits_bits(const char *name) {
     char got[SHA256_HEX_SIZE], want[SHA256_HEX_SIZE] = "";
     sha256_hex(bytes, 4 * n, got);
     char path[1024], line[256], key[64];
-    snprintf(path, sizeof path, "%s/tests/data/forward/logits-bits.txt", CELLM_SOURCE_DIR);
+    snprintf(path, sizeof path, "%s/tests/data/logits-bits.txt", CELLM_SOURCE_DIR);
     FILE *f = fopen(path, "r");
     assert_non_null(f);
     while (fgets(line, sizeof line, f)) {
