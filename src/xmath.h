@@ -7,7 +7,7 @@
  * decoding turns a last-bit difference into a different token, so the
  * forward pass uses these instead: a fixed sequence of IEEE double
  * additions, multiplications and divisions (never fused), rounded once to
- * float at the end. Errors are below 1e-15 relative before that rounding,
+ * float at the end. Errors are below 1e-14 relative before that rounding,
  * so each result is the correctly rounded float except, rarely, a value
  * within 1e-15 of a rounding boundary. Thread-safe, no state.
  */
