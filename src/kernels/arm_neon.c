@@ -164,16 +164,19 @@ float neon_vec_dot_f16(size_t n, const void *vx, const void *vy) {
 /* The eight lane sums of ref.c's canonical order for 32 signed bytes (a0,
  * a1 against b0, b1): lane k of *lo (k = 0..3) sums the products of
  * elements 4k..4k+3, lane k of *hi those of 16+4k..16+4k+3. Exact in any
- * grouping; plain NEON widens each product to 16 bits (|a| <= 128, |b| <=
- * 127) and adds neighbours pairwise, SDOT sums each group of four. */
+ * grouping. Plain NEON widens each product to 16 bits and adds neighbours
+ * pairwise twice: |a| <= 128 and |b| <= 127, so a pair of products
+ * (<= 32512) still fits 16 bits. SDOT sums each group of four at once. */
+static inline int32x4_t quads16(int8x16_t a, int8x16_t b) {
+    const int16x8_t p0 = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+    const int16x8_t p1 = vmull_high_s8(a, b);
+    return vpaddlq_s16(vpaddq_s16(p0, p1));
+}
+
 static inline void dot32_plain(int8x16_t a0, int8x16_t a1, int8x16_t b0, int8x16_t b1,
                                int32x4_t *lo, int32x4_t *hi) {
-    const int32x4_t p0 = vpaddlq_s16(vmull_s8(vget_low_s8(a0), vget_low_s8(b0)));
-    const int32x4_t p1 = vpaddlq_s16(vmull_high_s8(a0, b0));
-    const int32x4_t p2 = vpaddlq_s16(vmull_s8(vget_low_s8(a1), vget_low_s8(b1)));
-    const int32x4_t p3 = vpaddlq_s16(vmull_high_s8(a1, b1));
-    *lo = vpaddq_s32(p0, p1);
-    *hi = vpaddq_s32(p2, p3);
+    *lo = quads16(a0, b0);
+    *hi = quads16(a1, b1);
 }
 
 DOTPROD static inline void dot32_sdot(int8x16_t a0, int8x16_t a1, int8x16_t b0, int8x16_t b1,
