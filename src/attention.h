@@ -29,7 +29,8 @@ typedef struct attn_kernels {
     void (*scale_round_f16)(float *out, const float *x, float s, size_t n);
 } attn_kernels;
 
-/* The best variant for this CPU. Thread-safe. */
+/* The best variant for this CPU (the scalar one when $CELLM_KERNELS is
+ * "ref"). Thread-safe. */
 const attn_kernels *attn_kernels_get(void);
 
 /* The scalar variant (tests compare the fast one against it). */
