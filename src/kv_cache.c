@@ -272,6 +272,19 @@ static void block_release(const kv_cache *c, kv_group *g, int32_t b) {
     g->free_list[g->n_empty++] = b;
 }
 
+/* Drops a reference; at the last, the block becomes empty, out of the
+ * index even while the prefix cache is on. For windowed blocks that fell
+ * out of a running sequence's window: a later request could reuse them
+ * only with a prefix that ends inside them, and kept idle they would make
+ * a long generation touch a fresh block every 16 tokens, so the cache's
+ * resident memory grew with the tokens generated instead of the window. */
+static void block_release_uncached(kv_group *g, int32_t b) {
+    if (--g->ref[b] != 0) return;
+    g->n_free++;
+    if (g->serial[b]) index_remove(g, b);
+    g->free_list[g->n_empty++] = b;
+}
+
 void kv_seq_reset(kv_cache *c, kv_seq *s) {
     for (int32_t gi = 0; gi < c->n_groups; gi++) {
         if (!s->table[gi]) continue;
@@ -384,7 +397,7 @@ void kv_seq_trim(kv_cache *c, kv_seq *s) {
         int32_t dead_below = s->n_pos - g->window + 1; /* first visible key */
         for (int32_t b = 0; (b + 1) * KV_BLOCK_TOKENS <= dead_below; b++) {
             if (s->table[gi][b] >= 0) {
-                block_release(c, g, s->table[gi][b]);
+                block_release_uncached(g, s->table[gi][b]);
                 s->table[gi][b] = -1;
             }
         }
