@@ -560,8 +560,7 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
         return fail_msg(CELLM_ERR_INVALID_ARG, "max_ctx must be 0..16777216");
     if (p.max_ctx == 0)
         p.max_ctx = m->n_ctx_train > 0 && m->n_ctx_train < 4096 ? m->n_ctx_train : 4096;
-    if (p.kv_type != CELLM_KV_F16)
-        return fail_msg(CELLM_ERR_UNSUPPORTED, "only the f16 KV cache type exists so far");
+    if (kv_type_check(m, p.kv_type, &err)) return fail(&err);
     const char *bad_qos = qos_check(&p.qos, p.n_threads);
     if (bad_qos) return fail_msg(CELLM_ERR_INVALID_ARG, bad_qos);
 
@@ -588,7 +587,7 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
         engine_destroy(e);
         return fail_msg(CELLM_ERR_NO_MEMORY, "out of memory");
     }
-    if (kv_cache_create(m, p.mem_budget_bytes - e->act_bytes, p.max_ctx, &e->kv, &err) ||
+    if (kv_cache_create(m, p.mem_budget_bytes - e->act_bytes, p.max_ctx, p.kv_type, &e->kv, &err) ||
         tp_create(p.n_threads, &e->tp, &err) ||
         forward_create(m, e->kv, e->tp, p.max_batch_tokens, e->logit_rows, &e->fwd, &err)) {
         engine_destroy(e);

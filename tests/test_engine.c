@@ -407,7 +407,8 @@ static void test_errors(void **state) {
     assert_non_null(strstr(cellm_last_error(), "budget"));
     ep = cellm_engine_default_params();
     ep.kv_type = (cellm_kv_type)7;
-    assert_int_equal(cellm_engine_create(g_model, &ep, &e), CELLM_ERR_UNSUPPORTED);
+    assert_int_equal(cellm_engine_create(g_model, &ep, &e), CELLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(cellm_last_error(), "KV type"));
 
     e = engine_new(1, 0);
     cellm_request_params p = cellm_request_default_params();

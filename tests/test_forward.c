@@ -168,7 +168,8 @@ static void rig_open(rig *r, const char *name, int threads, int32_t max_rows, in
     char path[1024];
     test_model_path(name, path, sizeof path);
     cellm_error e;
-    if (model_load(path, &r->m, &e) || kv_cache_create(r->m, 256u << 20, 4096, &r->kv, &e) ||
+    if (model_load(path, &r->m, &e) ||
+        kv_cache_create(r->m, 256u << 20, 4096, CELLM_KV_F16, &r->kv, &e) ||
         tp_create(threads, &r->tp, &e) ||
         forward_create(r->m, r->kv, r->tp, max_rows, max_logits, &r->f, &e)) {
         print_error("%s\n", e.msg);

@@ -20,10 +20,12 @@
 #define LOGIT_ROWS 64
 
 static void usage(FILE *out) {
-    fprintf(out, "usage: cellm perplexity MODEL FILE [-c N] [--chunks K] [-t THREADS]\n\n"
+    fprintf(out, "usage: cellm perplexity MODEL FILE [-c N] [--chunks K] [-t THREADS]\n"
+                 "                        [--kv-type T]\n\n"
                  "Perplexity of MODEL over the text in FILE, in chunks of N tokens (default 512),\n"
                  "scoring the second half of each chunk as llama.cpp's perplexity tool does.\n"
-                 "--chunks limits how many chunks are used (default: all).\n");
+                 "--chunks limits how many chunks are used (default: all). --kv-type stores\n"
+                 "the KV cache as " CLI_KV_TYPES " (default f16).\n");
 }
 
 static void log_softmax_at(const float *x, int32_t n, double *lse) {
@@ -49,6 +51,11 @@ int cmd_perplexity(int argc, char **argv) {
                 return 2;
             }
             o.ctx = (int32_t)u;
+        } else if (!strcmp(a, "--kv-type") && i + 1 < argc) {
+            if (!cli_parse_kv_type(argv[++i], &o.kv_type)) {
+                cli_error("perplexity: --kv-type needs one of " CLI_KV_TYPES);
+                return 2;
+            }
         } else if (!strcmp(a, "--chunks") && i + 1 < argc) {
             if (!cli_parse_uint(argv[++i], 1u << 30, &max_chunks)) {
                 cli_error("perplexity: --chunks needs a count");
