@@ -164,17 +164,23 @@ typedef struct rig {
     forward_ctx *f;
 } rig;
 
-static void rig_open(rig *r, const char *name, int threads, int32_t max_rows, int32_t max_logits) {
+/* With the KV cache in type `kv_type`. */
+static void rig_open_kv(rig *r, const char *name, int threads, int32_t max_rows, int32_t max_logits,
+                        cellm_kv_type kv_type) {
     char path[1024];
     test_model_path(name, path, sizeof path);
     cellm_error e;
     if (model_load(path, &r->m, &e) ||
-        kv_cache_create(r->m, 256u << 20, 4096, CELLM_KV_F16, &r->kv, &e) ||
+        kv_cache_create(r->m, 256u << 20, 4096, kv_type, &r->kv, &e) ||
         tp_create(threads, &r->tp, &e) ||
         forward_create(r->m, r->kv, r->tp, max_rows, max_logits, &r->f, &e)) {
         print_error("%s\n", e.msg);
         fail();
     }
+}
+
+static void rig_open(rig *r, const char *name, int threads, int32_t max_rows, int32_t max_logits) {
+    rig_open_kv(r, name, threads, max_rows, max_logits, CELLM_KV_F16);
 }
 
 static void rig_close(rig *r) {
@@ -308,7 +314,9 @@ static void check_greedy(const char *name) {
     free(fx.c);
 }
 
-static void check_perplexity(const char *name) {
+/* Perplexity over the fixture's text as llama.cpp's tool computes it,
+ * with the KV cache in type `kv_type`; *ref: llama.cpp's value (f16 KV). */
+static double perplexity_of(const char *name, cellm_kv_type kv_type, double *ref) {
     fixture fx;
     load_fixture(name, &fx);
     fx_case *c = NULL;
@@ -316,7 +324,7 @@ static void check_perplexity(const char *name) {
         if (!strcmp(fx.c[ci].kind, "ppl")) c = &fx.c[ci];
     assert_non_null(c);
     rig r;
-    rig_open(&r, name, 2, 256, 64);
+    rig_open_kv(&r, name, 2, 256, 64, kv_type);
     int V = r.m->n_vocab, ctx = c->ppl_ctx, chunks = c->ppl_chunks;
     float *lg = malloc(sizeof(float) * (size_t)V * 64);
     double *lsm = malloc(sizeof(double) * (size_t)V);
@@ -347,25 +355,49 @@ static void check_perplexity(const char *name) {
         kv_seq_free(r.kv, &s);
     }
     double ppl = exp(nll / count);
-    print_message("%s: perplexity %.4f over %d chunks of %d, llama.cpp %.4f (%.2f%%)\n", name, ppl,
-                  chunks, ctx, c->ppl, 100.0 * (ppl / c->ppl - 1));
-    assert_true(fabs(ppl / c->ppl - 1) <= PPL_TOL);
+    print_message("%s: perplexity %.4f over %d chunks of %d (KV type %d), llama.cpp %.4f "
+                  "(%.2f%%)\n",
+                  name, ppl, chunks, ctx, (int)kv_type, c->ppl, 100.0 * (ppl / c->ppl - 1));
+    *ref = c->ppl;
     free(lsm);
     free(lg);
     rig_close(&r);
     free(fx.c);
+    return ppl;
+}
+
+static void check_perplexity(const char *name) {
+    double ref, ppl = perplexity_of(name, CELLM_KV_F16, &ref);
+    assert_true(fabs(ppl / ref - 1) <= PPL_TOL);
+}
+
+/* The compressed KV types against f16 KV on the same text and context:
+ * q8_0 within 0.5%; the rotated 4-bit type better than plain q4_0, and
+ * both 4-bit types worse than f16 but not broken (within 50%). */
+static void check_kv_perplexity(const char *name) {
+    double ref, f16 = perplexity_of(name, CELLM_KV_F16, &ref);
+    double q8 = perplexity_of(name, CELLM_KV_Q8_0, &ref);
+    double q4 = perplexity_of(name, CELLM_KV_Q4_0, &ref);
+    double q4h = perplexity_of(name, CELLM_KV_Q4_0H, &ref);
+    print_message("%s: KV f16 %.4f, q8_0 %.4f (%+.3f%%), q4_0 %.4f (%+.2f%%), q4_0h %.4f "
+                  "(%+.2f%%)\n",
+                  name, f16, q8, 100 * (q8 / f16 - 1), q4, 100 * (q4 / f16 - 1), q4h,
+                  100 * (q4h / f16 - 1));
+    assert_true(fabs(q8 / f16 - 1) <= 0.005);
+    assert_true(q4h < q4);
+    assert_true(q4 < 1.5 * f16 && q4h < 1.5 * f16);
 }
 
 /* One prompt as one chunk, as uneven chunks and token by token, with 1 and
  * 2 threads, and beside another sequence: bit-identical logits. */
-static void check_invariance(const char *name) {
+static void check_invariance(const char *name, cellm_kv_type kv_type) {
     fixture fx;
     load_fixture(name, &fx);
     const fx_case *c = &fx.c[0];
     int n = 48;
     rig r1, r2;
-    rig_open(&r1, name, 1, 128, 128);
-    rig_open(&r2, name, 2, 128, 128);
+    rig_open_kv(&r1, name, 1, 128, 128, kv_type);
+    rig_open_kv(&r2, name, 2, 128, 128, kv_type);
     int V = r1.m->n_vocab;
     size_t bytes = sizeof(float) * (size_t)V * (size_t)n;
     float *a = malloc(bytes), *b = malloc(bytes);
@@ -442,25 +474,50 @@ static void test_ppl_gemma3(void **st) {
     (void)st;
     check_perplexity("gemma3-270m");
 }
+static void test_kv_ppl_smollm2(void **st) {
+    (void)st;
+    check_kv_perplexity("smollm2-135m");
+}
+static void test_kv_ppl_gemma3(void **st) {
+    (void)st;
+    check_kv_perplexity("gemma3-270m");
+}
 static void test_tsan_invariance_smollm2(void **st) {
     (void)st;
-    check_invariance("smollm2-135m");
+    check_invariance("smollm2-135m", CELLM_KV_F16);
 }
 static void test_invariance_gemma3(void **st) {
     (void)st;
-    check_invariance("gemma3-270m");
+    check_invariance("gemma3-270m", CELLM_KV_F16);
+}
+/* Every compressed type keeps a row's result independent of the batch and
+ * the threads (SmolLM2: 64-wide heads; Gemma 3: 256-wide, sliding window). */
+static void test_tsan_invariance_kv_smollm2(void **st) {
+    (void)st;
+    check_invariance("smollm2-135m", CELLM_KV_Q8_0);
+    check_invariance("smollm2-135m", CELLM_KV_Q4_0);
+    check_invariance("smollm2-135m", CELLM_KV_Q4_0H);
+}
+static void test_invariance_kv_gemma3(void **st) {
+    (void)st;
+    check_invariance("gemma3-270m", CELLM_KV_Q8_0);
+    check_invariance("gemma3-270m", CELLM_KV_Q4_0H);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tsan_invariance_smollm2),
         cmocka_unit_test(test_invariance_gemma3),
+        cmocka_unit_test(test_tsan_invariance_kv_smollm2),
+        cmocka_unit_test(test_invariance_kv_gemma3),
         cmocka_unit_test(test_logits_smollm2),
         cmocka_unit_test(test_logits_gemma3),
         cmocka_unit_test(test_greedy_smollm2),
         cmocka_unit_test(test_greedy_gemma3),
         cmocka_unit_test(test_ppl_smollm2),
         cmocka_unit_test(test_ppl_gemma3),
+        cmocka_unit_test(test_kv_ppl_smollm2),
+        cmocka_unit_test(test_kv_ppl_gemma3),
     };
     /* CELLM_TEST_FILTER=test_logits* runs a subset while developing. */
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
