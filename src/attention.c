@@ -474,8 +474,97 @@ static void neon_scale_round_f16(float *out, const float *x, float s, size_t n) 
 
 KV_F16_WRAPPERS(neon)
 
-/* The quantized rows: the scalar kernels for now (fmaf is one FMADD on
- * AArch64). */
+/* The 32 codes of block ib of a quantized row as eight vectors of four
+ * floats, in element order; returns the scale. */
+static inline __attribute__((always_inline)) float
+neon_block_codes(attn_kv_format f, const void *row, size_t ib, float32x4_t c[8]) {
+    int8x16_t a, b; /* elements 0..15, 16..31 */
+    float d;
+    if (f == ATTN_KV_Q8_0) {
+        const block_q8_0 *bl = (const block_q8_0 *)row + ib;
+        a = vld1q_s8(bl->qs);
+        b = vld1q_s8(bl->qs + 16);
+        d = fp16_to_fp32(bl->d);
+    } else {
+        const block_q4_0 *bl = (const block_q4_0 *)row + ib;
+        const uint8x16_t raw = vld1q_u8(bl->qs);
+        a = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(15))), vdupq_n_s8(8));
+        b = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(raw, 4)), vdupq_n_s8(8));
+        d = fp16_to_fp32(bl->d);
+    }
+    const int16x8_t h[4] = {vmovl_s8(vget_low_s8(a)), vmovl_s8(vget_high_s8(a)),
+                            vmovl_s8(vget_low_s8(b)), vmovl_s8(vget_high_s8(b))};
+    for (int u = 0; u < 4; u++) {
+        c[2 * u] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(h[u])));
+        c[2 * u + 1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(h[u])));
+    }
+    return d;
+}
+
+/* ref_dot_q's lanes: 0..3 in lo, 4..7 in hi. */
+static inline __attribute__((always_inline)) void neon_dot_block(attn_kv_format f, const float *q,
+                                                                 const void *k, size_t ib,
+                                                                 float32x4_t *lo, float32x4_t *hi) {
+    float32x4_t c[8], plo = vdupq_n_f32(0.0f), phi = vdupq_n_f32(0.0f);
+    const float d = neon_block_codes(f, k, ib, c);
+    for (int u = 0; u < 4; u++) {
+        plo = vfmaq_f32(plo, vld1q_f32(q + 8 * u), c[2 * u]);
+        phi = vfmaq_f32(phi, vld1q_f32(q + 8 * u + 4), c[2 * u + 1]);
+    }
+    *lo = vfmaq_n_f32(*lo, plo, d);
+    *hi = vfmaq_n_f32(*hi, phi, d);
+}
+
+static inline __attribute__((always_inline)) float neon_dot_q(attn_kv_format f, const float *q,
+                                                              const void *k, size_t n) {
+    float32x4_t lo = vdupq_n_f32(0.0f), hi = vdupq_n_f32(0.0f);
+    for (size_t ib = 0; ib < n / 32; ib++) neon_dot_block(f, q + 32 * ib, k, ib, &lo, &hi);
+    return neon_dot_finish(lo, hi, q, NULL, n, n);
+}
+
+static inline __attribute__((always_inline)) void
+neon_dot4_q(attn_kv_format f, const float *q, const void *const k[4], size_t n, float out[4]) {
+    float32x4_t lo[4], hi[4];
+    for (int j = 0; j < 4; j++) lo[j] = hi[j] = vdupq_n_f32(0.0f);
+    for (size_t ib = 0; ib < n / 32; ib++)
+        for (int j = 0; j < 4; j++) neon_dot_block(f, q + 32 * ib, k[j], ib, &lo[j], &hi[j]);
+    for (int j = 0; j < 4; j++) out[j] = neon_dot_finish(lo[j], hi[j], q, NULL, n, n);
+}
+
+/* ref_axpy_rows_q's fused multiply-adds, a block's 32 columns of acc in
+ * registers across the rows. */
+static inline __attribute__((always_inline)) void neon_axpy_rows_q(attn_kv_format f, float *acc,
+                                                                   const float *w,
+                                                                   const void *const *v, size_t nk,
+                                                                   size_t n) {
+    for (size_t ib = 0; ib < n / 32; ib++) {
+        float *ac = acc + 32 * ib;
+        float32x4_t a[8];
+        for (int u = 0; u < 8; u++) a[u] = vld1q_f32(ac + 4 * u);
+        for (size_t j = 0; j < nk; j++) {
+            float32x4_t c[8];
+            const float wd = w[j] * neon_block_codes(f, v[j], ib, c);
+            for (int u = 0; u < 8; u++) a[u] = vfmaq_n_f32(a[u], c[u], wd);
+        }
+        for (int u = 0; u < 8; u++) vst1q_f32(ac + 4 * u, a[u]);
+    }
+}
+
+#define NEON_Q_KERNELS(fmt, sfx)                                                                   \
+    static float neon_dot_##sfx(const float *q, const void *k, size_t n) {                         \
+        return neon_dot_q(fmt, q, k, n);                                                           \
+    }                                                                                              \
+    static void neon_dot4_##sfx(const float *q, const void *const k[4], size_t n, float out[4]) {  \
+        neon_dot4_q(fmt, q, k, n, out);                                                            \
+    }                                                                                              \
+    static void neon_axpy_rows_##sfx(float *acc, const float *w, const void *const *v, size_t nk,  \
+                                     size_t n) {                                                   \
+        neon_axpy_rows_q(fmt, acc, w, v, nk, n);                                                   \
+    }
+
+NEON_Q_KERNELS(ATTN_KV_Q8_0, q8_0)
+NEON_Q_KERNELS(ATTN_KV_Q4_0, q4_0)
+
 static const attn_kernels neon_kernels = {
     .dot_f16 = neon_dot_f16,
     .axpy_f16 = neon_axpy_f16,
@@ -483,7 +572,7 @@ static const attn_kernels neon_kernels = {
     .dot4_f16 = neon_dot4_f16,
     .axpy_rows_f16 = neon_axpy_rows_f16,
     .scale_round_f16 = neon_scale_round_f16,
-    .kv = {KV_OPS_F16(neon), KV_OPS_Q8_0(ref), KV_OPS_Q4_0(ref)},
+    .kv = {KV_OPS_F16(neon), KV_OPS_Q8_0(neon), KV_OPS_Q4_0(neon)},
 };
 #endif
 
