@@ -189,7 +189,8 @@ cellm_engine_params cellm_engine_default_params(void);
  * engine thread. `params` may be NULL for the defaults. Thread-safe.
  * Errors: CELLM_ERR_INVALID_ARG (a parameter out of range),
  * CELLM_ERR_NO_MEMORY (the budget does not hold the activations for
- * max_batch_tokens plus at least one KV block, or allocation failed). */
+ * max_batch_tokens plus at least one KV block, or allocation failed),
+ * CELLM_ERR_UNSUPPORTED (kv_type does not suit the model's head sizes). */
 cellm_status cellm_engine_create(const cellm_model *model, const cellm_engine_params *params,
                                  cellm_engine **out);
 

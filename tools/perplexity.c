@@ -37,7 +37,7 @@ static void log_softmax_at(const float *x, int32_t n, double *lse) {
 }
 
 int cmd_perplexity(int argc, char **argv) {
-    const char *model_name = NULL, *file = NULL;
+    const char *model_name = NULL, *file = NULL, *kv_name = "f16";
     rt_opts o = {.ctx = 512, .logit_rows = LOGIT_ROWS, .batch = 256};
     unsigned long long max_chunks = 0, u;
     for (int i = 1; i < argc; i++) {
@@ -52,6 +52,7 @@ int cmd_perplexity(int argc, char **argv) {
             }
             o.ctx = (int32_t)u;
         } else if (!strcmp(a, "--kv-type") && i + 1 < argc) {
+            kv_name = argv[i + 1];
             if (!cli_parse_kv_type(argv[++i], &o.kv_type)) {
                 cli_error("perplexity: --kv-type needs one of " CLI_KV_TYPES);
                 return 2;
@@ -124,7 +125,8 @@ int cmd_perplexity(int argc, char **argv) {
         err_set(&err, CELLM_ERR_NO_MEMORY, "out of memory");
         goto done;
     }
-    fprintf(stderr, "perplexity: %zu tokens, %zu chunks of %d\n", ids.n, n_chunks, n_ctx);
+    fprintf(stderr, "perplexity: %zu tokens, %zu chunks of %d, KV type %s (%zu bytes per token)\n",
+            ids.n, n_chunks, n_ctx, kv_name, kv_cache_token_bytes(r.m, o.kv_type));
     double nll = 0, nll2 = 0;
     long count = 0;
     struct timespec t0, t1;
