@@ -1,10 +1,11 @@
 /*
  * forward_rig.h — what the forward-pass tests share (test_forward.c,
- * test_kv_forward.c, test_kv_gemma3.c): the llama.cpp fixtures of tests/data/forward, an
- * engine in miniature (model, KV cache of a chosen type, thread pool,
- * forward context), feeding a sequence in chunks, perplexity over the
- * fixture's text with each KV type, and the batch-invariance check. Include it after
- * cmocka.h (its helpers fail through cmocka).
+ * test_kv_forward.c, test_kv_gemma3.c): the llama.cpp fixtures of
+ * tests/data/forward, an engine in miniature (model, KV cache of a chosen
+ * type, thread pool, forward context), feeding a sequence in chunks,
+ * perplexity over the fixture's text with each KV type, and the
+ * batch-invariance check. Include it after cmocka.h (its helpers fail
+ * through cmocka).
  */
 #ifndef CELLM_TEST_FORWARD_RIG_H
 #define CELLM_TEST_FORWARD_RIG_H
