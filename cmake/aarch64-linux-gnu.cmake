@@ -1,9 +1,11 @@
 # aarch64-linux-gnu.cmake — cross-compile cellm for 64-bit ARM Linux on a
 # Debian x86-64 machine and run its tests under QEMU user mode. Needs
-# gcc-aarch64-linux-gnu and qemu-user; the tests also need the arm64 cmocka
-# from Debian multiarch (libcmocka-dev:arm64). scripts/test.sh uses it as
+# gcc-aarch64-linux-gnu and qemu-user, and from Debian multiarch the arm64
+# C library and the -dev packages the build links (libc6:arm64,
+# libcmocka-dev:arm64; for the cellm command libcjson-dev:arm64,
+# libedit-dev:arm64, libmicrohttpd-dev:arm64). scripts/test.sh uses it as
 #   cmake -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake
-#         -DCELLM_BUILD_TOOLS=OFF -DCELLM_TESTS="test_quant;test_kernels_simd;test_sampler;test_attention"
+#         -DCELLM_WERROR=ON
 # and ctest then runs each test through qemu-aarch64 (QEMU_CPU picks the CPU).
 set(CMAKE_SYSTEM_NAME Linux)
 set(CMAKE_SYSTEM_PROCESSOR aarch64)
@@ -18,4 +20,9 @@ set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
 set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY ONLY)
 set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE BOTH)
 
-set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64 -L /usr/aarch64-linux-gnu)
+# The programs run with the multiarch arm64 C library (libc6:arm64, at
+# /lib/ld-linux-aarch64.so.1), not the cross compiler's copy under
+# /usr/aarch64-linux-gnu: with `-L /usr/aarch64-linux-gnu` the cross loader
+# finds the multiarch libc.so.6 through the host's ld.so.cache, and a loader
+# and libc from different builds hang in pthread_create.
+set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64)

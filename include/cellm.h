@@ -170,7 +170,16 @@ typedef struct cellm_engine_params {
     int32_t max_seqs;         /* requests running at once; default 16 */
     int32_t max_ctx;          /* positions per request; 0 (default): the model's, at most 4096 */
     cellm_kv_type kv_type;    /* default CELLM_KV_F16 */
-    cellm_qos qos;            /* the policy it starts with (default: all threads, no pacing) */
+    /* 1 (default): the prefix cache. Full blocks of 16 computed positions
+     * stay in the KV cache, indexed by their tokens (and all the tokens
+     * before them), after their request ends, until the budget needs the
+     * room (least recently used first); a request whose tokens start with
+     * a cached prefix (a shared system prompt, an earlier turn of a chat)
+     * takes those blocks instead of computing them. The output does not
+     * change. 0: off. Models whose layers all use a sliding window have no
+     * prefix cache. */
+    int prefix_cache;
+    cellm_qos qos; /* the policy it starts with (default: all threads, no pacing) */
     /* 0 (default): the engine runs its own thread, which runs a step
      * whenever there is work. 1: no engine thread; the app runs each
      * step with cellm_engine_step() on a thread of its choice (a game
@@ -181,6 +190,19 @@ typedef struct cellm_engine_params {
      * cannot hang for want of a stepper. The QoS pacing is the app's to do
      * (the engine does not rest between steps it is asked to run). */
     int manual_steps;
+    /* The phone memory mode. 0 (default): off, and mem_budget_bytes is the
+     * engine's budget. Otherwise a cap, in bytes, on the memory of the whole
+     * process for this model and engine (a phone app gets about 512 MiB):
+     * the model's mapped file, counted whole as if every page were resident;
+     * its tables (tokenizer, template); an allowance for code, the C
+     * library and thread stacks; max_seqs requests' samplers at their
+     * largest and token arrays; the activations; and the KV pool, which
+     * gets everything left (mem_budget_bytes is ignored). Creation fails
+     * with CELLM_ERR_NO_MEMORY, and a message with the figures and what
+     * would fit, unless max_seqs sequences of max_ctx positions fit in the
+     * KV cache at once; so under this cap no request is ever preempted for
+     * memory. */
+    size_t process_budget_bytes;
 } cellm_engine_params;
 
 cellm_engine_params cellm_engine_default_params(void);
@@ -223,7 +245,9 @@ cellm_status cellm_engine_get_qos(cellm_engine *engine, cellm_qos *out);
  * ones before it do, and more. */
 typedef enum cellm_trim_level {
     /* The pages of free KV blocks go back to the OS (they come back, as
-     * zeros, when next used). Costs nothing but page faults later. */
+     * zeros, when next used), and with them the prefix cache's blocks
+     * that no request or session holds. Costs page faults later, and the
+     * recompute of prefixes that were cached. */
     CELLM_TRIM_LIGHT = 1,
     /* Also the KV blocks that sessions keep between turns are dropped:
      * their next turn recomputes the conversation. */
@@ -266,10 +290,14 @@ typedef struct cellm_stats {
     size_t bytes_kv_resident; /* estimate: KV blocks used since their pages were given back */
     size_t bytes_released;    /* given back to the OS by cellm_engine_trim since creation */
     uint64_t n_trims;
-    int32_t blocks_kept;     /* KV blocks sessions keep between turns (part of blocks_used) */
-    int32_t n_sessions_kept; /* sessions with kept blocks */
-    int32_t n_threads;       /* compute threads in use (the QoS policy) */
-    double rest_seconds;     /* engine-thread time spent resting by the QoS pacing */
+    /* KV blocks sessions keep between turns (part of blocks_used; a block
+     * forked sessions share counts once for each). */
+    int32_t blocks_kept;
+    int32_t blocks_cached;    /* prefix-cache blocks no one holds (part of blocks_free) */
+    uint64_t n_prefix_tokens; /* prompt positions taken from the prefix cache since creation */
+    int32_t n_sessions_kept;  /* sessions with kept blocks */
+    int32_t n_threads;        /* compute threads in use (the QoS policy) */
+    double rest_seconds;      /* engine-thread time spent resting by the QoS pacing */
 } cellm_stats;
 
 /* Fills *out. Thread-safe; a consistent snapshot as of the last step. */
@@ -300,7 +328,8 @@ typedef struct cellm_result {
     int32_t n_prompt_tokens;
     int32_t n_completion_tokens;
     int32_t n_preemptions;   /* times the request was preempted and recomputed */
-    int32_t n_cached_tokens; /* prompt tokens a session kept from earlier turns: not computed */
+    int32_t n_cached_tokens; /* prompt tokens not computed: kept by the session from earlier
+                                turns, or found in the prefix cache */
     double queue_ms;         /* submit to first step that ran it */
     double first_token_ms;   /* submit to first completion token */
     double total_ms;         /* submit to finish */
@@ -536,6 +565,37 @@ cellm_status cellm_session_send(cellm_session *session, const char *content,
  * done callback, where the reply is already in. */
 cellm_status cellm_session_messages(cellm_session *session, const cellm_chat_message **msgs,
                                     int32_t *n);
+
+/* A new session *out with the history, sampling and max_tokens of
+ * `session` whose kept KV shares the blocks of `session` (no copy: a block
+ * is copied only when one of the two writes into it), so both continue the
+ * same conversation from here, each in its own way. Not while a turn of
+ * `session` runs, nor from a callback of its engine. Thread-safe against
+ * other sessions. Errors: CELLM_ERR_INVALID_ARG, CELLM_ERR_NO_MEMORY. */
+cellm_status cellm_session_fork(cellm_session *session, cellm_session **out);
+
+/* Saves the session to the file at `path` (replaced as a whole: written
+ * aside, then renamed): its history, the tokens of its kept KV and the KV
+ * blocks themselves, with the model's identity, the engine's KV layout and
+ * a SHA-256 checksum, so that cellm_session_restore can resume the
+ * conversation without recomputing it (after the app was killed, say).
+ * A session whose kept KV was dropped saves its history only. Not while a
+ * turn runs, nor from a callback. Errors: CELLM_ERR_INVALID_ARG,
+ * CELLM_ERR_IO, CELLM_ERR_NO_MEMORY. */
+cellm_status cellm_session_save(cellm_session *session, const char *path);
+
+/* Creates *out from a file cellm_session_save wrote: the history and the
+ * kept KV come from the file, the sampling and max_tokens from `params`
+ * (NULL: defaults; its `system` is ignored). A file saved from another
+ * model or by an engine with another KV layout, or one that is damaged or
+ * truncated, is refused with a message that says which. Not from a
+ * callback. Errors: CELLM_ERR_IO (cannot read), CELLM_ERR_CHECKSUM
+ * (damaged or truncated), CELLM_ERR_FORMAT (not a session file, or one
+ * from another model or KV layout),
+ * CELLM_ERR_NO_MEMORY (also when the KV cache cannot hold the blocks now),
+ * CELLM_ERR_INVALID_ARG, CELLM_ERR_UNSUPPORTED (no chat template). */
+cellm_status cellm_session_restore(cellm_engine *engine, const char *path,
+                                   const cellm_session_params *params, cellm_session **out);
 
 /* Frees the session (NULL is fine) and gives its kept KV blocks back to the
  * engine. A turn still running is cancelled first and this waits for it

@@ -22,6 +22,8 @@ cellm_install_packages() {
         libmicrohttpd-dev)
     if [ "${1:-}" = "--test" ]; then
         pkgs+=(clang libclang-rt-14-dev clang-format)
+        # The Java binding's build and test (bindings/java): any JDK >= 11.
+        command -v javac >/dev/null 2>&1 || pkgs+=(default-jdk-headless)
     fi
     command -v python3 >/dev/null 2>&1 || pkgs+=(python3 python3-pip)
     local missing=()
@@ -48,9 +50,10 @@ cellm_install_packages() {
 # Python packages the end-to-end tests use (tests/*_e2e.py), from the
 # package registry, when missing.
 cellm_install_python_packages() {
-    local mods=(openai) missing=()
+    # module=package where the two names differ
+    local mods=(openai numpy llama_cpp=llama-cpp-python==0.3.36) missing=()
     for m in "${mods[@]}"; do
-        python3 -c "import $m" >/dev/null 2>&1 || missing+=("$m")
+        python3 -c "import ${m%%=*}" >/dev/null 2>&1 || missing+=("${m#*=}")
     done
     [ "${#missing[@]}" -gt 0 ] || return 0
     echo "cellm setup: pip installing ${missing[*]}" >&2

@@ -35,8 +35,8 @@ run_ctest() { # run_ctest BUILD_DIR LABEL [CTEST ARGS...]
     rm -f "$log"
 }
 
-echo "== build (warnings are errors)"
-cellm_build build -DCELLM_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+echo "== build (warnings are errors; with the Java binding)"
+cellm_build build -DCELLM_WERROR=ON -DCELLM_BUILD_JAVA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
 echo "== real models"
 "$CELLM_ROOT/build/cellm" pull smollm2-135m
@@ -56,11 +56,110 @@ for ex in build/example_*; do
     fi
 done
 
+# count_summary LOG LABEL RC: adds the counts of a test program's closing
+# "N passed, M failed" line; a program that failed without one counts as one
+# failure.
+count_summary() {
+    local line
+    line="$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$1" | tail -1)"
+    if [ -n "$line" ]; then
+        passed=$((passed + $(cut -d' ' -f1 <<<"$line")))
+        failed=$((failed + $(cut -d' ' -f3 <<<"$line")))
+    fi
+    if [ "$3" -ne 0 ] && { [ -z "$line" ] || [ "$(cut -d' ' -f3 <<<"$line")" -eq 0 ]; }; then
+        echo "test.sh: $2 exited with $3" >&2
+        failed=$((failed + 1))
+    fi
+}
+
+# run_java_test LABEL JNI_LIBRARY [VAR=VALUE...]: the Java binding's test
+# program (bindings/java/test) on the real default model, counted.
+run_java_test() {
+    local label="$1" lib="$2" log rc=0
+    shift 2
+    log="$(mktemp)"
+    echo "-- Java binding test ($label)"
+    env "$@" CELLM_BIN="$CELLM_ROOT/build/cellm" timeout 900 java -Dcellm.jni.library="$lib" \
+        -cp build/cellm.jar:build/cellm-test.jar org.cellm.CellmTest >"$log" 2>&1 || rc=$?
+    cat "$log"
+    count_summary "$log" "the Java binding test ($label)" "$rc"
+    rm -f "$log"
+}
+
+# run_python_tests LABEL [VAR=VALUE...]: the Python binding's unittest tests
+# on the real default model, from outside the source tree with the package
+# pip installed into build/python-site, counted.
+run_python_tests() {
+    local label="$1" log rc=0 total nfail n kind
+    shift
+    log="$(mktemp)"
+    echo "-- Python binding tests ($label)"
+    (cd "$(dirname "$log")" && env "$@" PYTHONPATH="$CELLM_ROOT/build/python-site" \
+        CELLM_BIN="$CELLM_ROOT/build/cellm" timeout 900 \
+        python3 -m unittest discover -v -s "$CELLM_ROOT/bindings/python/tests") >"$log" 2>&1 ||
+        rc=$?
+    cat "$log"
+    total="$(sed -nE 's/^Ran ([0-9]+) tests? in .*/\1/p' "$log" | tail -1)"
+    nfail=0
+    for kind in failures errors; do
+        n="$(sed -nE "s/^FAILED \(.*$kind=([0-9]+).*/\1/p" "$log" | tail -1)"
+        nfail=$((nfail + ${n:-0}))
+    done
+    if [ -n "$total" ]; then
+        passed=$((passed + total - nfail))
+        failed=$((failed + nfail))
+    fi
+    if [ "$rc" -ne 0 ] && { [ -z "$total" ] || [ "$nfail" -eq 0 ]; }; then
+        echo "test.sh: the Python binding tests ($label) exited with $rc" >&2
+        failed=$((failed + 1))
+    fi
+    rm -f "$log"
+}
+
+echo "== Java binding (bindings/java, JNI on the desktop JVM, real default model)"
+run_java_test "release" "$CELLM_ROOT/build/libcellm_jni.so"
+# The example docs/mobile.md shows (an Android-shaped chat), run on the desktop.
+if java -Dcellm.jni.library="$CELLM_ROOT/build/libcellm_jni.so" \
+    -cp build/cellm.jar:build/cellm-examples.jar org.cellm.examples.StreamingChat \
+    "${CELLM_HOME:-$HOME/.cache/cellm}/models/smollm2-135m.gguf" \
+    "What is the capital of France?" "And of Italy?" >build/java_example.log 2>&1; then
+    echo "-- StreamingChat (Java example): ok"
+    passed=$((passed + 1))
+else
+    cat build/java_example.log
+    echo "test.sh: the Java example StreamingChat failed" >&2
+    failed=$((failed + 1))
+fi
+
+echo "== Python binding (pip install ./bindings/python, real default model)"
+# Installed into a folder of its own (no virtualenv or system site needed);
+# pip builds libcellm into the package with CMake.
+rm -rf build/python-site
+if python3 -m pip install --quiet --target build/python-site ./bindings/python \
+    >build/python-pip.log 2>&1; then
+    run_python_tests "release, the installed package"
+else
+    tail -40 build/python-pip.log
+    echo "test.sh: pip install ./bindings/python failed" >&2
+    failed=$((failed + 1))
+fi
+
 echo "== build (ASan + UBSan)"
 # Optimised (-O2 -g) so the real models run at a usable speed.
-cellm_build build-asan -DCELLM_WERROR=ON -DCELLM_ASAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cellm_build build-asan -DCELLM_WERROR=ON -DCELLM_ASAN=ON -DCELLM_BUILD_JAVA=ON \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_ctest build-asan "ASan+UBSan"
+# The bindings over the ASan+UBSan libraries: libasan preloaded into the JVM
+# and python (whose own leaks are not ours: no leak check there, and the
+# JVM's signal handlers need ASan to leave SIGSEGV alone).
+asan_rt="$(gcc -print-file-name=libasan.so)"
+run_java_test "ASan+UBSan" "$CELLM_ROOT/build-asan/libcellm_jni.so" LD_PRELOAD="$asan_rt" \
+    ASAN_OPTIONS=detect_leaks=0:handle_segv=0:allow_user_segv_handler=1:use_sigaltstack=0 \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+[ ! -d build/python-site ] ||
+    run_python_tests "ASan+UBSan" CELLM_LIB="$CELLM_ROOT/build-asan/libcellm.so" \
+        LD_PRELOAD="$asan_rt" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 echo "== build (TSan)"
 cellm_build build-tsan -DCELLM_WERROR=ON -DCELLM_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
@@ -97,14 +196,18 @@ for fz in "${fuzzers[@]}"; do
     rm -rf "$work"
 done
 
-# The NEON kernels and the sampler's golden draws (the same bits on ARM):
-# cross-compile the library and those tests for aarch64 and run them under
-# qemu-aarch64, with its default CPU (has SDOT) and with a Cortex-A53
-# (plain NEON). Only cmocka is needed for arm64,
-# from Debian multiarch.
+# The phone's CPU: everything (library, the cellm command, every test) cross-
+# compiled for aarch64 and run under qemu-aarch64 with its default CPU (has
+# SDOT). Under emulation the real models run 30-100x slower, so the
+# real-model programs run their small cases there (test_tsan_*, the same
+# ones TSan runs) and test_commands and the Python end-to-end tests are left
+# to the native runs; every other test runs whole. The kernel-level tests
+# run again on a Cortex-A53 (plain NEON, no SDOT). The arm64 C library,
+# cmocka, cJSON, libedit and libmicrohttpd come from Debian multiarch.
 install_aarch64() {
     local missing=()
-    for p in gcc-aarch64-linux-gnu qemu-user libcmocka-dev:arm64; do
+    for p in gcc-aarch64-linux-gnu qemu-user libc6:arm64 libcmocka-dev:arm64 libcjson-dev:arm64 \
+        libedit-dev:arm64 libmicrohttpd-dev:arm64; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
             missing+=("$p")
     done
@@ -120,11 +223,11 @@ install_aarch64() {
 echo "== aarch64 (cross-compiled, under qemu-aarch64)"
 if install_aarch64 &&
     cellm_build build-aarch64 -DCMAKE_TOOLCHAIN_FILE="$CELLM_ROOT/cmake/aarch64-linux-gnu.cmake" \
-        -DCELLM_WERROR=ON -DCELLM_BUILD_TOOLS=OFF \
-        -DCELLM_TESTS="test_quant;test_kernels_simd;test_sampler;test_attention" \
-        -DCMAKE_BUILD_TYPE=RelWithDebInfo; then
-    run_ctest build-aarch64 "aarch64, default CPU (dotprod)"
-    QEMU_CPU=cortex-a53 run_ctest build-aarch64 "aarch64, cortex-a53"
+        -DCELLM_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo; then
+    CELLM_TEST_FILTER="test_tsan_*" \
+        run_ctest build-aarch64 "aarch64, default CPU (dotprod)" -E '^test_commands$|_e2e$'
+    QEMU_CPU=cortex-a53 run_ctest build-aarch64 "aarch64, cortex-a53" \
+        -R '^test_(quant|kernels_simd|sampler|attention|matmul|threadpool)$'
 else
     echo "test.sh: could not set up or build the aarch64 cross build" >&2
     failed=$((failed + 1))

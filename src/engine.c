@@ -153,6 +153,10 @@ static void publish_locked(cellm_engine *e) {
     s->bytes_released = e->bytes_released;
     s->n_trims = e->n_trims;
     s->blocks_kept = e->blocks_kept;
+    s->blocks_cached = 0;
+    for (int32_t g = 0; g < e->kv->n_groups; g++)
+        s->blocks_cached += kv_cache_idle_blocks(e->kv, g);
+    s->n_prefix_tokens = e->n_prefix_tok;
     s->n_sessions_kept = e->n_lru;
     s->n_threads = tp_threads(e->tp);
     s->rest_seconds = e->rest_s;
@@ -314,7 +318,7 @@ static size_t trim_now(cellm_engine *e, int level) {
 static bool step_intake(cellm_engine *e, bool block) {
     pthread_mutex_lock(&e->mu);
     while (block && !e->stop && !e->incoming && e->n_running == 0 && !e->waiting &&
-           !e->trim_level && !e->session_frees) {
+           !e->trim_level && !e->session_frees && !e->jobs) {
         e->win_t0 = 0; /* idle time is not in the rates */
         pthread_cond_wait(&e->cv_work, &e->mu);
     }
@@ -334,6 +338,8 @@ static bool step_intake(cellm_engine *e, bool block) {
     e->trim_level = 0;
     cellm_session *frees = e->session_frees;
     e->session_frees = NULL;
+    engine_job *jobs = e->jobs;
+    e->jobs = NULL;
     pthread_mutex_unlock(&e->mu);
 
     tp_set_threads(e->tp, e->qos_now.n_threads > 0 ? e->qos_now.n_threads : tp_size(e->tp));
@@ -350,6 +356,16 @@ static bool step_intake(cellm_engine *e, bool block) {
         session_release_kv(e, sn);
         pthread_mutex_lock(&e->mu);
         sn->dropped = true; /* the freeing thread may free it from here on */
+        publish_locked(e);
+        pthread_cond_broadcast(&e->cv_done);
+        pthread_mutex_unlock(&e->mu);
+    }
+    while (jobs) {
+        engine_job *j = jobs;
+        jobs = j->next;
+        j->fn(e, j->arg);
+        pthread_mutex_lock(&e->mu);
+        j->done = true; /* the waiting thread may free it from here on */
         publish_locked(e);
         pthread_cond_broadcast(&e->cv_done);
         pthread_mutex_unlock(&e->mu);
@@ -468,7 +484,8 @@ static int manual_step(cellm_engine *e, int *more) {
     int r = engine_step_once(e, false);
     if (more) {
         pthread_mutex_lock(&e->mu);
-        *more = e->n_running > 0 || e->waiting || e->incoming || e->trim_level || e->session_frees;
+        *more = e->n_running > 0 || e->waiting || e->incoming || e->trim_level ||
+                e->session_frees || e->jobs;
         pthread_mutex_unlock(&e->mu);
     }
     tl_stepping = NULL;
@@ -498,6 +515,21 @@ void engine_wait_locked(cellm_engine *e) {
     pthread_mutex_lock(&e->mu);
 }
 
+void engine_run_job(cellm_engine *e, void (*fn)(cellm_engine *e, void *arg), void *arg) {
+    if (engine_on_thread(e)) {
+        fn(e, arg);
+        return;
+    }
+    engine_job j = {fn, arg, false, NULL};
+    pthread_mutex_lock(&e->mu);
+    j.next = e->jobs;
+    e->jobs = &j;
+    e->events++;
+    pthread_cond_signal(&e->cv_work);
+    while (!j.done) engine_wait_locked(e);
+    pthread_mutex_unlock(&e->mu);
+}
+
 /* ----------------------------------------------------------------- engines */
 
 cellm_engine_params cellm_engine_default_params(void) {
@@ -509,6 +541,7 @@ cellm_engine_params cellm_engine_default_params(void) {
     p.max_seqs = 16;
     p.max_ctx = 0;
     p.kv_type = CELLM_KV_F16;
+    p.prefix_cache = 1;
     p.qos.n_threads = 0;
     p.qos.min_step_us = 0;
     p.qos.duty_cycle = 1.0f;
@@ -524,6 +557,57 @@ static const char *qos_check(const cellm_qos *q, int pool) {
         return "qos.min_step_us must be 0..10000000";
     if (!(q->duty_cycle >= 0.01f && q->duty_cycle <= 1.0f)) return "qos.duty_cycle must be 0.01..1";
     return NULL;
+}
+
+/* The phone memory mode's accounting (cellm_engine_params.process_budget_bytes).
+ * Beyond the model's file, the process holds: the model's tables, about
+ * 100 bytes per vocabulary entry (measured: 5.9 MiB of heap after loading
+ * SmolLM2's 49,152 tokens and merges, 19.3 MiB for Gemma 3's 262,144); code,
+ * the C library, stdio and the stacks the threads touch; and per request a
+ * sampler at its largest (8 arrays of the vocabulary's size, every penalty
+ * and typical-p on) plus its token array and a session's history and kept
+ * tokens (16 bytes per position of max_ctx). test_memory measures the peak
+ * resident size of real runs against this sum. */
+#define PROC_TABLE_BYTES_PER_TOKEN 128
+#define PROC_RUNTIME_BYTES ((size_t)8 << 20)
+#define PROC_THREAD_BYTES ((size_t)256 << 10)
+#define PROC_SAMPLER_BYTES_PER_TOKEN 32
+#define PROC_SEQ_BYTES_PER_POS 16
+
+/* Fits the engine into p->process_budget_bytes: sets p->mem_budget_bytes
+ * to what the process leaves for activations and KV, or fails with the
+ * figures when max_seqs sequences of max_ctx positions do not fit. */
+static cellm_status process_budget_fit(const cellm_model *cm, cellm_engine_params *p,
+                                       size_t act_bytes, cellm_error *err) {
+    const model *m = cm->m;
+    const size_t mib = (size_t)1 << 20;
+    const size_t weights = m->file->size;
+    const size_t tables = (size_t)m->n_vocab * PROC_TABLE_BYTES_PER_TOKEN;
+    const size_t runtime = PROC_RUNTIME_BYTES + (size_t)p->n_threads * PROC_THREAD_BYTES;
+    const size_t per_seq = (size_t)m->n_vocab * PROC_SAMPLER_BYTES_PER_TOKEN +
+                           (size_t)p->max_ctx * PROC_SEQ_BYTES_PER_POS;
+    const size_t fixed = weights + tables + runtime + (size_t)p->max_seqs * per_seq + act_bytes;
+    const size_t seq_kv = kv_cache_seq_bytes(m, p->kv_type, p->max_ctx);
+    const size_t kv_need = (size_t)p->max_seqs * seq_kv;
+    const size_t budget = p->process_budget_bytes;
+    if (fixed >= budget || kv_need > budget - fixed) {
+        /* How many sequences of max_ctx would fit, each with its own
+         * request memory. */
+        size_t base = fixed - (size_t)p->max_seqs * per_seq;
+        size_t fit = base < budget ? (budget - base) / (per_seq + seq_kv) : 0;
+        return err_set(
+            err, CELLM_ERR_NO_MEMORY,
+            "a process budget of %zu MiB cannot hold %d sequences of %d positions: model "
+            "file %zu MiB, its tables %zu MiB, code and threads %zu MiB, %d requests' "
+            "samplers and tokens %zu MiB, activations %zu MiB, KV cache %zu MiB (%zu "
+            "MiB a sequence); %zu sequence%s of %d positions would fit: lower the "
+            "context or the sessions, or raise the budget",
+            budget / mib, p->max_seqs, p->max_ctx, weights / mib, tables / mib, runtime / mib,
+            p->max_seqs, (size_t)p->max_seqs * per_seq / mib, act_bytes / mib, kv_need / mib,
+            seq_kv / mib, fit, fit == 1 ? "" : "s", p->max_ctx);
+    }
+    p->mem_budget_bytes = budget - (fixed - act_bytes);
+    return CELLM_OK;
 }
 
 /* Frees what engine_create made, in reverse; the thread is not running. */
@@ -572,6 +656,12 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
     e->act_bytes = forward_bytes(m, p.max_batch_tokens, e->logit_rows, p.n_threads, p.max_ctx) +
                    (size_t)p.max_batch_tokens * sizeof(fwd_row) +
                    2 * (size_t)p.max_seqs * sizeof(cellm_request *);
+    if (p.process_budget_bytes) {
+        if (process_budget_fit(cm, &p, e->act_bytes, &err) != CELLM_OK) {
+            free(e);
+            return fail(&err);
+        }
+    }
     if (p.mem_budget_bytes <= e->act_bytes) {
         err_set(&err, CELLM_ERR_NO_MEMORY,
                 "a memory budget of %zu bytes does not cover the %zu bytes of activations for "
@@ -593,6 +683,7 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
         engine_destroy(e);
         return fail(&err);
     }
+    kv_cache_set_prefix(e->kv, p.prefix_cache != 0);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv_work, NULL);
     pthread_cond_init(&e->cv_done, NULL);
@@ -932,6 +1023,7 @@ cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm
         request_discard(e, r);
         return fail(&err);
     }
+    r->seq.tokens = r->tokens; /* its full blocks go into the prefix cache */
     tok_stream_init(&r->ts, cm->tok, 0);
     r->refs = 2;
     r->t_submit = now_s();

@@ -42,6 +42,16 @@ struct cellm_model {
 
 #define REQ_MAX_STOP 16
 
+/* Work an application thread hands to the engine thread (engine_run_job):
+ * fn(e, arg) runs between two steps, where the engine thread owns the KV
+ * cache. */
+typedef struct engine_job {
+    void (*fn)(cellm_engine *e, void *arg);
+    void *arg;
+    bool done; /* guarded by mu */
+    struct engine_job *next;
+} engine_job;
+
 /* A chat session (session.c). */
 struct cellm_session {
     cellm_engine *e;
@@ -152,6 +162,7 @@ struct cellm_engine {
     double rest_s;                      /* seconds rested */
     cellm_session *lru_head, *lru_tail; /* idle sessions with kept KV, least recent first */
     int32_t n_lru, blocks_kept;
+    uint64_t n_prefix_tok; /* prompt positions taken from the prefix cache */
 
     /* Guarded by mu. */
     pthread_mutex_t mu;
@@ -170,6 +181,7 @@ struct cellm_engine {
     size_t bytes_released;
     uint64_t n_trims;
     cellm_session *session_frees; /* sessions whose KV the engine thread must drop */
+    engine_job *jobs;             /* engine_run_job's, to run at the next intake */
 
     pthread_t thread;        /* the engine thread, unless manual */
     bool manual;             /* manual_steps: no engine thread; see cellm_engine_step */
@@ -221,6 +233,17 @@ int32_t session_drop_all(cellm_engine *e);
 /* Lets go of a session being freed: drops its kept KV and block tables. */
 void session_release_kv(cellm_engine *e, cellm_session *s);
 
+/* Puts an idle session with kept blocks at the recent end of the list of
+ * sessions whose blocks may be dropped (recounting its blocks). */
+void session_keep(cellm_engine *e, cellm_session *s);
+
+/* A new session on e with the sampling and max_tokens of `params` (NULL:
+ * defaults; the system message is ignored) and the messages msgs[0..n)
+ * (roles "system", "user" or "assistant"; contents copied). Sets the
+ * thread's last error on failure. Caller's thread. */
+cellm_status session_new_with(cellm_engine *e, const cellm_session_params *params,
+                              const cellm_chat_message *msgs, int32_t n, cellm_session **out);
+
 /* Frees what the session owns apart from its KV, and the session. */
 void session_destroy(cellm_session *s);
 
@@ -251,6 +274,11 @@ bool engine_on_thread(const cellm_engine *e);
  * thread; for a manual engine by running one step on this thread (mu is
  * released meanwhile). */
 void engine_wait_locked(cellm_engine *e);
+
+/* Runs fn(e, arg) on the engine thread between two steps and waits for it
+ * (on the engine thread itself, or from a callback, it runs at once). Not
+ * after cellm_engine_free has begun. */
+void engine_run_job(cellm_engine *e, void (*fn)(cellm_engine *e, void *arg), void *arg);
 
 /* Records a message as the calling thread's last error; returns `code`. */
 cellm_status engine_fail(cellm_status code, const char *msg);

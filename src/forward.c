@@ -2,9 +2,10 @@
  * forward.c — the decoder forward pass over a flat batch (see forward.h).
  *
  * For every layer, top to bottom:
- *   norm → Q, K, V → (QK-norm) → RoPE → store K, V in the paged cache →
- *   attention through the block table → output → (post-norm) → residual →
- *   norm → gate, up → activation → down → (post-norm) → residual
+ *   norm → Q, K, V (+ biases) → (QK-norm) → RoPE → store K, V in the paged cache →
+ *   attention through the block table → output → (post-norm) → (× scale) →
+ *   residual → norm → gate, up → activation → down → (post-norm) → (× scale)
+ *   → residual
  * then the final norm and the classifier, for the rows that want logits.
  * Architecture differences are fields of the model and layer descriptions.
  *
@@ -167,14 +168,14 @@ static void rmsnorm(float *out, const float *x, const float *w, int32_t n, float
 /* cos/sin of every rotated pair at position `pos`, computed as ggml does
  * (theta multiplied by base^(-2/d) pair after pair, in float), so rotations
  * match llama.cpp's to the last bit of theta. */
-static void rope_cache(const model *m, int32_t pos, float base, float *cs, float *sn) {
+static void rope_cache(const model *m, int32_t pos, float base, float scale, float *cs, float *sn) {
     float theta_scale = powf(base, -2.0f / (float)m->rope_dim);
     float theta = (float)pos;
     for (int32_t i = 0; i < m->rope_dim / 2; i++) {
         float ff = m->rope_freqs ? m->rope_freqs[i] : 1.0f;
-        float t = m->rope_freq_scale * (theta / ff);
-        cs[i] = cosf(t);
-        sn[i] = sinf(t);
+        float t = scale * (theta / ff);
+        cs[i] = cosf(t) * m->rope_mscale;
+        sn[i] = sinf(t) * m->rope_mscale;
         theta *= theta_scale;
     }
 }
@@ -248,7 +249,11 @@ static void task_ffn_norm(void *arg, int ith, int nth) {
     task_norm(arg, ith, nth, 1);
 }
 
-/* QK-norm, RoPE, and K/V into the cache, per row. */
+static void add_bias(float *x, const float *b, int32_t n) {
+    for (int32_t i = 0; i < n; i++) x[i] += b[i];
+}
+
+/* Q/K/V biases, QK-norm, RoPE, and K/V into the cache, per row. */
 static void task_qk(void *arg, int ith, int nth) {
     step *s = arg;
     forward_ctx *f = s->f;
@@ -261,8 +266,11 @@ static void task_qk(void *arg, int ith, int nth) {
     for (long r = b; r < e; r++) {
         float *q = f->q + r * qd, *k = f->k + r * kd, *v = f->v + r * vd;
         int32_t pos = s->rows[r].pos;
+        if (L->bq.data) add_bias(q, L->bq.data, qd);
+        if (L->bk.data) add_bias(k, L->bk.data, kd);
+        if (L->bv.data) add_bias(v, L->bv.data, vd);
         float cs[512], sn[512]; /* rope_dim <= head_dim <= 1024 (model_load checks) */
-        rope_cache(m, pos, L->rope_base, cs, sn);
+        rope_cache(m, pos, L->rope_base, L->rope_scale, cs, sn);
         for (int32_t h = 0; h < m->n_head; h++) {
             if (L->q_norm.data) rmsnorm(q + h * hd, q + h * hd, L->q_norm.data, hd, m->norm_eps);
             rope_head(m, q + h * hd, cs, sn);
@@ -381,7 +389,10 @@ static void residual_add(step *s, float *y, const weight *post, int ith, int nth
         float *x = s->f->x + r * m->n_embd;
         float *yr = y + r * m->n_embd;
         if (post->data) rmsnorm(yr, yr, post->data, m->n_embd, m->norm_eps); /* in place */
-        for (int32_t i = 0; i < m->n_embd; i++) x[i] += yr[i];
+        if (m->residual_scale != 1.0f)
+            for (int32_t i = 0; i < m->n_embd; i++) x[i] += yr[i] * m->residual_scale;
+        else
+            for (int32_t i = 0; i < m->n_embd; i++) x[i] += yr[i];
     }
 }
 static void task_attn_residual(void *arg, int ith, int nth) {
@@ -491,6 +502,9 @@ cellm_status forward_run(forward_ctx *f, const fwd_row *rows, int32_t n, const f
     }
     if (nl) {
         mm(f, &m->output, f->xb, nl, f->logits);
+        if (m->logit_scale != 1.0f)
+            for (size_t i = 0; i < (size_t)nl * (size_t)m->n_vocab; i++)
+                f->logits[i] *= m->logit_scale;
         if (m->logit_softcap > 0) {
             float c = m->logit_softcap;
             for (size_t i = 0; i < (size_t)nl * (size_t)m->n_vocab; i++)

@@ -1,5 +1,6 @@
 /*
- * kv_cache.c — block pools and per-sequence block tables (see kv_cache.h).
+ * kv_cache.c — block pools, per-sequence block tables, copy-on-write and
+ * the prefix index (see kv_cache.h).
  */
 #include "kv_cache.h"
 
@@ -96,6 +97,7 @@ cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, cel
     c->n_groups = m->n_kv_groups;
     c->max_ctx = max_ctx;
     c->max_blocks_per_seq = (max_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+    c->anchor = -1;
     size_t per_seq = kv_cache_seq_bytes(m, type, max_ctx);
     for (int32_t gi = 0; gi < c->n_groups; gi++) {
         kv_group *g = &c->groups[gi];
@@ -118,15 +120,40 @@ cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, cel
         g->free_list = malloc(n * sizeof *g->free_list);
         g->ref = calloc(n, sizeof *g->ref);
         g->resident = calloc(n, 1);
-        if (!g->mem || !g->free_list || !g->ref || !g->resident) {
+        uint32_t nb = 16;
+        while (nb < n) nb *= 2;
+        g->bucket_mask = nb - 1;
+        g->hash = calloc(n, sizeof *g->hash);
+        g->serial = calloc(n, sizeof *g->serial);
+        g->link = calloc(n, sizeof *g->link);
+        g->bucket = malloc((size_t)nb * sizeof *g->bucket);
+        g->hnext = malloc(n * sizeof *g->hnext);
+        g->lru_prev = malloc(n * sizeof *g->lru_prev);
+        g->lru_next = malloc(n * sizeof *g->lru_next);
+        if (c->anchor < 0 && g->window <= 0) {
+            c->anchor = gi;
+            g->toks = malloc(n * KV_BLOCK_TOKENS * sizeof *g->toks);
+        }
+        if (!g->mem || !g->free_list || !g->ref || !g->resident || !g->hash || !g->serial ||
+            !g->link || !g->bucket || !g->hnext || !g->lru_prev || !g->lru_next ||
+            (c->anchor == gi && !g->toks)) {
             kv_cache_free(c);
             return err_set(err, CELLM_ERR_NO_MEMORY, "cannot allocate %zu bytes of KV cache",
                            n * g->block_bytes);
         }
         /* Lowest ids on top, so a fresh cache hands out blocks in order. */
         for (int32_t i = 0; i < g->n_blocks; i++) g->free_list[i] = g->n_blocks - 1 - i;
-        g->n_free = g->n_blocks;
+        g->n_free = g->n_empty = g->n_blocks;
+        for (uint32_t i = 0; i < nb; i++) g->bucket[i] = -1;
+        g->lru_head = g->lru_tail = -1;
     }
+    c->scratch = malloc(2 * (size_t)c->max_blocks_per_seq * sizeof *c->scratch);
+    if (!c->scratch) {
+        kv_cache_free(c);
+        return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    }
+    c->prefix_on = c->anchor >= 0;
+    c->hash_mask = ~(uint64_t)0;
     *out = c;
     return CELLM_OK;
 }
@@ -138,7 +165,16 @@ void kv_cache_free(kv_cache *c) {
         free(c->groups[gi].free_list);
         free(c->groups[gi].ref);
         free(c->groups[gi].resident);
+        free(c->groups[gi].hash);
+        free(c->groups[gi].serial);
+        free(c->groups[gi].link);
+        free(c->groups[gi].toks);
+        free(c->groups[gi].bucket);
+        free(c->groups[gi].hnext);
+        free(c->groups[gi].lru_prev);
+        free(c->groups[gi].lru_next);
     }
+    free(c->scratch);
     free(c);
 }
 
@@ -159,25 +195,168 @@ cellm_status kv_seq_init(kv_cache *c, kv_seq *s, cellm_error *err) {
     return CELLM_OK;
 }
 
-static void block_release(kv_group *g, int32_t b) {
-    if (--g->ref[b] == 0) g->free_list[g->n_free++] = b;
+/* ---------------------------------------------------------- the index */
+
+#define CHAIN_SEED 0x6a09e667f3bcc908ull
+
+/* A 64-bit mix with full avalanche (the finaliser of splitmix64). */
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* The hash of a block of tokens chained to the hash of the block before. */
+static uint64_t chain_hash(const kv_cache *c, uint64_t parent, const int32_t *t) {
+    uint64_t h = parent;
+    for (int32_t i = 0; i < KV_BLOCK_TOKENS; i++) h = mix64(h ^ (uint32_t)t[i]) + (uint64_t)i;
+    return h & c->hash_mask;
+}
+
+static uint32_t bucket_of(const kv_group *g, uint64_t h) {
+    return (uint32_t)(h ^ (h >> 32)) & g->bucket_mask;
+}
+
+static void index_add(kv_cache *c, kv_group *g, int32_t b, uint64_t h, uint64_t link,
+                      const int32_t *t) {
+    g->hash[b] = h;
+    g->serial[b] = ++c->next_serial;
+    g->link[b] = link;
+    if (t) memcpy(g->toks + (size_t)b * KV_BLOCK_TOKENS, t, KV_BLOCK_TOKENS * sizeof *t);
+    uint32_t k = bucket_of(g, h);
+    g->hnext[b] = g->bucket[k];
+    g->bucket[k] = b;
+}
+
+static void index_remove(kv_group *g, int32_t b) {
+    int32_t *p = &g->bucket[bucket_of(g, g->hash[b])];
+    while (*p != b) p = &g->hnext[*p]; /* b is indexed, so it is in its bucket */
+    *p = g->hnext[b];
+    g->serial[b] = 0;
+}
+
+/* The anchor block after the one of serial `parent` that holds tokens t. */
+static int32_t find_anchor(const kv_cache *c, uint64_t h, uint64_t parent, const int32_t *t) {
+    const kv_group *g = &c->groups[c->anchor];
+    for (int32_t b = g->bucket[bucket_of(g, h)]; b >= 0; b = g->hnext[b])
+        if (g->hash[b] == h && g->link[b] == parent &&
+            !memcmp(g->toks + (size_t)b * KV_BLOCK_TOKENS, t, KV_BLOCK_TOKENS * sizeof *t))
+            return b;
+    return -1;
+}
+
+/* The block of a non-anchor group at the position of the anchor block of
+ * serial `anchor` (hash h). */
+static int32_t find_tied(const kv_group *g, uint64_t h, uint64_t anchor) {
+    for (int32_t b = g->bucket[bucket_of(g, h)]; b >= 0; b = g->hnext[b])
+        if (g->hash[b] == h && g->link[b] == anchor) return b;
+    return -1;
+}
+
+static void lru_unlink(kv_group *g, int32_t b) {
+    if (g->lru_prev[b] >= 0)
+        g->lru_next[g->lru_prev[b]] = g->lru_next[b];
+    else
+        g->lru_head = g->lru_next[b];
+    if (g->lru_next[b] >= 0)
+        g->lru_prev[g->lru_next[b]] = g->lru_prev[b];
+    else
+        g->lru_tail = g->lru_prev[b];
+    g->n_idle--;
+}
+
+static void lru_append(kv_group *g, int32_t b) {
+    g->lru_prev[b] = g->lru_tail;
+    g->lru_next[b] = -1;
+    if (g->lru_tail >= 0)
+        g->lru_next[g->lru_tail] = b;
+    else
+        g->lru_head = b;
+    g->lru_tail = b;
+    g->n_idle++;
+}
+
+/* ------------------------------------------------------------ blocks */
+
+/* Takes a block with one reference: an empty one, else the least recently
+ * used idle one (out of the index). The caller has checked n_free. */
+static int32_t block_take(kv_cache *c, kv_group *g) {
+    int32_t b;
+    if (g->n_empty > 0) {
+        b = g->free_list[--g->n_empty];
+    } else {
+        b = g->lru_head;
+        lru_unlink(g, b);
+        index_remove(g, b);
+        c->n_evict++;
+    }
+    g->n_free--;
+    g->ref[b] = 1;
+    if (!g->resident[b]) {
+        g->resident[b] = 1;
+        g->n_resident++;
+    }
+    return b;
+}
+
+/* One more reference to a block in use or idle in the index. */
+static void block_hold(kv_group *g, int32_t b) {
+    if (g->ref[b]++ == 0) {
+        lru_unlink(g, b);
+        g->n_free--;
+    }
+}
+
+/* Drops a reference; at the last, an indexed block stays indexed, idle
+ * (while the prefix cache is on), anything else becomes empty. */
+static void block_release(const kv_cache *c, kv_group *g, int32_t b) {
+    if (--g->ref[b] != 0) return;
+    g->n_free++;
+    if (g->serial[b] && c->prefix_on) {
+        lru_append(g, b);
+        return;
+    }
+    if (g->serial[b]) index_remove(g, b);
+    g->free_list[g->n_empty++] = b;
 }
 
 void kv_seq_reset(kv_cache *c, kv_seq *s) {
     for (int32_t gi = 0; gi < c->n_groups; gi++) {
         if (!s->table[gi]) continue;
-        for (int32_t i = 0; i < c->max_blocks_per_seq; i++) {
-            if (s->table[gi][i] >= 0) block_release(&c->groups[gi], s->table[gi][i]);
+        /* Last block first: the end of a sequence is the least likely to
+         * be shared, so it is the first evicted. */
+        for (int32_t i = c->max_blocks_per_seq - 1; i >= 0; i--) {
+            if (s->table[gi][i] >= 0) block_release(c, &c->groups[gi], s->table[gi][i]);
             s->table[gi][i] = -1;
         }
     }
     s->n_pos = 0;
+    s->n_pub = 0;
 }
 
 void kv_seq_free(kv_cache *c, kv_seq *s) {
     kv_seq_reset(c, s);
     for (int32_t gi = 0; gi < 2; gi++) free(s->table[gi]);
     memset(s, 0, sizeof *s);
+}
+
+int32_t kv_seq_cow(const kv_cache *c, const kv_seq *s, int32_t g) {
+    if (s->n_pos % KV_BLOCK_TOKENS == 0) return 0;
+    int32_t b = s->table[g][s->n_pos / KV_BLOCK_TOKENS];
+    if (b < 0) return 0;
+    /* Indexed blocks are full; this one is being refilled after a
+     * truncation, and the index keeps the old contents. */
+    return c->groups[g].ref[b] > 1 || c->groups[g].serial[b] != 0;
+}
+
+int32_t kv_seq_need(const kv_cache *c, const kv_seq *s, int32_t g, int32_t n) {
+    if (n <= 0) return 0;
+    int32_t first = s->n_pos / KV_BLOCK_TOKENS, last = (s->n_pos + n - 1) / KV_BLOCK_TOKENS;
+    int32_t k = kv_seq_cow(c, s, g);
+    for (int32_t b = first; b <= last; b++) k += s->table[g][b] < 0;
+    return k;
 }
 
 cellm_status kv_seq_reserve(kv_cache *c, kv_seq *s, int32_t n, cellm_error *err) {
@@ -189,8 +368,7 @@ cellm_status kv_seq_reserve(kv_cache *c, kv_seq *s, int32_t n, cellm_error *err)
     int32_t first = s->n_pos / KV_BLOCK_TOKENS, last = (s->n_pos + n - 1) / KV_BLOCK_TOKENS;
     /* Count first, so a shortage leaves the sequence untouched. */
     for (int32_t gi = 0; gi < c->n_groups; gi++) {
-        int32_t missing = 0;
-        for (int32_t b = first; b <= last; b++) missing += s->table[gi][b] < 0;
+        int32_t missing = kv_seq_need(c, s, gi, n);
         if (missing > c->groups[gi].n_free)
             return err_set(err, CELLM_ERR_NO_MEMORY,
                            "KV cache full: %d more blocks needed, %d free", missing,
@@ -198,21 +376,57 @@ cellm_status kv_seq_reserve(kv_cache *c, kv_seq *s, int32_t n, cellm_error *err)
     }
     for (int32_t gi = 0; gi < c->n_groups; gi++) {
         kv_group *g = &c->groups[gi];
-        for (int32_t b = first; b <= last; b++) {
-            if (s->table[gi][b] >= 0) continue;
-            int32_t id = g->free_list[--g->n_free];
-            g->ref[id] = 1;
-            if (!g->resident[id]) {
-                g->resident[id] = 1;
-                g->n_resident++;
-            }
-            s->table[gi][b] = id;
+        if (kv_seq_cow(c, s, gi)) {
+            int32_t old = s->table[gi][first], id = block_take(c, g);
+            memcpy(g->mem + (size_t)id * g->block_bytes, g->mem + (size_t)old * g->block_bytes,
+                   g->block_bytes);
+            block_release(c, g, old);
+            s->table[gi][first] = id;
+            c->n_cow++;
         }
+        for (int32_t b = first; b <= last; b++)
+            if (s->table[gi][b] < 0) s->table[gi][b] = block_take(c, g);
     }
     return CELLM_OK;
 }
 
+/* Indexes the sequence's full blocks that are not yet. A block equal to
+ * one already indexed (same prefix, computed by another sequence) is
+ * swapped for it, so equal prefixes end up sharing memory. */
+static void publish(kv_cache *c, kv_seq *s) {
+    int32_t a = c->anchor;
+    kv_group *ga = &c->groups[a];
+    int32_t full = s->n_pos / KV_BLOCK_TOKENS;
+    while (s->n_pub < full) {
+        int32_t b = s->n_pub, id = s->table[a][b];
+        int32_t prev = b > 0 ? s->table[a][b - 1] : -1;
+        if (id < 0 || (b > 0 && (prev < 0 || ga->serial[prev] == 0))) return;
+        if (ga->serial[id] == 0) {
+            uint64_t parent = b > 0 ? ga->serial[prev] : 0;
+            const int32_t *t = s->tokens + (size_t)b * KV_BLOCK_TOKENS;
+            uint64_t h = chain_hash(c, b > 0 ? ga->hash[prev] : CHAIN_SEED, t);
+            int32_t same = find_anchor(c, h, parent, t);
+            if (same >= 0) {
+                block_hold(ga, same);
+                block_release(c, ga, id);
+                s->table[a][b] = id = same;
+            } else {
+                index_add(c, ga, id, h, parent, t);
+            }
+        }
+        for (int32_t gi = 0; gi < c->n_groups; gi++) {
+            kv_group *g = &c->groups[gi];
+            int32_t k = s->table[gi][b];
+            if (gi == a || k < 0 || g->serial[k]) continue;
+            if (find_tied(g, ga->hash[id], ga->serial[id]) < 0)
+                index_add(c, g, k, ga->hash[id], ga->serial[id], NULL);
+        }
+        s->n_pub++;
+    }
+}
+
 void kv_seq_trim(kv_cache *c, kv_seq *s) {
+    if (c->prefix_on && s->tokens) publish(c, s);
     for (int32_t gi = 0; gi < c->n_groups; gi++) {
         kv_group *g = &c->groups[gi];
         if (g->window <= 0) continue;
@@ -220,7 +434,7 @@ void kv_seq_trim(kv_cache *c, kv_seq *s) {
         int32_t dead_below = s->n_pos - g->window + 1; /* first visible key */
         for (int32_t b = 0; (b + 1) * KV_BLOCK_TOKENS <= dead_below; b++) {
             if (s->table[gi][b] >= 0) {
-                block_release(g, s->table[gi][b]);
+                block_release(c, g, s->table[gi][b]);
                 s->table[gi][b] = -1;
             }
         }
@@ -237,17 +451,171 @@ bool kv_seq_truncate(kv_cache *c, kv_seq *s, int32_t n) {
     }
     int32_t keep_blocks = (n + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
     for (int32_t gi = 0; gi < c->n_groups; gi++)
-        for (int32_t b = keep_blocks; b < c->max_blocks_per_seq; b++)
+        for (int32_t b = c->max_blocks_per_seq - 1; b >= keep_blocks; b--)
             if (s->table[gi][b] >= 0) {
-                block_release(&c->groups[gi], s->table[gi][b]);
+                block_release(c, &c->groups[gi], s->table[gi][b]);
                 s->table[gi][b] = -1;
             }
     s->n_pos = n;
+    if (s->n_pub > n / KV_BLOCK_TOKENS) s->n_pub = n / KV_BLOCK_TOKENS;
     return true;
+}
+
+void kv_seq_fork(kv_cache *c, kv_seq *dst, const kv_seq *src) {
+    for (int32_t gi = 0; gi < c->n_groups; gi++)
+        for (int32_t b = 0; b < c->max_blocks_per_seq; b++) {
+            int32_t id = src->table[gi][b];
+            if (id >= 0) block_hold(&c->groups[gi], id);
+            dst->table[gi][b] = id;
+        }
+    dst->n_pos = src->n_pos;
+    dst->n_pub = src->n_pub;
+}
+
+/* First block a windowed group still needs at the end of `pos` positions. */
+static int32_t first_needed(int32_t window, int32_t pos) {
+    int32_t d = pos - window + 1;
+    return window > 0 && d > 0 ? d / KV_BLOCK_TOKENS : 0;
+}
+
+int32_t kv_seq_lookup(kv_cache *c, kv_seq *s, const int32_t *tokens, int32_t n) {
+    if (!c->prefix_on || c->anchor < 0 || s->n_pos != 0 || n < KV_BLOCK_TOKENS) return 0;
+    int32_t a = c->anchor, nb = n / KV_BLOCK_TOKENS;
+    if (nb > c->max_blocks_per_seq) nb = c->max_blocks_per_seq;
+    kv_group *ga = &c->groups[a];
+    int32_t *fa = c->scratch, *fo = c->scratch + c->max_blocks_per_seq;
+    int32_t k = 0;
+    uint64_t parent = 0, ph = CHAIN_SEED;
+    while (k < nb) {
+        const int32_t *t = tokens + (size_t)k * KV_BLOCK_TOKENS;
+        uint64_t h = chain_hash(c, ph, t);
+        int32_t id = find_anchor(c, h, parent, t);
+        if (id < 0) break;
+        fa[k++] = id;
+        parent = ga->serial[id];
+        ph = h;
+    }
+    int32_t o = c->n_groups == 2 ? 1 - a : -1;
+    if (o >= 0)
+        for (int32_t b = 0; b < k; b++)
+            fo[b] = find_tied(&c->groups[o], ga->hash[fa[b]], ga->serial[fa[b]]);
+    /* The longest prefix whose every group has what its end can see. */
+    for (; k > 0 && o >= 0; k--) {
+        int32_t lo = first_needed(c->groups[o].window, k * KV_BLOCK_TOKENS), b = lo;
+        while (b < k && fo[b] >= 0) b++;
+        if (b == k) break;
+    }
+    if (k == 0) return 0;
+    for (int32_t b = 0; b < k; b++) {
+        block_hold(ga, fa[b]);
+        s->table[a][b] = fa[b];
+    }
+    if (o >= 0)
+        for (int32_t b = first_needed(c->groups[o].window, k * KV_BLOCK_TOKENS); b < k; b++) {
+            block_hold(&c->groups[o], fo[b]);
+            s->table[o][b] = fo[b];
+        }
+    s->n_pos = k * KV_BLOCK_TOKENS;
+    s->n_pub = k;
+    c->n_hits++;
+    c->n_hit_tokens += (uint64_t)s->n_pos;
+    return s->n_pos;
+}
+
+int32_t kv_first_block(int32_t window, int32_t n_pos) {
+    return first_needed(window, n_pos);
+}
+
+const uint8_t *kv_seq_block(const kv_cache *c, const kv_seq *s, int32_t g, int32_t b) {
+    int32_t id = s->table[g][b];
+    return id < 0 ? NULL : c->groups[g].mem + (size_t)id * c->groups[g].block_bytes;
+}
+
+bool kv_seq_set_block(kv_cache *c, kv_seq *s, int32_t g, int32_t b, const void *data) {
+    kv_group *grp = &c->groups[g];
+    if (grp->n_free == 0 || s->table[g][b] >= 0) return false;
+    int32_t id = block_take(c, grp);
+    memcpy(grp->mem + (size_t)id * grp->block_bytes, data, grp->block_bytes);
+    s->table[g][b] = id;
+    return true;
+}
+
+void kv_cache_drop_idle(kv_cache *c) {
+    for (int32_t gi = 0; gi < c->n_groups; gi++) {
+        kv_group *g = &c->groups[gi];
+        while (g->lru_head >= 0) {
+            int32_t b = g->lru_head;
+            lru_unlink(g, b);
+            index_remove(g, b);
+            g->free_list[g->n_empty++] = b;
+        }
+    }
+}
+
+void kv_cache_set_prefix(kv_cache *c, bool on) {
+    c->prefix_on = on && c->anchor >= 0;
+    if (!c->prefix_on) kv_cache_drop_idle(c);
+}
+
+int32_t kv_cache_idle_blocks(const kv_cache *c, int32_t group) {
+    return c->groups[group].n_idle;
+}
+
+const char *kv_cache_check(const kv_cache *c, const uint32_t *const refs[2]) {
+    const char *bad = NULL;
+    for (int32_t gi = 0; gi < c->n_groups && !bad; gi++) {
+        const kv_group *g = &c->groups[gi];
+        uint8_t *seen = calloc((size_t)g->n_blocks, 1); /* 1: free list, 2: LRU, 4: bucket */
+        if (!seen) return "out of memory";
+        if (g->n_empty + g->n_idle != g->n_free || g->n_empty < 0 || g->n_idle < 0)
+            bad = "empty + idle blocks do not add up to the free count";
+        for (int32_t i = 0; i < g->n_empty && !bad; i++) {
+            int32_t b = g->free_list[i];
+            if (b < 0 || b >= g->n_blocks || seen[b])
+                bad = "a block is on the free list twice";
+            else if (g->ref[b] || g->serial[b])
+                bad = "a block on the free list is in use";
+            else
+                seen[b] |= 1;
+        }
+        int32_t n_lru = 0;
+        for (int32_t b = g->lru_head, prev = -1; b >= 0 && !bad; prev = b, b = g->lru_next[b]) {
+            if (g->lru_prev[b] != prev)
+                bad = "the LRU list is broken";
+            else if (seen[b] || ++n_lru > g->n_idle)
+                bad = "a block is free twice";
+            else if (g->ref[b] || !g->serial[b])
+                bad = "an idle block is in use or not indexed";
+            else
+                seen[b] |= 2;
+        }
+        if (!bad && n_lru != g->n_idle) bad = "the LRU list does not hold the idle blocks";
+        int32_t n_indexed = 0, n_in_buckets = 0, n_used = 0;
+        for (int32_t b = 0; b < g->n_blocks && !bad; b++) {
+            n_indexed += g->serial[b] != 0;
+            n_used += g->ref[b] > 0;
+            if (g->ref[b] == 0 && !seen[b]) bad = "a block is lost: no reference, not free";
+            if (g->ref[b] > 0 && seen[b]) bad = "a block in use is also free";
+            if (refs && refs[gi] && g->ref[b] != refs[gi][b])
+                bad = "a reference count differs from the sequences' references";
+        }
+        for (uint32_t k = 0; k <= g->bucket_mask && !bad; k++)
+            for (int32_t b = g->bucket[k]; b >= 0 && !bad; b = g->hnext[b]) {
+                if ((seen[b] & 4) || !g->serial[b] || bucket_of(g, g->hash[b]) != k)
+                    bad = "the hash index is broken";
+                seen[b] |= 4;
+                n_in_buckets++;
+            }
+        if (!bad && n_in_buckets != n_indexed) bad = "indexed blocks missing from the index";
+        if (!bad && n_used != g->n_blocks - g->n_free) bad = "blocks in use != total - free";
+        free(seen);
+    }
+    return bad;
 }
 
 size_t kv_cache_release_free(kv_cache *c) {
     size_t released = 0;
+    kv_cache_drop_idle(c);
     for (int32_t gi = 0; gi < c->n_groups; gi++) {
         kv_group *g = &c->groups[gi];
         /* Runs of adjacent free blocks, so that pages shared by two free

@@ -15,8 +15,26 @@
  * K and V rows are stored in the engine's KV type (cellm_kv_type): f16,
  * Q8_0 or Q4_0 blocks of 32 (each head's blocks in order, attention.h),
  * or, for the rotated 4-bit type, Q4_0 blocks of each head rotated by
- * attn_rotate. Blocks carry a reference count so that later prefix
- * sharing and copy-on-write fit without changing the layout.
+ * attn_rotate. Blocks carry a reference count: sequences
+ * share blocks (a fork, a cached prefix), and a write into a shared block
+ * copies it first (copy-on-write, in kv_seq_reserve).
+ *
+ * Prefix cache. A full block whose tokens a sequence knows (kv_seq.tokens)
+ * is published in an index when the step that filled it ends: in the
+ * anchor group (the first with full attention) under a hash of its 16
+ * tokens chained to the hash of the block before it; in the other groups
+ * under the same hash, tied to the anchor block of the same position. A
+ * lookup walks a new sequence's tokens block by block and takes the
+ * longest prefix whose blocks are all there. Hashes only find candidates:
+ * a candidate matches when its tokens are equal and the block it was
+ * chained to is the block matched one position earlier (blocks carry a
+ * serial number that changes whenever a block is reused, so a chain never
+ * points at a block that now holds something else). Windowed groups only
+ * need the blocks still inside the window at the prefix's end. When a
+ * published block's last reference goes, it stays in the index, idle, and
+ * its contents stay valid; idle blocks count as free and are evicted,
+ * least recently used first, when the pool has no empty block left.
+ * Models with no full-attention group have no prefix cache.
  *
  * The pool is mapped from the OS (pages.h), so a block costs no physical
  * memory until a sequence first writes it; kv_cache_release_free() gives
@@ -48,9 +66,24 @@ typedef struct kv_group {
     size_t map_bytes;
     int32_t *free_list; /* stack of free block ids */
     int32_t n_free;
-    uint16_t *ref;     /* references per block */
+    uint32_t *ref;     /* references per block */
     uint8_t *resident; /* per block: written since its pages were given back */
     int32_t n_resident;
+
+    /* The prefix index (see above). n_free counts empty blocks (on the
+     * free list, n_empty of them) and idle indexed ones (n_idle, on the
+     * LRU list, least recently used at lru_head). */
+    int32_t n_empty, n_idle;
+    uint64_t *hash;   /* chain hash of an indexed block */
+    uint64_t *serial; /* per block: 0 when not indexed, else unique to this publication */
+    uint64_t *link;   /* anchor group: serial of the block before (0: first);
+                         others: serial of the anchor block of the same position */
+    int32_t *toks;    /* anchor group: KV_BLOCK_TOKENS tokens per indexed block */
+    int32_t *bucket;  /* [bucket_mask + 1] first indexed block of each bucket, -1: none */
+    int32_t *hnext;   /* next indexed block in the same bucket */
+    uint32_t bucket_mask;
+    int32_t *lru_prev, *lru_next; /* idle indexed blocks */
+    int32_t lru_head, lru_tail;
 } kv_group;
 
 typedef struct kv_cache {
@@ -61,12 +94,24 @@ typedef struct kv_cache {
     kv_group groups[2];
     int32_t max_blocks_per_seq; /* table capacity: max context / 16 */
     int32_t max_ctx;
+    int32_t anchor;       /* group whose chain indexes prefixes; -1: no prefix cache */
+    bool prefix_on;       /* publish and look up (kv_cache_set_prefix) */
+    uint64_t next_serial; /* last serial handed out */
+    uint64_t hash_mask;   /* applied to every chain hash: tests narrow it to force collisions */
+    int32_t *scratch;     /* [2 * max_blocks_per_seq] for lookups */
+    uint64_t n_hits, n_hit_tokens; /* lookups that found a prefix, and the positions they took */
+    uint64_t n_cow, n_evict;       /* copies on write; idle blocks evicted for new ones */
 } kv_cache;
 
 /* A sequence's view of the cache: its length and block tables. */
 typedef struct kv_seq {
     int32_t n_pos;     /* positions stored: the next token goes at n_pos */
     int32_t *table[2]; /* block id per 16 positions, -1: none (freed or not yet) */
+    /* The tokens at positions [0, n_pos), owned by whoever owns the
+     * sequence: set it to have the sequence's full blocks published in
+     * the prefix index (NULL: never published). */
+    const int32_t *tokens;
+    int32_t n_pub; /* leading anchor blocks already indexed */
 } kv_seq;
 
 /* Creates a cache for `m` holding up to `budget` bytes of blocks of KV
@@ -105,9 +150,58 @@ cellm_status kv_seq_reserve(kv_cache *c, kv_seq *s, int32_t n, cellm_error *err)
  * positions the shorter sequence would need again; then reset it instead. */
 bool kv_seq_truncate(kv_cache *c, kv_seq *s, int32_t n);
 
-/* After a step has written positions up to s->n_pos - 1: frees the blocks
- * of windowed groups that no later position can see. */
+/* After a step has written positions up to s->n_pos - 1: publishes the
+ * sequence's new full blocks in the prefix index (when s->tokens is set),
+ * then frees the blocks of windowed groups that no later position can see. */
 void kv_seq_trim(kv_cache *c, kv_seq *s);
+
+/* Blocks group g must take from the pool for positions [s->n_pos,
+ * s->n_pos + n): missing ones, and a copy of the block being filled when
+ * it is shared (copy-on-write). kv_seq_reserve takes exactly these. */
+int32_t kv_seq_need(const kv_cache *c, const kv_seq *s, int32_t g, int32_t n);
+
+/* 1 when the block at position s->n_pos of group g is shared and must be
+ * copied before it is written, else 0. */
+int32_t kv_seq_cow(const kv_cache *c, const kv_seq *s, int32_t g);
+
+/* Makes the empty sequence `dst` share every block of `src` (same
+ * positions and contents; a later write by either copies the block it
+ * writes). dst->tokens is left for its owner to set. */
+void kv_seq_fork(kv_cache *c, kv_seq *dst, const kv_seq *src);
+
+/* Finds the longest cached prefix of tokens[0..n) in whole blocks and
+ * gives it to the empty sequence `s` (which then holds those blocks and
+ * has n_pos at the prefix's end). Returns the positions taken (0: none).
+ * Set s->tokens to `tokens` afterwards to keep publishing. */
+int32_t kv_seq_lookup(kv_cache *c, kv_seq *s, const int32_t *tokens, int32_t n);
+
+/* First block index a sequence of n_pos positions still needs in a group
+ * with this window (0: full attention, and it is 0); it needs every block
+ * from there to the one holding position n_pos - 1. */
+int32_t kv_first_block(int32_t window, int32_t n_pos);
+
+/* The bytes (the group's block_bytes) of block index b of group g of s, for
+ * saving; NULL when the sequence has no block there. */
+const uint8_t *kv_seq_block(const kv_cache *c, const kv_seq *s, int32_t g, int32_t b);
+
+/* Gives s a new block at index b of group g (which has none) holding
+ * `data` (block_bytes). False when the pool has no free block. */
+bool kv_seq_set_block(kv_cache *c, kv_seq *s, int32_t g, int32_t b, const void *data);
+
+/* Turns the prefix cache off (no publishing, no lookups; what is indexed
+ * is dropped) or on again. On by default where the model allows it. */
+void kv_cache_set_prefix(kv_cache *c, bool on);
+
+/* Drops every idle indexed block from the index (they become empty). */
+void kv_cache_drop_idle(kv_cache *c);
+
+/* Idle indexed blocks in a group (part of the free count). */
+int32_t kv_cache_idle_blocks(const kv_cache *c, int32_t group);
+
+/* Checks the pool's invariants against the references the caller knows
+ * of: refs[g][b] counted from every live sequence (NULL: skip that
+ * check). Returns NULL when all hold, else what is wrong. For tests. */
+const char *kv_cache_check(const kv_cache *c, const uint32_t *const refs[2]);
 
 /* Where K and V of one position of one layer live (a row of the cache's
  * format, heads one after the other). The block must exist. */
@@ -131,6 +225,7 @@ int32_t kv_cache_used_blocks(const kv_cache *c, int32_t group);
 
 /* Gives the pages of every free block back to the OS (they read as zero
  * when next handed out, and every position is written before it is read).
+ * Idle indexed blocks are dropped from the index first.
  * Returns the bytes of resident blocks given back (whole pages: a little
  * less where a run of free blocks does not end on a page boundary). */
 size_t kv_cache_release_free(kv_cache *c);

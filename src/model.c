@@ -3,9 +3,11 @@
  *
  * Each architecture is one row: its RoPE pairing, MLP activation, whether it
  * scales embeddings, and its fixed sliding-window pattern. Everything else
- * comes from the file's metadata (`ARCH.*` keys) and from which tensors are
- * present (QK-norm, post-norms, a separate output matrix), so one forward
- * pass serves every row.
+ * comes from the file's metadata (`ARCH.*` keys: windows, granite's
+ * multipliers, LongRoPE's attention factor) and from which tensors are
+ * present (Q/K/V biases, QK-norm, post-norms, a separate output matrix,
+ * fused QKV or gate/up matrices, RoPE factors), so one forward pass serves
+ * every row. Tensor names and keys are those llama.cpp's converter writes.
  */
 #include "model.h"
 
@@ -26,9 +28,16 @@ typedef struct arch_row {
 } arch_row;
 
 static const arch_row arch_table[] = {
+    /* llama also covers Mistral (with ARCH.attention.sliding_window) */
     {"llama", ROPE_NORM, ACT_SILU, false, 0, 0},
     {"gemma3", ROPE_NEOX, ACT_GELU_TANH, true, 6, 10000.0f},
+    {"qwen2", ROPE_NEOX, ACT_SILU, false, 0, 0},   /* Q/K/V biases */
+    {"qwen3", ROPE_NEOX, ACT_SILU, false, 0, 0},   /* QK-norm */
+    {"phi3", ROPE_NEOX, ACT_SILU, false, 0, 0},    /* fused QKV and gate/up, LongRoPE */
+    {"granite", ROPE_NORM, ACT_SILU, false, 0, 0}, /* embedding/residual/attention/logit scales */
 };
+
+#define ARCH_NAMES "llama, gemma3, qwen2, qwen3, phi3, granite"
 
 static const arch_row *arch_find(const char *name) {
     for (size_t i = 0; i < sizeof arch_table / sizeof arch_table[0]; i++)
@@ -96,6 +105,16 @@ static cellm_status get_weight(const gguf_file *f, const char *name, int64_t ne0
     return CELLM_OK;
 }
 
+/* Rows [row0, row0 + n) of matrix `w`, as a matrix of its own. */
+static weight row_view(const weight *w, int64_t row0, int64_t n) {
+    const quant_type_info *qi = quant_type_get(w->type);
+    size_t row_bytes = (size_t)(w->ne0 / qi->block_size) * qi->type_size;
+    weight v = *w;
+    v.data = (const uint8_t *)w->data + (size_t)row0 * row_bytes;
+    v.ne1 = n;
+    return v;
+}
+
 static cellm_status load_layer(const gguf_file *f, model *m, int il, cellm_error *err) {
     layer_desc *L = &m->layers[il];
     int64_t d = m->n_embd, qd = (int64_t)m->n_head * m->head_dim,
@@ -108,16 +127,45 @@ static cellm_status load_layer(const gguf_file *f, model *m, int il, cellm_error
         if ((st = get_weight(f, name, ne0, ne1, opt, &L->field, err))) return st;                  \
     } while (0)
     W(attn_norm, "attn_norm", d, 0, false);
-    W(wq, "attn_q", d, qd, false);
-    W(wk, "attn_k", d, kd, false);
-    W(wv, "attn_v", d, vd, false);
+    snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", il);
+    if (gguf_find_tensor(f, name)) {
+        /* Fused QKV (phi3): Q, K and V are consecutive rows of one matrix. */
+        weight qkv;
+        if ((st = get_weight(f, name, d, qd + kd + vd, false, &qkv, err))) return st;
+        L->wq = row_view(&qkv, 0, qd);
+        L->wk = row_view(&qkv, qd, kd);
+        L->wv = row_view(&qkv, qd + kd, vd);
+    } else {
+        W(wq, "attn_q", d, qd, false);
+        W(wk, "attn_k", d, kd, false);
+        W(wv, "attn_v", d, vd, false);
+    }
+#define B(field, suffix, n)                                                                        \
+    do {                                                                                           \
+        snprintf(name, sizeof name, "blk.%d." suffix ".bias", il);                                 \
+        if ((st = get_weight(f, name, n, 0, true, &L->field, err))) return st;                     \
+    } while (0)
+    B(bq, "attn_q", qd);
+    B(bk, "attn_k", kd);
+    B(bv, "attn_v", vd);
+#undef B
     W(wo, "attn_output", qd, d, false);
     W(q_norm, "attn_q_norm", m->head_dim, 0, true);
     W(k_norm, "attn_k_norm", m->head_dim, 0, true);
     W(post_attn_norm, "post_attention_norm", d, 0, true);
     W(ffn_norm, "ffn_norm", d, 0, false);
-    W(w_gate, "ffn_gate", d, m->n_ff, false);
-    W(w_up, "ffn_up", d, m->n_ff, false);
+    snprintf(name, sizeof name, "blk.%d.ffn_gate.weight", il);
+    if (gguf_find_tensor(f, name)) {
+        W(w_gate, "ffn_gate", d, m->n_ff, false);
+        W(w_up, "ffn_up", d, m->n_ff, false);
+    } else {
+        /* Fused gate/up (phi3): the gate's rows, then the up rows. */
+        weight gu;
+        snprintf(name, sizeof name, "blk.%d.ffn_up.weight", il);
+        if ((st = get_weight(f, name, d, 2 * (int64_t)m->n_ff, false, &gu, err))) return st;
+        L->w_gate = row_view(&gu, 0, m->n_ff);
+        L->w_up = row_view(&gu, m->n_ff, m->n_ff);
+    }
     W(w_down, "ffn_down", m->n_ff, d, false);
     W(post_ffn_norm, "post_ffw_norm", d, 0, true);
 #undef W
@@ -144,7 +192,7 @@ cellm_status model_load(const char *path, model **out, cellm_error *err) {
     const arch_row *ar = arch_find(m->arch);
     if (!ar) {
         st = err_set(err, CELLM_ERR_UNSUPPORTED,
-                     "%s: architecture '%s' is not supported (cellm knows: llama, gemma3)", path,
+                     "%s: architecture '%s' is not supported (cellm knows: " ARCH_NAMES ")", path,
                      m->arch);
         goto fail;
     }
@@ -189,29 +237,59 @@ cellm_status model_load(const char *path, model **out, cellm_error *err) {
     m->rope_freq_scale = 1.0f;
     char key[128];
     snprintf(key, sizeof key, "%s.rope.scaling.type", a);
-    if (gguf_get_str(f, key, &s) && !gguf_str_eq(s, "none")) {
+    /* LongRoPE is its factor tensors and attention factor, read below. */
+    if (gguf_get_str(f, key, &s) && !gguf_str_eq(s, "none") &&
+        !(gguf_str_eq(s, "longrope") && gguf_find_tensor(f, "rope_factors_short.weight"))) {
         float factor = 1.0f;
         if (!gguf_str_eq(s, "linear") || !meta_f32(f, a, "rope.scaling.factor", &factor) ||
             !(factor > 0)) {
             st = err_set(err, CELLM_ERR_UNSUPPORTED,
-                         "%s: RoPE scaling '%.*s' is not supported (only linear)", path,
+                         "%s: RoPE scaling '%.*s' is not supported (linear, longrope)", path,
                          (int)(s.len < 32 ? s.len : 32), s.ptr);
             goto fail;
         }
         m->rope_freq_scale = 1.0f / factor;
     }
+    /* Per-pair frequency divisors: llama 3.1's rope_freqs, or phi3's
+     * LongRoPE factors. cellm uses the short factors, which transformers
+     * and llama.cpp use up to the original context length; past it they
+     * switch to the long ones (not done here). */
     const gguf_tensor *rf = gguf_find_tensor(f, "rope_freqs.weight");
+    if (!rf) rf = gguf_find_tensor(f, "rope_factors_short.weight");
     if (rf) {
         if (rf->type != QT_F32 || rf->n_elems != (uint64_t)m->rope_dim / 2) {
-            st = err_set(err, CELLM_ERR_FORMAT, "%s: rope_freqs.weight must be %d F32 values", path,
-                         m->rope_dim / 2);
+            st = err_set(err, CELLM_ERR_FORMAT, "%s: %.*s must be %d F32 values", path,
+                         (int)rf->name.len, rf->name.ptr, m->rope_dim / 2);
             goto fail;
         }
         m->rope_freqs = rf->data;
     }
+    m->rope_mscale = 1.0f;
+    if (meta_f32(f, a, "rope.scaling.attn_factor", &m->rope_mscale) &&
+        !(m->rope_mscale > 0 && m->rope_mscale < 100)) {
+        st = err_set(err, CELLM_ERR_FORMAT, "%s: %s.rope.scaling.attn_factor %g is out of range",
+                     path, a, (double)m->rope_mscale);
+        goto fail;
+    }
     m->act = ar->act;
     m->emb_scale = ar->emb_scale_sqrt ? sqrtf((float)m->n_embd) : 1.0f;
     m->attn_scale = 1.0f / sqrtf((float)m->head_dim);
+    /* Granite's multipliers; llama.cpp stores the logit divisor. */
+    float logit_div = 1.0f;
+    m->residual_scale = 1.0f;
+    meta_f32(f, a, "embedding_scale", &m->emb_scale);
+    meta_f32(f, a, "attention.scale", &m->attn_scale);
+    meta_f32(f, a, "residual_scale", &m->residual_scale);
+    meta_f32(f, a, "logit_scale", &logit_div);
+    if (!isfinite(m->emb_scale) || !isfinite(m->attn_scale) || !isfinite(m->residual_scale) ||
+        !isfinite(logit_div) || logit_div == 0) {
+        st = err_set(err, CELLM_ERR_FORMAT,
+                     "%s: embedding_scale, attention.scale, residual_scale or logit_scale is not "
+                     "a usable number",
+                     path);
+        goto fail;
+    }
+    m->logit_scale = 1.0f / logit_div;
     meta_f32(f, a, "attn_logit_softcapping", &m->attn_softcap);
     meta_f32(f, a, "final_logit_softcapping", &m->logit_softcap);
 
@@ -250,6 +328,8 @@ cellm_status model_load(const char *path, model **out, cellm_error *err) {
         bool local = window > 0 && (ar->swa_period == 0 || (il + 1) % ar->swa_period != 0);
         L->window = local ? window : 0;
         L->rope_base = local && ar->rope_base_local > 0 ? ar->rope_base_local : base;
+        /* Gemma 3's windowed layers keep their own RoPE, unscaled. */
+        L->rope_scale = local && ar->rope_base_local > 0 ? 1.0f : m->rope_freq_scale;
         /* Windowed layers keep their own block table, so blocks that left
          * the window can be freed for them alone. */
         L->kv_group = local && ar->swa_period ? 1 : 0;

@@ -32,11 +32,13 @@ typedef struct weight {
 
 typedef struct layer_desc {
     weight attn_norm, wq, wk, wv, wo;
+    weight bq, bk, bv;     /* Q/K/V biases (qwen2); data NULL when absent */
     weight q_norm, k_norm; /* per-head RMSNorm of Q and K; data NULL when absent */
     weight post_attn_norm; /* norm of the attention output before the residual */
     weight ffn_norm, w_gate, w_up, w_down;
     weight post_ffn_norm; /* norm of the MLP output before the residual */
     float rope_base;      /* frequency base of this layer */
+    float rope_scale;     /* position scale of this layer (1 / linear scaling factor) */
     int32_t window;       /* sliding window in tokens; 0: full attention */
     int32_t kv_group;     /* which KV block table the layer uses */
     int32_t kv_index;     /* the layer's index within its KV group */
@@ -50,10 +52,13 @@ typedef struct model {
     float norm_eps;
     rope_kind rope;
     int32_t rope_dim;        /* leading dimensions of each head that RoPE rotates */
-    float rope_freq_scale;   /* 1 / linear scaling factor */
-    const float *rope_freqs; /* per-pair frequency divisors (llama 3.1 style), or NULL */
+    float rope_freq_scale;   /* 1 / linear scaling factor (of the global layers, for gemma3) */
+    const float *rope_freqs; /* per-pair frequency divisors (llama 3.1, phi3 LongRoPE), or NULL */
+    float rope_mscale;       /* multiplies RoPE's cos and sin (phi3 LongRoPE); 1 for none */
     float emb_scale;         /* multiplies the token embedding; 1 for none */
     float attn_scale;        /* multiplies Q·K */
+    float residual_scale;    /* multiplies each block's output before the residual; 1 for none */
+    float logit_scale;       /* multiplies the final logits; 1 for none */
     float attn_softcap;      /* tanh soft-capping of attention scores; 0: none */
     float logit_softcap;     /* tanh soft-capping of the final logits; 0: none */
     mlp_act act;

@@ -27,6 +27,10 @@
  * cache that still does not fit has outgrown the budget: it finishes with
  * CELLM_FINISH_LENGTH.
  *
+ * A request admitted with nothing in the cache first takes the longest
+ * prefix of its tokens that the prefix index holds (kv_seq_lookup): those
+ * blocks are shared, not computed again, and count as held at admission.
+ *
  * Sessions keep the blocks of their conversation between turns. Those
  * blocks give way first: when a running request's row or a waiting
  * request's admission does not fit, the least recently used idle session's
@@ -88,13 +92,10 @@ void sched_remove(cellm_engine *e, cellm_request *r) {
 
 /* ---------------------------------------------------------- block counting */
 
-/* Blocks group g lacks for positions [n_pos, n_pos + n) of s. */
-static int32_t missing_blocks(const kv_seq *s, int32_t g, int32_t n) {
-    if (n <= 0) return 0;
-    int32_t first = s->n_pos / KV_BLOCK_TOKENS, last = (s->n_pos + n - 1) / KV_BLOCK_TOKENS;
-    int32_t k = 0;
-    for (int32_t b = first; b <= last; b++) k += s->table[g][b] < 0;
-    return k;
+/* Blocks group g must take for positions [n_pos, n_pos + n) of r: the
+ * missing ones and a copy of a shared block being filled. */
+static int32_t missing_blocks(const cellm_engine *e, const cellm_request *r, int32_t g, int32_t n) {
+    return kv_seq_need(e->kv, &r->seq, g, n);
 }
 
 /* Blocks of this step: `taken[g]` are promised to planned rows. */
@@ -108,12 +109,12 @@ static int32_t avail(const cellm_engine *e, const plan_blocks *pb, int32_t g) {
 
 static bool fits(const cellm_engine *e, const plan_blocks *pb, const cellm_request *r, int32_t n) {
     for (int32_t g = 0; g < e->kv->n_groups; g++)
-        if (missing_blocks(&r->seq, g, n) > avail(e, pb, g)) return false;
+        if (missing_blocks(e, r, g, n) > avail(e, pb, g)) return false;
     return true;
 }
 
 static void take(cellm_engine *e, plan_blocks *pb, cellm_request *r, int32_t n) {
-    for (int32_t g = 0; g < e->kv->n_groups; g++) pb->taken[g] += missing_blocks(&r->seq, g, n);
+    for (int32_t g = 0; g < e->kv->n_groups; g++) pb->taken[g] += missing_blocks(e, r, g, n);
     r->plan_n = n;
 }
 
@@ -144,6 +145,7 @@ static int32_t admit_need(const cellm_engine *e, const cellm_request *r, int32_t
         int32_t last = (r->seq.n_pos - 1) / KV_BLOCK_TOKENS;
         for (int32_t b = 0; b <= last; b++) need -= r->seq.table[g][b] >= 0;
     }
+    need += kv_seq_cow(e->kv, &r->seq, g);
     return need > 0 ? need : 0;
 }
 
@@ -167,7 +169,7 @@ static void preempt_one(cellm_engine *e, int32_t i) {
 static void preempt(cellm_engine *e, plan_blocks *pb, int32_t *budget, int32_t i) {
     cellm_request *r = e->running[i];
     for (int32_t g = 0; g < e->kv->n_groups; g++)
-        pb->taken[g] -= missing_blocks(&r->seq, g, r->plan_n);
+        pb->taken[g] -= missing_blocks(e, r, g, r->plan_n);
     *budget += r->plan_n;
     r->plan_n = 0;
     preempt_one(e, i);
@@ -227,12 +229,27 @@ int32_t sched_plan_step(cellm_engine *e) {
         cellm_request *r = e->waiting;
         bool adopted_now = r->session && !r->adopted;
         if (adopted_now) session_adopt(e, r);
+        /* Nothing kept (a new request, a preempted one, a session whose
+         * blocks were dropped): the longest cached prefix of its tokens,
+         * always leaving the last one to compute. */
+        int32_t found = 0;
+        if (r->seq.n_pos == 0) {
+            found = kv_seq_lookup(e->kv, &r->seq, r->tokens, r->n_tokens - 1);
+            if (found > 0 && r->n_preempt == 0) r->n_cached = found;
+            if (found > 0) e->n_prefix_tok += (uint64_t)found;
+        }
         bool ok = admit_fits(e, &pb, r);
         while (!ok && session_drop_lru(e)) ok = admit_fits(e, &pb, r);
         /* Into an empty cache a request always goes: it may still finish
          * within the budget, and nothing else would make room. */
         if (!ok && e->n_running > 0) {
-            /* Its session keeps the blocks while it waits. */
+            /* The cached blocks go back to the index; its session keeps
+             * its blocks while it waits. */
+            if (found > 0) {
+                kv_seq_reset(e->kv, &r->seq);
+                e->n_prefix_tok -= (uint64_t)found;
+                if (r->n_preempt == 0) r->n_cached = 0;
+            }
             if (adopted_now) session_unadopt(e, r);
             break;
         }

@@ -70,6 +70,10 @@ static void lru_push(cellm_engine *e, cellm_session *s) {
     e->blocks_kept += s->n_kept_blocks;
 }
 
+void session_keep(cellm_engine *e, cellm_session *s) {
+    lru_push(e, s);
+}
+
 bool session_drop_lru(cellm_engine *e) {
     cellm_session *s = e->lru_head;
     if (!s) return false;
@@ -108,6 +112,8 @@ void session_adopt(cellm_engine *e, cellm_request *r) {
         d = 0;
     }
     swap_seq(&r->seq, &s->seq); /* r's own tables were empty */
+    r->seq.tokens = r->tokens;
+    s->seq.tokens = s->kept;
     r->adopted = true;
     r->n_cached = d;
 }
@@ -115,6 +121,8 @@ void session_adopt(cellm_engine *e, cellm_request *r) {
 void session_unadopt(cellm_engine *e, cellm_request *r) {
     cellm_session *s = r->session;
     swap_seq(&r->seq, &s->seq);
+    r->seq.tokens = r->tokens;
+    s->seq.tokens = s->kept;
     r->adopted = false;
     r->n_cached = 0;
     lru_push(e, s);
@@ -124,6 +132,8 @@ void session_turn_end(cellm_engine *e, cellm_request *r, cellm_finish_reason why
     cellm_session *s = r->session;
     if (r->adopted) {
         swap_seq(&r->seq, &s->seq);
+        r->seq.tokens = r->tokens;
+        s->seq.tokens = s->kept;
         r->adopted = false;
         /* The tokens whose K/V are in the blocks: the prompt and the reply
          * but its last token, which was sampled and not fed. */
@@ -305,4 +315,85 @@ void cellm_session_free(cellm_session *s) {
     while (!s->dropped) engine_wait_locked(e);
     pthread_mutex_unlock(&e->mu);
     session_destroy(s);
+}
+
+/* ------------------------------------------------------- forks and copies */
+
+/* A static role string for a message role (the history keeps only these). */
+static const char *role_of(const char *role) {
+    static const char *const roles[] = {"system", "user", "assistant"};
+    for (int i = 0; i < 3; i++)
+        if (role && !strcmp(role, roles[i])) return roles[i];
+    return NULL;
+}
+
+cellm_status session_new_with(cellm_engine *e, const cellm_session_params *params,
+                              const cellm_chat_message *msgs, int32_t n, cellm_session **out) {
+    cellm_session_params p = params ? *params : cellm_session_default_params();
+    p.system = NULL;
+    cellm_session *s = NULL;
+    cellm_status st = cellm_session_create(e, &p, &s);
+    if (st) return st;
+    if (n + 2 > s->cap_msgs) {
+        cellm_chat_message *m = realloc(s->msgs, (size_t)(n + 2) * sizeof *m);
+        if (!m) {
+            session_destroy(s);
+            return engine_fail(CELLM_ERR_NO_MEMORY, "out of memory");
+        }
+        s->msgs = m;
+        s->cap_msgs = n + 2;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const char *role = role_of(msgs[i].role);
+        char *content = msgs[i].content ? strdup(msgs[i].content) : NULL;
+        if (!role || !content) {
+            free(content);
+            session_release_kv(e, s); /* holds no block yet */
+            session_destroy(s);
+            return engine_fail(role ? CELLM_ERR_NO_MEMORY : CELLM_ERR_INVALID_ARG,
+                               role ? "out of memory"
+                                    : "a message role is not system, user or assistant");
+        }
+        s->msgs[s->n_msgs++] = (cellm_chat_message){role, content};
+    }
+    *out = s;
+    return CELLM_OK;
+}
+
+typedef struct fork_job {
+    cellm_session *from, *to;
+} fork_job;
+
+/* Engine thread: `to` shares the kept blocks of `from`. */
+static void fork_kv(cellm_engine *e, void *arg) {
+    fork_job *j = arg;
+    if (j->from->seq.n_pos == 0) return;
+    kv_seq_fork(e->kv, &j->to->seq, &j->from->seq);
+    memcpy(j->to->kept, j->from->kept, (size_t)j->from->seq.n_pos * sizeof *j->to->kept);
+    j->to->seq.tokens = j->to->kept;
+    lru_push(e, j->from);
+    lru_push(e, j->to);
+}
+
+cellm_status cellm_session_fork(cellm_session *s, cellm_session **out) {
+    if (!out) return engine_fail(CELLM_ERR_INVALID_ARG, "cellm_session_fork: out is NULL");
+    *out = NULL;
+    if (!s) return engine_fail(CELLM_ERR_INVALID_ARG, "cellm_session_fork: session is NULL");
+    cellm_engine *e = s->e;
+    pthread_mutex_lock(&e->mu);
+    bool busy = s->turn != NULL || s->free_pending;
+    pthread_mutex_unlock(&e->mu);
+    if (busy) return engine_fail(CELLM_ERR_INVALID_ARG, "the session's turn has not finished");
+    if (engine_on_thread(e))
+        return engine_fail(CELLM_ERR_INVALID_ARG, "cellm_session_fork called from a callback");
+    cellm_session_params p = cellm_session_default_params();
+    p.sampling = s->sampling;
+    p.max_tokens = s->max_tokens;
+    cellm_session *f = NULL;
+    cellm_status st = session_new_with(e, &p, s->msgs, s->n_msgs, &f);
+    if (st) return st;
+    fork_job j = {s, f};
+    engine_run_job(e, fork_kv, &j);
+    *out = f;
+    return CELLM_OK;
 }

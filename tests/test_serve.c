@@ -267,6 +267,8 @@ static void test_endpoints(void **st) {
     r = http("GET", "/metrics", NULL, NULL);
     assert_int_equal(r.status, 200);
     assert_non_null(strstr(r.body, "# TYPE cellm_kv_blocks_free gauge\n"));
+    assert_non_null(strstr(r.body, "# TYPE cellm_kv_blocks_cached gauge\n"));
+    assert_non_null(strstr(r.body, "# TYPE cellm_prefix_cache_tokens_total counter\n"));
     assert_non_null(strstr(r.body, "cellm_requests_total{endpoint=\"chat_completions\"}"));
     reply_free(&r);
 

@@ -11,13 +11,25 @@
  * Memory: the KV cache the round made resident (cellm_stats, an estimate)
  * and the process's peak resident set so far (getrusage), which includes
  * the pages of the mapped weights that were read.
+ * `cellm bench --prefix` measures the prefix cache instead: the time to
+ * first token of a request with a system prompt of about 1,000 tokens on
+ * a cold engine, then of a second request with the same system prompt and
+ * another question (its prefix cached), with the second reply checked
+ * token for token against an engine without the cache; and a chat
+ * session saved to a file and restored on a freshly loaded model and
+ * engine, against recomputing its conversation, with the next turn
+ * checked against the session that was never interrupted. Times are
+ * wall-clock and process CPU (all threads).
  * Uses only the public API (cellm.h), as an application would.
  */
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cellm.h"
 #include "cli.h"
@@ -40,11 +52,16 @@ static void usage(FILE *out) {
         "  -s, --sessions LIST   comma-separated session counts (default 1,2,4,8,16)\n"
         "  -n, --n-predict N     tokens per session (default 64)\n"
         "  -t, --threads N       compute threads (default: cores, at most 4)\n"
-        "  -m, --mem SIZE        engine memory budget (default 512M)\n"
+        "  -m, --mem SIZE        engine memory budget: KV + activations (default 512M)\n"
+        "  --mem-budget SIZE     cap on the whole process instead (the phone memory mode);\n"
+        "                        the largest session count must fit at -c positions each\n"
         "  -c, --ctx-size N      positions per session (default 1024)\n"
         "  -p, --prompt-tokens N each session's prompt padded to N tokens (default: a line)\n"
         "  --kv-type T           KV cache type: " CLI_KV_TYPES " (default f16)\n"
-        "  --sampling            only the sampling cost (greedy; top-p 0.9 at temperature 0.8)\n",
+        "  --ignore-eos          EOS banned: every session generates -n tokens\n"
+        "  --sampling            only the sampling cost (greedy; top-p 0.9 at temperature 0.8)\n"
+        "  --prefix              only the prefix cache: time to first token cold and with a\n"
+        "                        cached 1,000-token system prompt; session restore vs recompute\n",
         BENCH_DEFAULT_MODEL);
 }
 
@@ -82,11 +99,20 @@ static cellm_status padded_prompt(const cellm_model *model, const char *line, in
     return st;
 }
 
+static bool g_ignore_eos; /* --ignore-eos */
+
 /* One round of `n` sessions; prints a table row. */
 static int bench_round(const cellm_model *model, const cellm_engine_params *ep, int n,
                        int32_t n_predict, int32_t prompt_tokens) {
     cellm_engine_params p = *ep;
-    if (p.max_seqs < n) p.max_seqs = n;
+    if (p.process_budget_bytes)
+        p.max_seqs = n; /* the cap must hold these sessions at full context */
+    else if (p.max_seqs < n)
+        p.max_seqs = n;
+    /* --ignore-eos: EOS banned, so every session generates n_predict. */
+    cellm_model_info info;
+    cellm_logit_bias ban = {.token = -1, .bias = -INFINITY};
+    if (g_ignore_eos && cellm_model_get_info(model, &info) == CELLM_OK) ban.token = info.eos;
     cellm_engine *e = NULL;
     if (cellm_engine_create(model, &p, &e) != CELLM_OK) {
         cli_error("%s", cellm_last_error());
@@ -115,6 +141,10 @@ static int bench_round(const cellm_model *model, const cellm_engine_params *ep, 
         } else
             rp.prompt = prompt;
         rp.max_tokens = n_predict;
+        if (ban.token >= 0) {
+            rp.sampling.logit_bias = &ban;
+            rp.sampling.n_logit_bias = 1;
+        }
         cellm_status st = cellm_submit(e, &rp, &req[i]);
         free(ids);
         if (st != CELLM_OK) {
@@ -200,13 +230,220 @@ static int bench_sampling(const cellm_model *model, const cellm_engine_params *e
     return rc;
 }
 
+/* ------------------------------------------------------------ --prefix */
+
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct timed {
+    double wall_ms, cpu_s;
+    cellm_result res;
+    int32_t tok[256];
+    int32_t n;
+} timed;
+
+/* Runs one request to the end (wall and CPU time) and keeps its tokens. */
+static int run_timed(cellm_engine *e, cellm_request_params *rp, cellm_session *s, const char *user,
+                     timed *out) {
+    cellm_request *r = NULL;
+    double w0 = now_s(), c0 = cpu_s();
+    cellm_status st = s ? cellm_session_send(s, user, rp, &r) : cellm_submit(e, rp, &r);
+    if (st != CELLM_OK) {
+        cli_error("%s", cellm_last_error());
+        return 1;
+    }
+    cellm_wait(r, &out->res);
+    out->wall_ms = (now_s() - w0) * 1e3;
+    out->cpu_s = cpu_s() - c0;
+    const int32_t *t;
+    int32_t n;
+    cellm_request_tokens(r, &t, &n);
+    out->n = n < 256 ? n : 256;
+    memcpy(out->tok, t, (size_t)out->n * sizeof *t);
+    cellm_request_free(r);
+    return 0;
+}
+
+static int ask_timed(cellm_engine *e, const char *sys, const char *user, int32_t max_tokens,
+                     timed *out) {
+    cellm_chat_message msgs[2] = {{"system", sys}, {"user", user}};
+    cellm_request_params rp = cellm_request_default_params();
+    rp.messages = msgs;
+    rp.n_messages = 2;
+    rp.max_tokens = max_tokens;
+    return run_timed(e, &rp, NULL, NULL, out);
+}
+
+static bool same_tokens(const timed *a, const timed *b) {
+    return a->n == b->n && !memcmp(a->tok, b->tok, (size_t)a->n * sizeof *a->tok);
+}
+
+static int bench_prefix(const char *path, const cellm_engine_params *ep, int32_t n_predict) {
+    cellm_model *model = NULL;
+    if (cellm_model_load(path, NULL, &model) != CELLM_OK) {
+        cli_error("%s", cellm_last_error());
+        return 1;
+    }
+    /* A system prompt of at least 1,000 tokens. */
+    static char sys[65536];
+    size_t len = 0;
+    int32_t n_sys = 0;
+    for (int i = 0; n_sys < 1000 && len + 256 < sizeof sys; i++) {
+        len += (size_t)snprintf(sys + len, sizeof sys - len,
+                                "Rule %d: answer the user in plain words, be kind and precise, and "
+                                "keep every answer short. ",
+                                i + 1);
+        int32_t *ids = NULL;
+        if (cellm_tokenize_ex(model, sys, len, 0, &ids, &n_sys) != CELLM_OK) {
+            cli_error("%s", cellm_last_error());
+            cellm_model_free(model);
+            return 1;
+        }
+        free(ids);
+    }
+    cellm_engine_params p = *ep;
+    if (p.max_ctx < 2048) p.max_ctx = 2048;
+    p.prefix_cache = 1;
+    cellm_engine_params pc = p;
+    pc.prefix_cache = 0;
+    cellm_engine *e = NULL, *cold = NULL;
+    int rc = 0;
+    if (cellm_engine_create(model, &p, &e) != CELLM_OK ||
+        cellm_engine_create(model, &pc, &cold) != CELLM_OK) {
+        cli_error("%s", cellm_last_error());
+        cellm_engine_free(e);
+        cellm_model_free(model);
+        return 1;
+    }
+    const char *q1 = "What is the capital of France?", *q2 = "Name three colours of the rainbow.";
+    timed c1, w2, w2full, ref2;
+    /* Time to first token: requests of one token. */
+    rc = ask_timed(e, sys, q1, 1, &c1);
+    if (!rc) rc = ask_timed(e, sys, q2, 1, &w2);
+    /* The warm reply in full against the engine without the cache. */
+    if (!rc) rc = ask_timed(e, sys, q2, n_predict, &w2full);
+    if (!rc) rc = ask_timed(cold, sys, q2, n_predict, &ref2);
+    if (!rc) {
+        printf("prefix cache: system prompt of %d tokens, prompts of %d and %d tokens\n", n_sys,
+               c1.res.n_prompt_tokens, w2.res.n_prompt_tokens);
+        printf("  cold request:  first token %8.1f ms  (CPU %6.3f s)\n", c1.wall_ms, c1.cpu_s);
+        printf("  second request: first token %8.1f ms  (CPU %6.3f s), %d prompt tokens cached\n",
+               w2.wall_ms, w2.cpu_s, w2.res.n_cached_tokens);
+        printf("  speed-up: %.1fx wall, %.1fx CPU; %d-token reply identical to a cold engine: %s\n",
+               c1.wall_ms / w2.wall_ms, c1.cpu_s / w2.cpu_s, w2full.n,
+               same_tokens(&w2full, &ref2) ? "yes" : "NO");
+        if (!same_tokens(&w2full, &ref2)) rc = 1;
+    }
+    cellm_engine_free(cold);
+    cellm_engine_free(e);
+    e = NULL;
+
+    /* A session of four turns; the fifth after a save and restore on a
+     * freshly loaded model and engine, against the session that goes on. */
+    static const char *const turns[] = {
+        "Tell me about the history of Paris.", "And what about Rome?", "Which of the two is older?",
+        "Name a famous building in each.", "Which one would you visit first?"};
+    char file[512];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(file, sizeof file, "%s/cellm-bench-session-%d.bin", tmp && *tmp ? tmp : "/tmp",
+             (int)getpid());
+    cellm_session *s = NULL;
+    cellm_session_params sp = cellm_session_default_params();
+    sp.system = sys;
+    sp.max_tokens = n_predict;
+    timed t, next_ref, next_restored, recompute;
+    double save_ms = 0, restore_ms = 0, restore_cpu = 0;
+    long file_bytes = 0;
+    if (!rc && (cellm_engine_create(model, &p, &e) != CELLM_OK ||
+                cellm_session_create(e, &sp, &s) != CELLM_OK)) {
+        cli_error("%s", cellm_last_error());
+        rc = 1;
+    }
+    for (int i = 0; i < 4 && !rc; i++) rc = run_timed(e, NULL, s, turns[i], &t);
+    if (!rc) {
+        double w0 = now_s();
+        if (cellm_session_save(s, file) != CELLM_OK) {
+            cli_error("%s", cellm_last_error());
+            rc = 1;
+        }
+        save_ms = (now_s() - w0) * 1e3;
+        FILE *f = fopen(file, "rb");
+        if (f) {
+            fseek(f, 0, SEEK_END);
+            file_bytes = ftell(f);
+            fclose(f);
+        }
+    }
+    /* Recomputing the conversation: its messages as one cold request. */
+    if (!rc) {
+        const cellm_chat_message *msgs;
+        int32_t n;
+        cellm_session_messages(s, &msgs, &n);
+        if (cellm_engine_create(model, &pc, &cold) != CELLM_OK) {
+            cli_error("%s", cellm_last_error());
+            rc = 1;
+        } else {
+            cellm_request_params rp = cellm_request_default_params();
+            rp.messages = msgs;
+            rp.n_messages = n;
+            rp.max_tokens = 1;
+            rc = run_timed(cold, &rp, NULL, NULL, &recompute);
+            cellm_engine_free(cold);
+        }
+    }
+    if (!rc) rc = run_timed(e, NULL, s, turns[4], &next_ref);
+    cellm_session_free(s);
+    s = NULL;
+    cellm_engine_free(e);
+    e = NULL;
+    cellm_model_free(model);
+    model = NULL;
+    /* "Restarted": a new model, a new engine, the session from its file. */
+    if (!rc) {
+        if (cellm_model_load(path, NULL, &model) != CELLM_OK ||
+            cellm_engine_create(model, &p, &e) != CELLM_OK) {
+            cli_error("%s", cellm_last_error());
+            rc = 1;
+        }
+        double w1 = now_s(), c1s = cpu_s();
+        if (!rc && cellm_session_restore(e, file, &sp, &s) != CELLM_OK) {
+            cli_error("%s", cellm_last_error());
+            rc = 1;
+        }
+        restore_ms = (now_s() - w1) * 1e3;
+        restore_cpu = cpu_s() - c1s;
+    }
+    if (!rc) rc = run_timed(e, NULL, s, turns[4], &next_restored);
+    if (!rc) {
+        printf("session file: %.1f MiB for a conversation of %d tokens; save %.1f ms\n",
+               (double)file_bytes / (1 << 20), recompute.res.n_prompt_tokens, save_ms);
+        printf("  restore %8.1f ms (CPU %6.3f s) vs recompute %8.1f ms (CPU %6.3f s): %.1f%% wall, "
+               "%.1f%% CPU\n",
+               restore_ms, restore_cpu, recompute.wall_ms, recompute.cpu_s,
+               100 * restore_ms / recompute.wall_ms, 100 * restore_cpu / recompute.cpu_s);
+        printf("  next turn after restore: %d of %d prompt tokens cached; identical to the "
+               "uninterrupted session: %s\n",
+               next_restored.res.n_cached_tokens, next_restored.res.n_prompt_tokens,
+               same_tokens(&next_restored, &next_ref) ? "yes" : "NO");
+        if (!same_tokens(&next_restored, &next_ref)) rc = 1;
+    }
+    remove(file);
+    cellm_session_free(s);
+    cellm_engine_free(e);
+    cellm_model_free(model);
+    return rc;
+}
+
 int cmd_bench(int argc, char **argv) {
     const char *model_name = NULL, *sessions = "1,2,4,8,16";
     cellm_engine_params ep = cellm_engine_default_params();
     ep.mem_budget_bytes = (size_t)512 << 20;
     ep.max_ctx = 1024;
     int32_t n_predict = 64, prompt_tokens = 0;
-    bool sampling_only = false;
+    bool sampling_only = false, prefix_only = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         unsigned long long u;
@@ -217,7 +454,7 @@ int cmd_bench(int argc, char **argv) {
             sessions = v;
             i++;
         } else if ((!strcmp(a, "-n") || !strcmp(a, "--n-predict")) && v &&
-                   cli_parse_uint(v, 4096, &u) && u > 0) {
+                   cli_parse_uint(v, 1u << 20, &u) && u > 0) {
             n_predict = (int32_t)u;
             i++;
         } else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && v &&
@@ -227,10 +464,15 @@ int cmd_bench(int argc, char **argv) {
         } else if ((!strcmp(a, "-m") || !strcmp(a, "--mem")) && v &&
                    cli_parse_size(v, &ep.mem_budget_bytes)) {
             i++;
+        } else if (!strcmp(a, "--mem-budget") && v && cli_parse_size(v, &ep.process_budget_bytes) &&
+                   ep.process_budget_bytes > 0) {
+            i++;
         } else if ((!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) && v &&
-                   cli_parse_uint(v, 1u << 24, &u) && u > 0) {
+                   cli_parse_uint(v, 1u << 20, &u) && u >= 64) {
             ep.max_ctx = (int32_t)u;
             i++;
+        } else if (!strcmp(a, "--ignore-eos")) {
+            g_ignore_eos = true;
         } else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt-tokens")) && v &&
                    cli_parse_uint(v, 1u << 24, &u)) {
             prompt_tokens = (int32_t)u;
@@ -239,6 +481,8 @@ int cmd_bench(int argc, char **argv) {
             i++;
         } else if (!strcmp(a, "--sampling")) {
             sampling_only = true;
+        } else if (!strcmp(a, "--prefix")) {
+            prefix_only = true;
         } else if (a[0] == '-') {
             cli_error("bench: bad option or value '%s' (see `cellm bench --help`)", a);
             return 2;
@@ -257,6 +501,7 @@ int cmd_bench(int argc, char **argv) {
         cli_error("%s", err.msg);
         return 1;
     }
+    if (prefix_only) return bench_prefix(path, &ep, n_predict < 32 ? n_predict : 32);
     cellm_model *model = NULL;
     if (cellm_model_load(path, NULL, &model) != CELLM_OK) {
         cli_error("%s", cellm_last_error());

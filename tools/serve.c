@@ -139,7 +139,9 @@ static void usage(FILE *out) {
         "  -np, --parallel N     requests running at once (default 16)\n"
         "  -b, --batch-size N    tokens per engine step (default 256)\n"
         "  -t, --threads N       compute threads (default: cores, at most 4)\n"
-        "  --mem-budget SIZE     KV cache + activations, e.g. 512M (default 256M)\n"
+        "  --mem-budget SIZE     cap on the whole process (weights, engine, KV), e.g. 512M;\n"
+        "                        refused at start when -np requests of -c positions cannot fit\n"
+        "                        (default: none, and a 256M KV + activations budget)\n"
         "  --kv-type T           KV cache type: " CLI_KV_TYPES " (default f16)\n"
         "  --chat-template F     chatml, gemma or llama3 instead of the model's own\n"
         "  -n, --n-predict N     max_tokens when a request gives none (default -1: the context)\n"
@@ -243,7 +245,7 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
                 return 2;
             }
             if (!strcmp(a, "--mem-budget"))
-                o->engine.mem_budget_bytes = sz;
+                o->engine.process_budget_bytes = sz;
             else
                 o->max_body = sz;
             i++;

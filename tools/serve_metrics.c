@@ -121,6 +121,11 @@ char *metrics_text(server *s) {
                st.blocks_total);
         metric(&b, "cellm_kv_blocks_used", "gauge", "KV cache blocks in use.", st.blocks_used);
         metric(&b, "cellm_kv_blocks_free", "gauge", "KV cache blocks free.", st.blocks_free);
+        metric(&b, "cellm_kv_blocks_cached", "gauge",
+               "Free KV blocks the prefix cache still indexes (part of free).", st.blocks_cached);
+        metric(&b, "cellm_prefix_cache_tokens_total", "counter",
+               "Prompt positions taken from the prefix cache instead of computed.",
+               (double)st.n_prefix_tokens);
         metric(&b, "cellm_memory_in_use_bytes", "gauge", "Activations plus KV blocks in use.",
                (double)st.bytes_in_use);
         metric(&b, "cellm_kv_cache_bytes", "gauge", "The KV cache pool.",

@@ -29,6 +29,8 @@
 
 #if defined(__linux__)
 #include <sys/auxv.h>
+#elif defined(__APPLE__)
+#include <sys/sysctl.h>
 #endif
 
 #if defined(__clang__)
@@ -44,6 +46,10 @@ bool neon_dotprod_supported(void) {
 #elif defined(__linux__)
     /* HWCAP_ASIMDDP, bit 20 of AT_HWCAP on Linux and Android. */
     return (getauxval(AT_HWCAP) & (1ul << 20)) != 0;
+#elif defined(__APPLE__)
+    int v = 0;
+    size_t n = sizeof v;
+    return sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &n, NULL, 0) == 0 && v != 0;
 #else
     return false; /* unknown OS: stay with plain NEON */
 #endif
