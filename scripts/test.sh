@@ -227,7 +227,24 @@ if install_aarch64 &&
     CELLM_TEST_FILTER="test_tsan_*" \
         run_ctest build-aarch64 "aarch64, default CPU (dotprod)" -E '^test_commands$|_e2e$'
     QEMU_CPU=cortex-a53 run_ctest build-aarch64 "aarch64, cortex-a53" \
-        -R '^test_(quant|kernels_simd|sampler|attention|matmul|threadpool)$'
+        -R '^test_(quant|kernels_simd|sampler|attention|matmul|threadpool|xmath)$'
+    # A real generation on the phone's CPU: greedy, 32 tokens of the default
+    # model with two threads, the text the x86 build prints to the byte (every
+    # kernel computes the same bits on every CPU: docs/kernels.md).
+    gen_model="${CELLM_HOME:-$HOME/.cache/cellm}/models/smollm2-135m.gguf"
+    gen_args=(run "$gen_model" -p "What is the capital of France?" -n 32 -t 2)
+    build/cellm "${gen_args[@]}" >build/gen-x86.txt 2>/dev/null || echo "(x86 run failed)" >>build/gen-x86.txt
+    for cpu in max cortex-a53; do
+        if QEMU_CPU="$cpu" build-aarch64/cellm-emu "${gen_args[@]}" >"build/gen-$cpu.txt" 2>&1 &&
+            [ -s build/gen-x86.txt ] && cmp -s build/gen-x86.txt "build/gen-$cpu.txt"; then
+            echo "-- real generation, aarch64 ($cpu) under qemu: the x86 text, byte for byte"
+            passed=$((passed + 1))
+        else
+            echo "test.sh: aarch64 ($cpu) generation differs from x86:" >&2
+            diff build/gen-x86.txt "build/gen-$cpu.txt" >&2 || true
+            failed=$((failed + 1))
+        fi
+    done
 else
     echo "test.sh: could not set up or build the aarch64 cross build" >&2
     failed=$((failed + 1))

@@ -1,15 +1,17 @@
 /*
  * attention.c — K/V vector kernels for attention (see attention.h).
- * The scalar, AVX2 and NEON variants accumulate in 8 lanes the same way,
- * so they agree closely; each is deterministic on its own. The kernels of
- * the quantized rows use fused multiply-adds in the scalar version too
- * (fmaf), so there every variant gives the scalar version's bits.
+ * The scalar, AVX2 and NEON variants follow one order of float operations
+ * (the reference's below: 8 lanes with fused multiply-add, a fixed tree to
+ * sum them, the tail into lane 0), so they return the same bits on every
+ * CPU; the kernels of quantized rows do too (fmaf in the scalar version).
  */
 #include "attention.h"
 
 #include <assert.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/blocks.h"
 #include "kernels/fp16.h"
@@ -27,14 +29,14 @@ static float ref_dot_f16(const float *q, const uint16_t *k, size_t n) {
     float lane[8] = {0};
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) lane[j] += q[i + j] * fp16_to_fp32(k[i + j]);
-    for (; i < n; i++) lane[0] += q[i] * fp16_to_fp32(k[i]);
+        for (int j = 0; j < 8; j++) lane[j] = fmaf(q[i + j], fp16_to_fp32(k[i + j]), lane[j]);
+    for (; i < n; i++) lane[0] = fmaf(q[i], fp16_to_fp32(k[i]), lane[0]);
     return ((lane[0] + lane[4]) + (lane[1] + lane[5])) +
            ((lane[2] + lane[6]) + (lane[3] + lane[7]));
 }
 
 static void ref_axpy_f16(float *acc, float w, const uint16_t *v, size_t n) {
-    for (size_t i = 0; i < n; i++) acc[i] += w * fp16_to_fp32(v[i]);
+    for (size_t i = 0; i < n; i++) acc[i] = fmaf(w, fp16_to_fp32(v[i]), acc[i]);
 }
 
 static void ref_scale(float *acc, float s, size_t n) {
@@ -186,7 +188,7 @@ AVX2_ATTR static inline float dot_finish(__m256 acc, const float *q, const uint1
     }
     float lane[8];
     _mm256_storeu_ps(lane, acc);
-    for (; i < n; i++) lane[0] += q[i] * fp16_to_fp32(k[i]);
+    for (; i < n; i++) lane[0] = __builtin_fmaf(q[i], fp16_to_fp32(k[i]), lane[0]);
     return ((lane[0] + lane[4]) + (lane[1] + lane[5])) +
            ((lane[2] + lane[6]) + (lane[3] + lane[7]));
 }
@@ -223,7 +225,7 @@ AVX2_ATTR static void avx2_axpy_f16(float *acc, float w, const uint16_t *v, size
         __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i)));
         _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(wv, vv, _mm256_loadu_ps(acc + i)));
     }
-    for (; i < n; i++) acc[i] += w * fp16_to_fp32(v[i]);
+    for (; i < n; i++) acc[i] = __builtin_fmaf(w, fp16_to_fp32(v[i]), acc[i]);
 }
 
 /* axpy over many rows with 64 columns of acc in registers at a time; the
@@ -580,6 +582,8 @@ static const attn_kernels *chosen = &ref_kernels;
 static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
 
 static void choose(void) {
+    const char *want = getenv("CELLM_KERNELS"); /* "ref": the scalar kernels, as quant.c */
+    if (want && !strcmp(want, "ref")) return;
 #if defined(__x86_64__)
     if (avx2_cpu_supported()) chosen = &avx2_kernels;
 #elif defined(__aarch64__)

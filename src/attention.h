@@ -66,7 +66,8 @@ typedef struct attn_kernels {
     attn_kv_ops kv[ATTN_KV_FORMATS];
 } attn_kernels;
 
-/* The best variant for this CPU. Thread-safe. */
+/* The best variant for this CPU (the scalar one when $CELLM_KERNELS is
+ * "ref"). Thread-safe. */
 const attn_kernels *attn_kernels_get(void);
 
 /* The scalar variant (tests compare the fast one against it). */

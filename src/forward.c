@@ -24,6 +24,7 @@
 #include "kernels/fp16.h"
 #include "matmul.h"
 #include "quant.h"
+#include "xmath.h"
 
 struct forward_ctx {
     const model *m;
@@ -167,15 +168,17 @@ static void rmsnorm(float *out, const float *x, const float *w, int32_t n, float
 
 /* cos/sin of every rotated pair at position `pos`, computed as ggml does
  * (theta multiplied by base^(-2/d) pair after pair, in float), so rotations
- * match llama.cpp's to the last bit of theta. */
+ * match llama.cpp's to the last bit of theta. pow, sin and cos are
+ * xmath.h's, the same bits on every CPU. */
 static void rope_cache(const model *m, int32_t pos, float base, float scale, float *cs, float *sn) {
-    float theta_scale = powf(base, -2.0f / (float)m->rope_dim);
+    float theta_scale = xm_powf(base, -2.0f / (float)m->rope_dim);
     float theta = (float)pos;
     for (int32_t i = 0; i < m->rope_dim / 2; i++) {
         float ff = m->rope_freqs ? m->rope_freqs[i] : 1.0f;
         float t = scale * (theta / ff);
-        cs[i] = cosf(t) * m->rope_mscale;
-        sn[i] = sinf(t) * m->rope_mscale;
+        xm_sincosf(t, &sn[i], &cs[i]);
+        cs[i] *= m->rope_mscale;
+        sn[i] *= m->rope_mscale;
         theta *= theta_scale;
     }
 }
@@ -198,7 +201,7 @@ static void rope_head(const model *m, float *h, const float *cs, const float *sn
  * cellm within llama.cpp's own noise on GELU models. */
 static float gelu_tanh_f16(float h) {
     const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
-    return 0.5f * h * (1.0f + tanhf(k * h * (1.0f + 0.044715f * h * h)));
+    return 0.5f * h * (1.0f + xm_tanhf(k * h * (1.0f + 0.044715f * h * h)));
 }
 
 /* The result depends only on the f16 of x, so it is a table of all 65536
@@ -218,7 +221,7 @@ static float gelu_tanh(float x) {
 }
 
 static float silu(float x) {
-    return x / (1.0f + expf(-x));
+    return x / (1.0f + xm_expf(-x));
 }
 
 /* ------------------------------------------------------------ the steps */
@@ -350,13 +353,13 @@ static void task_attention(void *arg, int ith, int nth) {
         }
         for (p = lo; p <= pos; p++) {
             float x = sc[p - lo] * m->attn_scale;
-            if (m->attn_softcap > 0) x = m->attn_softcap * tanhf(x / m->attn_softcap);
+            if (m->attn_softcap > 0) x = m->attn_softcap * xm_tanhf(x / m->attn_softcap);
             sc[p - lo] = x;
             if (x > mx) mx = x;
         }
         double sum = 0;
         for (p = lo; p <= pos; p++) {
-            float w = expf(sc[p - lo] - mx);
+            float w = xm_expf(sc[p - lo] - mx);
             sc[p - lo] = w;
             sum += w;
         }
@@ -508,7 +511,7 @@ cellm_status forward_run(forward_ctx *f, const fwd_row *rows, int32_t n, const f
         if (m->logit_softcap > 0) {
             float c = m->logit_softcap;
             for (size_t i = 0; i < (size_t)nl * (size_t)m->n_vocab; i++)
-                f->logits[i] = c * tanhf(f->logits[i] / c);
+                f->logits[i] = c * xm_tanhf(f->logits[i] / c);
         }
     }
     /* Advance the sequences and drop blocks that left their windows. */

@@ -9,6 +9,8 @@
 
 #include <pthread.h>
 #include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 
 #include "kernels/kernels.h"
@@ -96,8 +98,13 @@ static quant_type_info type_table[QT_COUNT] = {
 static pthread_once_t select_once = PTHREAD_ONCE_INIT;
 static const char *kernels_name = "ref";
 
-/* Runs once, before any row is handed out. */
+/* Runs once, before any row is handed out. $CELLM_KERNELS=ref keeps the
+ * scalar reference, =avx2 stops short of AVX-512 (for tests and for
+ * checking that every variant computes the same bits); anything else, or
+ * unset, takes the best this CPU runs. */
 static void select_kernels(void) {
+    const char *want = getenv("CELLM_KERNELS");
+    if (want && !strcmp(want, "ref")) return;
 #if defined(__x86_64__)
     if (avx2_cpu_supported()) {
         quant_type_info *t = type_table;
@@ -118,7 +125,7 @@ static void select_kernels(void) {
         t[QT_Q5_K].dot4_y = avx2_dot4_y_q5_k_q8_k;
         t[QT_Q6_K].dot4_y = avx2_dot4_y_q6_k_q8_k;
         kernels_name = "avx2";
-        if (avx512_cpu_supported()) {
+        if (avx512_cpu_supported() && !(want && !strcmp(want, "avx2"))) {
             /* Same results as the AVX2 kernels. */
 #define SET_DOT512(T, name)                                                                        \
     (t[T].vec_dot = avx512_vec_dot_##name, t[T].dot4_y = avx512_dot4_y_##name,                     \

@@ -108,7 +108,9 @@ const quant_type_info *quant_type_by_name(const char *name, uint32_t *type);
 bool quant_nbytes(uint32_t type, uint64_t n, uint64_t *bytes);
 
 /* Which kernel variant the table holds: "ref", "avx2", … (for logs and
- * benchmarks). Thread-safe. */
+ * benchmarks). Thread-safe. The best this CPU runs, unless $CELLM_KERNELS
+ * asks for "ref" (scalar) or "avx2" (no AVX-512) when first used; every
+ * variant computes the same bits. */
 const char *quant_kernels_name(void);
 
 #endif /* CELLM_QUANT_H */

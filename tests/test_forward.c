@@ -38,7 +38,9 @@
 #include <math.h>
 
 #include "forward_rig.h"
+#include "quant.h"
 #include "sampler.h"
+#include "sha256.h"
 #include "test_common.h"
 
 #define TOP1_MIN 0.94       /* llama.cpp vs itself: 0.973 / 0.970 */
@@ -143,6 +145,65 @@ static void check_perplexity(const char *name) {
     assert_true(fabs(ppl / ref - 1) <= PPL_TOL);
 }
 
+/* The logits of a short prompt (the first BITS_TOKENS tokens of the first
+ * fixture case, one chunk, 2 threads), hashed bit for bit with SHA-256 of
+ * their little-endian bytes, against tests/data/logits-bits.txt,
+ * made by the x86-64 build. The kernels of every CPU follow one order of
+ * float operations and the forward pass calls no libm function whose bits
+ * vary between platforms (xmath.h), so AArch64 (NEON, with and without
+ * SDOT) and any x86-64 (scalar, AVX2, AVX-512) must reproduce the hash;
+ * scripts/test.sh runs this under qemu for AArch64. A failure prints the
+ * hash this build computed. */
+#define BITS_TOKENS 8
+static void check_logits_bits(const char *name) {
+    fixture fx;
+    load_fixture(name, &fx);
+    rig r;
+    rig_open(&r, name, 2, BITS_TOKENS, BITS_TOKENS);
+    const size_t n = (size_t)r.m->n_vocab * BITS_TOKENS;
+    float *lg = malloc(sizeof(float) * n);
+    uint8_t *bytes = malloc(4 * n);
+    assert_non_null(lg);
+    assert_non_null(bytes);
+    kv_seq s;
+    cellm_error e;
+    assert_int_equal(kv_seq_init(r.kv, &s, &e), CELLM_OK);
+    feed(&r, &s, fx.c[0].tok, BITS_TOKENS, BITS_TOKENS, 0, lg);
+    kv_seq_free(r.kv, &s);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &lg[i], 4);
+        for (int b = 0; b < 4; b++) bytes[4 * i + (size_t)b] = (uint8_t)(u >> (8 * b));
+    }
+    char got[SHA256_HEX_SIZE], want[SHA256_HEX_SIZE] = "";
+    sha256_hex(bytes, 4 * n, got);
+    char path[1024], line[256], key[64];
+    snprintf(path, sizeof path, "%s/tests/data/logits-bits.txt", CELLM_SOURCE_DIR);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    while (fgets(line, sizeof line, f)) {
+        char hex[SHA256_HEX_SIZE];
+        if (line[0] != '#' && sscanf(line, "%63s %64s", key, hex) == 2 && !strcmp(key, name))
+            memcpy(want, hex, sizeof hex);
+    }
+    fclose(f);
+    print_message("%s: logits of %d tokens hash to %s (%s)\n", name, BITS_TOKENS, got,
+                  quant_kernels_name());
+    if (strcmp(got, want) != 0) fail_msg("%s: logits hash %s, fixture %s", name, got, want);
+    free(bytes);
+    free(lg);
+    rig_close(&r);
+    free(fx.c);
+}
+
+static void test_logits_fixture_bits_smollm2(void **st) {
+    (void)st;
+    check_logits_bits("smollm2-135m");
+}
+static void test_logits_fixture_bits_gemma3(void **st) {
+    (void)st;
+    check_logits_bits("gemma3-270m");
+}
 static void test_logits_smollm2(void **st) {
     (void)st;
     check_logits("smollm2-135m");
@@ -177,6 +238,8 @@ static void test_invariance_gemma3(void **st) {
 }
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_logits_fixture_bits_smollm2),
+        cmocka_unit_test(test_logits_fixture_bits_gemma3),
         cmocka_unit_test(test_tsan_invariance_smollm2),
         cmocka_unit_test(test_invariance_gemma3),
         cmocka_unit_test(test_logits_smollm2),

@@ -2,8 +2,10 @@
  * test_kernels_simd.c — every SIMD kernel against the scalar reference, on
  * random blocks and on edge cases (extreme codes and scales, saturating
  * products, rounding ties, zeros, NaN and infinity in activations).
- * Integer-exact kernels must match bit for bit; the rest within a stated
- * float-rounding bound. Kernels the CPU cannot run are skipped.
+ * Every kernel must match the reference bit for bit (memcmp of bytes,
+ * float bits of dot products): each follows the reference's canonical
+ * order of float operations, which is what makes the forward pass compute
+ * the same logits on every CPU. Kernels the CPU cannot run are skipped.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -134,29 +136,6 @@ static void make_blocks(uint8_t *x, int nb, size_t size, const size_t *f16_offs,
     }
 }
 
-/* |a - b| within (nb + 4) * FLT_EPSILON * sum |x_i y_i| of the dequantized
- * rows: both sum nb block terms of a few roundings each, in a different
- * order. */
-static void assert_close(const char *what, float got, float want, const void *x, const void *y,
-                         quant_to_float_fn xf, quant_to_float_fn yf, size_t n, size_t nb) {
-    /* The same infinity agrees: an A8S sum d * sum(q) beyond 65504 is an
-     * F16 infinity, as in GGML's Q8_1. */
-    if (isinf(want) && got == want) return;
-    float *dx = malloc(n * sizeof(float)), *dy = malloc(n * sizeof(float));
-    assert_non_null(dx);
-    assert_non_null(dy);
-    xf(x, dx, n);
-    yf(y, dy, n);
-    double mag = 0;
-    for (size_t i = 0; i < n; i++) mag += fabs((double)dx[i] * dy[i]);
-    free(dx);
-    free(dy);
-    const double tol = (double)(nb + 4) * FLT_EPSILON * mag;
-    if (!(fabs((double)got - want) <= tol)) {
-        fail_msg("%s: simd %.9g, ref %.9g, tolerance %.3g", what, got, want, tol);
-    }
-}
-
 static void assert_same_float(const char *what, float got, float want) {
     if (fp32_bits(got) != fp32_bits(want)) {
         fail_msg("%s: simd %a, ref %a (must be identical)", what, got, want);
@@ -176,7 +155,6 @@ typedef struct dot_case {
     const char *name;
     uint32_t type; /* weight type; y is its vec_dot_type */
     quant_vec_dot_fn ref, simd;
-    bool exact; /* must return the identical float */
     bool (*supported)(void);
 } dot_case;
 
@@ -195,46 +173,42 @@ static const quant_case quant_cases[] = {
 
 static const dot_case dot_cases[] = {
 #if defined(__x86_64__)
-    {"avx2 Q4_0", QT_Q4_0, ref_vec_dot_q4_0_a8, avx2_vec_dot_q4_0_a8, false, avx2_cpu_supported},
-    {"avx2 Q4_1", QT_Q4_1, ref_vec_dot_q4_1_a8s, avx2_vec_dot_q4_1_a8s, false, avx2_cpu_supported},
-    {"avx2 Q5_0", QT_Q5_0, ref_vec_dot_q5_0_a8, avx2_vec_dot_q5_0_a8, false, avx2_cpu_supported},
-    {"avx2 Q8_0", QT_Q8_0, ref_vec_dot_q8_0_a8, avx2_vec_dot_q8_0_a8, false, avx2_cpu_supported},
-    {"avx512 Q4_0", QT_Q4_0, ref_vec_dot_q4_0_a8, avx512_vec_dot_q4_0_a8, false,
-     avx512_cpu_supported},
-    {"avx512 Q4_1", QT_Q4_1, ref_vec_dot_q4_1_a8s, avx512_vec_dot_q4_1_a8s, false,
-     avx512_cpu_supported},
-    {"avx512 Q5_0", QT_Q5_0, ref_vec_dot_q5_0_a8, avx512_vec_dot_q5_0_a8, false,
-     avx512_cpu_supported},
-    {"avx512 Q8_0", QT_Q8_0, ref_vec_dot_q8_0_a8, avx512_vec_dot_q8_0_a8, false,
-     avx512_cpu_supported},
-    {"avx2 Q4_K", QT_Q4_K, ref_vec_dot_q4_k_q8_k, avx2_vec_dot_q4_k_q8_k, true, avx2_cpu_supported},
-    {"avx2 Q5_K", QT_Q5_K, ref_vec_dot_q5_k_q8_k, avx2_vec_dot_q5_k_q8_k, true, avx2_cpu_supported},
-    {"avx2 Q6_K", QT_Q6_K, ref_vec_dot_q6_k_q8_k, avx2_vec_dot_q6_k_q8_k, true, avx2_cpu_supported},
+    {"avx2 Q4_0", QT_Q4_0, ref_vec_dot_q4_0_a8, avx2_vec_dot_q4_0_a8, avx2_cpu_supported},
+    {"avx2 Q4_1", QT_Q4_1, ref_vec_dot_q4_1_a8s, avx2_vec_dot_q4_1_a8s, avx2_cpu_supported},
+    {"avx2 Q5_0", QT_Q5_0, ref_vec_dot_q5_0_a8, avx2_vec_dot_q5_0_a8, avx2_cpu_supported},
+    {"avx2 Q8_0", QT_Q8_0, ref_vec_dot_q8_0_a8, avx2_vec_dot_q8_0_a8, avx2_cpu_supported},
+    {"avx512 Q4_0", QT_Q4_0, ref_vec_dot_q4_0_a8, avx512_vec_dot_q4_0_a8, avx512_cpu_supported},
+    {"avx512 Q4_1", QT_Q4_1, ref_vec_dot_q4_1_a8s, avx512_vec_dot_q4_1_a8s, avx512_cpu_supported},
+    {"avx512 Q5_0", QT_Q5_0, ref_vec_dot_q5_0_a8, avx512_vec_dot_q5_0_a8, avx512_cpu_supported},
+    {"avx512 Q8_0", QT_Q8_0, ref_vec_dot_q8_0_a8, avx512_vec_dot_q8_0_a8, avx512_cpu_supported},
+    {"avx2 Q4_K", QT_Q4_K, ref_vec_dot_q4_k_q8_k, avx2_vec_dot_q4_k_q8_k, avx2_cpu_supported},
+    {"avx2 Q5_K", QT_Q5_K, ref_vec_dot_q5_k_q8_k, avx2_vec_dot_q5_k_q8_k, avx2_cpu_supported},
+    {"avx2 Q6_K", QT_Q6_K, ref_vec_dot_q6_k_q8_k, avx2_vec_dot_q6_k_q8_k, avx2_cpu_supported},
 #endif
 #if defined(__aarch64__)
-    {"neon Q4_0", QT_Q4_0, ref_vec_dot_q4_0_a8, neon_vec_dot_q4_0_a8, false, have_neon},
-    {"neon Q4_1", QT_Q4_1, ref_vec_dot_q4_1_a8s, neon_vec_dot_q4_1_a8s, false, have_neon},
-    {"neon Q5_0", QT_Q5_0, ref_vec_dot_q5_0_a8, neon_vec_dot_q5_0_a8, false, have_neon},
-    {"neon Q8_0", QT_Q8_0, ref_vec_dot_q8_0_a8, neon_vec_dot_q8_0_a8, false, have_neon},
-    {"neon Q4_K", QT_Q4_K, ref_vec_dot_q4_k_q8_k, neon_vec_dot_q4_k_q8_k, true, have_neon},
-    {"neon Q5_K", QT_Q5_K, ref_vec_dot_q5_k_q8_k, neon_vec_dot_q5_k_q8_k, true, have_neon},
-    {"neon Q6_K", QT_Q6_K, ref_vec_dot_q6_k_q8_k, neon_vec_dot_q6_k_q8_k, true, have_neon},
-    {"neon-dotprod Q4_0", QT_Q4_0, ref_vec_dot_q4_0_a8, neon_dotprod_vec_dot_q4_0_a8, false,
+    {"neon Q4_0", QT_Q4_0, ref_vec_dot_q4_0_a8, neon_vec_dot_q4_0_a8, have_neon},
+    {"neon Q4_1", QT_Q4_1, ref_vec_dot_q4_1_a8s, neon_vec_dot_q4_1_a8s, have_neon},
+    {"neon Q5_0", QT_Q5_0, ref_vec_dot_q5_0_a8, neon_vec_dot_q5_0_a8, have_neon},
+    {"neon Q8_0", QT_Q8_0, ref_vec_dot_q8_0_a8, neon_vec_dot_q8_0_a8, have_neon},
+    {"neon Q4_K", QT_Q4_K, ref_vec_dot_q4_k_q8_k, neon_vec_dot_q4_k_q8_k, have_neon},
+    {"neon Q5_K", QT_Q5_K, ref_vec_dot_q5_k_q8_k, neon_vec_dot_q5_k_q8_k, have_neon},
+    {"neon Q6_K", QT_Q6_K, ref_vec_dot_q6_k_q8_k, neon_vec_dot_q6_k_q8_k, have_neon},
+    {"neon-dotprod Q4_0", QT_Q4_0, ref_vec_dot_q4_0_a8, neon_dotprod_vec_dot_q4_0_a8,
      neon_dotprod_supported},
-    {"neon-dotprod Q4_1", QT_Q4_1, ref_vec_dot_q4_1_a8s, neon_dotprod_vec_dot_q4_1_a8s, false,
+    {"neon-dotprod Q4_1", QT_Q4_1, ref_vec_dot_q4_1_a8s, neon_dotprod_vec_dot_q4_1_a8s,
      neon_dotprod_supported},
-    {"neon-dotprod Q5_0", QT_Q5_0, ref_vec_dot_q5_0_a8, neon_dotprod_vec_dot_q5_0_a8, false,
+    {"neon-dotprod Q5_0", QT_Q5_0, ref_vec_dot_q5_0_a8, neon_dotprod_vec_dot_q5_0_a8,
      neon_dotprod_supported},
-    {"neon-dotprod Q8_0", QT_Q8_0, ref_vec_dot_q8_0_a8, neon_dotprod_vec_dot_q8_0_a8, false,
+    {"neon-dotprod Q8_0", QT_Q8_0, ref_vec_dot_q8_0_a8, neon_dotprod_vec_dot_q8_0_a8,
      neon_dotprod_supported},
-    {"neon-dotprod Q4_K", QT_Q4_K, ref_vec_dot_q4_k_q8_k, neon_dotprod_vec_dot_q4_k_q8_k, true,
+    {"neon-dotprod Q4_K", QT_Q4_K, ref_vec_dot_q4_k_q8_k, neon_dotprod_vec_dot_q4_k_q8_k,
      neon_dotprod_supported},
-    {"neon-dotprod Q5_K", QT_Q5_K, ref_vec_dot_q5_k_q8_k, neon_dotprod_vec_dot_q5_k_q8_k, true,
+    {"neon-dotprod Q5_K", QT_Q5_K, ref_vec_dot_q5_k_q8_k, neon_dotprod_vec_dot_q5_k_q8_k,
      neon_dotprod_supported},
-    {"neon-dotprod Q6_K", QT_Q6_K, ref_vec_dot_q6_k_q8_k, neon_dotprod_vec_dot_q6_k_q8_k, true,
+    {"neon-dotprod Q6_K", QT_Q6_K, ref_vec_dot_q6_k_q8_k, neon_dotprod_vec_dot_q6_k_q8_k,
      neon_dotprod_supported},
 #endif
-    {NULL, 0, NULL, NULL, false, NULL},
+    {NULL, 0, NULL, NULL, NULL},
 };
 
 /* Where each weight type keeps its F16 scales. */
@@ -306,7 +280,6 @@ static void test_vec_dots(void **state) {
         if (!c->supported()) continue;
         ran++;
         const quant_type_info *info = quant_type_get(c->type);
-        const quant_type_info *yinfo = quant_type_get(info->vec_dot_type);
         const bool k = info->block_size == QK_K;
         const int nb = k ? NBK : NB32;
         const size_t n = (size_t)nb * info->block_size;
@@ -327,12 +300,7 @@ static void test_vec_dots(void **state) {
                 const size_t len = whole ? n : info->block_size; /* one block, then all */
                 const void *yl = whole ? y : y_one; /* A8 rows are laid out for their length */
                 const float got = c->simd(len, x, yl), want = c->ref(len, x, yl);
-                if (c->exact) {
-                    assert_same_float(c->name, got, want);
-                } else {
-                    assert_close(c->name, got, want, x, yl, info->to_float, yinfo->to_float, len,
-                                 len / info->block_size);
-                }
+                assert_same_float(c->name, got, want);
             }
         }
     }
@@ -426,7 +394,7 @@ static void test_avx512_same_as_avx2(void **state) {
 
 #endif
 
-/* The F16 dot products against the reference's exact sum. */
+/* The F16 dot products against the reference, bit for bit. */
 static const struct {
     const char *name;
     quant_vec_dot_fn simd;
@@ -457,16 +425,9 @@ static void test_vec_dot_f16(void **state) {
             for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
                 const size_t n = sizes[s];
                 const float want = ref_vec_dot_f16(n, x, y), got = f16_cases[c].simd(n, x, y);
-                double mag = 0;
-                for (size_t i = 0; i < n; i++) {
-                    mag += fabs((double)fp16_to_fp32(x[i]) * fp16_to_fp32(y[i]));
-                }
-                /* 16 float lanes summed in order, then the tail: n/16 + 20
-                 * roundings at most, against the reference's exact sum. */
-                const double tol = ((double)n / 16 + 20) * FLT_EPSILON * mag;
-                if (!(fabs((double)got - want) <= tol)) {
-                    fail_msg("%s n=%zu: simd %.9g, ref %.9g, tolerance %.3g", f16_cases[c].name, n,
-                             got, want, tol);
+                if (fp32_bits(got) != fp32_bits(want)) {
+                    fail_msg("%s n=%zu: simd %a, ref %a (must be identical)", f16_cases[c].name, n,
+                             got, want);
                 }
             }
         }
@@ -496,12 +457,7 @@ static void test_matvec_path(void **state) {
         for (int r = 0; r < ROWS; r++) {
             info->from_float(w[r], qw[r], N);
             const float got = c->simd(N, qw[r], qa), want = c->ref(N, qw[r], qa);
-            if (c->exact) {
-                assert_same_float(c->name, got, want);
-            } else {
-                assert_close(c->name, got, want, qw[r], qa, info->to_float, yi->to_float, N,
-                             N / info->block_size);
-            }
+            assert_same_float(c->name, got, want);
         }
     }
 }

@@ -60,6 +60,7 @@ static void usage(FILE *out) {
         "  --kv-type T           KV cache type: " CLI_KV_TYPES " (default f16)\n"
         "  --ignore-eos          EOS banned: every session generates -n tokens\n"
         "  --sampling            only the sampling cost (greedy; top-p 0.9 at temperature 0.8)\n"
+        "  --load                only model load to the first token of a 16-token prompt\n"
         "  --prefix              only the prefix cache: time to first token cold and with a\n"
         "                        cached 1,000-token system prompt; session restore vs recompute\n",
         BENCH_DEFAULT_MODEL);
@@ -437,13 +438,72 @@ static int bench_prefix(const char *path, const cellm_engine_params *ep, int32_t
     return rc;
 }
 
+/* --load: model load to the first token of a 16-token prompt, the way an
+ * app starts (file in the page cache): load, create an engine, submit,
+ * first piece. Five runs; each phase's median in ms. */
+static int bench_load(const char *path, const cellm_engine_params *ep) {
+    enum { RUNS = 5 };
+    double ph[4][RUNS];
+    /* 16 tokens with SmolLM2's tokenizer (17 with Gemma 3's BOS). */
+    const char *prompt = "The quick brown fox jumps over the lazy dog, and then it runs far away";
+    int32_t n_prompt = 0;
+    for (int r = 0; r < RUNS; r++) {
+        double t0 = now_s();
+        cellm_model *m = NULL;
+        if (cellm_model_load(path, NULL, &m) != CELLM_OK) {
+            cli_error("%s", cellm_last_error());
+            return 1;
+        }
+        double t1 = now_s();
+        cellm_engine *e = NULL;
+        if (cellm_engine_create(m, ep, &e) != CELLM_OK) {
+            cli_error("%s", cellm_last_error());
+            cellm_model_free(m);
+            return 1;
+        }
+        double t2 = now_s();
+        cellm_request_params rp = cellm_request_default_params();
+        rp.prompt = prompt;
+        rp.max_tokens = 1;
+        cellm_request *req = NULL;
+        cellm_result res;
+        int rc =
+            cellm_submit(e, &rp, &req) == CELLM_OK && cellm_wait(req, &res) == CELLM_OK ? 0 : 1;
+        double t3 = now_s();
+        if (rc) cli_error("%s", cellm_last_error());
+        n_prompt = rc ? 0 : res.n_prompt_tokens;
+        cellm_request_free(req);
+        cellm_engine_free(e);
+        cellm_model_free(m);
+        if (rc) return 1;
+        ph[0][r] = (t1 - t0) * 1e3;
+        ph[1][r] = (t2 - t1) * 1e3;
+        ph[2][r] = (t3 - t2) * 1e3;
+        ph[3][r] = (t3 - t0) * 1e3;
+    }
+    double med[4];
+    for (int k = 0; k < 4; k++) {
+        for (int i = 1; i < RUNS; i++) /* insertion sort */
+            for (int j = i; j > 0 && ph[k][j] < ph[k][j - 1]; j--) {
+                double t = ph[k][j];
+                ph[k][j] = ph[k][j - 1];
+                ph[k][j - 1] = t;
+            }
+        med[k] = ph[k][RUNS / 2];
+    }
+    printf("load to first token (%d-token prompt, median of %d): %.1f ms = model load %.1f + "
+           "engine %.1f + first token %.1f (total range %.1f..%.1f)\n",
+           n_prompt, RUNS, med[3], med[0], med[1], med[2], ph[3][0], ph[3][RUNS - 1]);
+    return 0;
+}
+
 int cmd_bench(int argc, char **argv) {
     const char *model_name = NULL, *sessions = "1,2,4,8,16";
     cellm_engine_params ep = cellm_engine_default_params();
     ep.mem_budget_bytes = (size_t)512 << 20;
     ep.max_ctx = 1024;
     int32_t n_predict = 64, prompt_tokens = 0;
-    bool sampling_only = false, prefix_only = false;
+    bool sampling_only = false, prefix_only = false, load_only = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         unsigned long long u;
@@ -483,6 +543,8 @@ int cmd_bench(int argc, char **argv) {
             sampling_only = true;
         } else if (!strcmp(a, "--prefix")) {
             prefix_only = true;
+        } else if (!strcmp(a, "--load")) {
+            load_only = true;
         } else if (a[0] == '-') {
             cli_error("bench: bad option or value '%s' (see `cellm bench --help`)", a);
             return 2;
@@ -502,6 +564,7 @@ int cmd_bench(int argc, char **argv) {
         return 1;
     }
     if (prefix_only) return bench_prefix(path, &ep, n_predict < 32 ? n_predict : 32);
+    if (load_only) return bench_load(path, &ep);
     cellm_model *model = NULL;
     if (cellm_model_load(path, NULL, &model) != CELLM_OK) {
         cli_error("%s", cellm_last_error());

@@ -9,10 +9,10 @@
  * says the CPU has it.
  *
  * Agreement with the reference (ref.c), as for AVX2: the quantizers write
- * the same bytes (FCVTAS rounds half away from zero, like roundf); the
- * K-quant dots sum each super-block exactly in integers and accumulate as
- * the reference does, so they return the same float; the 32-element and
- * F16 dots keep float lanes with FMA and differ by float rounding only.
+ * the same bytes (FCVTAS rounds half away from zero, like roundf); every
+ * dot product follows the reference's canonical order of float operations
+ * (exact integer sums, the same lanes, FMAs and final tree), so it returns
+ * the reference's float bit for bit, as the x86 kernels do.
  * A tile returns for each pair exactly what vec_dot of the same variant
  * returns (vec_dot is the tile body with one pair).
  */
@@ -137,8 +137,18 @@ static inline float h2f(uint16_t h) {
     return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
 }
 
-/* F16 against F16: products of two F16 values are exact in float; four
- * accumulators of four lanes with FMA, then the tail. */
+/* The lanes of ref.c's fold8 ((v0+v4)+(v2+v6))+((v1+v5)+(v3+v7)), with
+ * v0..v3 in lo and v4..v7 in hi. */
+static inline float fold8(float32x4_t lo, float32x4_t hi) {
+    const float32x4_t s = vaddq_f32(lo, hi); /* v0+v4, v1+v5, v2+v6, v3+v7 */
+    const float32x2_t t = vadd_f32(vget_low_f32(s), vget_high_f32(s)); /* pairs 0,2 and 1,3 */
+    return vget_lane_f32(t, 0) + vget_lane_f32(t, 1);
+}
+
+/* F16 against F16 in ref.c's order: 16 lanes (four registers) over chunks
+ * of 16, a chunk of 8 into lanes 0..7, lanes l and l + 8 added, fold8,
+ * then the tail one product at a time. Products of two F16 values are
+ * exact in float, so the FMA rounds as the reference's add does. */
 float neon_vec_dot_f16(size_t n, const void *vx, const void *vy) {
     const uint16_t *x = vx, *y = vy;
     float32x4_t acc[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f),
@@ -148,29 +158,40 @@ float neon_vec_dot_f16(size_t n, const void *vx, const void *vy) {
         for (int k = 0; k < 4; k++)
             acc[k] = vfmaq_f32(acc[k], f16x4_to_f32(x + i + 4 * k), f16x4_to_f32(y + i + 4 * k));
     }
-    for (; i + 4 <= n; i += 4) acc[0] = vfmaq_f32(acc[0], f16x4_to_f32(x + i), f16x4_to_f32(y + i));
-    float sum = vaddvq_f32(vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3])));
-    for (; i < n; i++) sum = __builtin_fmaf(h2f(x[i]), h2f(y[i]), sum);
+    for (; i + 8 <= n; i += 8) {
+        acc[0] = vfmaq_f32(acc[0], f16x4_to_f32(x + i), f16x4_to_f32(y + i));
+        acc[1] = vfmaq_f32(acc[1], f16x4_to_f32(x + i + 4), f16x4_to_f32(y + i + 4));
+    }
+    float sum = fold8(vaddq_f32(acc[0], acc[2]), vaddq_f32(acc[1], acc[3]));
+    for (; i < n; i++) sum += h2f(x[i]) * h2f(y[i]);
     return sum;
 }
 
-/* The sum of a[k] * b[k] over 32 signed bytes (a0, a1 against b0, b1) as
- * four int32 lanes; which products land in which lane depends on the
- * variant, never on the caller. Plain NEON pairs element k with k + 16 in
- * 16-bit lanes first: |a| <= 128 and |b| <= 127, so two products fit. */
-static inline int32x4_t dot32_plain(int8x16_t a0, int8x16_t a1, int8x16_t b0, int8x16_t b1) {
-    int16x8_t lo = vmull_s8(vget_low_s8(a0), vget_low_s8(b0));
-    lo = vmlal_s8(lo, vget_low_s8(a1), vget_low_s8(b1));
-    int16x8_t hi = vmull_high_s8(a0, b0);
-    hi = vmlal_high_s8(hi, a1, b1);
-    return vpadalq_s16(vpaddlq_s16(lo), hi);
+/* The eight lane sums of ref.c's canonical order for 32 signed bytes (a0,
+ * a1 against b0, b1): lane k of *lo (k = 0..3) sums the products of
+ * elements 4k..4k+3, lane k of *hi those of 16+4k..16+4k+3. Exact in any
+ * grouping. Plain NEON widens each product to 16 bits and adds neighbours
+ * pairwise twice: |a| <= 128 and |b| <= 127, so a pair of products
+ * (<= 32512) still fits 16 bits. SDOT sums each group of four at once. */
+static inline int32x4_t quads16(int8x16_t a, int8x16_t b) {
+    const int16x8_t p0 = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+    const int16x8_t p1 = vmull_high_s8(a, b);
+    return vpaddlq_s16(vpaddq_s16(p0, p1));
 }
 
-DOTPROD static inline int32x4_t dot32_sdot(int8x16_t a0, int8x16_t a1, int8x16_t b0, int8x16_t b1) {
-    return dot_sdot(dot_sdot(vdupq_n_s32(0), a0, b0), a1, b1);
+static inline void dot32_plain(int8x16_t a0, int8x16_t a1, int8x16_t b0, int8x16_t b1,
+                               int32x4_t *lo, int32x4_t *hi) {
+    *lo = quads16(a0, b0);
+    *hi = quads16(a1, b1);
 }
 
-typedef int32x4_t (*dot32_fn)(int8x16_t, int8x16_t, int8x16_t, int8x16_t);
+DOTPROD static inline void dot32_sdot(int8x16_t a0, int8x16_t a1, int8x16_t b0, int8x16_t b1,
+                                      int32x4_t *lo, int32x4_t *hi) {
+    *lo = dot_sdot(vdupq_n_s32(0), a0, b0);
+    *hi = dot_sdot(vdupq_n_s32(0), a1, b1);
+}
+
+typedef void (*dot32_fn)(int8x16_t, int8x16_t, int8x16_t, int8x16_t, int32x4_t *, int32x4_t *);
 
 /* The 32-element weight formats a tile body unpacks. */
 enum { W_Q4_0, W_Q4_1, W_Q5_0, W_Q8_0 };
@@ -224,13 +245,14 @@ static inline __attribute__((always_inline)) void load_w32(int kind, const uint8
 }
 
 /* nx weight rows (stride xs bytes) times ny activation rows (stride ys),
- * nx * ny <= 4, into out[i * ny + j]. Every pair keeps two accumulators of
- * four float lanes (even and odd blocks, so consecutive blocks do not wait
- * on each other's FMA) and, for Q4_1, one float for the minimum term; it
- * adds each block with the same operations whatever nx and ny are and ends
- * with the same sums, so a pair's result does not depend on the tile that
- * computed it. kind, nx, ny and dot are constants at every call: each
- * wrapper gets its own unrolled copy with the accumulators in registers. */
+ * nx * ny <= 4, into out[i * ny + j], each pair in ref.c's canonical order:
+ * two accumulators of eight float lanes (lo and hi registers) for even and
+ * odd blocks, FMA of the block's scale times each lane's exact sum, Q4_1's
+ * min term in two floats likewise, fold8 at the end. The operations per
+ * pair do not depend on nx and ny, so a pair's result does not depend on
+ * the tile that computed it. kind, nx, ny and dot are constants at every
+ * call: each wrapper gets its own unrolled copy with the accumulators in
+ * registers. */
 static inline __attribute__((always_inline)) void dot_tile_32(int kind, size_t n, const uint8_t *x,
                                                               size_t xs, int nx, const uint8_t *y,
                                                               size_t ys, int ny, float *out,
@@ -250,14 +272,15 @@ static inline __attribute__((always_inline)) void dot_tile_32(int kind, size_t n
         ysum[j] = a8s_sums(row, nb);
         yq[j] = kind == W_Q4_1 ? a8s_codes(row, nb) : a8_codes(row, nb);
     }
-    float32x4_t acc[2][4][4];
-    float mins[4][4];
+    float32x4_t acc[2][4][4][2];
+    float mins[2][4][4];
 #pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
 #pragma GCC unroll 4
         for (int j = 0; j < ny; j++) {
-            acc[0][i][j] = acc[1][i][j] = vdupq_n_f32(0.0f);
-            mins[i][j] = 0.0f;
+            acc[0][i][j][0] = acc[0][i][j][1] = vdupq_n_f32(0.0f);
+            acc[1][i][j][0] = acc[1][i][j][1] = vdupq_n_f32(0.0f);
+            mins[0][i][j] = mins[1][i][j] = 0.0f;
         }
     }
     for (size_t ib0 = 0; ib0 < nb; ib0 += 2) {
@@ -277,9 +300,13 @@ static inline __attribute__((always_inline)) void dot_tile_32(int kind, size_t n
                 const float dy = yd[j][ib];
 #pragma GCC unroll 4
                 for (int i = 0; i < nx; i++) {
-                    const int32x4_t s = dot(qx[i][0], qx[i][1], y0, y1);
-                    acc[h][i][j] = vfmaq_n_f32(acc[h][i][j], vcvtq_f32_s32(s), dx[i] * dy);
-                    if (kind == W_Q4_1) mins[i][j] = __builtin_fmaf(mx[i], ysum[j][ib], mins[i][j]);
+                    int32x4_t lo, hi;
+                    dot(qx[i][0], qx[i][1], y0, y1, &lo, &hi);
+                    const float s = dx[i] * dy;
+                    acc[h][i][j][0] = vfmaq_n_f32(acc[h][i][j][0], vcvtq_f32_s32(lo), s);
+                    acc[h][i][j][1] = vfmaq_n_f32(acc[h][i][j][1], vcvtq_f32_s32(hi), s);
+                    if (kind == W_Q4_1)
+                        mins[h][i][j] = __builtin_fmaf(mx[i], ysum[j][ib], mins[h][i][j]);
                 }
             }
         }
@@ -288,7 +315,9 @@ static inline __attribute__((always_inline)) void dot_tile_32(int kind, size_t n
     for (int i = 0; i < nx; i++) {
 #pragma GCC unroll 4
         for (int j = 0; j < ny; j++)
-            out[i * ny + j] = vaddvq_f32(vaddq_f32(acc[0][i][j], acc[1][i][j])) + mins[i][j];
+            out[i * ny + j] = fold8(vaddq_f32(acc[0][i][j][0], acc[1][i][j][0]),
+                                    vaddq_f32(acc[0][i][j][1], acc[1][i][j][1])) +
+                              (mins[0][i][j] + mins[1][i][j]);
     }
 }
 

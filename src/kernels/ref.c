@@ -13,9 +13,11 @@
  * they meet llama.cpp's round-trip error bounds but do not reproduce its
  * bytes. Q8_K is an activation format only and never leaves memory.
  *
- * Dot products sum exact integer products per block and scale them once
- * per block in float, the same arithmetic the SIMD kernels do, so the two
- * differ only in the order float partial sums are added.
+ * Dot products sum exact integer products per block and scale them in
+ * float. Where a SIMD variant exists, the reference fixes the order of every
+ * float operation (see "Dot products" below) and each variant follows it
+ * exactly, so a dot product returns the same bits on every CPU: x86-64
+ * (scalar, AVX2, AVX-512) and AArch64 (NEON with or without SDOT).
  */
 #include <assert.h>
 #include <math.h>
@@ -821,8 +823,8 @@ void ref_quantize_iq4_xs(const float *src, void *dst, size_t n) {
 /* Dot products                                                      */
 /* ================================================================ */
 
-/* Float types accumulate in double: the products of two F16 or BF16
- * values are exact in float, so the result is as good as float allows. */
+/* F32 and BF16 accumulate in double: no SIMD variant, so the order is
+ * simply this loop's. */
 float ref_vec_dot_f32(size_t n, const void *x, const void *y) {
     const float *a = x, *b = y;
     double sum = 0;
@@ -830,11 +832,29 @@ float ref_vec_dot_f32(size_t n, const void *x, const void *y) {
     return (float)sum;
 }
 
+/* F16: the canonical order of every variant. The product of two F16
+ * values is exact in float, so fused or not it is added with one rounding.
+ * Elements i + l of each chunk of 16 go to lane l (0..15); a last chunk of
+ * 8 goes to lanes 0..7; the lanes are folded v[l] = lane[l] + lane[l + 8]
+ * and summed as ((v0+v4)+(v2+v6))+((v1+v5)+(v3+v7)) (fold8 below); the
+ * remaining n % 8 products are then added one at a time. */
+static float fold8(const float v[8]) {
+    return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+}
+
 float ref_vec_dot_f16(size_t n, const void *x, const void *y) {
     const uint16_t *a = x, *b = y;
-    double sum = 0;
-    for (size_t i = 0; i < n; i++) sum += (double)(fp16_to_fp32(a[i]) * fp16_to_fp32(b[i]));
-    return (float)sum;
+    float lane[16] = {0};
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) lane[l] += fp16_to_fp32(a[i + l]) * fp16_to_fp32(b[i + l]);
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) lane[l] += fp16_to_fp32(a[i + l]) * fp16_to_fp32(b[i + l]);
+    float v[8];
+    for (int l = 0; l < 8; l++) v[l] = lane[l] + lane[l + 8];
+    float sum = fold8(v);
+    for (; i < n; i++) sum += fp16_to_fp32(a[i]) * fp16_to_fp32(b[i]);
+    return sum;
 }
 
 float ref_vec_dot_bf16(size_t n, const void *x, const void *y) {
@@ -844,26 +864,61 @@ float ref_vec_dot_bf16(size_t n, const void *x, const void *y) {
     return (float)sum;
 }
 
-/* The 32-element types against A8 rows: per block an exact integer sum,
- * then one float multiply-add. Q4_1 and Q5_1 pair with A8S (GGML pairs
- * them with Q8_1) and add their min times the block sum s it stores, so
- * the sum is computed once per activation block, not once per weight row. */
+/* The 32-element types against A8 rows. Q4_1 and Q5_1 pair with A8S
+ * (GGML pairs them with Q8_1) and add their min times the block sum s it
+ * stores, so the sum is computed once per activation block, not once per
+ * weight row.
+ *
+ * The canonical order of Q4_0, Q4_1, Q5_0 and Q8_0 (the types with SIMD
+ * variants; Q5_1 and IQ4_NL have none and keep one float term per block):
+ * - per block b, eight exact integer sums p[k] of the products of
+ *   elements 4k..4k+3 (k = 0..7);
+ * - s = d_x * d_y, one float multiply (d_x the weight's F16 scale);
+ * - acc[b % 2][k] = fma(s, p[k], acc[b % 2][k]): fused, one rounding;
+ * - Q4_1's min term: mins[b % 2] = fma(m_x, s_y, mins[b % 2]);
+ * - the result: v[k] = acc[0][k] + acc[1][k], summed by fold8, plus
+ *   (mins[0] + mins[1]) (zero for the types without a min).
+ * Eight lanes is one AVX2 register, two NEON registers; even and odd
+ * blocks keep separate accumulators so consecutive FMAs do not wait on
+ * each other. fmaf is exact (correctly rounded) in every libm. */
+typedef struct acc32 {
+    float acc[2][8], mins[2];
+} acc32;
+
+static inline void acc32_add(acc32 *a, size_t ib, float s, const int p[8]) {
+    for (int k = 0; k < 8; k++) a->acc[ib % 2][k] = fmaf(s, (float)p[k], a->acc[ib % 2][k]);
+}
+
+static inline float acc32_result(const acc32 *a) {
+    float v[8];
+    for (int k = 0; k < 8; k++) v[k] = a->acc[0][k] + a->acc[1][k];
+    return fold8(v) + (a->mins[0] + a->mins[1]);
+}
+
+/* p[k] = sum over the 4 elements of lane k of wq[e] * yq[e]. */
+static inline void lanes32(const int wq[32], const int8_t *yq, int p[8]) {
+    for (int k = 0; k < 8; k++) {
+        p[k] = 0;
+        for (int e = 4 * k; e < 4 * k + 4; e++) p[k] += wq[e] * yq[e];
+    }
+}
 float ref_vec_dot_q4_0_a8(size_t n, const void *vx, const void *vy) {
     assert(n % QK8_0 == 0);
     const block_q4_0 *x = vx;
     const size_t nb = n / QK8_0;
     const float *yd = a8_scales(vy);
     const int8_t *yq = a8_codes(vy, nb);
-    float sum = 0.0f;
+    acc32 a = {0};
     for (size_t ib = 0; ib < nb; ib++, yq += QK8_0) {
-        int isum = 0;
+        int wq[32], p[8];
         for (int j = 0; j < 16; j++) {
-            isum += ((x[ib].qs[j] & 0xF) - 8) * yq[j];
-            isum += ((x[ib].qs[j] >> 4) - 8) * yq[j + 16];
+            wq[j] = (x[ib].qs[j] & 0xF) - 8;
+            wq[j + 16] = (x[ib].qs[j] >> 4) - 8;
         }
-        sum += fp16_to_fp32(x[ib].d) * yd[ib] * (float)isum;
+        lanes32(wq, yq, p);
+        acc32_add(&a, ib, fp16_to_fp32(x[ib].d) * yd[ib], p);
     }
-    return sum;
+    return acc32_result(&a);
 }
 
 float ref_vec_dot_q4_1_a8s(size_t n, const void *vx, const void *vy) {
@@ -872,14 +927,18 @@ float ref_vec_dot_q4_1_a8s(size_t n, const void *vx, const void *vy) {
     const size_t nb = n / QK8_0;
     const float *yd = a8_scales(vy), *ys = a8s_sums(vy, nb);
     const int8_t *yq = a8s_codes(vy, nb);
-    float sum = 0.0f;
+    acc32 a = {0};
     for (size_t ib = 0; ib < nb; ib++, yq += QK8_0) {
-        int isum = 0;
-        for (int j = 0; j < 16; j++)
-            isum += (x[ib].qs[j] & 0xF) * yq[j] + (x[ib].qs[j] >> 4) * yq[j + 16];
-        sum += fp16_to_fp32(x[ib].d) * yd[ib] * (float)isum + fp16_to_fp32(x[ib].m) * ys[ib];
+        int wq[32], p[8];
+        for (int j = 0; j < 16; j++) {
+            wq[j] = x[ib].qs[j] & 0xF;
+            wq[j + 16] = x[ib].qs[j] >> 4;
+        }
+        lanes32(wq, yq, p);
+        acc32_add(&a, ib, fp16_to_fp32(x[ib].d) * yd[ib], p);
+        a.mins[ib % 2] = fmaf(fp16_to_fp32(x[ib].m), ys[ib], a.mins[ib % 2]);
     }
-    return sum;
+    return acc32_result(&a);
 }
 
 float ref_vec_dot_q5_0_a8(size_t n, const void *vx, const void *vy) {
@@ -888,18 +947,18 @@ float ref_vec_dot_q5_0_a8(size_t n, const void *vx, const void *vy) {
     const size_t nb = n / QK8_0;
     const float *yd = a8_scales(vy);
     const int8_t *yq = a8_codes(vy, nb);
-    float sum = 0.0f;
+    acc32 a = {0};
     for (size_t ib = 0; ib < nb; ib++, yq += QK8_0) {
         const uint32_t qh = read_u32le(x[ib].qh);
-        int isum = 0;
+        int wq[32], p[8];
         for (int j = 0; j < 16; j++) {
-            const int q0 = ((x[ib].qs[j] & 0xF) | (int)((qh >> j) & 1) << 4) - 16;
-            const int q1 = ((x[ib].qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4) - 16;
-            isum += q0 * yq[j] + q1 * yq[j + 16];
+            wq[j] = ((x[ib].qs[j] & 0xF) | (int)((qh >> j) & 1) << 4) - 16;
+            wq[j + 16] = ((x[ib].qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4) - 16;
         }
-        sum += fp16_to_fp32(x[ib].d) * yd[ib] * (float)isum;
+        lanes32(wq, yq, p);
+        acc32_add(&a, ib, fp16_to_fp32(x[ib].d) * yd[ib], p);
     }
-    return sum;
+    return acc32_result(&a);
 }
 
 float ref_vec_dot_q5_1_a8s(size_t n, const void *vx, const void *vy) {
@@ -928,13 +987,14 @@ float ref_vec_dot_q8_0_a8(size_t n, const void *vx, const void *vy) {
     const size_t nb = n / QK8_0;
     const float *yd = a8_scales(vy);
     const int8_t *yq = a8_codes(vy, nb);
-    float sum = 0.0f;
+    acc32 a = {0};
     for (size_t ib = 0; ib < nb; ib++, yq += QK8_0) {
-        int isum = 0;
-        for (int j = 0; j < QK8_0; j++) isum += x[ib].qs[j] * yq[j];
-        sum += fp16_to_fp32(x[ib].d) * yd[ib] * (float)isum;
+        int wq[32], p[8];
+        for (int j = 0; j < QK8_0; j++) wq[j] = x[ib].qs[j];
+        lanes32(wq, yq, p);
+        acc32_add(&a, ib, fp16_to_fp32(x[ib].d) * yd[ib], p);
     }
-    return sum;
+    return acc32_result(&a);
 }
 
 float ref_vec_dot_iq4_nl_a8(size_t n, const void *vx, const void *vy) {
@@ -957,7 +1017,9 @@ float ref_vec_dot_iq4_nl_a8(size_t n, const void *vx, const void *vy) {
 
 /* The K-quants against Q8_K: per super-block, the integer sum of
  * scale[g] * dot(q, y) over groups, and for types with mins the integer
- * sum of min[g] * bsums, each scaled once in float. */
+ * sum of min[g] * bsums, each scaled once in float. The canonical order is
+ * this code's: the float expression per super-block exactly as written
+ * (no FMA), added to one running sum in block order. */
 float ref_vec_dot_q2_k_q8_k(size_t n, const void *vx, const void *vy) {
     assert(n % QK_K == 0);
     const block_q2_K *x = vx;

@@ -1,0 +1,28 @@
+/*
+ * xmath.h — the transcendental functions of the forward pass (exp, tanh,
+ * sin/cos, pow), computed the same way on every CPU. libm's expf, tanhf,
+ * sinf, cosf and powf are accurate but not bit-identical across platforms:
+ * x86-64 glibc picks FMA variants at run time, AArch64 glibc is compiled
+ * differently, other libcs use other algorithms. A near-tie in greedy
+ * decoding turns a last-bit difference into a different token, so the
+ * forward pass uses these instead: a fixed sequence of IEEE double
+ * additions, multiplications and divisions (never fused), rounded once to
+ * float at the end. Errors are below 1e-14 relative before that rounding,
+ * so each result is the correctly rounded float except, rarely, a value
+ * within 1e-15 of a rounding boundary. Thread-safe, no state.
+ */
+#ifndef CELLM_XMATH_H
+#define CELLM_XMATH_H
+
+/* e^x; 0 below -104, +inf above 89, NaN for NaN. */
+float xm_expf(float x);
+/* tanh(x); +-1 for |x| >= 10, NaN for NaN. */
+float xm_tanhf(float x);
+/* sin(x) and cos(x) for finite x (accurate for |x| < 1.6e6, deterministic
+ * beyond); NaN for NaN or infinity. */
+void xm_sincosf(float x, float *s, float *c);
+/* base^e for finite base > 0 and finite e (what RoPE needs); NaN for any
+ * other base. */
+float xm_powf(float base, float e);
+
+#endif /* CELLM_XMATH_H */
