@@ -128,8 +128,19 @@ cellm_status cellm_tokenize(const cellm_model *model, const char *text, int32_t 
  * engine never exceeds its budget. */
 typedef struct cellm_engine cellm_engine;
 
+/* How the KV cache stores K and V (per engine). Smaller types hold more
+ * tokens of context in the same budget, at some cost in accuracy;
+ * docs/benchmarks.md has bytes per token and perplexity for each. The
+ * quantized types need head sizes that are multiples of 32 (q4_0h: powers
+ * of two up to 1024); other models get CELLM_ERR_UNSUPPORTED. */
 typedef enum cellm_kv_type {
-    CELLM_KV_F16 = 0 /* the only type for now */
+    CELLM_KV_F16 = 0,  /* 16-bit floats (default) */
+    CELLM_KV_Q8_0 = 1, /* 8-bit codes, one f16 scale per 32: 34 bytes per 32 values */
+    CELLM_KV_Q4_0 = 2, /* 4-bit codes, one f16 scale per 32: 18 bytes per 32 values */
+    /* Q4_0 after a fixed randomized Hadamard rotation of each head, which
+     * spreads outlier channels over the head before the 4-bit rounding;
+     * the same 18 bytes per 32 values as q4_0. */
+    CELLM_KV_Q4_0H = 3
 } cellm_kv_type;
 
 /* The power/QoS policy: how hard the engine works, traded against heat and
@@ -200,7 +211,8 @@ cellm_engine_params cellm_engine_default_params(void);
  * engine thread. `params` may be NULL for the defaults. Thread-safe.
  * Errors: CELLM_ERR_INVALID_ARG (a parameter out of range),
  * CELLM_ERR_NO_MEMORY (the budget does not hold the activations for
- * max_batch_tokens plus at least one KV block, or allocation failed). */
+ * max_batch_tokens plus at least one KV block, or allocation failed),
+ * CELLM_ERR_UNSUPPORTED (kv_type does not suit the model's head sizes). */
 cellm_status cellm_engine_create(const cellm_model *model, const cellm_engine_params *params,
                                  cellm_engine **out);
 

@@ -1,19 +1,29 @@
 /*
- * attention.c — f16 K/V vector kernels for attention (see attention.h).
+ * attention.c — K/V vector kernels for attention (see attention.h).
  * The scalar, AVX2 and NEON variants follow one order of float operations
  * (the reference's below: 8 lanes with fused multiply-add, a fixed tree to
  * sum them, the tail into lane 0), so they return the same bits on every
- * CPU.
+ * CPU; the kernels of quantized rows do too (fmaf in the scalar version).
  */
 #include "attention.h"
 
+#include <assert.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/blocks.h"
 #include "kernels/fp16.h"
 #include "kernels/kernels.h"
+
+size_t attn_kv_row_bytes(attn_kv_format format, size_t n) {
+    switch (format) {
+    case ATTN_KV_Q8_0: return n / QK8_0 * sizeof(block_q8_0);
+    case ATTN_KV_Q4_0: return n / QK4_0 * sizeof(block_q4_0);
+    default: return n * sizeof(uint16_t);
+    }
+}
 
 static float ref_dot_f16(const float *q, const uint16_t *k, size_t n) {
     float lane[8] = {0};
@@ -46,8 +56,121 @@ static void ref_scale_round_f16(float *out, const float *x, float s, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = fp16_to_fp32(fp32_to_fp16(x[i] * s));
 }
 
-static const attn_kernels ref_kernels = {ref_dot_f16,  ref_axpy_f16,      ref_scale,
-                                         ref_dot4_f16, ref_axpy_rows_f16, ref_scale_round_f16};
+/* The kv[] entries of the f16 format: the f16 kernels behind the
+ * format-neutral signatures. Value rows go in chunks of pointers copied to
+ * their own type (axpy_rows_f16 gives the same bits for any split). */
+#define KV_F16_WRAPPERS(pfx)                                                                       \
+    static float pfx##_kv_dot_f16(const float *q, const void *k, size_t n) {                       \
+        return pfx##_dot_f16(q, (const uint16_t *)k, n);                                           \
+    }                                                                                              \
+    static void pfx##_kv_dot4_f16(const float *q, const void *const k[4], size_t n,                \
+                                  float out[4]) {                                                  \
+        const uint16_t *const kk[4] = {k[0], k[1], k[2], k[3]};                                    \
+        pfx##_dot4_f16(q, kk, n, out);                                                             \
+    }                                                                                              \
+    static void pfx##_kv_axpy_rows_f16(float *acc, const float *w, const void *const *v,           \
+                                       size_t nk, size_t n) {                                      \
+        const uint16_t *vr[32];                                                                    \
+        for (size_t j = 0; j < nk; j += 32) {                                                      \
+            size_t c = nk - j < 32 ? nk - j : 32;                                                  \
+            for (size_t i = 0; i < c; i++) vr[i] = v[j + i];                                       \
+            pfx##_axpy_rows_f16(acc, w + j, vr, c, n);                                             \
+        }                                                                                          \
+    }
+
+KV_F16_WRAPPERS(ref)
+
+static void store_f16(void *dst, const float *x, size_t n) {
+    uint16_t *d = dst;
+    for (size_t i = 0; i < n; i++) d[i] = fp32_to_fp16(x[i]);
+}
+static void store_q8_0(void *dst, const float *x, size_t n) {
+    ref_quantize_q8_0(x, dst, n);
+}
+static void store_q4_0(void *dst, const float *x, size_t n) {
+    ref_quantize_q4_0(x, dst, n);
+}
+
+/* The scale and the 32 codes (as floats, in element order) of block ib of
+ * a quantized row. */
+static inline float block_codes(attn_kv_format f, const void *row, size_t ib, float c[32]) {
+    if (f == ATTN_KV_Q8_0) {
+        const block_q8_0 *b = (const block_q8_0 *)row + ib;
+        for (int i = 0; i < 32; i++) c[i] = (float)b->qs[i];
+        return fp16_to_fp32(b->d);
+    }
+    const block_q4_0 *b = (const block_q4_0 *)row + ib;
+    for (int i = 0; i < 16; i++) {
+        c[i] = (float)((b->qs[i] & 15) - 8);
+        c[i + 16] = (float)((b->qs[i] >> 4) - 8);
+    }
+    return fp16_to_fp32(b->d);
+}
+
+static inline float lanes_sum(const float l[8]) {
+    return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+}
+
+/* A block's 32 products go into 8 lanes (element i into lane i % 8, in
+ * element order, each a fused multiply-add from zero); the block's scale
+ * then multiplies the lanes into the running ones (fused too); the lanes
+ * are summed in pairs at the end. */
+static float ref_dot_q(attn_kv_format f, const float *q, const void *k, size_t n) {
+    assert(n % 32 == 0);
+    float lane[8] = {0};
+    for (size_t ib = 0; ib < n / 32; ib++, q += 32) {
+        float c[32], part[8] = {0};
+        const float d = block_codes(f, k, ib, c);
+        for (int i = 0; i < 32; i += 8)
+            for (int j = 0; j < 8; j++) part[j] = fmaf(q[i + j], c[i + j], part[j]);
+        for (int j = 0; j < 8; j++) lane[j] = fmaf(d, part[j], lane[j]);
+    }
+    return lanes_sum(lane);
+}
+
+/* acc[i] = fma(w * d, code, acc[i]) per element, row after row. */
+static void ref_axpy_rows_q(attn_kv_format f, float *acc, const float *w, const void *const *v,
+                            size_t nk, size_t n) {
+    assert(n % 32 == 0);
+    for (size_t j = 0; j < nk; j++)
+        for (size_t ib = 0; ib < n / 32; ib++) {
+            float c[32];
+            const float wd = w[j] * block_codes(f, v[j], ib, c);
+            for (int i = 0; i < 32; i++) acc[32 * ib + i] = fmaf(wd, c[i], acc[32 * ib + i]);
+        }
+}
+
+#define REF_Q_KERNELS(fmt, sfx)                                                                    \
+    static float ref_dot_##sfx(const float *q, const void *k, size_t n) {                          \
+        return ref_dot_q(fmt, q, k, n);                                                            \
+    }                                                                                              \
+    static void ref_dot4_##sfx(const float *q, const void *const k[4], size_t n, float out[4]) {   \
+        for (int j = 0; j < 4; j++) out[j] = ref_dot_q(fmt, q, k[j], n);                           \
+    }                                                                                              \
+    static void ref_axpy_rows_##sfx(float *acc, const float *w, const void *const *v, size_t nk,   \
+                                    size_t n) {                                                    \
+        ref_axpy_rows_q(fmt, acc, w, v, nk, n);                                                    \
+    }
+
+REF_Q_KERNELS(ATTN_KV_Q8_0, q8_0)
+REF_Q_KERNELS(ATTN_KV_Q4_0, q4_0)
+
+#define KV_OPS_F16(pfx)                                                                            \
+    { pfx##_kv_dot_f16, pfx##_kv_dot4_f16, pfx##_kv_axpy_rows_f16, store_f16 }
+#define KV_OPS_Q8_0(pfx)                                                                           \
+    { pfx##_dot_q8_0, pfx##_dot4_q8_0, pfx##_axpy_rows_q8_0, store_q8_0 }
+#define KV_OPS_Q4_0(pfx)                                                                           \
+    { pfx##_dot_q4_0, pfx##_dot4_q4_0, pfx##_axpy_rows_q4_0, store_q4_0 }
+
+static const attn_kernels ref_kernels = {
+    .dot_f16 = ref_dot_f16,
+    .axpy_f16 = ref_axpy_f16,
+    .scale = ref_scale,
+    .dot4_f16 = ref_dot4_f16,
+    .axpy_rows_f16 = ref_axpy_rows_f16,
+    .scale_round_f16 = ref_scale_round_f16,
+    .kv = {KV_OPS_F16(ref), KV_OPS_Q8_0(ref), KV_OPS_Q4_0(ref)},
+};
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -147,8 +270,112 @@ AVX2_ATTR static void avx2_scale_round_f16(float *out, const float *x, float s, 
     for (; i < n; i++) out[i] = fp16_to_fp32(fp32_to_fp16(x[i] * s));
 }
 
-static const attn_kernels avx2_kernels = {avx2_dot_f16,  avx2_axpy_f16,      avx2_scale,
-                                          avx2_dot4_f16, avx2_axpy_rows_f16, avx2_scale_round_f16};
+KV_F16_WRAPPERS(avx2)
+
+/* The 32 codes of block ib of a quantized row as four vectors of 8
+ * floats (elements 0..7, 8..15, 16..23, 24..31); returns the scale. */
+AVX2_ATTR static inline __attribute__((always_inline)) float
+avx2_block_codes(attn_kv_format f, const void *row, size_t ib, __m256 c[4]) {
+    if (f == ATTN_KV_Q8_0) {
+        const block_q8_0 *b = (const block_q8_0 *)row + ib;
+        for (int u = 0; u < 4; u++)
+            c[u] = _mm256_cvtepi32_ps(
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * u))));
+        return fp16_to_fp32(b->d);
+    }
+    const block_q4_0 *b = (const block_q4_0 *)row + ib;
+    const __m128i raw = _mm_loadu_si128((const __m128i *)b->qs);
+    const __m128i m15 = _mm_set1_epi8(15), eight = _mm_set1_epi8(8);
+    const __m128i lo = _mm_sub_epi8(_mm_and_si128(raw, m15), eight);
+    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m15), eight);
+    c[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    c[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    c[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    c[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+    return fp16_to_fp32(b->d);
+}
+
+/* The eight lanes summed in the reference's order. */
+AVX2_ATTR static inline float avx2_lanes_sum(__m256 acc) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_shuffle_ps(s, s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehl_ps(s, s)));
+}
+
+/* ref_dot_q's operations, lane for lane. */
+AVX2_ATTR static inline __attribute__((always_inline)) float
+avx2_dot_q(attn_kv_format f, const float *q, const void *k, size_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t ib = 0; ib < n / 32; ib++, q += 32) {
+        __m256 c[4], part = _mm256_setzero_ps();
+        const float d = avx2_block_codes(f, k, ib, c);
+        for (int u = 0; u < 4; u++) part = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * u), c[u], part);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), part, acc);
+    }
+    return avx2_lanes_sum(acc);
+}
+
+/* Four keys, the query loaded once per block. */
+AVX2_ATTR static inline __attribute__((always_inline)) void
+avx2_dot4_q(attn_kv_format f, const float *q, const void *const k[4], size_t n, float out[4]) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    for (size_t ib = 0; ib < n / 32; ib++, q += 32) {
+        const __m256 qv[4] = {_mm256_loadu_ps(q), _mm256_loadu_ps(q + 8), _mm256_loadu_ps(q + 16),
+                              _mm256_loadu_ps(q + 24)};
+        for (int j = 0; j < 4; j++) {
+            __m256 c[4], part = _mm256_setzero_ps();
+            const float d = avx2_block_codes(f, k[j], ib, c);
+            for (int u = 0; u < 4; u++) part = _mm256_fmadd_ps(qv[u], c[u], part);
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d), part, acc[j]);
+        }
+    }
+    for (int j = 0; j < 4; j++) out[j] = avx2_lanes_sum(acc[j]);
+}
+
+/* ref_axpy_rows_q's fused multiply-adds, with a block's 32 columns of acc
+ * in registers across the rows. */
+AVX2_ATTR static inline __attribute__((always_inline)) void
+avx2_axpy_rows_q(attn_kv_format f, float *acc, const float *w, const void *const *v, size_t nk,
+                 size_t n) {
+    for (size_t ib = 0; ib < n / 32; ib++) {
+        float *ac = acc + 32 * ib;
+        __m256 a[4];
+        for (int u = 0; u < 4; u++) a[u] = _mm256_loadu_ps(ac + 8 * u);
+        for (size_t j = 0; j < nk; j++) {
+            __m256 c[4];
+            const __m256 wd = _mm256_set1_ps(w[j] * avx2_block_codes(f, v[j], ib, c));
+            for (int u = 0; u < 4; u++) a[u] = _mm256_fmadd_ps(wd, c[u], a[u]);
+        }
+        for (int u = 0; u < 4; u++) _mm256_storeu_ps(ac + 8 * u, a[u]);
+    }
+}
+
+#define AVX2_Q_KERNELS(fmt, sfx)                                                                   \
+    AVX2_ATTR static float avx2_dot_##sfx(const float *q, const void *k, size_t n) {               \
+        return avx2_dot_q(fmt, q, k, n);                                                           \
+    }                                                                                              \
+    AVX2_ATTR static void avx2_dot4_##sfx(const float *q, const void *const k[4], size_t n,        \
+                                          float out[4]) {                                          \
+        avx2_dot4_q(fmt, q, k, n, out);                                                            \
+    }                                                                                              \
+    AVX2_ATTR static void avx2_axpy_rows_##sfx(float *acc, const float *w, const void *const *v,   \
+                                               size_t nk, size_t n) {                              \
+        avx2_axpy_rows_q(fmt, acc, w, v, nk, n);                                                   \
+    }
+
+AVX2_Q_KERNELS(ATTN_KV_Q8_0, q8_0)
+AVX2_Q_KERNELS(ATTN_KV_Q4_0, q4_0)
+
+static const attn_kernels avx2_kernels = {
+    .dot_f16 = avx2_dot_f16,
+    .axpy_f16 = avx2_axpy_f16,
+    .scale = avx2_scale,
+    .dot4_f16 = avx2_dot4_f16,
+    .axpy_rows_f16 = avx2_axpy_rows_f16,
+    .scale_round_f16 = avx2_scale_round_f16,
+    .kv = {KV_OPS_F16(avx2), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2)},
+};
 #endif
 
 #if defined(__aarch64__)
@@ -247,8 +474,108 @@ static void neon_scale_round_f16(float *out, const float *x, float s, size_t n) 
     for (; i < n; i++) out[i] = fp16_to_fp32(fp32_to_fp16(x[i] * s));
 }
 
-static const attn_kernels neon_kernels = {neon_dot_f16,  neon_axpy_f16,      neon_scale,
-                                          neon_dot4_f16, neon_axpy_rows_f16, neon_scale_round_f16};
+KV_F16_WRAPPERS(neon)
+
+/* The 32 codes of block ib of a quantized row as eight vectors of four
+ * floats, in element order; returns the scale. */
+static inline __attribute__((always_inline)) float
+neon_block_codes(attn_kv_format f, const void *row, size_t ib, float32x4_t c[8]) {
+    int8x16_t a, b; /* elements 0..15, 16..31 */
+    float d;
+    if (f == ATTN_KV_Q8_0) {
+        const block_q8_0 *bl = (const block_q8_0 *)row + ib;
+        a = vld1q_s8(bl->qs);
+        b = vld1q_s8(bl->qs + 16);
+        d = fp16_to_fp32(bl->d);
+    } else {
+        const block_q4_0 *bl = (const block_q4_0 *)row + ib;
+        const uint8x16_t raw = vld1q_u8(bl->qs);
+        a = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(15))), vdupq_n_s8(8));
+        b = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(raw, 4)), vdupq_n_s8(8));
+        d = fp16_to_fp32(bl->d);
+    }
+    const int16x8_t h[4] = {vmovl_s8(vget_low_s8(a)), vmovl_s8(vget_high_s8(a)),
+                            vmovl_s8(vget_low_s8(b)), vmovl_s8(vget_high_s8(b))};
+    for (int u = 0; u < 4; u++) {
+        c[2 * u] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(h[u])));
+        c[2 * u + 1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(h[u])));
+    }
+    return d;
+}
+
+/* ref_dot_q's lanes: 0..3 in lo, 4..7 in hi. */
+static inline __attribute__((always_inline)) void neon_dot_block(attn_kv_format f, const float *q,
+                                                                 const void *k, size_t ib,
+                                                                 float32x4_t *lo, float32x4_t *hi) {
+    float32x4_t c[8], plo = vdupq_n_f32(0.0f), phi = vdupq_n_f32(0.0f);
+    const float d = neon_block_codes(f, k, ib, c);
+    for (int u = 0; u < 4; u++) {
+        plo = vfmaq_f32(plo, vld1q_f32(q + 8 * u), c[2 * u]);
+        phi = vfmaq_f32(phi, vld1q_f32(q + 8 * u + 4), c[2 * u + 1]);
+    }
+    *lo = vfmaq_n_f32(*lo, plo, d);
+    *hi = vfmaq_n_f32(*hi, phi, d);
+}
+
+static inline __attribute__((always_inline)) float neon_dot_q(attn_kv_format f, const float *q,
+                                                              const void *k, size_t n) {
+    float32x4_t lo = vdupq_n_f32(0.0f), hi = vdupq_n_f32(0.0f);
+    for (size_t ib = 0; ib < n / 32; ib++) neon_dot_block(f, q + 32 * ib, k, ib, &lo, &hi);
+    return neon_dot_finish(lo, hi, q, NULL, n, n);
+}
+
+static inline __attribute__((always_inline)) void
+neon_dot4_q(attn_kv_format f, const float *q, const void *const k[4], size_t n, float out[4]) {
+    float32x4_t lo[4], hi[4];
+    for (int j = 0; j < 4; j++) lo[j] = hi[j] = vdupq_n_f32(0.0f);
+    for (size_t ib = 0; ib < n / 32; ib++)
+        for (int j = 0; j < 4; j++) neon_dot_block(f, q + 32 * ib, k[j], ib, &lo[j], &hi[j]);
+    for (int j = 0; j < 4; j++) out[j] = neon_dot_finish(lo[j], hi[j], q, NULL, n, n);
+}
+
+/* ref_axpy_rows_q's fused multiply-adds, a block's 32 columns of acc in
+ * registers across the rows. */
+static inline __attribute__((always_inline)) void neon_axpy_rows_q(attn_kv_format f, float *acc,
+                                                                   const float *w,
+                                                                   const void *const *v, size_t nk,
+                                                                   size_t n) {
+    for (size_t ib = 0; ib < n / 32; ib++) {
+        float *ac = acc + 32 * ib;
+        float32x4_t a[8];
+        for (int u = 0; u < 8; u++) a[u] = vld1q_f32(ac + 4 * u);
+        for (size_t j = 0; j < nk; j++) {
+            float32x4_t c[8];
+            const float wd = w[j] * neon_block_codes(f, v[j], ib, c);
+            for (int u = 0; u < 8; u++) a[u] = vfmaq_n_f32(a[u], c[u], wd);
+        }
+        for (int u = 0; u < 8; u++) vst1q_f32(ac + 4 * u, a[u]);
+    }
+}
+
+#define NEON_Q_KERNELS(fmt, sfx)                                                                   \
+    static float neon_dot_##sfx(const float *q, const void *k, size_t n) {                         \
+        return neon_dot_q(fmt, q, k, n);                                                           \
+    }                                                                                              \
+    static void neon_dot4_##sfx(const float *q, const void *const k[4], size_t n, float out[4]) {  \
+        neon_dot4_q(fmt, q, k, n, out);                                                            \
+    }                                                                                              \
+    static void neon_axpy_rows_##sfx(float *acc, const float *w, const void *const *v, size_t nk,  \
+                                     size_t n) {                                                   \
+        neon_axpy_rows_q(fmt, acc, w, v, nk, n);                                                   \
+    }
+
+NEON_Q_KERNELS(ATTN_KV_Q8_0, q8_0)
+NEON_Q_KERNELS(ATTN_KV_Q4_0, q4_0)
+
+static const attn_kernels neon_kernels = {
+    .dot_f16 = neon_dot_f16,
+    .axpy_f16 = neon_axpy_f16,
+    .scale = neon_scale,
+    .dot4_f16 = neon_dot4_f16,
+    .axpy_rows_f16 = neon_axpy_rows_f16,
+    .scale_round_f16 = neon_scale_round_f16,
+    .kv = {KV_OPS_F16(neon), KV_OPS_Q8_0(neon), KV_OPS_Q4_0(neon)},
+};
 #endif
 
 static const attn_kernels *chosen = &ref_kernels;
@@ -271,4 +598,51 @@ const attn_kernels *attn_kernels_get(void) {
 
 const attn_kernels *attn_kernels_ref(void) {
     return &ref_kernels;
+}
+
+/* ------------------------------------------------------------ rotation */
+
+#define ROT_MAX 1024
+
+static float rot_signs[ROT_MAX];
+static pthread_once_t rot_once = PTHREAD_ONCE_INIT;
+
+/* The signs of S: the low bit of a splitmix64 sequence from a fixed seed. */
+static void rot_fill(void) {
+    uint64_t st = 0x7C3A5E1F0B9D2468ull;
+    for (int i = 0; i < ROT_MAX; i++) {
+        uint64_t z = (st += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        rot_signs[i] = z & 1 ? -1.0f : 1.0f;
+    }
+}
+
+/* x = W x (unnormalised Walsh-Hadamard, butterflies of growing span). */
+static void fwht(float *x, size_t n) {
+    for (size_t h = 1; h < n; h *= 2)
+        for (size_t i = 0; i < n; i += 2 * h)
+            for (size_t j = i; j < i + h; j++) {
+                const float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+}
+
+void attn_rotate(float *x, size_t n) {
+    assert(n >= 1 && n <= ROT_MAX && (n & (n - 1)) == 0);
+    (void)pthread_once(&rot_once, rot_fill);
+    for (size_t i = 0; i < n; i++) x[i] *= rot_signs[i];
+    fwht(x, n);
+    const float s = 1.0f / sqrtf((float)n);
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+void attn_unrotate(float *x, size_t n) {
+    assert(n >= 1 && n <= ROT_MAX && (n & (n - 1)) == 0);
+    (void)pthread_once(&rot_once, rot_fill);
+    fwht(x, n);
+    const float s = 1.0f / sqrtf((float)n);
+    for (size_t i = 0; i < n; i++) x[i] *= rot_signs[i] * s;
 }

@@ -587,7 +587,7 @@ static cellm_status process_budget_fit(const cellm_model *cm, cellm_engine_param
     const size_t per_seq = (size_t)m->n_vocab * PROC_SAMPLER_BYTES_PER_TOKEN +
                            (size_t)p->max_ctx * PROC_SEQ_BYTES_PER_POS;
     const size_t fixed = weights + tables + runtime + (size_t)p->max_seqs * per_seq + act_bytes;
-    const size_t seq_kv = kv_cache_seq_bytes(m, p->max_ctx);
+    const size_t seq_kv = kv_cache_seq_bytes(m, p->kv_type, p->max_ctx);
     const size_t kv_need = (size_t)p->max_seqs * seq_kv;
     const size_t budget = p->process_budget_bytes;
     if (fixed >= budget || kv_need > budget - fixed) {
@@ -644,8 +644,7 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
         return fail_msg(CELLM_ERR_INVALID_ARG, "max_ctx must be 0..16777216");
     if (p.max_ctx == 0)
         p.max_ctx = m->n_ctx_train > 0 && m->n_ctx_train < 4096 ? m->n_ctx_train : 4096;
-    if (p.kv_type != CELLM_KV_F16)
-        return fail_msg(CELLM_ERR_UNSUPPORTED, "only the f16 KV cache type exists so far");
+    if (kv_type_check(m, p.kv_type, &err)) return fail(&err);
     const char *bad_qos = qos_check(&p.qos, p.n_threads);
     if (bad_qos) return fail_msg(CELLM_ERR_INVALID_ARG, bad_qos);
 
@@ -678,7 +677,7 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
         engine_destroy(e);
         return fail_msg(CELLM_ERR_NO_MEMORY, "out of memory");
     }
-    if (kv_cache_create(m, p.mem_budget_bytes - e->act_bytes, p.max_ctx, &e->kv, &err) ||
+    if (kv_cache_create(m, p.mem_budget_bytes - e->act_bytes, p.max_ctx, p.kv_type, &e->kv, &err) ||
         tp_create(p.n_threads, &e->tp, &err) ||
         forward_create(m, e->kv, e->tp, p.max_batch_tokens, e->logit_rows, &e->fwd, &err)) {
         engine_destroy(e);

@@ -282,25 +282,44 @@ static void task_qk(void *arg, int ith, int nth) {
             if (L->k_norm.data) rmsnorm(k + h * hd, k + h * hd, L->k_norm.data, hd, m->norm_eps);
             rope_head(m, k + h * hd, cs, sn);
         }
-        uint16_t *kc = kv_k(f->kv, s->rows[r].seq, L->kv_group, L->kv_index, pos);
-        uint16_t *vc = kv_v(f->kv, s->rows[r].seq, L->kv_group, L->kv_index, pos);
-        for (int32_t i = 0; i < kd; i++) kc[i] = fp32_to_fp16(k[i]);
-        for (int32_t i = 0; i < vd; i++) vc[i] = fp32_to_fp16(v[i]);
+        /* Into the cache in its KV type, each head on its own (rotated
+         * first for the rotated type: k and v are not read again). */
+        const kv_cache *kv = f->kv;
+        const attn_kv_ops *ops = &f->ak->kv[kv->format];
+        uint8_t *kc = kv_k(kv, s->rows[r].seq, L->kv_group, L->kv_index, pos);
+        uint8_t *vc = kv_v(kv, s->rows[r].seq, L->kv_group, L->kv_index, pos);
+        size_t kb = attn_kv_row_bytes(kv->format, (size_t)hd),
+               vb = attn_kv_row_bytes(kv->format, (size_t)hdv);
+        for (int32_t h = 0; h < m->n_head_kv; h++) {
+            if (kv->rotated) {
+                attn_rotate(k + h * hd, (size_t)hd);
+                attn_rotate(v + h * hdv, (size_t)hdv);
+            }
+            ops->store(kc + h * kb, k + h * hd, (size_t)hd);
+            ops->store(vc + h * vb, v + h * hdv, (size_t)hdv);
+        }
     }
 }
 
 /* Attention of every (row, head) pair over the row's visible positions,
- * read through the block table in position order. The rounding follows
- * llama.cpp's (non-flash) attention: Q is rounded to f16 like the K it
- * meets, the softmax is taken in f32 with a double sum, and the
- * probabilities are rounded to f16 before they weight V. */
+ * read through the block table in position order, from rows of the
+ * cache's format (the kernels read quantized rows directly). The rounding
+ * follows llama.cpp's (non-flash) attention: with f16 K, Q is rounded to
+ * f16 like the K it meets (quantized K meets the f32 Q); the softmax is
+ * taken in f32 with a double sum, and the probabilities are rounded to
+ * f16 before they weight V. With the rotated type, Q is rotated like the
+ * keys were, and the weighted sum of rotated values is un-rotated once. */
 static void task_attention(void *arg, int ith, int nth) {
     step *s = arg;
     forward_ctx *f = s->f;
     const model *m = f->m;
     const layer_desc *L = s->L;
     const attn_kernels *ak = f->ak;
+    const kv_cache *kv = f->kv;
+    const attn_kv_ops *ops = &ak->kv[kv->format];
     int32_t hd = m->head_dim, hdv = m->head_dim_v, group = m->n_head / m->n_head_kv;
+    size_t kb = attn_kv_row_bytes(kv->format, (size_t)hd),
+           vb = attn_kv_row_bytes(kv->format, (size_t)hdv);
     float *acc = f->acc + (size_t)ith * f->acc_stride, *q16 = acc + hdv, *sc = q16 + hd;
     long b, e;
     tp_split((long)s->n * m->n_head, ith, nth, &b, &e);
@@ -311,22 +330,26 @@ static void task_attention(void *arg, int ith, int nth) {
         int32_t pos = s->rows[r].pos;
         int32_t lo = L->window > 0 && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
         const float *q = f->q + r * (long)m->n_head * hd + (long)h * hd;
-        ak->scale_round_f16(q16, q, 1.0f, (size_t)hd);
+        if (kv->format == ATTN_KV_F16)
+            ak->scale_round_f16(q16, q, 1.0f, (size_t)hd);
+        else
+            memcpy(q16, q, (size_t)hd * sizeof(float));
+        if (kv->rotated) attn_rotate(q16, (size_t)hd);
         float mx = -INFINITY;
-        /* Scores four keys at a time (dot4_f16 gives each the bits dot_f16
-         * would), then the rest one by one. */
+        /* Scores four keys at a time (dot4 gives each the bits dot would),
+         * then the rest one by one. */
         int32_t p = lo;
         for (; p + 4 <= pos + 1; p += 4) {
-            const uint16_t *kr[4];
+            const void *kr[4];
             float d4[4];
             for (int j = 0; j < 4; j++)
-                kr[j] = kv_k(f->kv, seq, L->kv_group, L->kv_index, p + j) + kvh * hd;
-            ak->dot4_f16(q16, kr, (size_t)hd, d4);
+                kr[j] = (const uint8_t *)kv_k(kv, seq, L->kv_group, L->kv_index, p + j) + kvh * kb;
+            ops->dot4(q16, kr, (size_t)hd, d4);
             for (int j = 0; j < 4; j++) sc[p + j - lo] = d4[j];
         }
         for (; p <= pos; p++) {
-            const uint16_t *kr = kv_k(f->kv, seq, L->kv_group, L->kv_index, p) + kvh * hd;
-            sc[p - lo] = ak->dot_f16(q16, kr, (size_t)hd);
+            const void *kr = (const uint8_t *)kv_k(kv, seq, L->kv_group, L->kv_index, p) + kvh * kb;
+            sc[p - lo] = ops->dot(q16, kr, (size_t)hd);
         }
         for (p = lo; p <= pos; p++) {
             float x = sc[p - lo] * m->attn_scale;
@@ -344,16 +367,17 @@ static void task_attention(void *arg, int ith, int nth) {
         ak->scale_round_f16(sc, sc, inv, (size_t)(pos - lo + 1)); /* the weights, f16-rounded */
         memset(acc, 0, (size_t)hdv * sizeof(float));
         /* The weighted values, a chunk of rows at a time with acc in
-         * registers (axpy_rows_f16: the bits of one axpy per row). */
+         * registers (axpy_rows: the bits of one row at a time). */
         for (p = lo; p <= pos;) {
             enum { CHUNK = 32 };
-            const uint16_t *vr[CHUNK];
+            const void *vr[CHUNK];
             int cnt = 0;
             const float *w = sc + (p - lo);
             for (; cnt < CHUNK && p <= pos; cnt++, p++)
-                vr[cnt] = kv_v(f->kv, seq, L->kv_group, L->kv_index, p) + kvh * hdv;
-            ak->axpy_rows_f16(acc, w, vr, (size_t)cnt, (size_t)hdv);
+                vr[cnt] = (const uint8_t *)kv_v(kv, seq, L->kv_group, L->kv_index, p) + kvh * vb;
+            ops->axpy_rows(acc, w, vr, (size_t)cnt, (size_t)hdv);
         }
+        if (kv->rotated) attn_unrotate(acc, (size_t)hdv);
         memcpy(f->att + r * (long)m->n_head * hdv + (long)h * hdv, acc,
                (size_t)hdv * sizeof(float));
     }

@@ -16,20 +16,65 @@ static int32_t group_positions(int32_t window, int32_t ctx) {
     return window + KV_BLOCK_TOKENS;
 }
 
-static void group_sizes(const model *m, int32_t gi, kv_group *g) {
+/* Each KV type: its name (for messages), how its rows are stored, whether
+ * heads are rotated first. */
+static const struct {
+    const char *name;
+    attn_kv_format format;
+    bool rotated;
+} kv_types[] = {
+    [CELLM_KV_F16] = {"f16", ATTN_KV_F16, false},
+    [CELLM_KV_Q8_0] = {"q8_0", ATTN_KV_Q8_0, false},
+    [CELLM_KV_Q4_0] = {"q4_0", ATTN_KV_Q4_0, false},
+    [CELLM_KV_Q4_0H] = {"q4_0h", ATTN_KV_Q4_0, true},
+};
+
+cellm_status kv_type_check(const model *m, cellm_kv_type type, cellm_error *err) {
+    if ((unsigned)type >= sizeof kv_types / sizeof kv_types[0])
+        return err_set(err, CELLM_ERR_INVALID_ARG,
+                       "KV type %d is not one of f16, q8_0, q4_0, q4_0h", (int)type);
+    const int32_t dims[2] = {m->head_dim, m->head_dim_v};
+    for (int i = 0; i < 2; i++) {
+        int32_t d = dims[i];
+        if (kv_types[type].format != ATTN_KV_F16 && d % 32 != 0)
+            return err_set(
+                err, CELLM_ERR_UNSUPPORTED,
+                "KV type %s needs head sizes that are multiples of 32 (this model's: %d)",
+                kv_types[type].name, d);
+        if (kv_types[type].rotated && (d > 1024 || (d & (d - 1)) != 0))
+            return err_set(err, CELLM_ERR_UNSUPPORTED,
+                           "KV type %s needs head sizes that are powers of two up to 1024 (this "
+                           "model's: %d)",
+                           kv_types[type].name, d);
+    }
+    return CELLM_OK;
+}
+
+static void group_sizes(const model *m, cellm_kv_type type, int32_t gi, kv_group *g) {
+    attn_kv_format f = kv_types[type].format;
     g->n_layers = m->kv_group_layers[gi];
     g->window = m->kv_group_window[gi];
-    g->k_row = (size_t)m->n_head_kv * (size_t)m->head_dim * 2;
-    g->v_row = (size_t)m->n_head_kv * (size_t)m->head_dim_v * 2;
+    g->k_row = (size_t)m->n_head_kv * attn_kv_row_bytes(f, (size_t)m->head_dim);
+    g->v_row = (size_t)m->n_head_kv * attn_kv_row_bytes(f, (size_t)m->head_dim_v);
     g->layer_bytes = KV_BLOCK_TOKENS * (g->k_row + g->v_row);
     g->block_bytes = g->layer_bytes * (size_t)g->n_layers;
 }
 
-size_t kv_cache_seq_bytes(const model *m, int32_t ctx) {
+size_t kv_cache_token_bytes(const model *m, cellm_kv_type type) {
+    kv_group g;
+    size_t total = 0;
+    for (int32_t gi = 0; gi < m->n_kv_groups; gi++) {
+        group_sizes(m, type, gi, &g);
+        total += g.block_bytes / KV_BLOCK_TOKENS;
+    }
+    return total;
+}
+
+size_t kv_cache_seq_bytes(const model *m, cellm_kv_type type, int32_t ctx) {
     size_t total = 0;
     for (int32_t gi = 0; gi < m->n_kv_groups; gi++) {
         kv_group g;
-        group_sizes(m, gi, &g);
+        group_sizes(m, type, gi, &g);
         int32_t pos = group_positions(g.window, ctx);
         size_t blocks = (size_t)(pos + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
         total += blocks * g.block_bytes;
@@ -37,21 +82,26 @@ size_t kv_cache_seq_bytes(const model *m, int32_t ctx) {
     return total;
 }
 
-cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, kv_cache **out,
-                             cellm_error *err) {
+cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, cellm_kv_type type,
+                             kv_cache **out, cellm_error *err) {
     *out = NULL;
     if (max_ctx <= 0 || max_ctx > (1 << 24))
         return err_set(err, CELLM_ERR_INVALID_ARG, "context length %d is not 1..16777216", max_ctx);
+    cellm_status st = kv_type_check(m, type, err);
+    if (st) return st;
     kv_cache *c = calloc(1, sizeof *c);
     if (!c) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    c->type = type;
+    c->format = kv_types[type].format;
+    c->rotated = kv_types[type].rotated;
     c->n_groups = m->n_kv_groups;
     c->max_ctx = max_ctx;
     c->max_blocks_per_seq = (max_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
     c->anchor = -1;
-    size_t per_seq = kv_cache_seq_bytes(m, max_ctx);
+    size_t per_seq = kv_cache_seq_bytes(m, type, max_ctx);
     for (int32_t gi = 0; gi < c->n_groups; gi++) {
         kv_group *g = &c->groups[gi];
-        group_sizes(m, gi, g);
+        group_sizes(m, type, gi, g);
         int32_t pos = group_positions(g->window, max_ctx);
         size_t need = (size_t)(pos + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS * g->block_bytes;
         /* This group's share of the budget, in whole blocks. */

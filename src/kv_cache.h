@@ -12,7 +12,10 @@
  *
  *   block = [layer 0: K[16][kv_dim] V[16][kv_dim]] [layer 1: ...] ...
  *
- * K and V are stored as f16. Blocks carry a reference count: sequences
+ * K and V rows are stored in the engine's KV type (cellm_kv_type): f16,
+ * Q8_0 or Q4_0 blocks of 32 (each head's blocks in order, attention.h),
+ * or, for the rotated 4-bit type, Q4_0 blocks of each head rotated by
+ * attn_rotate. Blocks carry a reference count: sequences
  * share blocks (a fork, a cached prefix), and a write into a shared block
  * copies it first (copy-on-write, in kv_seq_reserve).
  *
@@ -46,6 +49,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "attention.h"
 #include "model.h"
 #include "util.h"
 
@@ -83,6 +87,9 @@ typedef struct kv_group {
 } kv_group;
 
 typedef struct kv_cache {
+    cellm_kv_type type;
+    attn_kv_format format; /* how a K or V row is stored */
+    bool rotated;          /* rows hold attn_rotate'd heads (queries must be rotated too) */
     int32_t n_groups;
     kv_group groups[2];
     int32_t max_blocks_per_seq; /* table capacity: max context / 16 */
@@ -107,15 +114,25 @@ typedef struct kv_seq {
     int32_t n_pub; /* leading anchor blocks already indexed */
 } kv_seq;
 
-/* Creates a cache for `m` holding up to `budget` bytes of blocks, sequences
- * of up to `max_ctx` positions. The budget is split between the groups in
- * proportion to what one sequence of `max_ctx` needs in each. */
-cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, kv_cache **out,
-                             cellm_error *err);
+/* Creates a cache for `m` holding up to `budget` bytes of blocks of KV
+ * type `type`, sequences of up to `max_ctx` positions. The budget is split
+ * between the groups in proportion to what one sequence of `max_ctx` needs
+ * in each. CELLM_ERR_UNSUPPORTED when the model's head sizes do not suit
+ * the type (kv_type_check). */
+cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, cellm_kv_type type,
+                             kv_cache **out, cellm_error *err);
 void kv_cache_free(kv_cache *c);
 
-/* Bytes the cache needs per sequence of `ctx` positions (all groups). */
-size_t kv_cache_seq_bytes(const model *m, int32_t ctx);
+/* Whether `type` is a KV type and `m` can store K and V in it: the
+ * quantized types need head sizes that are multiples of 32, the rotated
+ * one powers of two up to 1024 as well. */
+cellm_status kv_type_check(const model *m, cellm_kv_type type, cellm_error *err);
+
+/* Bytes the cache needs per sequence of `ctx` positions (all groups), and
+ * the bytes of one position (K and V of every layer), with KV type `type`
+ * (which must pass kv_type_check). */
+size_t kv_cache_seq_bytes(const model *m, cellm_kv_type type, int32_t ctx);
+size_t kv_cache_token_bytes(const model *m, cellm_kv_type type);
 
 cellm_status kv_seq_init(kv_cache *c, kv_seq *s, cellm_error *err);
 /* Returns every block of the sequence to the pool and empties it. */
@@ -186,20 +203,21 @@ int32_t kv_cache_idle_blocks(const kv_cache *c, int32_t group);
  * check). Returns NULL when all hold, else what is wrong. For tests. */
 const char *kv_cache_check(const kv_cache *c, const uint32_t *const refs[2]);
 
-/* Where K and V of one position of one layer live. The block must exist. */
-static inline uint16_t *kv_k(const kv_cache *c, const kv_seq *s, int32_t group, int32_t layer,
-                             int32_t pos) {
+/* Where K and V of one position of one layer live (a row of the cache's
+ * format, heads one after the other). The block must exist. */
+static inline void *kv_k(const kv_cache *c, const kv_seq *s, int32_t group, int32_t layer,
+                         int32_t pos) {
     const kv_group *g = &c->groups[group];
     int32_t b = s->table[group][pos / KV_BLOCK_TOKENS];
-    return (uint16_t *)(g->mem + (size_t)b * g->block_bytes + (size_t)layer * g->layer_bytes +
-                        (size_t)(pos % KV_BLOCK_TOKENS) * g->k_row);
+    return g->mem + (size_t)b * g->block_bytes + (size_t)layer * g->layer_bytes +
+           (size_t)(pos % KV_BLOCK_TOKENS) * g->k_row;
 }
-static inline uint16_t *kv_v(const kv_cache *c, const kv_seq *s, int32_t group, int32_t layer,
-                             int32_t pos) {
+static inline void *kv_v(const kv_cache *c, const kv_seq *s, int32_t group, int32_t layer,
+                         int32_t pos) {
     const kv_group *g = &c->groups[group];
     int32_t b = s->table[group][pos / KV_BLOCK_TOKENS];
-    return (uint16_t *)(g->mem + (size_t)b * g->block_bytes + (size_t)layer * g->layer_bytes +
-                        KV_BLOCK_TOKENS * g->k_row + (size_t)(pos % KV_BLOCK_TOKENS) * g->v_row);
+    return g->mem + (size_t)b * g->block_bytes + (size_t)layer * g->layer_bytes +
+           KV_BLOCK_TOKENS * g->k_row + (size_t)(pos % KV_BLOCK_TOKENS) * g->v_row;
 }
 
 /* Blocks in use in a group (for metrics and tests). */

@@ -4,10 +4,15 @@
  * against one axpy_f16 per row, scale_round_f16 against the scalar f16
  * conversion), for the scalar and the chosen variant, on
  * head sizes with and without a tail; and the chosen variant returns
- * the scalar one's bits.
+ * the scalar one's bits. The kernels of quantized K/V rows (Q8_0, Q4_0):
+ * the same, and the scalar one against a double-precision sum over the
+ * dequantized rows. The rotation of the rotated 4-bit type: orthogonal,
+ * undone by attn_unrotate, and it spreads a single outlier over the whole
+ * head.
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <math.h>
@@ -17,6 +22,7 @@
 
 #include "attention.h"
 #include "kernels/fp16.h"
+#include "kernels/kernels.h"
 
 static uint64_t rng = 0x243F6A8885A308D3ull;
 static float rnd(void) {
@@ -114,10 +120,158 @@ static void test_chosen_same_as_ref(void **state) {
     }
 }
 
+/* Quantized rows: store (the scalar quantizers), then every kernel of the
+ * chosen variant gives the scalar variant's bits, dot4 gives dot's,
+ * axpy_rows over many rows gives one row at a time; the scalar dot and
+ * axpy agree with double-precision sums over the dequantized rows. */
+static void check_quantized(attn_kv_format f, void (*deq)(const void *, float *, size_t),
+                            const char *name) {
+    const attn_kernels *a = attn_kernels_get(), *r = attn_kernels_ref();
+    static const size_t sizes[] = {32, 64, 96, 256};
+    enum { MAXN = 256, ROWS = 37, ROWB = MAXN / 32 * 34 };
+    static float q[MAXN], x[MAXN], deqv[ROWS][MAXN], acc1[MAXN], acc2[MAXN], acc3[MAXN], w[ROWS];
+    static uint8_t rows[ROWS][ROWB];
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        const size_t n = sizes[si];
+        assert_true(attn_kv_row_bytes(f, n) <= ROWB);
+        assert_int_equal(attn_kv_row_bytes(f, n), n / 32 * (f == ATTN_KV_Q8_0 ? 34 : 18));
+        for (int round = 0; round < 20; round++) {
+            const float qs = round % 3 ? 1.0f : 300.0f;
+            for (size_t i = 0; i < n; i++) q[i] = rnd() * qs;
+            for (int j = 0; j < ROWS; j++) {
+                /* Rows with an outlier now and then, as real keys have. */
+                for (size_t i = 0; i < n; i++) x[i] = rnd() * (i % 29 == 3 ? 20.0f : 1.0f);
+                r->kv[f].store(rows[j], x, n);
+                uint8_t again[ROWB];
+                a->kv[f].store(again, x, n);
+                assert_memory_equal(again, rows[j], attn_kv_row_bytes(f, n));
+                deq(rows[j], deqv[j], n);
+                /* The stored row is the input to within the format's step. */
+                float amax = 0;
+                for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+                const float step = f == ATTN_KV_Q8_0 ? amax / 127 : amax / 8;
+                for (size_t i = 0; i < n; i++) assert_true(fabsf(deqv[j][i] - x[i]) <= step);
+                w[j] = rnd();
+            }
+            const void *k4[4] = {rows[0], rows[5], rows[9], rows[36]};
+            const void *vr[ROWS];
+            for (int j = 0; j < ROWS; j++) vr[j] = rows[j];
+            float o1[4], o2[4];
+            r->kv[f].dot4(q, k4, n, o1);
+            a->kv[f].dot4(q, k4, n, o2);
+            for (int j = 0; j < 4; j++) {
+                const float d1 = r->kv[f].dot(q, k4[j], n), d2 = a->kv[f].dot(q, k4[j], n);
+                if (memcmp(&o1[j], &d1, 4) || memcmp(&o2[j], &d1, 4) || memcmp(&d2, &d1, 4))
+                    fail_msg("%s n=%zu key %d: ref dot4 %a, chosen dot4 %a, chosen dot %a, ref "
+                             "dot %a",
+                             name, n, j, o1[j], o2[j], d2, d1);
+                double want = 0, mag = 0;
+                const int kj = j == 0 ? 0 : j == 1 ? 5 : j == 2 ? 9 : 36;
+                for (size_t i = 0; i < n; i++) {
+                    want += (double)q[i] * deqv[kj][i];
+                    mag += fabs((double)q[i] * deqv[kj][i]);
+                }
+                if (fabs(d1 - want) > 1e-5 * mag + 1e-30)
+                    fail_msg("%s n=%zu dot %g, double sum %g", name, n, d1, want);
+            }
+            for (size_t i = 0; i < n; i++) acc1[i] = acc2[i] = acc3[i] = q[i];
+            r->kv[f].axpy_rows(acc1, w, vr, ROWS, n);
+            a->kv[f].axpy_rows(acc2, w, vr, ROWS, n);
+            for (int j = 0; j < ROWS; j++) a->kv[f].axpy_rows(acc3, w + j, vr + j, 1, n);
+            if (memcmp(acc1, acc2, n * 4) || memcmp(acc1, acc3, n * 4))
+                fail_msg("%s n=%zu axpy_rows: variants or row splits differ", name, n);
+            for (size_t i = 0; i < n; i++) {
+                double want = q[i], mag = fabs(q[i]);
+                for (int j = 0; j < ROWS; j++) {
+                    want += (double)w[j] * deqv[j][i];
+                    mag += fabs((double)w[j] * deqv[j][i]);
+                }
+                if (fabs(acc1[i] - want) > 1e-5 * mag)
+                    fail_msg("%s n=%zu axpy_rows[%zu] %g, double sum %g", name, n, i, acc1[i],
+                             want);
+            }
+        }
+    }
+}
+
+static void test_quantized_rows(void **state) {
+    (void)state;
+    check_quantized(ATTN_KV_Q8_0, ref_dequantize_q8_0, "q8_0");
+    check_quantized(ATTN_KV_Q4_0, ref_dequantize_q4_0, "q4_0");
+}
+
+/* The f16 entries of kv[] are the f16 kernels. */
+static void test_f16_rows(void **state) {
+    (void)state;
+    const attn_kernels *a = attn_kernels_get();
+    enum { N = 64, ROWS = 40 };
+    static float q[N], x[N], acc1[N], acc2[N], w[ROWS];
+    static uint16_t rows[ROWS][N];
+    const void *vr[ROWS];
+    const uint16_t *vr16[ROWS];
+    for (int j = 0; j < ROWS; j++) {
+        for (int i = 0; i < N; i++) x[i] = rnd();
+        a->kv[ATTN_KV_F16].store(rows[j], x, N);
+        for (int i = 0; i < N; i++) assert_int_equal(rows[j][i], fp32_to_fp16(x[i]));
+        vr[j] = vr16[j] = rows[j];
+        w[j] = rnd();
+    }
+    for (int i = 0; i < N; i++) q[i] = acc1[i] = acc2[i] = rnd();
+    const float d1 = a->kv[ATTN_KV_F16].dot(q, rows[3], N), d2 = a->dot_f16(q, rows[3], N);
+    assert_memory_equal(&d1, &d2, 4);
+    a->kv[ATTN_KV_F16].axpy_rows(acc1, w, vr, ROWS, N);
+    a->axpy_rows_f16(acc2, w, vr16, ROWS, N);
+    assert_memory_equal(acc1, acc2, sizeof acc1);
+}
+
+/* H is orthogonal (norms and dot products kept), H^T undoes it, and a
+ * single spike becomes a flat vector: every element +-1/sqrt(n). */
+static void test_rotation(void **state) {
+    (void)state;
+    static const size_t sizes[] = {1, 2, 64, 128, 256, 1024};
+    static float x[1024], y[1024], x0[1024];
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        const size_t n = sizes[si];
+        double dot0 = 0, nx = 0;
+        for (size_t i = 0; i < n; i++) {
+            x0[i] = x[i] = rnd();
+            y[i] = rnd();
+            dot0 += (double)x[i] * y[i];
+            nx += (double)x[i] * x[i];
+        }
+        attn_rotate(x, n);
+        attn_rotate(y, n);
+        double dot1 = 0, nx1 = 0;
+        bool moved = n == 1;
+        for (size_t i = 0; i < n; i++) {
+            dot1 += (double)x[i] * y[i];
+            nx1 += (double)x[i] * x[i];
+            moved |= x[i] != x0[i];
+        }
+        assert_true(moved);
+        assert_true(fabs(dot1 - dot0) <= 1e-5 * (nx + 1));
+        assert_true(fabs(nx1 - nx) <= 1e-5 * nx);
+        attn_unrotate(x, n);
+        for (size_t i = 0; i < n; i++) assert_true(fabsf(x[i] - x0[i]) <= 1e-5f);
+        /* An outlier spreads over the head. */
+        for (size_t i = 0; i < n; i++) x[i] = i == n / 3 ? 5.0f : 0.0f;
+        attn_rotate(x, n);
+        for (size_t i = 0; i < n; i++)
+            assert_true(fabsf(fabsf(x[i]) - 5.0f / sqrtf((float)n)) <= 1e-5f);
+        /* Fixed: the same rotation every time. */
+        for (size_t i = 0; i < n; i++) y[i] = i == n / 3 ? 5.0f : 0.0f;
+        attn_rotate(y, n);
+        assert_memory_equal(x, y, n * sizeof(float));
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_forms_exact),
         cmocka_unit_test(test_chosen_same_as_ref),
+        cmocka_unit_test(test_quantized_rows),
+        cmocka_unit_test(test_f16_rows),
+        cmocka_unit_test(test_rotation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -164,9 +164,10 @@ static void assert_same(const outputs *a, const outputs *b) {
     }
 }
 
-static cellm_engine *engine_new(int threads, size_t budget) {
+static cellm_engine *engine_new_kv(int threads, size_t budget, cellm_kv_type kv_type) {
     cellm_engine_params ep = cellm_engine_default_params();
     ep.n_threads = threads;
+    ep.kv_type = kv_type;
     ep.max_ctx = 512;
     ep.max_batch_tokens = 64;
     if (budget) ep.mem_budget_bytes = budget;
@@ -176,6 +177,10 @@ static cellm_engine *engine_new(int threads, size_t budget) {
         fail();
     }
     return e;
+}
+
+static cellm_engine *engine_new(int threads, size_t budget) {
+    return engine_new_kv(threads, budget, CELLM_KV_F16);
 }
 
 static void assert_pool_empty(cellm_engine *e) {
@@ -368,6 +373,43 @@ static void test_tsan_manual_steppers(void **state) {
 }
 
 /* (c) a budget that holds a few of the requests at a time. */
+/* Compressed KV types: the same budget holds as many more blocks as the
+ * type is smaller (a block's bytes are its rows' real bytes: Q8_0 34 and
+ * Q4_0 18 per 32 values against f16's 64), and the output of a request is
+ * the same alone and beside the others, with 1 and 2 threads. */
+static void test_kv_types(void **state) {
+    (void)state;
+    static outputs alone, together;
+    cellm_stats f16, st;
+    cellm_engine *e = engine_new(1, 0);
+    cellm_engine_stats(e, &f16);
+    cellm_engine_free(e);
+    static const struct {
+        cellm_kv_type type;
+        size_t bytes_per_32;
+    } types[] = {{CELLM_KV_Q8_0, 34}, {CELLM_KV_Q4_0, 18}, {CELLM_KV_Q4_0H, 18}};
+    const size_t f16_block = f16.bytes_kv_total / (size_t)f16.blocks_total;
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        e = engine_new_kv(1, 0, types[i].type);
+        cellm_engine_stats(e, &st);
+        assert_int_equal(st.bytes_activations, f16.bytes_activations);
+        size_t block = st.bytes_kv_total / (size_t)st.blocks_total;
+        assert_int_equal(block * 64, f16_block * types[i].bytes_per_32);
+        /* Whole blocks of the same budget: all but one block's worth. */
+        assert_true(st.bytes_kv_total <= f16.bytes_kv_total + 2 * block);
+        assert_true(st.bytes_kv_total + 2 * block >= f16.bytes_kv_total);
+        print_message("KV type %d: %d blocks of %zu bytes (f16: %d of %zu)\n", (int)types[i].type,
+                      st.blocks_total, block, f16.blocks_total, f16_block);
+        run_prompts(e, 1, 16, &alone);
+        cellm_engine_free(e);
+        e = engine_new_kv(2, 0, types[i].type);
+        run_prompts(e, N_PROMPTS, 16, &together);
+        assert_same(&alone, &together);
+        assert_pool_empty(e);
+        cellm_engine_free(e);
+    }
+}
+
 static void test_small_budget(void **state) {
     (void)state;
     static outputs alone, squeezed;
@@ -407,7 +449,8 @@ static void test_errors(void **state) {
     assert_non_null(strstr(cellm_last_error(), "budget"));
     ep = cellm_engine_default_params();
     ep.kv_type = (cellm_kv_type)7;
-    assert_int_equal(cellm_engine_create(g_model, &ep, &e), CELLM_ERR_UNSUPPORTED);
+    assert_int_equal(cellm_engine_create(g_model, &ep, &e), CELLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(cellm_last_error(), "KV type"));
 
     e = engine_new(1, 0);
     cellm_request_params p = cellm_request_default_params();
@@ -835,6 +878,7 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_small_budget),
+        cmocka_unit_test(test_kv_types),
         cmocka_unit_test(test_manual_steps),
         cmocka_unit_test(test_tsan_manual_steppers),
         cmocka_unit_test(test_stop_strings),

@@ -72,8 +72,8 @@ static void write_stamps(kv_cache *c, tseq *t, int32_t from, int32_t to) {
         t->pre[p] = step_hash(p > 0 ? t->pre[p - 1] : 0, t->tok[p]);
         for (int32_t g = 0; g < c->n_groups; g++)
             for (int32_t l = 0; l < c->groups[g].n_layers; l++) {
-                kv_k(c, &t->s, g, l, p)[0] = (uint16_t)t->pre[p];
-                kv_v(c, &t->s, g, l, p)[0] = (uint16_t)(t->pre[p] >> 16);
+                ((uint16_t *)kv_k(c, &t->s, g, l, p))[0] = (uint16_t)t->pre[p];
+                ((uint16_t *)kv_v(c, &t->s, g, l, p))[0] = (uint16_t)(t->pre[p] >> 16);
             }
     }
 }
@@ -93,8 +93,8 @@ static void check_contents(kv_cache *c, tseq *seqs) {
                     continue;
                 }
                 int32_t l = c->groups[g].n_layers - 1;
-                if (kv_k(c, &t->s, g, l, p)[0] != (uint16_t)t->pre[p] ||
-                    kv_v(c, &t->s, g, l, p)[0] != (uint16_t)(t->pre[p] >> 16)) {
+                if (((uint16_t *)kv_k(c, &t->s, g, l, p))[0] != (uint16_t)t->pre[p] ||
+                    ((uint16_t *)kv_v(c, &t->s, g, l, p))[0] != (uint16_t)(t->pre[p] >> 16)) {
                     print_error("seq %d group %d position %d: wrong contents\n", i, g, p);
                     fail();
                 }
@@ -162,8 +162,8 @@ static void stress(uint64_t seed, uint64_t mask, int64_t n_ops, counts *k) {
     err_clear(&err);
     /* Room for about four full sequences, so eviction and shortage are
      * common. */
-    size_t budget = kv_cache_seq_bytes(&m, CTX) * 4;
-    assert_int_equal(kv_cache_create(&m, budget, CTX, &c, &err), CELLM_OK);
+    size_t budget = kv_cache_seq_bytes(&m, CELLM_KV_F16, CTX) * 4;
+    assert_int_equal(kv_cache_create(&m, budget, CTX, CELLM_KV_F16, &c, &err), CELLM_OK);
     assert_int_equal(c->anchor, 0);
     c->hash_mask = mask;
     static tseq seqs[N_SEQ];
@@ -282,7 +282,9 @@ static void test_lookup_basics(void **state) {
     kv_cache *c = NULL;
     cellm_error err;
     err_clear(&err);
-    assert_int_equal(kv_cache_create(&m, kv_cache_seq_bytes(&m, CTX) * 4, CTX, &c, &err), 0);
+    assert_int_equal(kv_cache_create(&m, kv_cache_seq_bytes(&m, CELLM_KV_F16, CTX) * 4, CTX,
+                                     CELLM_KV_F16, &c, &err),
+                     0);
     static tseq a, b;
     memset(&a, 0, sizeof a);
     memset(&b, 0, sizeof b);

@@ -56,6 +56,8 @@ static void usage(FILE *out) {
         "  --mem-budget SIZE     cap on the whole process instead (the phone memory mode);\n"
         "                        the largest session count must fit at -c positions each\n"
         "  -c, --ctx-size N      positions per session (default 1024)\n"
+        "  -p, --prompt-tokens N each session's prompt padded to N tokens (default: a line)\n"
+        "  --kv-type T           KV cache type: " CLI_KV_TYPES " (default f16)\n"
         "  --ignore-eos          EOS banned: every session generates -n tokens\n"
         "  --sampling            only the sampling cost (greedy; top-p 0.9 at temperature 0.8)\n"
         "  --load                only model load to the first token of a 16-token prompt\n"
@@ -75,11 +77,34 @@ static double peak_rss_mib(void) {
 #endif
 }
 
+/* Prompt tokens of session i: its opening line, then a filler paragraph
+ * repeated, cut to n_tok tokens (*out, free() it); 0 if n_tok is 0. */
+static cellm_status padded_prompt(const cellm_model *model, const char *line, int32_t n_tok,
+                                  int32_t **out, int32_t *n) {
+    static const char filler[] =
+        " The lamp turned slowly above the rocks, and the keeper counted the ships that passed "
+        "in the night, writing each name in a book that grew heavier every year.";
+    *out = NULL;
+    *n = 0;
+    if (n_tok <= 0) return CELLM_OK;
+    size_t reps = (size_t)n_tok / 8 + 1, len = strlen(line) + reps * strlen(filler) + 1;
+    char *text = malloc(len);
+    if (!text) return CELLM_ERR_NO_MEMORY;
+    size_t at = strlen(line), fl = strlen(filler);
+    memcpy(text, line, at);
+    for (size_t i = 0; i < reps; i++, at += fl) memcpy(text + at, filler, fl);
+    text[at] = '\0';
+    cellm_status st = cellm_tokenize(model, text, out, n);
+    free(text);
+    if (st == CELLM_OK && *n > n_tok) *n = n_tok;
+    return st;
+}
+
 static bool g_ignore_eos; /* --ignore-eos */
 
 /* One round of `n` sessions; prints a table row. */
 static int bench_round(const cellm_model *model, const cellm_engine_params *ep, int n,
-                       int32_t n_predict) {
+                       int32_t n_predict, int32_t prompt_tokens) {
     cellm_engine_params p = *ep;
     if (p.process_budget_bytes)
         p.max_seqs = n; /* the cap must hold these sessions at full context */
@@ -105,13 +130,25 @@ static int bench_round(const cellm_model *model, const cellm_engine_params *ep, 
         snprintf(prompt, sizeof prompt, "Story %d. Once upon a time there was %s who", i + 1,
                  topics[i % 8]);
         cellm_request_params rp = cellm_request_default_params();
-        rp.prompt = prompt;
+        int32_t *ids = NULL, n_ids = 0;
+        if (padded_prompt(model, prompt, prompt_tokens, &ids, &n_ids) != CELLM_OK) {
+            cli_error("bench: cannot make a prompt of %d tokens", prompt_tokens);
+            rc = 1;
+            break;
+        }
+        if (ids) {
+            rp.tokens = ids;
+            rp.n_tokens = n_ids;
+        } else
+            rp.prompt = prompt;
         rp.max_tokens = n_predict;
         if (ban.token >= 0) {
             rp.sampling.logit_bias = &ban;
             rp.sampling.n_logit_bias = 1;
         }
-        if (cellm_submit(e, &rp, &req[i]) != CELLM_OK) {
+        cellm_status st = cellm_submit(e, &rp, &req[i]);
+        free(ids);
+        if (st != CELLM_OK) {
             cli_error("%s", cellm_last_error());
             rc = 1;
             break;
@@ -465,7 +502,7 @@ int cmd_bench(int argc, char **argv) {
     cellm_engine_params ep = cellm_engine_default_params();
     ep.mem_budget_bytes = (size_t)512 << 20;
     ep.max_ctx = 1024;
-    int32_t n_predict = 64;
+    int32_t n_predict = 64, prompt_tokens = 0;
     bool sampling_only = false, prefix_only = false, load_only = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -496,6 +533,12 @@ int cmd_bench(int argc, char **argv) {
             i++;
         } else if (!strcmp(a, "--ignore-eos")) {
             g_ignore_eos = true;
+        } else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt-tokens")) && v &&
+                   cli_parse_uint(v, 1u << 24, &u)) {
+            prompt_tokens = (int32_t)u;
+            i++;
+        } else if (!strcmp(a, "--kv-type") && v && cli_parse_kv_type(v, &ep.kv_type)) {
+            i++;
         } else if (!strcmp(a, "--sampling")) {
             sampling_only = true;
         } else if (!strcmp(a, "--prefix")) {
@@ -539,7 +582,7 @@ int cmd_bench(int argc, char **argv) {
             rc = 2;
             break;
         }
-        rc = bench_round(model, &ep, (int)n, n_predict);
+        rc = bench_round(model, &ep, (int)n, n_predict, prompt_tokens);
         s = *end ? end + 1 : end;
     }
     if (!rc) rc = bench_sampling(model, &ep, n_predict);

@@ -21,6 +21,22 @@ void cli_error(const char *fmt, ...) {
     va_end(ap);
 }
 
+bool cli_parse_kv_type(const char *s, cellm_kv_type *out) {
+    static const struct {
+        const char *name;
+        cellm_kv_type type;
+    } names[] = {{"f16", CELLM_KV_F16},
+                 {"q8_0", CELLM_KV_Q8_0},
+                 {"q4_0", CELLM_KV_Q4_0},
+                 {"q4_0h", CELLM_KV_Q4_0H}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(s, names[i].name)) {
+            *out = names[i].type;
+            return true;
+        }
+    return false;
+}
+
 bool cli_parse_uint(const char *s, unsigned long long max, unsigned long long *out) {
     if (!s || !isdigit((unsigned char)s[0])) return false;
     errno = 0;

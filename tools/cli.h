@@ -21,6 +21,10 @@ bool cli_parse_size(const char *s, size_t *out);
 /* Parses a non-negative decimal integer no larger than `max`. */
 bool cli_parse_uint(const char *s, unsigned long long max, unsigned long long *out);
 
+/* Parses a KV cache type name (CLI_KV_TYPES) for --kv-type. */
+#define CLI_KV_TYPES "f16, q8_0, q4_0, q4_0h"
+bool cli_parse_kv_type(const char *s, cellm_kv_type *out);
+
 /* `cellm tokenize MODEL TEXT`: print a text's token ids and pieces. */
 int cmd_tokenize(int argc, char **argv);
 

@@ -23,7 +23,11 @@
 static const struct {
     const char *name;
     uint32_t qtype;
-} kv_types[] = {{"f32", QT_F32}, {"f16", QT_F16}, {"q8_0", QT_Q8_0}, {"q4_0", QT_Q4_0}};
+} kv_types[] = {{"f32", QT_F32},
+                {"f16", QT_F16},
+                {"q8_0", QT_Q8_0},
+                {"q4_0", QT_Q4_0},
+                {"q4_0h", QT_Q4_0}}; /* rotated Q4_0: Q4_0's size */
 
 bool inspect_kv_type(const char *name, uint32_t *qtype) {
     for (size_t i = 0; i < sizeof kv_types / sizeof kv_types[0]; i++)
@@ -313,7 +317,7 @@ int cmd_inspect(int argc, char **argv) {
             opts.sessions = v;
         } else if (!strcmp(a, "--kv-type")) {
             if (i + 1 >= argc || !inspect_kv_type(argv[++i], &opts.kv_qtype)) {
-                cli_error("--kv-type needs one of f32, f16, q8_0, q4_0");
+                cli_error("--kv-type needs one of f32, f16, q8_0, q4_0, q4_0h");
                 return 2;
             }
         } else if (!strcmp(a, "--mem-budget")) {

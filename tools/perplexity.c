@@ -20,10 +20,12 @@
 #define LOGIT_ROWS 64
 
 static void usage(FILE *out) {
-    fprintf(out, "usage: cellm perplexity MODEL FILE [-c N] [--chunks K] [-t THREADS]\n\n"
+    fprintf(out, "usage: cellm perplexity MODEL FILE [-c N] [--chunks K] [-t THREADS]\n"
+                 "                        [--kv-type T]\n\n"
                  "Perplexity of MODEL over the text in FILE, in chunks of N tokens (default 512),\n"
                  "scoring the second half of each chunk as llama.cpp's perplexity tool does.\n"
-                 "--chunks limits how many chunks are used (default: all).\n");
+                 "--chunks limits how many chunks are used (default: all). --kv-type stores\n"
+                 "the KV cache as " CLI_KV_TYPES " (default f16).\n");
 }
 
 static void log_softmax_at(const float *x, int32_t n, double *lse) {
@@ -35,7 +37,7 @@ static void log_softmax_at(const float *x, int32_t n, double *lse) {
 }
 
 int cmd_perplexity(int argc, char **argv) {
-    const char *model_name = NULL, *file = NULL;
+    const char *model_name = NULL, *file = NULL, *kv_name = "f16";
     rt_opts o = {.ctx = 512, .logit_rows = LOGIT_ROWS, .batch = 256};
     unsigned long long max_chunks = 0, u;
     for (int i = 1; i < argc; i++) {
@@ -49,6 +51,12 @@ int cmd_perplexity(int argc, char **argv) {
                 return 2;
             }
             o.ctx = (int32_t)u;
+        } else if (!strcmp(a, "--kv-type") && i + 1 < argc) {
+            kv_name = argv[i + 1];
+            if (!cli_parse_kv_type(argv[++i], &o.kv_type)) {
+                cli_error("perplexity: --kv-type needs one of " CLI_KV_TYPES);
+                return 2;
+            }
         } else if (!strcmp(a, "--chunks") && i + 1 < argc) {
             if (!cli_parse_uint(argv[++i], 1u << 30, &max_chunks)) {
                 cli_error("perplexity: --chunks needs a count");
@@ -117,7 +125,8 @@ int cmd_perplexity(int argc, char **argv) {
         err_set(&err, CELLM_ERR_NO_MEMORY, "out of memory");
         goto done;
     }
-    fprintf(stderr, "perplexity: %zu tokens, %zu chunks of %d\n", ids.n, n_chunks, n_ctx);
+    fprintf(stderr, "perplexity: %zu tokens, %zu chunks of %d, KV type %s (%zu bytes per token)\n",
+            ids.n, n_chunks, n_ctx, kv_name, kv_cache_token_bytes(r.m, o.kv_type));
     double nll = 0, nll2 = 0;
     long count = 0;
     struct timespec t0, t1;

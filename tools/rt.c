@@ -30,8 +30,9 @@ cellm_status rt_open(const char *name_or_path, const rt_opts *o, rt *r, cellm_er
     r->batch = o->batch > 0 ? o->batch : 256;
     int32_t logit_rows = o->logit_rows > 0 ? o->logit_rows : 1;
     if (logit_rows > r->batch) logit_rows = r->batch;
-    size_t kv_bytes = kv_cache_seq_bytes(r->m, r->ctx);
-    if ((st = kv_cache_create(r->m, kv_bytes, r->ctx, &r->kv, err))) goto fail;
+    if ((st = kv_type_check(r->m, o->kv_type, err))) goto fail;
+    size_t kv_bytes = kv_cache_seq_bytes(r->m, o->kv_type, r->ctx);
+    if ((st = kv_cache_create(r->m, kv_bytes, r->ctx, o->kv_type, &r->kv, err))) goto fail;
     if ((st = tp_create(threads, &r->tp, err))) goto fail;
     if ((st = forward_create(r->m, r->kv, r->tp, r->batch, logit_rows, &r->fwd, err))) goto fail;
     return CELLM_OK;

@@ -33,7 +33,8 @@ typedef struct rt_opts {
     int threads; /* 0: all cores, at most 4 */
     int32_t ctx; /* 0: the model's, at most 4096 */
     int32_t batch;
-    int32_t logit_rows; /* rows that may want logits in one call */
+    int32_t logit_rows;    /* rows that may want logits in one call */
+    cellm_kv_type kv_type; /* 0: f16 */
 } rt_opts;
 
 /* Resolves `name_or_path` (fetching a known model if needed) and opens it. */

@@ -57,6 +57,7 @@ static void usage(FILE *out) {
             "  -sys, --system-prompt TEXT   system prompt (also --system)\n"
             "  -n, --n-predict N     at most N tokens per answer; -1: no limit (default 1024)\n"
             "  -c, --ctx-size N      context length (default: the model's, at most 4096)\n"
+            "  --kv-type T           KV cache type: " CLI_KV_TYPES " (default f16)\n"
             "  -t, --threads N       threads (default: cores, at most 4)\n"
             "  --chat-template NAME  the chat format: the model's own Jinja template by default;\n"
             "                        chatml, gemma or llama3 for a built-in one, or a Jinja text\n"
@@ -332,6 +333,12 @@ int cmd_run(int argc, char **argv) {
             UINT_ARG(o.ctx, 1u << 20);
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             UINT_ARG(o.threads, 256);
+        } else if (!strcmp(a, "--kv-type")) {
+            NEED_ARG();
+            if (!cli_parse_kv_type(v, &o.kv_type)) {
+                cli_error("run: --kv-type needs one of " CLI_KV_TYPES);
+                return 2;
+            }
         } else if (!strcmp(a, "--chat-template")) {
             NEED_ARG();
             tpl = v;

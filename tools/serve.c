@@ -142,6 +142,7 @@ static void usage(FILE *out) {
         "  --mem-budget SIZE     cap on the whole process (weights, engine, KV), e.g. 512M;\n"
         "                        refused at start when -np requests of -c positions cannot fit\n"
         "                        (default: none, and a 256M KV + activations budget)\n"
+        "  --kv-type T           KV cache type: " CLI_KV_TYPES " (default f16)\n"
         "  --chat-template F     chatml, gemma or llama3 instead of the model's own\n"
         "  -n, --n-predict N     max_tokens when a request gives none (default -1: the context)\n"
         "  --temp T              temperature when a request gives none (default 1, as OpenAI)\n"
@@ -184,7 +185,8 @@ static const char *const valued[] = {"--host",
                                      "--max-choices",
                                      "--max-conns",
                                      "--timeout",
-                                     "--idle-timeout"};
+                                     "--idle-timeout",
+                                     "--kv-type"};
 
 /* Parses the flags into *o; returns -1 to go on, else an exit status. */
 static int parse_flags(int argc, char **argv, serve_opts *o) {
@@ -246,6 +248,12 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
                 o->engine.process_budget_bytes = sz;
             else
                 o->max_body = sz;
+            i++;
+        } else if (!strcmp(a, "--kv-type")) {
+            if (!cli_parse_kv_type(v, &o->engine.kv_type)) {
+                cli_error("serve: --kv-type needs one of " CLI_KV_TYPES);
+                return 2;
+            }
             i++;
         } else if (!strcmp(a, "--chat-template")) {
             o->chat_template = v, i++;

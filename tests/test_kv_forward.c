@@ -1,0 +1,53 @@
+/*
+ * test_kv_forward.c — the compressed KV cache types (q8_0, q4_0, q4_0h) on
+ * both real models: batch invariance (a row's logits bit-identical as one
+ * chunk, in pieces, token by token, beside another sequence, with 1 and 2
+ * threads), and SmolLM2's perplexity over the forward fixture's text with
+ * each type against f16 KV (Gemma 3's: test_kv_gemma3). Kept apart from
+ * test_forward so that each runs within ctest's time limit under the
+ * sanitizers. Under ThreadSanitizer test.sh runs only test_tsan_*.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <math.h>
+
+#include "forward_rig.h"
+
+static void test_ppl_smollm2(void **st) {
+    (void)st;
+    check_kv_perplexity("smollm2-135m");
+}
+/* Every compressed type keeps a row's result independent of the batch and
+ * the threads (SmolLM2: 64-wide heads; Gemma 3: 256-wide, sliding window).
+ * The test_tsan_ case (also what the aarch64 build runs under qemu) takes
+ * the rotated type, whose path has the most steps. */
+static void test_tsan_invariance_kv_smollm2(void **st) {
+    (void)st;
+    check_invariance("smollm2-135m", CELLM_KV_Q4_0H);
+}
+static void test_invariance_kv_smollm2(void **st) {
+    (void)st;
+    check_invariance("smollm2-135m", CELLM_KV_Q8_0);
+    check_invariance("smollm2-135m", CELLM_KV_Q4_0);
+}
+static void test_invariance_kv_gemma3(void **st) {
+    (void)st;
+    check_invariance("gemma3-270m", CELLM_KV_Q8_0);
+    check_invariance("gemma3-270m", CELLM_KV_Q4_0H);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tsan_invariance_kv_smollm2),
+        cmocka_unit_test(test_invariance_kv_smollm2),
+        cmocka_unit_test(test_invariance_kv_gemma3),
+        cmocka_unit_test(test_ppl_smollm2),
+    };
+    if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
