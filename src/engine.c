@@ -1024,6 +1024,7 @@ cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm
         return fail(&err);
     }
     r->seq.tokens = r->tokens; /* its full blocks go into the prefix cache */
+    r->seq.n_keep = r->n_prompt;
     tok_stream_init(&r->ts, cm->tok, 0);
     r->refs = 2;
     r->t_submit = now_s();

@@ -184,6 +184,7 @@ int32_t kv_cache_used_blocks(const kv_cache *c, int32_t group) {
 
 cellm_status kv_seq_init(kv_cache *c, kv_seq *s, cellm_error *err) {
     memset(s, 0, sizeof *s);
+    s->n_keep = INT32_MAX;
     for (int32_t gi = 0; gi < c->n_groups; gi++) {
         s->table[gi] = malloc((size_t)c->max_blocks_per_seq * sizeof(int32_t));
         if (!s->table[gi]) {
@@ -323,11 +324,7 @@ static void block_release(const kv_cache *c, kv_group *g, int32_t b) {
 }
 
 /* Drops a reference; at the last, the block becomes empty, out of the
- * index even while the prefix cache is on. For windowed blocks that fell
- * out of a running sequence's window: a later request could reuse them
- * only with a prefix that ends inside them, and kept idle they would make
- * a long generation touch a fresh block every 16 tokens, so the cache's
- * resident memory grew with the tokens generated instead of the window. */
+ * index even while the prefix cache is on (kv_seq.n_keep says when). */
 static void block_release_uncached(kv_group *g, int32_t b) {
     if (--g->ref[b] != 0) return;
     g->n_free++;
@@ -447,7 +444,10 @@ void kv_seq_trim(kv_cache *c, kv_seq *s) {
         int32_t dead_below = s->n_pos - g->window + 1; /* first visible key */
         for (int32_t b = 0; (b + 1) * KV_BLOCK_TOKENS <= dead_below; b++) {
             if (s->table[gi][b] >= 0) {
-                block_release_uncached(g, s->table[gi][b]);
+                if ((b + 1) * KV_BLOCK_TOKENS <= s->n_keep)
+                    block_release(c, g, s->table[gi][b]);
+                else
+                    block_release_uncached(g, s->table[gi][b]);
                 s->table[gi][b] = -1;
             }
         }

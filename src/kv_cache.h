@@ -112,6 +112,13 @@ typedef struct kv_seq {
      * the prefix index (NULL: never published). */
     const int32_t *tokens;
     int32_t n_pub; /* leading anchor blocks already indexed */
+    /* Windowed-group blocks that leave the window stay in the prefix cache
+     * when they lie wholly below n_keep (a request's prompt: what a later
+     * request may share); later ones, which only a prefix ending inside
+     * the generated text could use, go back empty, so a long generation
+     * holds its window and not one block per 16 tokens. kv_seq_init sets
+     * it to INT32_MAX (keep all). */
+    int32_t n_keep;
 } kv_seq;
 
 /* Creates a cache for `m` holding up to `budget` bytes of blocks of KV

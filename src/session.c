@@ -113,6 +113,7 @@ void session_adopt(cellm_engine *e, cellm_request *r) {
     }
     swap_seq(&r->seq, &s->seq); /* r's own tables were empty */
     r->seq.tokens = r->tokens;
+    r->seq.n_keep = r->n_prompt;
     s->seq.tokens = s->kept;
     r->adopted = true;
     r->n_cached = d;
@@ -122,6 +123,7 @@ void session_unadopt(cellm_engine *e, cellm_request *r) {
     cellm_session *s = r->session;
     swap_seq(&r->seq, &s->seq);
     r->seq.tokens = r->tokens;
+    r->seq.n_keep = r->n_prompt;
     s->seq.tokens = s->kept;
     r->adopted = false;
     r->n_cached = 0;
@@ -133,6 +135,7 @@ void session_turn_end(cellm_engine *e, cellm_request *r, cellm_finish_reason why
     if (r->adopted) {
         swap_seq(&r->seq, &s->seq);
         r->seq.tokens = r->tokens;
+        r->seq.n_keep = r->n_prompt;
         s->seq.tokens = s->kept;
         r->adopted = false;
         /* The tokens whose K/V are in the blocks: the prompt and the reply

@@ -146,6 +146,9 @@ static bool append(kv_cache *c, tseq *t, int32_t n, const int32_t *pattern) {
     write_stamps(c, t, from, from + n);
     t->s.n_pos = from + n;
     t->s.tokens = t->tok;
+    /* Sometimes a prompt boundary: windowed blocks past it that leave the
+     * window go back empty instead of into the cache. */
+    if (rnd(4) == 0) t->s.n_keep = rnd(2) ? (int32_t)rnd(CTX) : INT32_MAX;
     kv_seq_trim(c, &t->s);
     return true;
 }
