@@ -106,10 +106,9 @@ static bool g_ignore_eos; /* --ignore-eos */
 static int bench_round(const cellm_model *model, const cellm_engine_params *ep, int n,
                        int32_t n_predict, int32_t prompt_tokens) {
     cellm_engine_params p = *ep;
-    if (p.process_budget_bytes)
-        p.max_seqs = n; /* the cap must hold these sessions at full context */
-    else if (p.max_seqs < n)
-        p.max_seqs = n;
+    /* An engine for exactly n sessions: its activations hold n logit rows,
+     * and under a process cap n sequences must fit at full context. */
+    p.max_seqs = n;
     /* --ignore-eos: EOS banned, so every session generates n_predict. */
     cellm_model_info info;
     cellm_logit_bias ban = {.token = -1, .bias = -INFINITY};
