@@ -79,7 +79,11 @@ run_java_test() {
     shift 2
     log="$(mktemp)"
     echo "-- Java binding test ($label)"
-    env "$@" CELLM_BIN="$CELLM_ROOT/build/cellm" timeout 900 java -Dcellm.jni.library="$lib" \
+    # A UTF-8 locale: the test runs `cellm run` with non-ASCII prompts as
+    # arguments, which the JVM encodes in the locale's charset (under CI's
+    # empty environment, ASCII: every emoji would become '?').
+    env "$@" LC_ALL=C.UTF-8 CELLM_BIN="$CELLM_ROOT/build/cellm" timeout 900 java \
+        -Dcellm.jni.library="$lib" \
         -cp build/cellm.jar:build/cellm-test.jar org.cellm.CellmTest >"$log" 2>&1 || rc=$?
     cat "$log"
     count_summary "$log" "the Java binding test ($label)" "$rc"
