@@ -339,13 +339,20 @@ class Stream:
 class Engine(_Owner):
     """Serves requests on `model`, batching all that run at once. Keyword
     arguments: n_threads (0: cores, at most 4), mem_budget (bytes, default
-    256 MiB), max_ctx (positions per request), max_seqs (requests at once).
+    256 MiB: KV cache and activations), max_ctx (positions per request),
+    max_seqs (requests at once), kv_type ("f16", "q8_0", "q4_0" or "q4_0h"),
+    prefix_cache (default True), process_budget (bytes: a cap on the whole
+    process, the phone memory mode; refused unless max_seqs requests of
+    max_ctx fit).
 
     The generation methods take max_tokens (default 256), temperature
     (default 0: greedy), top_k, top_p, min_p, seed, repeat_penalty and stop
     (a string or a list of up to 16)."""
 
-    def __init__(self, model, n_threads=0, mem_budget=None, max_ctx=0, max_seqs=None):
+    _KV_TYPES = {"f16": 0, "q8_0": 1, "q4_0": 2, "q4_0h": 3}
+
+    def __init__(self, model, n_threads=0, mem_budget=None, max_ctx=0, max_seqs=None,
+                 kv_type="f16", prefix_cache=True, process_budget=None):
         super().__init__()
         lib = _n.lib()
         p = lib.cellm_engine_default_params()
@@ -355,6 +362,13 @@ class Engine(_Owner):
             p.mem_budget_bytes = mem_budget
         if max_seqs is not None:
             p.max_seqs = max_seqs
+        if kv_type not in self._KV_TYPES:
+            raise CellmError("invalid argument",
+                             "kv_type must be one of " + ", ".join(self._KV_TYPES))
+        p.kv_type = self._KV_TYPES[kv_type]
+        p.prefix_cache = 1 if prefix_cache else 0
+        if process_budget is not None:
+            p.process_budget_bytes = process_budget
         h = ctypes.c_void_p()
         with model._lock:
             _check(lib.cellm_engine_create(model._handle(), ctypes.byref(p), ctypes.byref(h)))

@@ -34,8 +34,10 @@ class EngineParams(ctypes.Structure):
         ("max_seqs", ctypes.c_int32),
         ("max_ctx", ctypes.c_int32),
         ("kv_type", ctypes.c_int),
+        ("prefix_cache", ctypes.c_int),
         ("qos", Qos),
         ("manual_steps", ctypes.c_int),
+        ("process_budget_bytes", ctypes.c_size_t),
     ]
 
 

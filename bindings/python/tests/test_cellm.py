@@ -93,6 +93,7 @@ class TestLibrary(unittest.TestCase):
         self.assertEqual(e.mem_budget_bytes, 256 << 20)
         self.assertEqual((e.max_batch_tokens, e.max_seqs, e.manual_steps), (256, 16, 0))
         self.assertEqual(e.qos.duty_cycle, 1.0)
+        self.assertEqual((e.kv_type, e.prefix_cache, e.process_budget_bytes), (0, 1, 0))
         s = lib.cellm_session_default_params()
         self.assertEqual(s.max_tokens, 256)
         self.assertEqual(s.sampling.repeat_last_n, 64)
