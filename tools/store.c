@@ -390,6 +390,10 @@ static cellm_status pull_part(pull_state *p, size_t i, uint8_t *buf, size_t bufs
     pid_t pid;
     if ((st = spawn_child(pip_argv, -1, log, &pid, err))) return st;
     int rc = wait_child(pid);
+    if (rc == 127) /* POSIX lets posix_spawn succeed and the child exit 127 when exec
+                      fails (qemu-user does) */
+        return err_set(err, CELLM_ERR_IO,
+                       "cannot run '%s' (set CELLM_PYTHON to a python3 with pip)", py);
     if (rc != 0) {
         char said[256];
         read_last_line(log, said, sizeof said);
