@@ -104,6 +104,12 @@ def families():
     # Mistral with a sliding window shorter than the long prompt.
     f["mistral"] = (MistralConfig(**COMMON, rope_theta=10000.0, sliding_window=16,
                                   tie_word_embeddings=False), MistralForCausalLM, torch.float32)
+    # Mistral 7B v0.1's window of 4096, longer than any sequence here: what
+    # real Mistral files are at the lengths llama.cpp (which has no window
+    # for the llama architecture) can be compared at.
+    f["mistral-wide"] = (MistralConfig(**COMMON, rope_theta=10000.0, sliding_window=4096,
+                                       tie_word_embeddings=False), MistralForCausalLM,
+                         torch.float32)
     f["qwen2"] = (Qwen2Config(**COMMON, rope_theta=1000000.0, tie_word_embeddings=True,
                               use_sliding_window=False), Qwen2ForCausalLM, torch.float32)
     f["qwen3"] = (Qwen3Config(**COMMON, head_dim=32, rope_theta=1000000.0,

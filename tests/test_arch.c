@@ -1,12 +1,13 @@
 /*
  * test_arch.c — the architecture rows against Hugging Face transformers.
  * For each family (llama, llama with Llama 3.1's RoPE scaling, mistral with
- * a sliding window, qwen2, qwen3 saved in bf16, phi3 plain and with
- * LongRoPE, granite, gemma3 with its 5:1 windowed/global layers, and with
- * Gemma 3 4B's linear RoPE scaling of the global layers), a tiny
- * random-weight model saved by transformers (tests/data/arch/NAME/, made by
- * scripts/gen_arch_fixtures.py) is converted by `cellm convert` to F16 and
- * run: its logits must be within LOGIT_TOL of transformers' float32 logits
+ * a sliding window shorter than the prompts and with Mistral 7B's 4096,
+ * qwen2, qwen3 saved in bf16, phi3 plain and with LongRoPE, granite, gemma3
+ * with its 5:1 windowed/global layers, and with Gemma 3 4B's linear RoPE
+ * scaling of the global layers), a tiny random-weight model saved by
+ * transformers (tests/data/arch/NAME/, made by scripts/gen_arch_fixtures.py)
+ * is converted by `cellm convert` to F16 and run: its logits must be within
+ * LOGIT_TOL of transformers' float32 logits
  * (tests/data/arch/NAME.txt) at every recorded position, and its greedy
  * tokens identical for 32 steps. No Python is needed here.
  *
@@ -288,6 +289,10 @@ static void test_mistral_window(void **state) {
     (void)state;
     check_family("mistral");
 }
+static void test_mistral_wide_window(void **state) {
+    (void)state;
+    check_family("mistral-wide");
+}
 static void test_qwen2_bias(void **state) {
     (void)state;
     check_family("qwen2");
@@ -323,15 +328,17 @@ static void test_arch_fields(void **state) {
     static const struct {
         const char *name, *arch;
         rope_kind rope;
-        bool bias, qk_norm, window;
+        bool bias, qk_norm;
+        int window;
     } want[] = {
-        {"llama", "llama", ROPE_NORM, false, false, false},
-        {"mistral", "llama", ROPE_NORM, false, false, true},
-        {"qwen2", "qwen2", ROPE_NEOX, true, false, false},
-        {"qwen3", "qwen3", ROPE_NEOX, false, true, false},
-        {"phi3", "phi3", ROPE_NEOX, false, false, false},
-        {"granite", "granite", ROPE_NORM, false, false, false},
-        {"gemma3", "gemma3", ROPE_NEOX, false, true, true},
+        {"llama", "llama", ROPE_NORM, false, false, 0},
+        {"mistral", "llama", ROPE_NORM, false, false, 16},
+        {"mistral-wide", "llama", ROPE_NORM, false, false, 4096},
+        {"qwen2", "qwen2", ROPE_NEOX, true, false, 0},
+        {"qwen3", "qwen3", ROPE_NEOX, false, true, 0},
+        {"phi3", "phi3", ROPE_NEOX, false, false, 0},
+        {"granite", "granite", ROPE_NORM, false, false, 0},
+        {"gemma3", "gemma3", ROPE_NEOX, false, true, 16},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         char path[1024];
@@ -343,7 +350,7 @@ static void test_arch_fields(void **state) {
         assert_int_equal(m->rope, want[i].rope);
         assert_int_equal(m->layers[0].bq.data != NULL, want[i].bias);
         assert_int_equal(m->layers[0].q_norm.data != NULL, want[i].qk_norm);
-        assert_int_equal(m->layers[0].window, want[i].window ? 16 : 0);
+        assert_int_equal(m->layers[0].window, want[i].window);
         if (!strcmp(want[i].name, "gemma3")) { /* the 6th layer is global */
             assert_int_equal(m->n_layer, 6);
             assert_int_equal(m->layers[5].window, 0);
@@ -546,6 +553,7 @@ int main(void) {
         cmocka_unit_test(test_llama),
         cmocka_unit_test(test_llama_rope_llama3),
         cmocka_unit_test(test_mistral_window),
+        cmocka_unit_test(test_mistral_wide_window),
         cmocka_unit_test(test_qwen2_bias),
         cmocka_unit_test(test_qwen3_qknorm_bf16),
         cmocka_unit_test(test_phi3_fused),
