@@ -21,7 +21,7 @@ keeps greedy choices well separated. One family (qwen3) is saved in
 bfloat16 to exercise that input type; its reference runs in float32 on the
 bfloat16 values. The tokenizer is a small byte-level BPE trained here on a
 fixed text, so the folders stay small; the real tokenizers are tested
-elsewhere (scripts/gen_tok_roundtrip.py).
+elsewhere (scripts/tok_roundtrip_check.py).
 
 Needs: torch, transformers, tokenizers, safetensors.
 Usage: python3 scripts/gen_arch_fixtures.py [OUT_DIR [NAME ...]]  (default tests/data/arch, all)

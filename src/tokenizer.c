@@ -488,7 +488,12 @@ static size_t decode_token(const tokenizer *t, int32_t id, char *out) {
 /* Token texts llama.cpp treats as control tokens whatever their type says
  * (end-of-turn, end-of-generation and fill-in-the-middle markers), so
  * they are parsed only with TOK_PARSE_SPECIAL and decode to nothing
- * without TOK_DECODE_SPECIAL. Gemma 3's user-defined "</s>" is one. */
+ * without TOK_DECODE_SPECIAL. One of llama.cpp's is left out: "</s>"
+ * (added there for PaddleOCR). Where "</s>" is the end of a sequence
+ * (Llama 2, Mistral, Phi-3) the file already types it control; where it
+ * does not (Gemma 3's id 212 is user-defined), the model's own
+ * SentencePiece tokenizer and transformers match it in plain text like
+ * any user-defined token, and so does cellm (docs/tokenizer.md). */
 static const char *const control_names[] = {
     "<|eot_id|>",
     "<|im_end|>",
@@ -499,7 +504,6 @@ static const char *const control_names[] = {
     "<|calls|>",
     "<end_of_turn>",
     "<|endoftext|>",
-    "</s>",
     "<|eom_id|>",
     "<EOT>",
     "_<EOT>",

@@ -186,17 +186,45 @@ static uint64_t ids_hash(const int32_t *ids, size_t n) {
     return h;
 }
 
+/* The case llama.cpp's ids stand for: `c` itself, except where cellm and
+ * llama.cpp part on purpose. llama.cpp makes any token spelled "</s>" a
+ * control token; cellm keeps the file's type, and Gemma 3 types its "</s>"
+ * user-defined, which SentencePiece and transformers match in plain text.
+ * So a Gemma 3 text holding "</s>" without special parsing must tokenize as
+ * llama.cpp does with special parsing (the corpus has both; without the
+ * other case the test fails). */
+static bool holds(const char *s, size_t n, const char *w) {
+    size_t k = strlen(w);
+    for (size_t i = 0; i + k <= n; i++)
+        if (!memcmp(s + i, w, k)) return true;
+    return false;
+}
+
+static const fx_case *expected_case(const fixture *fx, const char *name, const fx_case *c) {
+    if (strcmp(name, "gemma3") || (c->flags & 2) || !holds(c->text, c->n_text, "</s>")) return c;
+    for (size_t i = 0; i < fx->n_cases; i++) {
+        const fx_case *o = &fx->cases[i];
+        if (o->flags == (c->flags | 2) && o->n_text == c->n_text &&
+            !memcmp(o->text, c->text, c->n_text))
+            return o;
+    }
+    fail_msg("%s: no special-parsing case for a text holding </s>", name);
+    return c;
+}
+
 /* Encodes every fixture string with `t` and compares ids with llama.cpp's. */
 static void check_parity_tok(const tokenizer *t, const char *name) {
     fixture fx;
     fixture_load(name, &fx);
-    size_t bad = 0;
+    size_t bad = 0, user_eos = 0;
     cellm_error err;
     err_clear(&err);
     for (size_t i = 0; i < fx.n_cases; i++) {
-        const fx_case *c = &fx.cases[i];
+        const fx_case *c = expected_case(&fx, name, &fx.cases[i]);
+        user_eos += c != &fx.cases[i];
         tok_ids got = {0};
-        cellm_status st = tokenizer_encode(t, c->text, c->n_text, enc_flags(c->flags), &got, &err);
+        cellm_status st = tokenizer_encode(t, fx.cases[i].text, fx.cases[i].n_text,
+                                           enc_flags(fx.cases[i].flags), &got, &err);
         bool same = st == CELLM_OK && got.n == c->n_ids &&
                     (!got.n || !memcmp(got.ids, c->ids, got.n * sizeof *got.ids));
         if (!same && ++bad <= 10) print_case(name, c, &got);
@@ -207,8 +235,10 @@ static void check_parity_tok(const tokenizer *t, const char *name) {
     tok_ids got = {0};
     assert_int_equal(blen, fx.big_len);
     assert_int_equal(tokenizer_encode(t, big, blen, 0, &got, &err), CELLM_OK);
-    fprintf(stderr, "%s: %zu strings checked, %zu mismatches; 1 MB text: %zu ids (want %u)\n", name,
-            fx.n_cases, bad, got.n, fx.big_n_ids);
+    fprintf(stderr,
+            "%s: %zu strings checked (%zu with a user-defined </s>), %zu mismatches; 1 MB text: "
+            "%zu ids (want %u)\n",
+            name, fx.n_cases, user_eos, bad, got.n, fx.big_n_ids);
     assert_int_equal(got.n, fx.big_n_ids);
     assert_true(ids_hash(got.ids, got.n) == fx.big_hash);
     tok_ids_free(&got);
