@@ -200,11 +200,64 @@ static void test_kv_type_flag(void **st) {
     free(out);
 }
 
+/* `cellm bench --pp/--tg`: each test's samples (as many as -r), a median
+ * within their range, the weight bytes a decode step reads (no more than
+ * the file, more than 90% of it for SmolLM2), a bandwidth share for tg
+ * only; bad lists and counts refused naming the flag. Not the speed. */
+static void test_bench_speed(void **st) {
+    (void)st;
+    char cmd[4096], model[1024], *out;
+    test_model_path("smollm2-135m", model, sizeof model);
+    snprintf(cmd, sizeof cmd, "'%s' bench '%s' --pp 16,40 --tg 8 -r 3 -t 2 --json 2>&1",
+             test_cellm_bin(), model);
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
+    static const char *const names[] = {"\"pp16\"", "\"pp40\"", "\"tg8\""};
+    for (int i = 0; i < 3; i++) {
+        const char *t = strstr(out, names[i]);
+        assert_non_null(t);
+        double med, lo, hi, x[3];
+        const char *m = strstr(t, "\"median\": ");
+        assert_non_null(m);
+        assert_int_equal(sscanf(m, "\"median\": %lf, \"min\": %lf, \"max\": %lf", &med, &lo, &hi),
+                         3);
+        const char *sm = strstr(t, "\"samples\": [");
+        assert_non_null(sm);
+        assert_int_equal(sscanf(sm, "\"samples\": [%lf, %lf, %lf]", &x[0], &x[1], &x[2]), 3);
+        assert_true(lo > 0 && lo <= med && med <= hi);
+        for (int k = 0; k < 3; k++) assert_true(x[k] >= lo && x[k] <= hi);
+        const char *end = strchr(t, '}');
+        end = strchr(end + 1, '}'); /* past tokens_per_s's */
+        const char *bw = strstr(t, "bandwidth_fraction");
+        assert_int_equal(bw != NULL && bw < end, i == 2);
+    }
+    unsigned long long wb;
+    const char *w = strstr(out, "\"weight_bytes_per_token\": ");
+    assert_non_null(w);
+    assert_int_equal(sscanf(w, "\"weight_bytes_per_token\": %llu", &wb), 1);
+    FILE *f = fopen(model, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    const double size = (double)ftell(f);
+    fclose(f);
+    print_message("bench: %llu weight bytes per token, file %.0f bytes\n", wb, size);
+    assert_true(wb <= size && wb > 0.9 * size);
+    free(out);
+    static const char *const bad[][2] = {
+        {"--pp 0", "'--pp'"}, {"--tg 8,x", "'--tg'"}, {"--pp 16 -r 0", "'-r'"}, {"--tg", "'--tg'"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(cmd, sizeof cmd, "'%s' bench '%s' %s 2>&1", test_cellm_bin(), model, bad[i][0]);
+        assert_int_equal(test_run_cmd(cmd, &out), 2);
+        assert_non_null(strstr(out, bad[i][1]));
+        free(out);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_run_errors),        cmocka_unit_test(test_run_answers),
         cmocka_unit_test(test_run_flags),         cmocka_unit_test(test_perplexity_smollm2),
         cmocka_unit_test(test_perplexity_gemma3), cmocka_unit_test(test_kv_type_flag),
+        cmocka_unit_test(test_bench_speed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

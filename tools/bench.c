@@ -20,7 +20,16 @@
  * engine, against recomputing its conversation, with the next turn
  * checked against the session that was never interrupted. Times are
  * wall-clock and process CPU (all threads).
- * Uses only the public API (cellm.h), as an application would.
+ * `cellm bench --pp LIST --tg LIST` measures single-request speed the way
+ * llama-bench does instead: prompt processing of N tokens (N over the time
+ * to the first token, one request at a time on an engine without the
+ * prefix cache) and generation of N tokens after a one-token prompt (N
+ * over the time after the first token), each repeated, with the median and
+ * the range; generation also as weight bytes streamed per second against
+ * the read bandwidth of as many threads measured in the same run. `--json`
+ * prints the same as JSON.
+ * Uses the public API (cellm.h), as an application would; the weight bytes
+ * come from the file's tensor table (gguf.h).
  */
 #include <math.h>
 #include <stdbool.h>
@@ -31,8 +40,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_kernels.h"
 #include "cellm.h"
 #include "cli.h"
+#include "gguf.h"
 #include "store.h"
 
 #define BENCH_DEFAULT_MODEL "smollm2-135m"
@@ -62,7 +73,14 @@ static void usage(FILE *out) {
         "  --sampling            only the sampling cost (greedy; top-p 0.9 at temperature 0.8)\n"
         "  --load                only model load to the first token of a 16-token prompt\n"
         "  --prefix              only the prefix cache: time to first token cold and with a\n"
-        "                        cached 1,000-token system prompt; session restore vs recompute\n",
+        "                        cached 1,000-token system prompt; session restore vs recompute\n"
+        "  --pp LIST             only single-request speed, as llama-bench: prompt processing\n"
+        "                        of each comma-separated token count (e.g. 128,512)\n"
+        "  --tg LIST             ... and generation of each count of tokens (e.g. 128); with\n"
+        "                        either, the other defaults to none\n"
+        "  -r, --reps N          repetitions of each --pp/--tg test (default 5), after one\n"
+        "                        unmeasured warm-up\n"
+        "  --json                --pp/--tg results as JSON\n",
         BENCH_DEFAULT_MODEL);
 }
 
@@ -496,13 +514,198 @@ static int bench_load(const char *path, const cellm_engine_params *ep) {
     return 0;
 }
 
+/* ---- --pp / --tg: single-request speed, as llama-bench measures it ---- */
+
+#define SPEED_MAX_TESTS 16
+#define SPEED_MAX_REPS 100
+
+typedef struct speed_test {
+    bool gen;  /* tg (generation) or pp (prompt processing) */
+    int32_t n; /* tokens */
+    double tps[SPEED_MAX_REPS];
+    int reps;
+    double med, lo, hi;
+} speed_test;
+
+/* Bytes of weights a decode step reads: every tensor, except the token
+ * embedding when a separate output matrix exists (decoding reads one row
+ * of it); with tied embeddings it is the output matrix and read whole. */
+static uint64_t weight_bytes_per_token(const char *path) {
+    gguf_file *g = NULL;
+    cellm_error e;
+    if (gguf_open(path, &g, &e) != CELLM_OK) return 0;
+    uint64_t total = 0, embd = 0;
+    bool output = false;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const gguf_tensor *t = &g->tensors[i];
+        total += t->size;
+        if (t->name.len == 17 && !memcmp(t->name.ptr, "token_embd.weight", 17)) embd = t->size;
+        if (t->name.len == 13 && !memcmp(t->name.ptr, "output.weight", 13)) output = true;
+    }
+    gguf_close(g);
+    return output ? total - embd : total;
+}
+
+static int cmp_tps(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One request of `n_prompt` tokens generating `n_gen`; tokens/s of the
+ * prompt (to the first token) or of the generation (after it) in *tps. */
+static int speed_once(cellm_engine *e, const cellm_model *model, int32_t n_prompt, int32_t n_gen,
+                      int32_t eos, bool gen, double *tps) {
+    int32_t *ids = NULL, n_ids = 0;
+    if (padded_prompt(model, "Once upon a time", n_prompt, &ids, &n_ids) != CELLM_OK ||
+        n_ids != n_prompt) {
+        free(ids);
+        cli_error("bench: cannot make a prompt of %d tokens", n_prompt);
+        return 1;
+    }
+    cellm_request_params rp = cellm_request_default_params();
+    rp.tokens = ids;
+    rp.n_tokens = n_ids;
+    rp.max_tokens = n_gen;
+    cellm_logit_bias ban = {.token = eos, .bias = -INFINITY};
+    if (eos >= 0) { /* every request generates n_gen tokens */
+        rp.sampling.logit_bias = &ban;
+        rp.sampling.n_logit_bias = 1;
+    }
+    cellm_request *r = NULL;
+    cellm_result res;
+    int rc = cellm_submit(e, &rp, &r) == CELLM_OK && cellm_wait(r, &res) == CELLM_OK &&
+                     res.status == CELLM_OK
+                 ? 0
+                 : 1;
+    free(ids);
+    if (rc) {
+        cli_error("bench: %s", r ? cellm_request_error(r) : cellm_last_error());
+    } else if (gen) {
+        double dt = (res.total_ms - res.first_token_ms) / 1e3;
+        *tps = res.n_completion_tokens > 1 && dt > 0 ? (res.n_completion_tokens - 1) / dt : 0;
+    } else {
+        double dt = (res.first_token_ms - res.queue_ms) / 1e3;
+        *tps = dt > 0 ? n_prompt / dt : 0;
+    }
+    cellm_request_free(r);
+    return rc;
+}
+
+static int bench_speed(const char *path, const char *name, const cellm_engine_params *ep,
+                       speed_test *tests, int n_tests, int reps, bool json) {
+    cellm_model *model = NULL;
+    if (cellm_model_load(path, NULL, &model) != CELLM_OK) {
+        cli_error("%s", cellm_last_error());
+        return 1;
+    }
+    cellm_model_info info;
+    cellm_model_get_info(model, &info);
+    int32_t longest = 1;
+    for (int i = 0; i < n_tests; i++)
+        if (tests[i].n + 2 > longest) longest = tests[i].n + 2;
+    cellm_engine_params p = *ep;
+    p.prefix_cache = 0; /* every prompt computed */
+    p.max_seqs = 1;
+    if (p.max_ctx < longest) p.max_ctx = longest;
+    /* Prompts in chunks of up to 512 rows, as llama-bench's default batch. */
+    const int32_t chunk = longest < 512 ? longest : 512;
+    if (p.max_batch_tokens < chunk) p.max_batch_tokens = chunk;
+    cellm_engine *e = NULL;
+    if (cellm_engine_create(model, &p, &e) != CELLM_OK) {
+        cli_error("%s", cellm_last_error());
+        cellm_model_free(model);
+        return 1;
+    }
+    int rc = 0;
+    for (int i = 0; i < n_tests && !rc; i++) {
+        speed_test *t = &tests[i];
+        const int32_t n_prompt = t->gen ? 1 : t->n, n_gen = t->gen ? t->n + 1 : 1;
+        double warm;
+        rc = speed_once(e, model, n_prompt, n_gen, info.eos, t->gen, &warm);
+        for (t->reps = 0; t->reps < reps && !rc; t->reps++)
+            rc = speed_once(e, model, n_prompt, n_gen, info.eos, t->gen, &t->tps[t->reps]);
+        if (rc) break;
+        double s[SPEED_MAX_REPS];
+        memcpy(s, t->tps, sizeof(double) * (size_t)t->reps);
+        qsort(s, (size_t)t->reps, sizeof *s, cmp_tps);
+        t->lo = s[0];
+        t->hi = s[t->reps - 1];
+        t->med = t->reps % 2 ? s[t->reps / 2] : (s[t->reps / 2 - 1] + s[t->reps / 2]) / 2;
+    }
+    cellm_engine_free(e);
+    cellm_model_free(model);
+    if (rc) return rc;
+
+    const double rss = peak_rss_mib(); /* before the bandwidth buffer */
+    const uint64_t wbytes = weight_bytes_per_token(path);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const int threads = ep->n_threads > 0 ? ep->n_threads
+                        : cores < 1       ? 1
+                        : cores > 4       ? 4
+                                          : (int)cores;
+    const unsigned bw_threads = (unsigned)threads;
+    const double bw = bench_read_bandwidth(bw_threads, 256, 5);
+    if (json) {
+        printf("{\"model\": \"%s\", \"threads\": %d, \"weight_bytes_per_token\": %llu, "
+               "\"read_bandwidth_gbs\": %.2f, \"peak_rss_mib\": %.1f, \"tests\": [",
+               name, threads, (unsigned long long)wbytes, bw, rss);
+        for (int i = 0; i < n_tests; i++) {
+            const speed_test *t = &tests[i];
+            printf("%s\n  {\"test\": \"%s%d\", \"tokens_per_s\": {\"median\": %.2f, \"min\": %.2f, "
+                   "\"max\": %.2f}, \"samples\": [",
+                   i ? "," : "", t->gen ? "tg" : "pp", t->n, t->med, t->lo, t->hi);
+            for (int r = 0; r < t->reps; r++) printf("%s%.2f", r ? ", " : "", t->tps[r]);
+            printf("]");
+            if (t->gen && bw > 0)
+                printf(", \"bandwidth_fraction\": %.4f", (double)wbytes * t->med / 1e9 / bw);
+            printf("}");
+        }
+        printf("\n]}\n");
+        return 0;
+    }
+    printf("model %s, %d threads, %.1f MiB of weights per token; read bandwidth %.2f GB/s "
+           "(%u thread%s, best of 5)\n\n",
+           name, threads, (double)wbytes / (1 << 20), bw, bw_threads, bw_threads > 1 ? "s" : "");
+    printf(
+        "| test | tokens/s (median of %d) | range | ms/token | weights GB/s | %% of bandwidth |\n",
+        reps);
+    printf("| --- | ---: | --- | ---: | ---: | ---: |\n");
+    for (int i = 0; i < n_tests; i++) {
+        const speed_test *t = &tests[i];
+        printf("| %s%d | %.1f | %.1f-%.1f | %.2f |", t->gen ? "tg" : "pp", t->n, t->med, t->lo,
+               t->hi, 1e3 / t->med);
+        if (t->gen && bw > 0)
+            printf(" %.1f | %.1f%% |\n", (double)wbytes * t->med / 1e9,
+                   100 * (double)wbytes * t->med / 1e9 / bw);
+        else
+            printf(" | |\n");
+    }
+    printf("\npeak RSS %.1f MiB\n", rss);
+    return 0;
+}
+
+/* Appends a --pp or --tg list to tests; false on a bad list. */
+static bool parse_speed_list(const char *s, bool gen, speed_test *tests, int *n_tests) {
+    while (*s) {
+        char *end;
+        long n = strtol(s, &end, 10);
+        if (end == s || n < 1 || n > 65536 || (*end && *end != ',') || *n_tests >= SPEED_MAX_TESTS)
+            return false;
+        tests[(*n_tests)++] = (speed_test){.gen = gen, .n = (int32_t)n};
+        s = *end ? end + 1 : end;
+    }
+    return true;
+}
+
 int cmd_bench(int argc, char **argv) {
     const char *model_name = NULL, *sessions = "1,2,4,8,16";
     cellm_engine_params ep = cellm_engine_default_params();
     ep.mem_budget_bytes = (size_t)512 << 20;
     ep.max_ctx = 1024;
     int32_t n_predict = 64, prompt_tokens = 0;
-    bool sampling_only = false, prefix_only = false, load_only = false;
+    bool sampling_only = false, prefix_only = false, load_only = false, json = false;
+    speed_test tests[SPEED_MAX_TESTS];
+    int n_tests = 0, reps = 5;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         unsigned long long u;
@@ -544,6 +747,15 @@ int cmd_bench(int argc, char **argv) {
             prefix_only = true;
         } else if (!strcmp(a, "--load")) {
             load_only = true;
+        } else if ((!strcmp(a, "--pp") || !strcmp(a, "--tg")) && v &&
+                   parse_speed_list(v, a[2] == 't', tests, &n_tests)) {
+            i++;
+        } else if ((!strcmp(a, "-r") || !strcmp(a, "--reps")) && v &&
+                   cli_parse_uint(v, SPEED_MAX_REPS, &u) && u > 0) {
+            reps = (int)u;
+            i++;
+        } else if (!strcmp(a, "--json")) {
+            json = true;
         } else if (a[0] == '-') {
             cli_error("bench: bad option or value '%s' (see `cellm bench --help`)", a);
             return 2;
@@ -564,6 +776,9 @@ int cmd_bench(int argc, char **argv) {
     }
     if (prefix_only) return bench_prefix(path, &ep, n_predict < 32 ? n_predict : 32);
     if (load_only) return bench_load(path, &ep);
+    if (n_tests)
+        return bench_speed(path, model_name ? model_name : BENCH_DEFAULT_MODEL, &ep, tests, n_tests,
+                           reps, json);
     cellm_model *model = NULL;
     if (cellm_model_load(path, NULL, &model) != CELLM_OK) {
         cli_error("%s", cellm_last_error());
