@@ -7,13 +7,16 @@ generation of TG tokens (greedy, past end-of-text), with cellm through
 `cellm run --raw -v` and llama.cpp through llama-cpp-python (its own
 eval calls, timed the same way: wall time around prompt and decode). Prints
 a markdown table with the median and the spread (min-max) of each figure
-and the ratio cellm / llama.cpp. Nothing of llama.cpp is committed; it comes
+and the ratio cellm / llama.cpp, and each generation rate as weight bytes
+streamed per second against the read bandwidth (both from `cellm bench
+--json`, measured after the model's runs). Nothing of llama.cpp is committed; it comes
 from the package registry (pip install llama-cpp-python).
 
 Usage: python3 bench/compare.py [--reps 5] [--threads 2] [--pp 512] [--tg 128]
        [MODEL ...]   (store names or paths; default smollm2-135m gemma3-270m)
 """
 import argparse
+import json
 import os
 import re
 import statistics
@@ -58,6 +61,15 @@ def llama_run(llm, toks, tg):
     return len(toks) / (t1 - t0), tg / (t3 - t2)
 
 
+def weights_and_bandwidth(path, threads):
+    """Bytes of weights a decode step reads and the read bandwidth (GB/s) of
+    `threads` threads, from `cellm bench --json` (measured now)."""
+    out = subprocess.run([CELLM, "bench", path, "--tg", "4", "-r", "1", "-t", str(threads),
+                          "--json"], capture_output=True, text=True, check=True).stdout
+    j = json.loads(out)
+    return j["weight_bytes_per_token"], j["read_bandwidth_gbs"]
+
+
 def fmt(xs):
     return f"{statistics.median(xs):.1f} ({min(xs):.1f}-{max(xs):.1f})"
 
@@ -72,8 +84,9 @@ def main():
     a = ap.parse_args()
     from llama_cpp import Llama
 
-    print(f"| model | test | cellm tokens/s | llama.cpp tokens/s | cellm / llama.cpp |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| model | test | cellm tokens/s | llama.cpp tokens/s | cellm / llama.cpp "
+          "| cellm, % of read bandwidth | llama.cpp, % of read bandwidth |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for name in a.models:
         path = model_path(name)
         llm = Llama(model_path=path, n_ctx=2048, n_threads=a.threads, n_threads_batch=a.threads,
@@ -95,10 +108,14 @@ def main():
             lp.append(p)
             lt.append(t)
         del llm
+        wbytes, bw = weights_and_bandwidth(path, a.threads)
+        share = [f"{100 * wbytes * statistics.median(x) / 1e9 / bw:.1f}%" for x in (ct, lt)]
         print(f"| {name} | pp{len(toks)} | {fmt(cp)} | {fmt(lp)} | "
-              f"{statistics.median(cp) / statistics.median(lp):.2f} |")
+              f"{statistics.median(cp) / statistics.median(lp):.2f} | | |")
         print(f"| {name} | tg{a.tg} | {fmt(ct)} | {fmt(lt)} | "
-              f"{statistics.median(ct) / statistics.median(lt):.2f} |")
+              f"{statistics.median(ct) / statistics.median(lt):.2f} | {share[0]} | {share[1]} |")
+        print(f"<!-- {name}: {wbytes / 2**20:.1f} MiB of weights per token, read bandwidth "
+              f"{bw:.2f} GB/s with {a.threads} threads -->")
 
 
 if __name__ == "__main__":
