@@ -118,7 +118,34 @@ static cellm_status padded_prompt(const cellm_model *model, const char *line, in
     return st;
 }
 
-static bool g_ignore_eos; /* --ignore-eos */
+/* Bytes of weights a decode step reads (and, in *elems, the weights: a
+ * multiply and an add each per token): every tensor, except the token
+ * embedding when a separate output matrix exists (decoding reads one row
+ * of it); with tied embeddings it is the output matrix and read whole. */
+static uint64_t weight_bytes_per_token(const char *path, uint64_t *elems) {
+    gguf_file *g = NULL;
+    cellm_error e;
+    *elems = 0;
+    if (gguf_open(path, &g, &e) != CELLM_OK) return 0;
+    uint64_t total = 0, embd = 0, n = 0, embd_n = 0;
+    bool output = false;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const gguf_tensor *t = &g->tensors[i];
+        total += t->size;
+        n += t->n_elems;
+        if (t->name.len == 17 && !memcmp(t->name.ptr, "token_embd.weight", 17)) {
+            embd = t->size;
+            embd_n = t->n_elems;
+        }
+        if (t->name.len == 13 && !memcmp(t->name.ptr, "output.weight", 13)) output = true;
+    }
+    gguf_close(g);
+    *elems = output ? n - embd_n : n;
+    return output ? total - embd : total;
+}
+
+static uint64_t g_weight_elems; /* per token, for the GFLOP/s column */
+static bool g_ignore_eos;       /* --ignore-eos */
 
 /* One round of `n` sessions; prints a table row. */
 static int bench_round(const cellm_model *model, const cellm_engine_params *ep, int n,
@@ -187,9 +214,10 @@ static int bench_round(const cellm_model *model, const cellm_engine_params *ep, 
     cellm_stats st;
     cellm_engine_stats(e, &st);
     if (!rc)
-        printf("%8d %14.1f %14.1f %12.0f %10llu %8.1f %8.1f %9.1f\n", n, decode_tps, tokens / wall,
-               ttft, (unsigned long long)st.n_preemptions, (double)st.bytes_activations / (1 << 20),
-               (double)st.bytes_kv_resident / (1 << 20), peak_rss_mib());
+        printf("%8d %14.1f %14.1f %12.0f %10llu %8.1f %8.1f %9.1f %10.1f\n", n, decode_tps,
+               tokens / wall, ttft, (unsigned long long)st.n_preemptions,
+               (double)st.bytes_activations / (1 << 20), (double)st.bytes_kv_resident / (1 << 20),
+               peak_rss_mib(), 2.0 * (double)g_weight_elems * decode_tps / 1e9);
     fflush(stdout);
     cellm_engine_free(e);
     return rc;
@@ -527,25 +555,6 @@ typedef struct speed_test {
     double med, lo, hi;
 } speed_test;
 
-/* Bytes of weights a decode step reads: every tensor, except the token
- * embedding when a separate output matrix exists (decoding reads one row
- * of it); with tied embeddings it is the output matrix and read whole. */
-static uint64_t weight_bytes_per_token(const char *path) {
-    gguf_file *g = NULL;
-    cellm_error e;
-    if (gguf_open(path, &g, &e) != CELLM_OK) return 0;
-    uint64_t total = 0, embd = 0;
-    bool output = false;
-    for (uint64_t i = 0; i < g->n_tensors; i++) {
-        const gguf_tensor *t = &g->tensors[i];
-        total += t->size;
-        if (t->name.len == 17 && !memcmp(t->name.ptr, "token_embd.weight", 17)) embd = t->size;
-        if (t->name.len == 13 && !memcmp(t->name.ptr, "output.weight", 13)) output = true;
-    }
-    gguf_close(g);
-    return output ? total - embd : total;
-}
-
 static int cmp_tps(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -637,7 +646,8 @@ static int bench_speed(const char *path, const char *name, const cellm_engine_pa
     if (rc) return rc;
 
     const double rss = peak_rss_mib(); /* before the bandwidth buffer */
-    const uint64_t wbytes = weight_bytes_per_token(path);
+    uint64_t elems;
+    const uint64_t wbytes = weight_bytes_per_token(path, &elems);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     const int threads = ep->n_threads > 0 ? ep->n_threads
                         : cores < 1       ? 1
@@ -785,9 +795,11 @@ int cmd_bench(int argc, char **argv) {
         return 1;
     }
     int rc = 0;
+    weight_bytes_per_token(path, &g_weight_elems);
     if (!sampling_only)
-        printf("%8s %14s %14s %12s %10s %8s %8s %9s\n", "sessions", "decode tok/s", "wall tok/s",
-               "ttft ms", "preempted", "act MiB", "KV MiB", "peak RSS");
+        printf("%8s %14s %14s %12s %10s %8s %8s %9s %10s\n", "sessions", "decode tok/s",
+               "wall tok/s", "ttft ms", "preempted", "act MiB", "KV MiB", "peak RSS",
+               "weight GF/s");
     for (const char *s = sessions; *s && !rc && !sampling_only;) {
         char *end;
         long n = strtol(s, &end, 10);
