@@ -33,14 +33,20 @@ enum {
     TOK_ATTR_USER = 1u << 3,
     TOK_ATTR_UNUSED = 1u << 4,
     TOK_ATTR_BYTE = 1u << 5,
+    /* Not llama.cpp's: the token's decoded bytes are its text, so no copy
+     * of them is kept in `piece`. */
+    TOK_ATTR_PIECE_IS_TEXT = 1u << 7,
 };
 
-/* One slot of an open-addressing hash table: `tag` is the top bits of the
- * key's hash (to skip most compares), `idx` an index, -1 when empty. */
-typedef struct tok_slot {
-    uint32_t tag;
-    int32_t idx;
-} tok_slot;
+/* An open-addressing hash table from keys to indexes 0..n-1, one 32-bit
+ * word a slot: the low `idx_bits` bits hold index + 1 (0 = empty), the rest
+ * the top bits of the key's hash, to skip most compares. The keys live
+ * elsewhere (token texts, merges): the table holds only their indexes. */
+typedef struct tok_index {
+    uint32_t *slot;
+    uint32_t mask;     /* slot count - 1 */
+    uint32_t idx_mask; /* (1 << idx_bits) - 1 */
+} tok_index;
 
 struct tokenizer {
     tok_kind kind;
@@ -53,12 +59,14 @@ struct tokenizer {
     float *score;       /* n_vocab scores (0 when the file has none) */
     uint8_t *type;      /* n_vocab tok_type values, as in the file */
     uint8_t *attr;      /* n_vocab TOK_ATTR_* masks */
-    char *piece;        /* every token's decoded bytes, back to back */
+    /* Decoded bytes of the tokens whose bytes differ from their text
+     * (TOK_ATTR_PIECE_IS_TEXT unset), back to back: token id's are
+     * piece[piece_off[id] .. piece_off[id + 1]); the others take no room. */
+    char *piece;
     uint32_t *piece_off;
     size_t max_piece;
 
-    tok_slot *vocab_slots; /* token text -> id */
-    uint32_t vocab_mask;
+    tok_index vocab; /* token text -> id */
 
     /* BPE merges: merge i joins merge_text[merge_off[i] ..][0..merge_split[i])
      * and the rest up to merge_off[i + 1]; its rank is i. */
@@ -66,13 +74,12 @@ struct tokenizer {
     char *merge_text;
     uint32_t *merge_off;
     uint32_t *merge_split;
-    tok_slot *merge_slots;
-    uint32_t merge_mask;
+    tok_index merges;
 
     /* Special tokens (control, user-defined, unknown) as a trie whose edges
-     * are a hash table keyed by (node, byte). */
+     * are a hash table keyed by (node, byte), at most half full. */
     int32_t n_nodes;
-    int32_t *node_tok;  /* the token ending at each node, or -1 */
+    int32_t *node_tok;  /* n_nodes: the token ending at each node, or -1 */
     uint64_t *edge_key; /* (node << 8 | byte) + 1; 0 = empty */
     int32_t *edge_child;
     uint32_t edge_mask;
