@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "tokenizer.h"
 
@@ -54,11 +55,20 @@ struct tokenizer {
     char pre_name[32];
 
     int32_t n_vocab;
-    char *text;         /* every token's text, back to back */
-    uint32_t *text_off; /* n_vocab + 1 offsets into text */
-    float *score;       /* n_vocab scores (0 when the file has none) */
-    uint8_t *type;      /* n_vocab tok_type values, as in the file */
-    uint8_t *attr;      /* n_vocab TOK_ATTR_* masks */
+    /* Token id's text is text[text_off[id] .. text_off[id + 1] - text_gap).
+     * The texts are read in place from the GGUF file's memory where its
+     * strings lie back to back, each after its 8-byte length (text_gap 8);
+     * otherwise they are copied to text_own (text_gap 0). */
+    const char *text;
+    uint32_t *text_off; /* n_vocab + 1 */
+    uint32_t text_gap;
+    char *text_own;
+    /* Scores: the file's F32 array in place (score_f32, maybe unaligned),
+     * or converted to score_own; neither when the file has none (all 0). */
+    const uint8_t *score_f32;
+    float *score_own;
+    uint8_t *type; /* n_vocab tok_type values, as in the file */
+    uint8_t *attr; /* n_vocab TOK_ATTR_* masks */
     /* Decoded bytes of the tokens whose bytes differ from their text
      * (TOK_ATTR_PIECE_IS_TEXT unset), back to back: token id's are
      * piece[piece_off[id] .. piece_off[id + 1]); the others take no room. */
@@ -94,6 +104,23 @@ struct tokenizer {
     bool add_bos, add_eos, add_space_prefix, ignore_merges;
     int32_t byte_tok[256]; /* token of each byte (<0xNN> or its BPE char), or -1 */
 };
+
+static inline const char *tok_text(const tokenizer *t, int32_t id) {
+    return t->text + t->text_off[id];
+}
+
+static inline size_t tok_text_len(const tokenizer *t, int32_t id) {
+    return t->text_off[id + 1] - t->text_off[id] - t->text_gap;
+}
+
+static inline float tok_score(const tokenizer *t, int32_t id) {
+    float f = 0.0f;
+    if (t->score_f32)
+        memcpy(&f, t->score_f32 + (size_t)id * sizeof f, sizeof f);
+    else if (t->score_own)
+        f = t->score_own[id];
+    return f;
+}
 
 /* A 64-bit hash of n bytes. */
 uint64_t tok_hash(const void *p, size_t n);

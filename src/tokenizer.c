@@ -141,8 +141,7 @@ int32_t tok_vocab_find(const tokenizer *t, const char *s, size_t n) {
         if (!v) return -1;
         int32_t id = index_at(x, v, tag);
         if (id < 0) continue;
-        uint32_t off = t->text_off[id], len = t->text_off[id + 1] - off;
-        if (len == n && !memcmp(t->text + off, s, n)) return id;
+        if (tok_text_len(t, id) == n && !memcmp(tok_text(t, id), s, n)) return id;
     }
 }
 
@@ -236,7 +235,7 @@ static cellm_status build_specials(tokenizer *t, cellm_error *err) {
     size_t n_spec = 0, maxlen = 0, node_cap = 0;
     for (int32_t id = 0; id < t->n_vocab; id++) {
         if (!is_special(t->attr[id])) continue;
-        size_t len = t->text_off[id + 1] - t->text_off[id];
+        size_t len = tok_text_len(t, id);
         n_spec++;
         if (len > maxlen) maxlen = len;
     }
@@ -255,8 +254,8 @@ static cellm_status build_specials(tokenizer *t, cellm_error *err) {
 
     for (int32_t id = 0; id < t->n_vocab; id++) {
         if (!is_special(t->attr[id])) continue;
-        const uint8_t *s = (const uint8_t *)t->text + t->text_off[id];
-        size_t len = t->text_off[id + 1] - t->text_off[id];
+        const uint8_t *s = (const uint8_t *)tok_text(t, id);
+        size_t len = tok_text_len(t, id);
         int32_t node = 0;
         for (size_t k = 0; k < len; k++) {
             int32_t child = trie_child(t, node, s[k]);
@@ -485,8 +484,8 @@ static int parse_byte_token(const char *s, size_t n) {
  * length, though no token decodes to more bytes than its text); returns
  * the byte count. */
 static size_t decode_token(const tokenizer *t, int32_t id, char *out) {
-    const char *s = t->text + t->text_off[id];
-    size_t n = t->text_off[id + 1] - t->text_off[id], w = 0;
+    const char *s = tok_text(t, id);
+    size_t n = tok_text_len(t, id), w = 0;
     uint8_t attr = t->attr[id];
     if (attr & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN)) return 0; /* text only on request */
     if (attr & TOK_ATTR_USER) {
@@ -636,40 +635,63 @@ static cellm_status load_vocab(tokenizer *t, const gguf_file *f, cellm_error *er
         return err_set(err, CELLM_ERR_FORMAT, "tokenizer: %s has %llu numbers for %llu tokens",
                        KEY_TYPES, (unsigned long long)types->v.arr.n, (unsigned long long)n);
 
-    /* Texts: an empty one becomes "[EMPTY_<id>]", as llama.cpp does. */
+    /* Texts: in place where the file's strings lie back to back, each after
+     * its 8-byte length, as a parsed file's do. Otherwise (an empty text, or
+     * strings from elsewhere) a copy, where an empty text becomes
+     * "[EMPTY_<id>]", as llama.cpp does. */
+    const gguf_str *strs = toks->v.arr.strs;
     uint64_t total = 0;
+    bool in_place = true;
     for (uint64_t i = 0; i < n; i++) {
-        uint64_t len = toks->v.arr.strs[i].len;
+        uint64_t len = strs[i].len;
         total += len ? len : 24;
+        if (!len || (i && (uintptr_t)strs[i].ptr !=
+                              (uintptr_t)strs[i - 1].ptr + (uintptr_t)strs[i - 1].len + 8))
+            in_place = false;
     }
     if (total >= UINT32_MAX / 3)
         return err_set(err, CELLM_ERR_FORMAT, "tokenizer: %llu bytes of token text is too much",
                        (unsigned long long)total);
-    t->text = malloc(total + 1);
+    if (total + 8 * n >= UINT32_MAX) in_place = false; /* offsets are 32-bit */
     t->text_off = malloc((n + 1) * sizeof *t->text_off);
-    t->score = malloc(n * sizeof *t->score);
     t->type = malloc(n);
     t->attr = malloc(n);
-    if (!t->text || !t->text_off || !t->score || !t->type || !t->attr)
+    if (!in_place) t->text_own = malloc(total + 1);
+    if (scores && scores->v.arr.type != GGUF_TYPE_FLOAT32)
+        t->score_own = malloc(n * sizeof *t->score_own);
+    if (!t->text_off || !t->type || !t->attr || (!in_place && !t->text_own) ||
+        (scores && scores->v.arr.type != GGUF_TYPE_FLOAT32 && !t->score_own))
         return err_set(err, CELLM_ERR_NO_MEMORY, "tokenizer: out of memory for the vocabulary");
-    uint32_t w = 0;
-    for (uint64_t i = 0; i < n; i++) {
-        gguf_str s = toks->v.arr.strs[i];
-        t->text_off[i] = w;
-        if (s.len) {
-            memcpy(t->text + w, s.ptr, s.len);
-            w += (uint32_t)s.len;
-        } else {
-            char tmp[32];
-            int k = snprintf(tmp, sizeof tmp, "[EMPTY_%llu]", (unsigned long long)i);
-            memcpy(t->text + w, tmp, (size_t)k);
-            w += (uint32_t)k;
+    if (scores && !t->score_own) t->score_f32 = scores->v.arr.data;
+    if (in_place) {
+        t->text = strs[0].ptr;
+        t->text_gap = 8;
+        for (uint64_t i = 0; i < n; i++)
+            t->text_off[i] = (uint32_t)((uintptr_t)strs[i].ptr - (uintptr_t)strs[0].ptr);
+        t->text_off[n] = (uint32_t)(total + 8 * n);
+    } else {
+        uint32_t w = 0;
+        for (uint64_t i = 0; i < n; i++) {
+            t->text_off[i] = w;
+            if (strs[i].len) {
+                memcpy(t->text_own + w, strs[i].ptr, strs[i].len);
+                w += (uint32_t)strs[i].len;
+            } else {
+                char tmp[32];
+                int k = snprintf(tmp, sizeof tmp, "[EMPTY_%llu]", (unsigned long long)i);
+                memcpy(t->text_own + w, tmp, (size_t)k);
+                w += (uint32_t)k;
+            }
         }
+        t->text_off[n] = w;
+        t->text = t->text_own;
+    }
+    for (uint64_t i = 0; i < n; i++) {
         double sc = 0;
-        if (scores && !gguf_arr_get_float(scores, i, &sc))
+        if (t->score_own && !gguf_arr_get_float(scores, i, &sc))
             return err_set(err, CELLM_ERR_FORMAT, "tokenizer: %s[%llu] is not a number", KEY_SCORES,
                            (unsigned long long)i);
-        t->score[i] = (float)sc;
+        if (t->score_own) t->score_own[i] = (float)sc;
         int64_t ty = TOK_TYPE_NORMAL;
         if (types && !gguf_arr_get_int(types, i, &ty))
             return err_set(err, CELLM_ERR_FORMAT, "tokenizer: %s[%llu] is not an integer",
@@ -678,22 +700,20 @@ static cellm_status load_vocab(tokenizer *t, const gguf_file *f, cellm_error *er
             ty >= TOK_TYPE_NORMAL && ty <= TOK_TYPE_BYTE ? (uint8_t)ty : TOK_TYPE_UNDEFINED;
         t->attr[i] = t->type[i] ? (uint8_t)(1u << (t->type[i] - 1)) : 0;
     }
-    t->text_off[n] = w;
 
     /* text -> id; a later duplicate wins, as in llama.cpp's map. */
     tok_index *x = &t->vocab;
     if (!index_alloc(n, x))
         return err_set(err, CELLM_ERR_NO_MEMORY, "tokenizer: out of memory for the vocabulary");
     for (int32_t id = 0; id < t->n_vocab; id++) {
-        const char *s = t->text + t->text_off[id];
-        size_t len = t->text_off[id + 1] - t->text_off[id];
+        const char *s = tok_text(t, id);
+        size_t len = tok_text_len(t, id);
         uint64_t h = tok_hash(s, len);
         uint32_t tag = index_tag(x, h), i = (uint32_t)h & x->mask;
         for (; x->slot[i]; i = (i + 1) & x->mask) {
             int32_t old = index_at(x, x->slot[i], tag);
             if (old < 0) continue;
-            uint32_t o = t->text_off[old];
-            if (t->text_off[old + 1] - o == len && !memcmp(t->text + o, s, len)) break;
+            if (tok_text_len(t, old) == len && !memcmp(tok_text(t, old), s, len)) break;
         }
         x->slot[i] = index_value(tag, id);
     }
@@ -762,7 +782,7 @@ static cellm_status load_merges(tokenizer *t, const gguf_file *f, cellm_error *e
 static cellm_status build_pieces(tokenizer *t, cellm_error *err) {
     size_t maxlen = 0, cap = 0, maxp = 0;
     for (int32_t id = 0; id < t->n_vocab; id++) {
-        size_t tl = t->text_off[id + 1] - t->text_off[id];
+        size_t tl = tok_text_len(t, id);
         if (tl > maxlen) maxlen = tl;
     }
     char *tmp = malloc(3 * maxlen + 1); /* the text is under UINT32_MAX / 3 bytes */
@@ -771,8 +791,8 @@ static cellm_status build_pieces(tokenizer *t, cellm_error *err) {
     uint32_t w = 0;
     for (int32_t id = 0; id < t->n_vocab; id++) {
         t->piece_off[id] = w;
-        const char *s = t->text + t->text_off[id];
-        size_t k = decode_token(t, id, tmp), tl = t->text_off[id + 1] - t->text_off[id];
+        const char *s = tok_text(t, id);
+        size_t k = decode_token(t, id, tmp), tl = tok_text_len(t, id);
         if (k > maxp) maxp = k;
         if (tl > maxp) maxp = tl; /* the text itself, with TOK_DECODE_SPECIAL */
         if (k == tl && !memcmp(tmp, s, k)) {
@@ -874,9 +894,9 @@ fail:
 
 void tokenizer_free(tokenizer *t) {
     if (!t) return;
-    free(t->text);
+    free(t->text_own);
     free(t->text_off);
-    free(t->score);
+    free(t->score_own);
     free(t->type);
     free(t->attr);
     free(t->piece);
@@ -920,8 +940,8 @@ const char *tokenizer_pre_name(const tokenizer *t) {
 
 const char *tokenizer_token_text(const tokenizer *t, int32_t id, size_t *len) {
     if (id < 0 || id >= t->n_vocab) return NULL;
-    *len = t->text_off[id + 1] - t->text_off[id];
-    return t->text + t->text_off[id];
+    *len = tok_text_len(t, id);
+    return tok_text(t, id);
 }
 
 const char *tokenizer_piece(const tokenizer *t, int32_t id, unsigned flags, size_t *len) {
