@@ -55,13 +55,11 @@ struct tokenizer {
     char pre_name[32];
 
     int32_t n_vocab;
-    /* Token id's text is text[text_off[id] .. text_off[id + 1] - text_gap).
-     * The texts are read in place from the GGUF file's memory where its
-     * strings lie back to back, each after its 8-byte length (text_gap 8);
-     * otherwise they are copied to text_own (text_gap 0). */
-    const char *text;
-    uint32_t *text_off; /* n_vocab + 1 */
-    uint32_t text_gap;
+    /* Token texts: the file's own strings (the gguf_file's array, pointing
+     * into its memory) where none is empty; otherwise a copy (strs_own,
+     * text_own) where an empty text becomes "[EMPTY_<id>]". */
+    const gguf_str *strs;
+    gguf_str *strs_own;
     char *text_own;
     /* Scores: the file's F32 array in place (score_f32, maybe unaligned),
      * or converted to score_own; neither when the file has none (all 0). */
@@ -106,11 +104,11 @@ struct tokenizer {
 };
 
 static inline const char *tok_text(const tokenizer *t, int32_t id) {
-    return t->text + t->text_off[id];
+    return t->strs[id].ptr;
 }
 
 static inline size_t tok_text_len(const tokenizer *t, int32_t id) {
-    return t->text_off[id + 1] - t->text_off[id] - t->text_gap;
+    return (size_t)t->strs[id].len;
 }
 
 static inline float tok_score(const tokenizer *t, int32_t id) {

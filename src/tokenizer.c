@@ -635,56 +635,48 @@ static cellm_status load_vocab(tokenizer *t, const gguf_file *f, cellm_error *er
         return err_set(err, CELLM_ERR_FORMAT, "tokenizer: %s has %llu numbers for %llu tokens",
                        KEY_TYPES, (unsigned long long)types->v.arr.n, (unsigned long long)n);
 
-    /* Texts: in place where the file's strings lie back to back, each after
-     * its 8-byte length, as a parsed file's do. Otherwise (an empty text, or
-     * strings from elsewhere) a copy, where an empty text becomes
-     * "[EMPTY_<id>]", as llama.cpp does. */
+    /* Texts: the file's own strings, unless one is empty: llama.cpp makes
+     * that "[EMPTY_<id>]", so then they are copied. */
     const gguf_str *strs = toks->v.arr.strs;
     uint64_t total = 0;
     bool in_place = true;
     for (uint64_t i = 0; i < n; i++) {
         uint64_t len = strs[i].len;
         total += len ? len : 24;
-        if (!len || (i && (uintptr_t)strs[i].ptr !=
-                              (uintptr_t)strs[i - 1].ptr + (uintptr_t)strs[i - 1].len + 8))
-            in_place = false;
+        if (!len) in_place = false;
     }
     if (total >= UINT32_MAX / 3)
         return err_set(err, CELLM_ERR_FORMAT, "tokenizer: %llu bytes of token text is too much",
                        (unsigned long long)total);
-    if (total + 8 * n >= UINT32_MAX) in_place = false; /* offsets are 32-bit */
-    t->text_off = malloc((n + 1) * sizeof *t->text_off);
     t->type = malloc(n);
     t->attr = malloc(n);
-    if (!in_place) t->text_own = malloc(total + 1);
+    if (!in_place) {
+        t->text_own = malloc(total + 1);
+        t->strs_own = malloc(n * sizeof *t->strs_own);
+    }
     if (scores && scores->v.arr.type != GGUF_TYPE_FLOAT32)
         t->score_own = malloc(n * sizeof *t->score_own);
-    if (!t->text_off || !t->type || !t->attr || (!in_place && !t->text_own) ||
+    if (!t->type || !t->attr || (!in_place && (!t->text_own || !t->strs_own)) ||
         (scores && scores->v.arr.type != GGUF_TYPE_FLOAT32 && !t->score_own))
         return err_set(err, CELLM_ERR_NO_MEMORY, "tokenizer: out of memory for the vocabulary");
     if (scores && !t->score_own) t->score_f32 = scores->v.arr.data;
-    if (in_place) {
-        t->text = strs[0].ptr;
-        t->text_gap = 8;
-        for (uint64_t i = 0; i < n; i++)
-            t->text_off[i] = (uint32_t)((uintptr_t)strs[i].ptr - (uintptr_t)strs[0].ptr);
-        t->text_off[n] = (uint32_t)(total + 8 * n);
-    } else {
-        uint32_t w = 0;
+    t->strs = strs;
+    if (!in_place) {
+        size_t w = 0;
         for (uint64_t i = 0; i < n; i++) {
-            t->text_off[i] = w;
-            if (strs[i].len) {
-                memcpy(t->text_own + w, strs[i].ptr, strs[i].len);
-                w += (uint32_t)strs[i].len;
+            gguf_str s = strs[i];
+            if (s.len) {
+                memcpy(t->text_own + w, s.ptr, s.len);
             } else {
                 char tmp[32];
                 int k = snprintf(tmp, sizeof tmp, "[EMPTY_%llu]", (unsigned long long)i);
                 memcpy(t->text_own + w, tmp, (size_t)k);
-                w += (uint32_t)k;
+                s.len = (uint64_t)k;
             }
+            t->strs_own[i] = (gguf_str){t->text_own + w, s.len};
+            w += s.len;
         }
-        t->text_off[n] = w;
-        t->text = t->text_own;
+        t->strs = t->strs_own;
     }
     for (uint64_t i = 0; i < n; i++) {
         double sc = 0;
@@ -895,7 +887,7 @@ fail:
 void tokenizer_free(tokenizer *t) {
     if (!t) return;
     free(t->text_own);
-    free(t->text_off);
+    free(t->strs_own);
     free(t->score_own);
     free(t->type);
     free(t->attr);

@@ -618,8 +618,8 @@ static void test_tiny_spm(void **state) {
 }
 
 /* The vocabulary is read in place from the file where it can be (F32
- * scores, texts back to back) and copied where it cannot (F64 scores, an
- * empty text, which becomes "[EMPTY_<id>]"): both give the same tokens. */
+ * scores, no empty text) and copied where it cannot (F64 scores, an empty
+ * text, which becomes "[EMPTY_<id>]"): both give the same tokens. */
 static void test_spm_in_place_and_copied(void **state) {
     (void)state;
     const char *toks[] = {"<unk>", "<s>", "</s>", "▁", "h", "i", "▁h", "hi", ""};
