@@ -561,9 +561,9 @@ static const char *qos_check(const cellm_qos *q, int pool) {
 
 /* The phone memory mode's accounting (cellm_engine_params.process_budget_bytes).
  * Beyond the model's file, the process holds: the model's tables, at most
- * 96 bytes per vocabulary entry (measured: 4.1 MiB of heap after loading
- * SmolLM2's 49,152 tokens and merges, 87 bytes a token; 10.2 MiB for Gemma
- * 3's 262,144, 41 bytes a token, as the texts and scores stay in the map); code,
+ * 96 bytes per vocabulary entry (measured with bench/heap_after_load.c:
+ * 3.9 MiB of heap after loading SmolLM2's 49,152 tokens and merges, 83
+ * bytes a token; 9.2 MiB for Gemma 3's 262,144, 37 bytes a token); code,
  * the C library, stdio and the stacks the threads touch; and per request a
  * sampler at its largest (8 arrays of the vocabulary's size, every penalty
  * and typical-p on) plus its token array and a session's history and kept
