@@ -28,7 +28,11 @@
         if (!(x)) __builtin_trap();                                                                \
     } while (0)
 
+/* The tokenizers, and the files and buffers they read in place: all live
+ * until the process ends. */
 static tokenizer *toks[3];
+static gguf_file *files[3];
+static uint8_t *bufs[3];
 static int n_toks;
 
 static void set_strs(gguf_writer *w, const char *key, const char **strs, size_t n) {
@@ -57,8 +61,8 @@ static tokenizer *load(gguf_writer *w) {
     CHECK(gguf_writer_write_mem(w, &buf, &size, NULL) == CELLM_OK);
     CHECK(gguf_open_memory(buf, size, &f, NULL) == CELLM_OK);
     CHECK(tokenizer_load(f, &t, NULL) == CELLM_OK);
-    gguf_close(f); /* the tokenizer keeps its own copies */
-    free(buf);
+    files[n_toks] = f;
+    bufs[n_toks] = buf;
     gguf_writer_free(w);
     return t;
 }
@@ -127,15 +131,22 @@ int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
-    toks[n_toks++] = tiny_bpe();
-    toks[n_toks++] = tiny_spm();
+    /* load() files the gguf under n_toks before it is counted. */
+    tokenizer *bpe = tiny_bpe();
+    toks[n_toks++] = bpe;
+    tokenizer *spm = tiny_spm();
+    toks[n_toks++] = spm;
     const char *path = getenv("CELLM_FUZZ_TOKENIZER_MODEL");
     if (path && *path) {
         gguf_file *f;
         if (gguf_open(path, &f, NULL) == CELLM_OK) {
             tokenizer *t;
-            if (tokenizer_load(f, &t, NULL) == CELLM_OK) toks[n_toks++] = t;
-            gguf_close(f);
+            if (tokenizer_load(f, &t, NULL) == CELLM_OK) {
+                files[n_toks] = f;
+                toks[n_toks++] = t;
+            } else {
+                gguf_close(f);
+            }
         }
     }
     return 0;

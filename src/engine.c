@@ -560,15 +560,16 @@ static const char *qos_check(const cellm_qos *q, int pool) {
 }
 
 /* The phone memory mode's accounting (cellm_engine_params.process_budget_bytes).
- * Beyond the model's file, the process holds: the model's tables, about
- * 100 bytes per vocabulary entry (measured: 5.9 MiB of heap after loading
- * SmolLM2's 49,152 tokens and merges, 19.3 MiB for Gemma 3's 262,144); code,
+ * Beyond the model's file, the process holds: the model's tables, at most
+ * 96 bytes per vocabulary entry (measured with bench/heap_after_load.c:
+ * 3.9 MiB of heap after loading SmolLM2's 49,152 tokens and merges, 83
+ * bytes a token; 9.2 MiB for Gemma 3's 262,144, 37 bytes a token); code,
  * the C library, stdio and the stacks the threads touch; and per request a
  * sampler at its largest (8 arrays of the vocabulary's size, every penalty
  * and typical-p on) plus its token array and a session's history and kept
  * tokens (16 bytes per position of max_ctx). test_memory measures the peak
  * resident size of real runs against this sum. */
-#define PROC_TABLE_BYTES_PER_TOKEN 128
+#define PROC_TABLE_BYTES_PER_TOKEN 96
 #define PROC_RUNTIME_BYTES ((size_t)8 << 20)
 #define PROC_THREAD_BYTES ((size_t)256 << 10)
 #define PROC_SAMPLER_BYTES_PER_TOKEN 32

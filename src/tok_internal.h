@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "tokenizer.h"
 
@@ -33,14 +34,20 @@ enum {
     TOK_ATTR_USER = 1u << 3,
     TOK_ATTR_UNUSED = 1u << 4,
     TOK_ATTR_BYTE = 1u << 5,
+    /* Not llama.cpp's: the token's decoded bytes are its text, so no copy
+     * of them is kept in `piece`. */
+    TOK_ATTR_PIECE_IS_TEXT = 1u << 7,
 };
 
-/* One slot of an open-addressing hash table: `tag` is the top bits of the
- * key's hash (to skip most compares), `idx` an index, -1 when empty. */
-typedef struct tok_slot {
-    uint32_t tag;
-    int32_t idx;
-} tok_slot;
+/* An open-addressing hash table from keys to indexes 0..n-1, one 32-bit
+ * word a slot: the low `idx_bits` bits hold index + 1 (0 = empty), the rest
+ * the top bits of the key's hash, to skip most compares. The keys live
+ * elsewhere (token texts, merges): the table holds only their indexes. */
+typedef struct tok_index {
+    uint32_t *slot;
+    uint32_t mask;     /* slot count - 1 */
+    uint32_t idx_mask; /* (1 << idx_bits) - 1 */
+} tok_index;
 
 struct tokenizer {
     tok_kind kind;
@@ -48,17 +55,26 @@ struct tokenizer {
     char pre_name[32];
 
     int32_t n_vocab;
-    char *text;         /* every token's text, back to back */
-    uint32_t *text_off; /* n_vocab + 1 offsets into text */
-    float *score;       /* n_vocab scores (0 when the file has none) */
-    uint8_t *type;      /* n_vocab tok_type values, as in the file */
-    uint8_t *attr;      /* n_vocab TOK_ATTR_* masks */
-    char *piece;        /* every token's decoded bytes, back to back */
+    /* Token texts: the file's own strings (the gguf_file's array, pointing
+     * into its memory) where none is empty; otherwise a copy (strs_own,
+     * text_own) where an empty text becomes "[EMPTY_<id>]". */
+    const gguf_str *strs;
+    gguf_str *strs_own;
+    char *text_own;
+    /* Scores: the file's F32 array in place (score_f32, maybe unaligned),
+     * or converted to score_own; neither when the file has none (all 0). */
+    const uint8_t *score_f32;
+    float *score_own;
+    uint8_t *type; /* n_vocab tok_type values, as in the file */
+    uint8_t *attr; /* n_vocab TOK_ATTR_* masks */
+    /* Decoded bytes of the tokens whose bytes differ from their text
+     * (TOK_ATTR_PIECE_IS_TEXT unset), back to back: token id's are
+     * piece[piece_off[id] .. piece_off[id + 1]); the others take no room. */
+    char *piece;
     uint32_t *piece_off;
     size_t max_piece;
 
-    tok_slot *vocab_slots; /* token text -> id */
-    uint32_t vocab_mask;
+    tok_index vocab; /* token text -> id */
 
     /* BPE merges: merge i joins merge_text[merge_off[i] ..][0..merge_split[i])
      * and the rest up to merge_off[i + 1]; its rank is i. */
@@ -66,13 +82,12 @@ struct tokenizer {
     char *merge_text;
     uint32_t *merge_off;
     uint32_t *merge_split;
-    tok_slot *merge_slots;
-    uint32_t merge_mask;
+    tok_index merges;
 
     /* Special tokens (control, user-defined, unknown) as a trie whose edges
-     * are a hash table keyed by (node, byte). */
+     * are a hash table keyed by (node, byte), at most half full. */
     int32_t n_nodes;
-    int32_t *node_tok;  /* the token ending at each node, or -1 */
+    int32_t *node_tok;  /* n_nodes: the token ending at each node, or -1 */
     uint64_t *edge_key; /* (node << 8 | byte) + 1; 0 = empty */
     int32_t *edge_child;
     uint32_t edge_mask;
@@ -87,6 +102,23 @@ struct tokenizer {
     bool add_bos, add_eos, add_space_prefix, ignore_merges;
     int32_t byte_tok[256]; /* token of each byte (<0xNN> or its BPE char), or -1 */
 };
+
+static inline const char *tok_text(const tokenizer *t, int32_t id) {
+    return t->strs[id].ptr;
+}
+
+static inline size_t tok_text_len(const tokenizer *t, int32_t id) {
+    return (size_t)t->strs[id].len;
+}
+
+static inline float tok_score(const tokenizer *t, int32_t id) {
+    float f = 0.0f;
+    if (t->score_f32)
+        memcpy(&f, t->score_f32 + (size_t)id * sizeof f, sizeof f);
+    else if (t->score_own)
+        f = t->score_own[id];
+    return f;
+}
 
 /* A 64-bit hash of n bytes. */
 uint64_t tok_hash(const void *p, size_t n);

@@ -30,7 +30,8 @@ static bool push_pair(const tokenizer *t, tok_scratch *s, int32_t l, int32_t r) 
     const tok_sym *a = &s->syms[l], *b = &s->syms[r];
     int32_t id = tok_vocab_find(t, (const char *)s->buf + a->off, a->n + b->n);
     if (id < 0) return true;
-    tok_bigram bg = {((uint64_t)score_key(t->score[id]) << 32) | (uint32_t)l, l, r, a->n + b->n};
+    tok_bigram bg = {((uint64_t)score_key(tok_score(t, id)) << 32) | (uint32_t)l, l, r,
+                     a->n + b->n};
     return tok_heap_push(s, bg);
 }
 

@@ -119,19 +119,29 @@ tok_bigram tok_heap_pop(tok_scratch *s) {
 
 /* ---- lookups ---- */
 
-static inline uint32_t slot_tag(uint64_t h) {
-    return (uint32_t)(h >> 32) | 1u; /* never 0, so a tag alone says "used" */
+static inline uint32_t index_tag(const tok_index *x, uint64_t h) {
+    return (uint32_t)(h >> 32) & ~x->idx_mask;
+}
+
+/* The index in slot v of x, or -1 for an empty slot or another key's tag. */
+static inline int32_t index_at(const tok_index *x, uint32_t v, uint32_t tag) {
+    return (v & ~x->idx_mask) == tag ? (int32_t)(v & x->idx_mask) - 1 : -1;
+}
+
+static inline uint32_t index_value(uint32_t tag, int32_t idx) {
+    return tag | (uint32_t)(idx + 1);
 }
 
 int32_t tok_vocab_find(const tokenizer *t, const char *s, size_t n) {
+    const tok_index *x = &t->vocab;
     uint64_t h = tok_hash(s, n);
-    uint32_t tag = slot_tag(h);
-    for (uint32_t i = (uint32_t)h & t->vocab_mask;; i = (i + 1) & t->vocab_mask) {
-        const tok_slot *sl = &t->vocab_slots[i];
-        if (sl->idx < 0) return -1;
-        if (sl->tag != tag) continue;
-        uint32_t off = t->text_off[sl->idx], len = t->text_off[sl->idx + 1] - off;
-        if (len == n && !memcmp(t->text + off, s, n)) return sl->idx;
+    uint32_t tag = index_tag(x, h);
+    for (uint32_t i = (uint32_t)h & x->mask;; i = (i + 1) & x->mask) {
+        uint32_t v = x->slot[i];
+        if (!v) return -1;
+        int32_t id = index_at(x, v, tag);
+        if (id < 0) continue;
+        if (tok_text_len(t, id) == n && !memcmp(tok_text(t, id), s, n)) return id;
     }
 }
 
@@ -141,28 +151,30 @@ static uint64_t merge_hash(const char *s, size_t n_left, size_t n_right) {
 
 int32_t tok_merge_rank(const tokenizer *t, const char *s, size_t n_left, size_t n_right) {
     if (!t->n_merges) return -1;
+    const tok_index *x = &t->merges;
     uint64_t h = merge_hash(s, n_left, n_right);
-    uint32_t tag = slot_tag(h);
+    uint32_t tag = index_tag(x, h);
     size_t n = n_left + n_right;
-    for (uint32_t i = (uint32_t)h & t->merge_mask;; i = (i + 1) & t->merge_mask) {
-        const tok_slot *sl = &t->merge_slots[i];
-        if (sl->idx < 0) return -1;
-        if (sl->tag != tag) continue;
-        uint32_t off = t->merge_off[sl->idx], len = t->merge_off[sl->idx + 1] - off;
-        if (len == n && t->merge_split[sl->idx] == n_left && !memcmp(t->merge_text + off, s, n))
-            return sl->idx;
+    for (uint32_t i = (uint32_t)h & x->mask;; i = (i + 1) & x->mask) {
+        uint32_t v = x->slot[i];
+        if (!v) return -1;
+        int32_t r = index_at(x, v, tag);
+        if (r < 0) continue;
+        uint32_t off = t->merge_off[r], len = t->merge_off[r + 1] - off;
+        if (len == n && t->merge_split[r] == n_left && !memcmp(t->merge_text + off, s, n)) return r;
     }
 }
 
-/* Slots for n keys at most half full. */
-static bool slots_alloc(size_t n, tok_slot **slots, uint32_t *mask) {
+/* An empty index for n keys (n <= INT32_MAX), at most half full. */
+static bool index_alloc(size_t n, tok_index *x) {
     size_t cap = 16;
     while (cap < 2 * n) cap *= 2;
     if (cap > ((size_t)1 << 31)) return false;
-    *slots = malloc(cap * sizeof **slots);
-    if (!*slots) return false;
-    for (size_t i = 0; i < cap; i++) (*slots)[i] = (tok_slot){0, -1};
-    *mask = (uint32_t)(cap - 1);
+    x->slot = calloc(cap, sizeof *x->slot);
+    if (!x->slot) return false;
+    x->mask = (uint32_t)(cap - 1);
+    x->idx_mask = 1;
+    while (x->idx_mask < n) x->idx_mask = x->idx_mask << 1 | 1;
     return true;
 }
 
@@ -180,47 +192,82 @@ static bool is_special(uint8_t attr) {
     return (attr & (TOK_ATTR_CONTROL | TOK_ATTR_USER | TOK_ATTR_UNKNOWN)) != 0;
 }
 
+/* Adds the edge node --byte--> child, first doubling the edge table when
+ * it would be more than half full. False when out of memory. */
+static bool trie_add(tokenizer *t, int32_t node, uint8_t byte, int32_t child) {
+    size_t cap = (size_t)t->edge_mask + 1;
+    if (2 * (size_t)t->n_nodes > cap) {
+        size_t ncap = 2 * cap;
+        if (ncap > ((size_t)1 << 31)) return false;
+        uint64_t *key = calloc(ncap, sizeof *key);
+        int32_t *child_of = malloc(ncap * sizeof *child_of);
+        if (!key || !child_of) {
+            free(key);
+            free(child_of);
+            return false;
+        }
+        for (size_t i = 0; i < cap; i++) {
+            if (!t->edge_key[i]) continue;
+            size_t j = (size_t)mix64(t->edge_key[i]) & (ncap - 1);
+            while (key[j]) j = (j + 1) & (ncap - 1);
+            key[j] = t->edge_key[i];
+            child_of[j] = t->edge_child[i];
+        }
+        free(t->edge_key);
+        free(t->edge_child);
+        t->edge_key = key;
+        t->edge_child = child_of;
+        t->edge_mask = (uint32_t)(ncap - 1);
+    }
+    uint64_t key = (((uint64_t)node << 8) | byte) + 1;
+    uint32_t i = (uint32_t)mix64(key) & t->edge_mask;
+    while (t->edge_key[i]) i = (i + 1) & t->edge_mask;
+    t->edge_key[i] = key;
+    t->edge_child[i] = child;
+    return true;
+}
+
 /* Builds the trie over every control, user-defined and unknown token and
- * the per-length first-byte bitmaps. */
+ * the per-length first-byte bitmaps. Its tables grow with the trie: a big
+ * vocabulary's specials share most of their bytes (Gemma 3's 6,414 take
+ * 12,900 nodes). */
 static cellm_status build_specials(tokenizer *t, cellm_error *err) {
-    size_t n_spec = 0, total = 0, maxlen = 0;
+    size_t n_spec = 0, maxlen = 0, node_cap = 0;
     for (int32_t id = 0; id < t->n_vocab; id++) {
         if (!is_special(t->attr[id])) continue;
-        size_t len = t->text_off[id + 1] - t->text_off[id];
+        size_t len = tok_text_len(t, id);
         n_spec++;
-        total += len;
         if (len > maxlen) maxlen = len;
     }
     t->max_special = maxlen;
-    t->node_tok = malloc((total + 1) * sizeof *t->node_tok);
-    size_t cap = 16;
-    while (cap < 2 * (total + 1)) cap *= 2;
-    t->edge_key = calloc(cap, sizeof *t->edge_key);
-    t->edge_child = malloc(cap * sizeof *t->edge_child);
+    t->edge_key = calloc(16, sizeof *t->edge_key);
+    t->edge_child = malloc(16 * sizeof *t->edge_child);
     t->first[0] = calloc(maxlen + 1, sizeof *t->first[0]);
     t->first[1] = calloc(maxlen + 1, sizeof *t->first[1]);
-    if (!t->node_tok || !t->edge_key || !t->edge_child || !t->first[0] || !t->first[1])
-        return err_set(err, CELLM_ERR_NO_MEMORY, "tokenizer: out of memory for special tokens");
-    t->edge_mask = (uint32_t)(cap - 1);
+    if (!t->edge_key || !t->edge_child || !t->first[0] || !t->first[1] ||
+        !tok_grow((void **)&t->node_tok, &node_cap, 1, sizeof *t->node_tok))
+        goto oom;
+    t->edge_mask = 15;
     t->n_nodes = 1;
     t->node_tok[0] = -1;
     if (!n_spec) return CELLM_OK;
 
     for (int32_t id = 0; id < t->n_vocab; id++) {
         if (!is_special(t->attr[id])) continue;
-        const uint8_t *s = (const uint8_t *)t->text + t->text_off[id];
-        size_t len = t->text_off[id + 1] - t->text_off[id];
+        const uint8_t *s = (const uint8_t *)tok_text(t, id);
+        size_t len = tok_text_len(t, id);
         int32_t node = 0;
         for (size_t k = 0; k < len; k++) {
             int32_t child = trie_child(t, node, s[k]);
             if (child < 0) {
+                /* At most one node per byte of token text, which is under
+                 * UINT32_MAX / 3 bytes: n_nodes stays an int32_t. */
+                if (!tok_grow((void **)&t->node_tok, &node_cap, (size_t)t->n_nodes + 1,
+                              sizeof *t->node_tok))
+                    goto oom;
                 child = t->n_nodes++;
                 t->node_tok[child] = -1;
-                uint64_t key = (((uint64_t)node << 8) | s[k]) + 1;
-                uint32_t i = (uint32_t)mix64(key) & t->edge_mask;
-                while (t->edge_key[i]) i = (i + 1) & t->edge_mask;
-                t->edge_key[i] = key;
-                t->edge_child[i] = child;
+                if (!trie_add(t, node, s[k], child)) goto oom;
             }
             node = child;
         }
@@ -235,6 +282,8 @@ static cellm_status build_specials(tokenizer *t, cellm_error *err) {
         }
     }
     return CELLM_OK;
+oom:
+    return err_set(err, CELLM_ERR_NO_MEMORY, "tokenizer: out of memory for special tokens");
 }
 
 /* A special token found in the text. */
@@ -432,10 +481,11 @@ static int parse_byte_token(const char *s, size_t n) {
 }
 
 /* Writes the decoded bytes of token `id` to out (room for 3x the text
- * length); returns the byte count. */
+ * length, though no token decodes to more bytes than its text); returns
+ * the byte count. */
 static size_t decode_token(const tokenizer *t, int32_t id, char *out) {
-    const char *s = t->text + t->text_off[id];
-    size_t n = t->text_off[id + 1] - t->text_off[id], w = 0;
+    const char *s = tok_text(t, id);
+    size_t n = tok_text_len(t, id), w = 0;
     uint8_t attr = t->attr[id];
     if (attr & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN)) return 0; /* text only on request */
     if (attr & TOK_ATTR_USER) {
@@ -589,40 +639,55 @@ static cellm_status load_vocab(tokenizer *t, const gguf_file *f, cellm_error *er
         return err_set(err, CELLM_ERR_FORMAT, "tokenizer: %s has %llu numbers for %llu tokens",
                        KEY_TYPES, (unsigned long long)types->v.arr.n, (unsigned long long)n);
 
-    /* Texts: an empty one becomes "[EMPTY_<id>]", as llama.cpp does. */
+    /* Texts: the file's own strings, unless one is empty: llama.cpp makes
+     * that "[EMPTY_<id>]", so then they are copied. */
+    const gguf_str *strs = toks->v.arr.strs;
     uint64_t total = 0;
+    bool in_place = true;
     for (uint64_t i = 0; i < n; i++) {
-        uint64_t len = toks->v.arr.strs[i].len;
+        uint64_t len = strs[i].len;
         total += len ? len : 24;
+        if (!len) in_place = false;
     }
     if (total >= UINT32_MAX / 3)
         return err_set(err, CELLM_ERR_FORMAT, "tokenizer: %llu bytes of token text is too much",
                        (unsigned long long)total);
-    t->text = malloc(total + 1);
-    t->text_off = malloc((n + 1) * sizeof *t->text_off);
-    t->score = malloc(n * sizeof *t->score);
     t->type = malloc(n);
     t->attr = malloc(n);
-    if (!t->text || !t->text_off || !t->score || !t->type || !t->attr)
+    if (!in_place) {
+        t->text_own = malloc(total + 1);
+        t->strs_own = malloc(n * sizeof *t->strs_own);
+    }
+    if (scores && scores->v.arr.type != GGUF_TYPE_FLOAT32)
+        t->score_own = malloc(n * sizeof *t->score_own);
+    if (!t->type || !t->attr || (!in_place && (!t->text_own || !t->strs_own)) ||
+        (scores && scores->v.arr.type != GGUF_TYPE_FLOAT32 && !t->score_own))
         return err_set(err, CELLM_ERR_NO_MEMORY, "tokenizer: out of memory for the vocabulary");
-    uint32_t w = 0;
-    for (uint64_t i = 0; i < n; i++) {
-        gguf_str s = toks->v.arr.strs[i];
-        t->text_off[i] = w;
-        if (s.len) {
-            memcpy(t->text + w, s.ptr, s.len);
-            w += (uint32_t)s.len;
-        } else {
-            char tmp[32];
-            int k = snprintf(tmp, sizeof tmp, "[EMPTY_%llu]", (unsigned long long)i);
-            memcpy(t->text + w, tmp, (size_t)k);
-            w += (uint32_t)k;
+    if (scores && !t->score_own) t->score_f32 = scores->v.arr.data;
+    t->strs = strs;
+    if (!in_place) {
+        size_t w = 0;
+        for (uint64_t i = 0; i < n; i++) {
+            gguf_str s = strs[i];
+            if (s.len) {
+                memcpy(t->text_own + w, s.ptr, s.len);
+            } else {
+                char tmp[32];
+                int k = snprintf(tmp, sizeof tmp, "[EMPTY_%llu]", (unsigned long long)i);
+                memcpy(t->text_own + w, tmp, (size_t)k);
+                s.len = (uint64_t)k;
+            }
+            t->strs_own[i] = (gguf_str){t->text_own + w, s.len};
+            w += s.len;
         }
+        t->strs = t->strs_own;
+    }
+    for (uint64_t i = 0; i < n; i++) {
         double sc = 0;
-        if (scores && !gguf_arr_get_float(scores, i, &sc))
+        if (t->score_own && !gguf_arr_get_float(scores, i, &sc))
             return err_set(err, CELLM_ERR_FORMAT, "tokenizer: %s[%llu] is not a number", KEY_SCORES,
                            (unsigned long long)i);
-        t->score[i] = (float)sc;
+        if (t->score_own) t->score_own[i] = (float)sc;
         int64_t ty = TOK_TYPE_NORMAL;
         if (types && !gguf_arr_get_int(types, i, &ty))
             return err_set(err, CELLM_ERR_FORMAT, "tokenizer: %s[%llu] is not an integer",
@@ -631,25 +696,22 @@ static cellm_status load_vocab(tokenizer *t, const gguf_file *f, cellm_error *er
             ty >= TOK_TYPE_NORMAL && ty <= TOK_TYPE_BYTE ? (uint8_t)ty : TOK_TYPE_UNDEFINED;
         t->attr[i] = t->type[i] ? (uint8_t)(1u << (t->type[i] - 1)) : 0;
     }
-    t->text_off[n] = w;
 
     /* text -> id; a later duplicate wins, as in llama.cpp's map. */
-    if (!slots_alloc(n, &t->vocab_slots, &t->vocab_mask))
+    tok_index *x = &t->vocab;
+    if (!index_alloc(n, x))
         return err_set(err, CELLM_ERR_NO_MEMORY, "tokenizer: out of memory for the vocabulary");
     for (int32_t id = 0; id < t->n_vocab; id++) {
-        const char *s = t->text + t->text_off[id];
-        size_t len = t->text_off[id + 1] - t->text_off[id];
+        const char *s = tok_text(t, id);
+        size_t len = tok_text_len(t, id);
         uint64_t h = tok_hash(s, len);
-        uint32_t tag = slot_tag(h), i = (uint32_t)h & t->vocab_mask;
-        for (;; i = (i + 1) & t->vocab_mask) {
-            tok_slot *sl = &t->vocab_slots[i];
-            if (sl->idx < 0) break;
-            uint32_t o = t->text_off[sl->idx];
-            if (sl->tag == tag && t->text_off[sl->idx + 1] - o == len &&
-                !memcmp(t->text + o, s, len))
-                break;
+        uint32_t tag = index_tag(x, h), i = (uint32_t)h & x->mask;
+        for (; x->slot[i]; i = (i + 1) & x->mask) {
+            int32_t old = index_at(x, x->slot[i], tag);
+            if (old < 0) continue;
+            if (tok_text_len(t, old) == len && !memcmp(tok_text(t, old), s, len)) break;
         }
-        t->vocab_slots[i] = (tok_slot){tag, id};
+        x->slot[i] = index_value(tag, id);
     }
     fix_attrs(t);
     return CELLM_OK;
@@ -671,8 +733,8 @@ static cellm_status load_merges(tokenizer *t, const gguf_file *f, cellm_error *e
     t->merge_text = malloc(total + 1);
     t->merge_off = malloc((n + 1) * sizeof *t->merge_off);
     t->merge_split = malloc((n ? n : 1) * sizeof *t->merge_split);
-    if (!t->merge_text || !t->merge_off || !t->merge_split ||
-        !slots_alloc(n, &t->merge_slots, &t->merge_mask))
+    tok_index *x = &t->merges;
+    if (!t->merge_text || !t->merge_off || !t->merge_split || !index_alloc(n, x))
         return err_set(err, CELLM_ERR_NO_MEMORY, "tokenizer: out of memory for merges");
     uint32_t w = 0;
     for (uint64_t i = 0; i < n; i++) {
@@ -690,46 +752,63 @@ static cellm_status load_merges(tokenizer *t, const gguf_file *f, cellm_error *e
         if (!sp || nr == 0) continue;
         /* The first of duplicate merges keeps its rank. */
         uint64_t h = merge_hash(t->merge_text + t->merge_off[i], nl, nr);
-        uint32_t tag = slot_tag(h), k = (uint32_t)h & t->merge_mask;
+        uint32_t tag = index_tag(x, h), k = (uint32_t)h & x->mask;
         bool dup = false;
-        for (;; k = (k + 1) & t->merge_mask) {
-            tok_slot *sl = &t->merge_slots[k];
-            if (sl->idx < 0) break;
-            uint32_t o = t->merge_off[sl->idx];
-            /* merge_off[sl->idx + 1] is set: sl->idx < i. */
-            if (sl->tag == tag && t->merge_split[sl->idx] == nl &&
-                t->merge_off[sl->idx + 1] - o == nl + nr &&
+        for (; x->slot[k]; k = (k + 1) & x->mask) {
+            int32_t r = index_at(x, x->slot[k], tag);
+            if (r < 0) continue;
+            uint32_t o = t->merge_off[r];
+            /* merge_off[r + 1] is set: r < i. */
+            if (t->merge_split[r] == nl && t->merge_off[r + 1] - o == nl + nr &&
                 !memcmp(t->merge_text + o, t->merge_text + t->merge_off[i], nl + nr)) {
                 dup = true;
                 break;
             }
         }
-        if (!dup) t->merge_slots[k] = (tok_slot){tag, (int32_t)i};
+        if (!dup) x->slot[k] = index_value(tag, (int32_t)i);
     }
     t->merge_off[n] = w;
     t->n_merges = (int32_t)n;
     return CELLM_OK;
 }
 
+/* Decodes every token once. Only the pieces that differ from their token's
+ * text are stored (SentencePiece's "▁the" -> " the", byte tokens, BPE's
+ * mapped bytes); the rest, TOK_ATTR_PIECE_IS_TEXT, are read from `text`. */
 static cellm_status build_pieces(tokenizer *t, cellm_error *err) {
-    uint32_t total = t->text_off[t->n_vocab];
-    t->piece = malloc((size_t)total * 3 + 1);
+    size_t maxlen = 0, cap = 0, maxp = 0;
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        size_t tl = tok_text_len(t, id);
+        if (tl > maxlen) maxlen = tl;
+    }
+    char *tmp = malloc(3 * maxlen + 1); /* the text is under UINT32_MAX / 3 bytes */
     t->piece_off = malloc(((size_t)t->n_vocab + 1) * sizeof *t->piece_off);
-    if (!t->piece || !t->piece_off)
-        return err_set(err, CELLM_ERR_NO_MEMORY, "tokenizer: out of memory for pieces");
+    if (!tmp || !t->piece_off || !tok_grow((void **)&t->piece, &cap, 1, 1)) goto oom;
     uint32_t w = 0;
-    size_t maxp = 0;
     for (int32_t id = 0; id < t->n_vocab; id++) {
         t->piece_off[id] = w;
-        size_t k = decode_token(t, id, t->piece + w);
-        w += (uint32_t)k;
-        size_t tl = t->text_off[id + 1] - t->text_off[id];
+        const char *s = tok_text(t, id);
+        size_t k = decode_token(t, id, tmp), tl = tok_text_len(t, id);
         if (k > maxp) maxp = k;
         if (tl > maxp) maxp = tl; /* the text itself, with TOK_DECODE_SPECIAL */
+        if (k == tl && !memcmp(tmp, s, k)) {
+            t->attr[id] |= TOK_ATTR_PIECE_IS_TEXT;
+            continue;
+        }
+        if (!tok_grow((void **)&t->piece, &cap, (size_t)w + k, 1)) goto oom;
+        memcpy(t->piece + w, tmp, k);
+        w += (uint32_t)k;
     }
     t->piece_off[t->n_vocab] = w;
     t->max_piece = maxp;
+    free(tmp);
+    /* Give back what the doubling left over. */
+    char *fit = realloc(t->piece, (size_t)w + 1);
+    if (fit) t->piece = fit;
     return CELLM_OK;
+oom:
+    free(tmp);
+    return err_set(err, CELLM_ERR_NO_MEMORY, "tokenizer: out of memory for pieces");
 }
 
 /* The token each byte falls back to: SentencePiece's <0xNN> (or, failing
@@ -811,18 +890,18 @@ fail:
 
 void tokenizer_free(tokenizer *t) {
     if (!t) return;
-    free(t->text);
-    free(t->text_off);
-    free(t->score);
+    free(t->text_own);
+    free(t->strs_own);
+    free(t->score_own);
     free(t->type);
     free(t->attr);
     free(t->piece);
     free(t->piece_off);
-    free(t->vocab_slots);
+    free(t->vocab.slot);
     free(t->merge_text);
     free(t->merge_off);
     free(t->merge_split);
-    free(t->merge_slots);
+    free(t->merges.slot);
     free(t->node_tok);
     free(t->edge_key);
     free(t->edge_child);
@@ -857,8 +936,8 @@ const char *tokenizer_pre_name(const tokenizer *t) {
 
 const char *tokenizer_token_text(const tokenizer *t, int32_t id, size_t *len) {
     if (id < 0 || id >= t->n_vocab) return NULL;
-    *len = t->text_off[id + 1] - t->text_off[id];
-    return t->text + t->text_off[id];
+    *len = tok_text_len(t, id);
+    return tok_text(t, id);
 }
 
 const char *tokenizer_piece(const tokenizer *t, int32_t id, unsigned flags, size_t *len) {
@@ -866,8 +945,9 @@ const char *tokenizer_piece(const tokenizer *t, int32_t id, unsigned flags, size
     if (t->attr[id] & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN)) {
         if (flags & TOK_DECODE_SPECIAL) return tokenizer_token_text(t, id, len);
         *len = 0;
-        return t->piece + t->piece_off[id];
+        return t->piece;
     }
+    if (t->attr[id] & TOK_ATTR_PIECE_IS_TEXT) return tokenizer_token_text(t, id, len);
     *len = t->piece_off[id + 1] - t->piece_off[id];
     return t->piece + t->piece_off[id];
 }

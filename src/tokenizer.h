@@ -14,9 +14,11 @@
  * text are recognised only with TOK_PARSE_SPECIAL, user-defined tokens
  * always.
  *
- * A tokenizer is immutable once loaded and owns copies of everything it
- * needs (the gguf_file may be closed after tokenizer_load), so any number
- * of threads may encode and decode with one tokenizer at once.
+ * A tokenizer is immutable once loaded, so any number of threads may
+ * encode and decode with one tokenizer at once. It reads the vocabulary's
+ * texts and scores in place from the gguf_file's memory (a big vocabulary's
+ * are megabytes, already in the map): the gguf_file, and the buffer it was
+ * opened from with gguf_open_memory, must outlive the tokenizer.
  *
  * Decoding streams: tok_stream turns ids into text as they arrive and never
  * hands out part of a UTF-8 character.
@@ -77,7 +79,8 @@ void tok_ids_free(tok_ids *v);
 /* Appends one id; false when out of memory (v is unchanged). */
 bool tok_ids_push(tok_ids *v, int32_t id);
 
-/* Builds a tokenizer from the metadata of `f`. Errors: CELLM_ERR_NOT_FOUND
+/* Builds a tokenizer from the metadata of `f`, which must stay open until
+ * tokenizer_free. Errors: CELLM_ERR_NOT_FOUND
  * (no vocabulary), CELLM_ERR_FORMAT (a key of the wrong type or size),
  * CELLM_ERR_UNSUPPORTED (a tokenizer model or pre-tokenizer cellm does
  * not know), CELLM_ERR_NO_MEMORY. */

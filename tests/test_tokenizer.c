@@ -647,6 +647,65 @@ static void test_tiny_spm(void **state) {
     gguf_writer_free(w);
 }
 
+/* The vocabulary is read in place from the file where it can be (F32
+ * scores, no empty text) and copied where it cannot (F64 scores, an empty
+ * text, which becomes "[EMPTY_<id>]"): both give the same tokens. */
+static void test_spm_in_place_and_copied(void **state) {
+    (void)state;
+    const char *toks[] = {"<unk>", "<s>", "</s>", "▁", "h", "i", "▁h", "hi", ""};
+    int32_t types[] = {2, 3, 3, 1, 1, 1, 1, 1, 1};
+    /* "hi" outscores "▁h", so " hi" is "▁" "hi"; by position alone it
+     * would be "▁h" "i". */
+    float scores32[] = {0, 0, 0, -1, -2, -2, -3, -0.5f, -9};
+    double scores64[] = {0, 0, 0, -1, -2, -2, -3, -0.5, -9};
+    for (int copied = 0; copied < 2; copied++) {
+        gguf_writer *w = gguf_writer_new();
+        assert_non_null(w);
+        assert_int_equal(gguf_writer_set_str(w, "tokenizer.ggml.model", "llama", NULL), CELLM_OK);
+        size_t n = copied ? 9 : 8;
+        set_strs(w, "tokenizer.ggml.tokens", toks, n);
+        set_i32s(w, "tokenizer.ggml.token_type", types, n);
+        gguf_value v = {.type = GGUF_TYPE_ARRAY};
+        v.v.arr.type = copied ? GGUF_TYPE_FLOAT64 : GGUF_TYPE_FLOAT32;
+        v.v.arr.n = n;
+        v.v.arr.data = copied ? (const void *)scores64 : (const void *)scores32;
+        assert_int_equal(gguf_writer_set(w, "tokenizer.ggml.scores", &v, NULL), CELLM_OK);
+        uint8_t *buf;
+        gguf_file *f;
+        tokenizer *t;
+        cellm_error err;
+        assert_int_equal(load_mem(w, &buf, &f, &t, &err), CELLM_OK);
+        tok_ids ids = {0};
+        assert_int_equal(tokenizer_encode(t, "hi hi", 5, TOK_ADD_SPECIAL, &ids, &err), CELLM_OK);
+        int32_t want[] = {1, 3, 7, 3, 7};
+        assert_int_equal(ids.n, 5);
+        assert_memory_equal(ids.ids, want, sizeof want);
+        size_t len;
+        const char *p = tokenizer_piece(t, 6, 0, &len);
+        assert_int_equal(len, 2);
+        assert_memory_equal(p, " h", 2);
+        p = tokenizer_piece(t, 7, 0, &len); /* a piece that is its text */
+        assert_int_equal(len, 2);
+        assert_memory_equal(p, "hi", 2);
+        p = tokenizer_token_text(t, 6, &len);
+        assert_int_equal(len, 4);
+        assert_memory_equal(p, "▁h", 4);
+        if (copied) {
+            p = tokenizer_token_text(t, 8, &len);
+            assert_int_equal(len, 9);
+            assert_memory_equal(p, "[EMPTY_8]", 9);
+            tok_ids_free(&ids);
+            assert_int_equal(tokenizer_encode(t, "[EMPTY_8]", 9, 0, &ids, &err), CELLM_OK);
+            assert_true(ids.n > 1); /* not a special token: spelled out */
+        }
+        tok_ids_free(&ids);
+        tokenizer_free(t);
+        gguf_close(f);
+        free(buf);
+        gguf_writer_free(w);
+    }
+}
+
 static void test_unicode_table(void **state) {
     (void)state;
     assert_true(unicode_class('a') & UCLASS_LETTER);
@@ -671,6 +730,7 @@ int main(void) {
         cmocka_unit_test(test_unicode_table),
         cmocka_unit_test(test_tiny_bpe),
         cmocka_unit_test(test_tiny_spm),
+        cmocka_unit_test(test_spm_in_place_and_copied),
         cmocka_unit_test(test_parity_smollm2),
         cmocka_unit_test(test_parity_gemma3),
         cmocka_unit_test(test_parity_pre_variants),
