@@ -185,4 +185,79 @@ DOT32_512(q4_1_a8s, W_Q4_1)
 DOT32_512(q5_0_a8, W_Q5_0)
 DOT32_512(q8_0_a8, W_Q8_0)
 
+/* Q4_K against Q8_K, one weight row against ny (1 or 4) activation rows:
+ * the integer sums of each super-block exactly, then the reference's float
+ * expression, as dot_tile_k in x86_avx2.c. 64 bytes of codes hold groups
+ * g and g + 2 (g = 0, 4) in their low nibbles and g + 1 and g + 3 in their
+ * high ones, so each half is paired with those two groups' 32 activation
+ * codes; VPMADDUBSW forms the pairs (<= 2 * 15 * 127: no saturation),
+ * VPDPWSSD multiplies them by the group's scale and adds them into 32-bit
+ * lanes. */
+AVX512 static inline __attribute__((always_inline)) void
+dot_tile_q4k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny, float *out) {
+    assert(n % QK_K == 0);
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    /* Words 0..15 take the scale of group a, 16..31 of group a + 2, for
+     * the group pairs (0, 2), (1, 3), (4, 6), (5, 7). */
+    const __m512i sidx[4] = {_mm512_set_epi16(2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0,
+                                              0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+                             _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 1,
+                                              1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1),
+                             _mm512_set_epi16(6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 4, 4,
+                                              4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4),
+                             _mm512_set_epi16(7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 5, 5,
+                                              5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5)};
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (size_t ib = 0; ib < n / QK_K; ib++) {
+        const block_q4_K *xb = (const block_q4_K *)x + ib;
+        uint8_t sc[8], m[8];
+        k4_scales_mins(xb->scales, sc, m);
+        uint64_t sc8;
+        memcpy(&sc8, sc, 8);
+        const __m512i s16 =
+            _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
+        __m512i q[4], scale[4];
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m512i raw = _mm512_loadu_si512((const void *)(xb->qs + 64 * h));
+            q[2 * h] = _mm512_and_si512(raw, low4);
+            q[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+        }
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) scale[k] = _mm512_permutexvar_epi16(sidx[k], s16);
+        const float dx = h2f(xb->d), dmin = h2f(xb->dmin);
+#pragma GCC unroll 4
+        for (int j = 0; j < ny; j++) {
+            const block_q8_K *yb = (const block_q8_K *)(y + j * ys) + ib;
+            __m512i isum = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                /* q[k] holds groups g and g + 2, g = 4 * (k / 2) + k % 2. */
+                const int8_t *yg = yb->qs + 32 * (4 * (k / 2) + k % 2);
+                const __m512i yk = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)yg)),
+                    _mm256_loadu_si256((const __m256i *)(yg + 64)), 1);
+                isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[k], yk), scale[k]);
+            }
+            const int is = _mm512_reduce_add_epi32(isum);
+            const int msum = q45k_block_msum(m, yb->bsums);
+            sum[j] += yb->d * dx * (float)is - yb->d * dmin * (float)msum;
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < ny; j++) out[j] = sum[j];
+}
+
+AVX512 float avx512_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y) {
+    float out[1];
+    dot_tile_q4k_512(n, x, y, 0, 1, out);
+    return out[0];
+}
+
+AVX512 void avx512_dot4_y_q4_k_q8_k(size_t n, const void *x, size_t xs, const void *y, size_t ys,
+                                    float out[4]) {
+    (void)xs;
+    dot_tile_q4k_512(n, x, y, ys, 4, out);
+}
+
 #endif /* __x86_64__ */
