@@ -1,7 +1,8 @@
 /*
  * x86_avx512.c — AVX-512 (F, BW, VL) with VNNI versions of the 32-element
- * dot products (Q4_0, Q5_0, Q8_0 against A8; Q4_1 against A8S): the single
- * dot and the tile of four activation rows that batched matmul spends its
+ * dot products (Q4_0, Q5_0, Q8_0 against A8; Q4_1 against A8S) and of Q4_K
+ * against Q8_K: the single dot and the tiles of four (and, for the
+ * 32-element types, eight) activation rows that batched matmul spends its
  * time in. quant.c puts them in the table over the AVX2 ones when the CPU
  * and OS have all four extensions.
  *
@@ -14,7 +15,8 @@
  * product, and the end is the same: add the halves, sum eight lanes, add
  * the minimum term. What changes is the work per block: one instruction
  * for the integer dot, codes and scales of two blocks loaded at once from
- * the A8 rows.
+ * the A8 rows. Q4_K keeps dot_tile_k's arithmetic: exact integer sums per
+ * super-block, then the reference's float expression.
  */
 #if defined(__x86_64__)
 
