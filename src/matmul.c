@@ -65,7 +65,8 @@ static void dot_tile(const mm_task *t, long j0, long j1) {
          * next activation row). A tile of four weight rows was tried and
          * taken out: four interleaved streams prefetch worse, a matvec
          * from memory ran at half speed and a step with 2 sessions lost
-         * 40% (docs/kernels.md). */
+         * 40%; two rows (AVX-512 Q4_0) ran at a third of the speed from
+         * memory (docs/kernels.md). */
         for (long j = j0; j < j1; j++) yr[j] = wt->vec_dot(k, t->w + (size_t)j * t->w_row, xq);
     }
 }

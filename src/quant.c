@@ -135,6 +135,8 @@ static void select_kernels(void) {
             SET_DOT512(QT_Q5_0, q5_0_a8);
             SET_DOT512(QT_Q8_0, q8_0_a8);
 #undef SET_DOT512
+            t[QT_Q4_K].vec_dot = avx512_vec_dot_q4_k_q8_k;
+            t[QT_Q4_K].dot4_y = avx512_dot4_y_q4_k_q8_k;
             kernels_name = "avx512-vnni";
         }
     }

@@ -184,6 +184,7 @@ static const dot_case dot_cases[] = {
     {"avx2 Q4_K", QT_Q4_K, ref_vec_dot_q4_k_q8_k, avx2_vec_dot_q4_k_q8_k, avx2_cpu_supported},
     {"avx2 Q5_K", QT_Q5_K, ref_vec_dot_q5_k_q8_k, avx2_vec_dot_q5_k_q8_k, avx2_cpu_supported},
     {"avx2 Q6_K", QT_Q6_K, ref_vec_dot_q6_k_q8_k, avx2_vec_dot_q6_k_q8_k, avx2_cpu_supported},
+    {"avx512 Q4_K", QT_Q4_K, ref_vec_dot_q4_k_q8_k, avx512_vec_dot_q4_k_q8_k, avx512_cpu_supported},
 #endif
 #if defined(__aarch64__)
     {"neon Q4_0", QT_Q4_0, ref_vec_dot_q4_0_a8, neon_vec_dot_q4_0_a8, have_neon},
@@ -348,7 +349,7 @@ static void test_dot4_tiles(void **state) {
 #if defined(__x86_64__)
 /* The AVX-512 kernels return exactly what the AVX2 ones return, single
  * dots and tiles, on random rows of every length from 1 to 24 blocks (odd
- * counts take the 256-bit tail). */
+ * counts take the 256-bit tail; Q4_K's blocks are super-blocks). */
 static void test_avx512_same_as_avx2(void **state) {
     (void)state;
     if (!avx512_cpu_supported()) skip();
@@ -365,18 +366,20 @@ static void test_avx512_same_as_avx2(void **state) {
          avx512_dot4_y_q5_0_a8},
         {QT_Q8_0, avx2_vec_dot_q8_0_a8, avx512_vec_dot_q8_0_a8, avx2_dot4_y_q8_0_a8,
          avx512_dot4_y_q8_0_a8},
+        {QT_Q4_K, avx2_vec_dot_q4_k_q8_k, avx512_vec_dot_q4_k_q8_k, avx2_dot4_y_q4_k_q8_k,
+         avx512_dot4_y_q4_k_q8_k},
     };
     enum { NB = 24 };
-    static _Alignas(32) uint8_t w[NB * 40], a[4][NB * 40 + 64];
-    static float f[NB * QK8_0];
+    static _Alignas(32) uint8_t w[NB * sizeof(block_q8_K)], a[4][NB * sizeof(block_q8_K) + 64];
+    static float f[NB * QK_K];
     for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++) {
         const quant_type_info *info = quant_type_get(pairs[p].type);
         const quant_type_info *yi = quant_type_get(info->vec_dot_type);
         for (int round = 0; round < 200; round++) {
-            const size_t n = (size_t)(1 + round % NB) * QK8_0;
+            const size_t n = (size_t)(1 + round % NB) * info->block_size;
             size_t offs[2];
-            make_blocks(w, (int)(n / QK8_0), info->type_size, offs, f16_fields(pairs[p].type, offs),
-                        round);
+            make_blocks(w, (int)(n / info->block_size), info->type_size, offs,
+                        f16_fields(pairs[p].type, offs), round);
             uint64_t arow;
             assert_true(quant_nbytes(info->vec_dot_type, n, &arow));
             for (int r = 0; r < 4; r++) {

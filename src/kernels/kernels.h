@@ -126,6 +126,10 @@ CELLM_AVX512_DOT(q4_0_a8)
 CELLM_AVX512_DOT(q4_1_a8s)
 CELLM_AVX512_DOT(q5_0_a8)
 CELLM_AVX512_DOT(q8_0_a8)
+/* Q4_K: vec_dot and dot4_y, bit-identical to the avx2_ and ref_ ones. */
+float avx512_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);
+void avx512_dot4_y_q4_k_q8_k(size_t n, const void *x, size_t xs, const void *y, size_t ys,
+                             float out[4]);
 float avx2_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q5_k_q8_k(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);

@@ -276,38 +276,6 @@ DOT32_VARIANTS(q4_1_a8s, W_Q4_1)
 DOT32_VARIANTS(q5_0_a8, W_Q5_0)
 DOT32_VARIANTS(q8_0_a8, W_Q8_0)
 
-/* The 12 bytes of packed 6-bit scales and mins of Q4_K and Q5_K as 8
- * scales and 8 mins (kq_scale_min for all eight groups at once): groups
- * 0..3 are the low 6 bits of bytes 0..3 (scales) and 4..7 (mins); groups
- * 4..7 take their low 4 bits from the nibbles of bytes 8..11 and their top
- * 2 bits from the top bits of bytes 0..3 (scales) and 4..7 (mins). */
-static inline void k4_scales_mins(const uint8_t *packed, uint8_t sc[8], uint8_t m[8]) {
-    uint32_t a[3];
-    memcpy(a, packed, 12);
-    const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, low2 = 0x03030303u;
-    const uint32_t s_lo = a[0] & low6, m_lo = a[1] & low6;
-    const uint32_t s_hi = (a[2] & low4) | ((a[0] >> 6) & low2) << 4;
-    const uint32_t m_hi = ((a[2] >> 4) & low4) | ((a[1] >> 6) & low2) << 4;
-    memcpy(sc, &s_lo, 4);
-    memcpy(sc + 4, &s_hi, 4);
-    memcpy(m, &m_lo, 4);
-    memcpy(m + 4, &m_hi, 4);
-}
-
-/* The min term of Q4_K and Q5_K, exact: sum of m[g] times the sum of y
- * over group g (the two 16-element sums of bsums). */
-AVX2 static inline int q45k_block_msum(const uint8_t m[8], const int16_t *bsums) {
-    const __m128i b0 = _mm_loadu_si128((const __m128i *)bsums);
-    const __m128i b1 = _mm_loadu_si128((const __m128i *)(bsums + 8));
-    const __m128i g = _mm_hadd_epi16(b0, b1); /* |sum| <= 32 * 127: no overflow */
-    uint64_t mb;
-    memcpy(&mb, m, 8);
-    __m128i p = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mb)), g);
-    p = _mm_add_epi32(p, _mm_shuffle_epi32(p, _MM_SHUFFLE(1, 0, 3, 2)));
-    p = _mm_add_epi32(p, _mm_shuffle_epi32(p, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(p);
-}
-
 /* The K-quant dots, one weight row against ny (1 or 4) activation rows:
  * each super-block's integer sums exactly, then per pair the reference's
  * float operations in its order, so every result is the reference's float

@@ -1,7 +1,8 @@
 /*
  * x86_avx512.c — AVX-512 (F, BW, VL) with VNNI versions of the 32-element
- * dot products (Q4_0, Q5_0, Q8_0 against A8; Q4_1 against A8S): the single
- * dot and the tile of four activation rows that batched matmul spends its
+ * dot products (Q4_0, Q5_0, Q8_0 against A8; Q4_1 against A8S) and of Q4_K
+ * against Q8_K: the single dot and the tiles of four (and, for the
+ * 32-element types, eight) activation rows that batched matmul spends its
  * time in. quant.c puts them in the table over the AVX2 ones when the CPU
  * and OS have all four extensions.
  *
@@ -14,7 +15,8 @@
  * product, and the end is the same: add the halves, sum eight lanes, add
  * the minimum term. What changes is the work per block: one instruction
  * for the integer dot, codes and scales of two blocks loaded at once from
- * the A8 rows.
+ * the A8 rows. Q4_K keeps dot_tile_k's arithmetic: exact integer sums per
+ * super-block, then the reference's float expression.
  */
 #if defined(__x86_64__)
 
@@ -26,6 +28,17 @@
 #include "kernels/kernels.h"
 #include "kernels/x86_common.h"
 
+/* How far ahead of the block being read the Q4_0 and Q4_K loops prefetch
+ * their weight row (into the next rows: matmul's rows are contiguous). The
+ * hardware prefetcher alone left a matvec from memory about 20% slower
+ * than from cache (docs/benchmarks.md); 4-16 KiB ahead all closed most of
+ * that gap, 8 KiB was best. A prefetch never faults past the end. */
+#define PREFETCH_AHEAD 8192
+
+/* The address is formed as an integer: it may lie past the row's object. */
+static inline void prefetch_ahead(const void *p, size_t extra) {
+    __builtin_prefetch((const void *)((uintptr_t)p + PREFETCH_AHEAD + extra), 0, 3);
+}
 #define AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 
 /* libgcc's checks include the OS saving the ZMM and mask registers. */
@@ -82,7 +95,44 @@ dot_row_512(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, i
     const __m512i pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     const __m512i dm_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
     size_t ib = 0;
-    for (; ib + 2 <= nb; ib += 2) {
+    if (kind == W_Q4_0) {
+        /* Q4_0 has its own loop: fewer instructions per block pair. The
+         * nibbles stay unsigned (VPDPBUSD's unsigned side) and the −8
+         * offset comes off the integer sums as 8 times the group sums of
+         * y, so p[k] is the same exact integer; the two scale products
+         * are taken in two lanes and then spread. */
+        const __m512i nib_shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+        const __m512i low4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+        const __m512i zero = _mm512_setzero_si512();
+        for (; ib + 2 <= nb; ib += 2) {
+            const uint8_t *b0 = x + ib * xbytes, *b1 = b0 + xbytes;
+            prefetch_ahead(b0, 0);
+            /* qs of block 0 in 128-bit lanes 0 and 1, of block 1 in 2 and
+             * 3; lanes 1 and 3 shifted down four bits: elements 0..31 of
+             * block 0, then of block 1, the order of the A8 codes. */
+            const __m256i r0 =
+                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + 2)));
+            const __m256i r1 =
+                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b1 + 2)));
+            const __m512i raw = _mm512_inserti64x4(_mm512_castsi256_si512(r0), r1, 1);
+            const __m512i qx = _mm512_and_si512(_mm512_srlv_epi64(raw, nib_shift), low4);
+            uint16_t h0, h1;
+            memcpy(&h0, b0, 2);
+            memcpy(&h1, b1, 2);
+            const __m128 dx2 = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(h0), h1, 1));
+#pragma GCC unroll 8
+            for (int j = 0; j < ny; j++) {
+                const __m512i qy = _mm512_loadu_si512((const void *)(yq[j] + ib * QK8_0));
+                const __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, qx, qy),
+                                                   _mm512_dpbusd_epi32(zero, eight, qy));
+                const __m128 d2 = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(yd[j] + ib)));
+                const __m512 s =
+                    _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(_mm_mul_ps(dx2, d2)));
+                acc[j] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[j]);
+            }
+        }
+    }
+    for (; kind != W_Q4_0 && ib + 2 <= nb; ib += 2) {
         /* The F16 scale (and Q4_1's minimum) at the start of both blocks,
          * converted at once: d0, m0, d1, m1. */
         const uint8_t *b0 = x + ib * xbytes, *b1 = b0 + xbytes;
@@ -148,5 +198,83 @@ DOT32_512(q4_0_a8, W_Q4_0)
 DOT32_512(q4_1_a8s, W_Q4_1)
 DOT32_512(q5_0_a8, W_Q5_0)
 DOT32_512(q8_0_a8, W_Q8_0)
+
+/* Q4_K against Q8_K, one weight row against ny (1 or 4) activation rows:
+ * the integer sums of each super-block exactly, then the reference's float
+ * expression, as dot_tile_k in x86_avx2.c. 64 bytes of codes hold groups
+ * g and g + 2 (g = 0, 4) in their low nibbles and g + 1 and g + 3 in their
+ * high ones, so each half is paired with those two groups' 32 activation
+ * codes; VPMADDUBSW forms the pairs (<= 2 * 15 * 127: no saturation),
+ * VPDPWSSD multiplies them by the group's scale and adds them into 32-bit
+ * lanes. */
+AVX512 static inline __attribute__((always_inline)) void
+dot_tile_q4k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny, float *out) {
+    assert(n % QK_K == 0);
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    /* Words 0..15 take the scale of group a, 16..31 of group a + 2, for
+     * the group pairs (0, 2), (1, 3), (4, 6), (5, 7). */
+    const __m512i sidx[4] = {_mm512_set_epi16(2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0,
+                                              0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+                             _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 1,
+                                              1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1),
+                             _mm512_set_epi16(6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 4, 4,
+                                              4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4),
+                             _mm512_set_epi16(7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 5, 5,
+                                              5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5)};
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (size_t ib = 0; ib < n / QK_K; ib++) {
+        const block_q4_K *xb = (const block_q4_K *)x + ib;
+        prefetch_ahead(xb, 0);
+        prefetch_ahead(xb, 64);
+        prefetch_ahead(xb, 128);
+        uint8_t sc[8], m[8];
+        k4_scales_mins(xb->scales, sc, m);
+        uint64_t sc8;
+        memcpy(&sc8, sc, 8);
+        const __m512i s16 =
+            _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
+        __m512i q[4], scale[4];
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m512i raw = _mm512_loadu_si512((const void *)(xb->qs + 64 * h));
+            q[2 * h] = _mm512_and_si512(raw, low4);
+            q[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+        }
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) scale[k] = _mm512_permutexvar_epi16(sidx[k], s16);
+        const float dx = h2f(xb->d), dmin = h2f(xb->dmin);
+#pragma GCC unroll 4
+        for (int j = 0; j < ny; j++) {
+            const block_q8_K *yb = (const block_q8_K *)(y + j * ys) + ib;
+            __m512i isum = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                /* q[k] holds groups g and g + 2, g = 4 * (k / 2) + k % 2. */
+                const int8_t *yg = yb->qs + 32 * (4 * (k / 2) + k % 2);
+                const __m512i yk = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)yg)),
+                    _mm256_loadu_si256((const __m256i *)(yg + 64)), 1);
+                isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[k], yk), scale[k]);
+            }
+            const int is = _mm512_reduce_add_epi32(isum);
+            const int msum = q45k_block_msum(m, yb->bsums);
+            sum[j] += yb->d * dx * (float)is - yb->d * dmin * (float)msum;
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < ny; j++) out[j] = sum[j];
+}
+
+AVX512 float avx512_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y) {
+    float out[1];
+    dot_tile_q4k_512(n, x, y, 0, 1, out);
+    return out[0];
+}
+
+AVX512 void avx512_dot4_y_q4_k_q8_k(size_t n, const void *x, size_t xs, const void *y, size_t ys,
+                                    float out[4]) {
+    (void)xs;
+    dot_tile_q4k_512(n, x, y, ys, 4, out);
+}
 
 #endif /* __x86_64__ */
