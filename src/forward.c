@@ -428,6 +428,16 @@ static void mm(forward_ctx *f, const weight *w, const float *x, int32_t rows, fl
     matmul(f->tp, w->data, w->type, w->ne1, w->ne0, x, rows, y, f->scratch);
 }
 
+/* Two or three weights on the same input (mm() on each gives the same
+ * bits): one quantization of x, one parallel task for all their rows. */
+static void mm_shared(forward_ctx *f, const weight *const *w, float *const *y, int nw,
+                      const float *x, int32_t rows) {
+    matmul_job jobs[3];
+    for (int i = 0; i < nw; i++)
+        jobs[i] = (matmul_job){.w = w[i]->data, .type = w[i]->type, .n = w[i]->ne1, .y = y[i]};
+    matmul_multi(f->tp, jobs, nw, w[0]->ne0, x, rows, f->scratch);
+}
+
 /* Checks the batch, reserves KV blocks for its new positions. */
 static cellm_status prepare(forward_ctx *f, const fwd_row *rows, int32_t n, cellm_error *err) {
     if (n < 1 || n > f->max_rows)
@@ -481,16 +491,15 @@ cellm_status forward_run(forward_ctx *f, const fwd_row *rows, int32_t n, const f
         s.L = L;
         s.il = il;
         tp_run(f->tp, task_attn_norm, &s);
-        mm(f, &L->wq, f->xb, n, f->q);
-        mm(f, &L->wk, f->xb, n, f->k);
-        mm(f, &L->wv, f->xb, n, f->v);
+        mm_shared(f, (const weight *const[]){&L->wq, &L->wk, &L->wv},
+                  (float *const[]){f->q, f->k, f->v}, 3, f->xb, n);
         tp_run(f->tp, task_qk, &s);
         tp_run(f->tp, task_attention, &s);
         mm(f, &L->wo, f->att, n, f->hb);
         tp_run(f->tp, task_attn_residual, &s);
         tp_run(f->tp, task_ffn_norm, &s);
-        mm(f, &L->w_gate, f->xb, n, f->hb2);
-        mm(f, &L->w_up, f->xb, n, f->hb);
+        mm_shared(f, (const weight *const[]){&L->w_gate, &L->w_up}, (float *const[]){f->hb2, f->hb},
+                  2, f->xb, n);
         tp_run(f->tp, task_act, &s);
         mm(f, &L->w_down, f->hb2, n, f->hb);
         tp_run(f->tp, task_ffn_residual, &s);

@@ -4,6 +4,8 @@
  */
 #include "matmul.h"
 
+#include <stdbool.h>
+
 #include "quant.h"
 
 #define TILE_ROWS 16 /* weight rows kept hot while every activation row passes */
@@ -17,6 +19,14 @@ typedef struct mm_task {
     float *y;
     uint8_t *xq;
 } mm_task;
+
+/* Several weights on one input (matmul_multi): their rows taken as one
+ * range, split across the threads in one task. */
+typedef struct mm_multi {
+    mm_task t[MATMUL_MAX_MULTI];
+    int n_t;
+    long total; /* rows of all the weights */
+} mm_multi;
 
 static void quantize_rows(void *arg, int ith, int nth) {
     mm_task *t = arg;
@@ -79,6 +89,19 @@ static void dot_rows(void *arg, int ith, int nth) {
         dot_tile(t, j0, j0 + TILE_ROWS < e ? j0 + TILE_ROWS : e);
 }
 
+/* This thread's share of the concatenated rows of every weight. */
+static void dot_rows_multi(void *arg, int ith, int nth) {
+    mm_multi *mt = arg;
+    long b, e, base = 0;
+    tp_split(mt->total, ith, nth, &b, &e);
+    for (int i = 0; i < mt->n_t; base += (long)mt->t[i].n, i++) {
+        const mm_task *t = &mt->t[i];
+        long lo = b > base ? b - base : 0, hi = e - base < (long)t->n ? e - base : (long)t->n;
+        for (long j0 = lo; j0 < hi; j0 += TILE_ROWS)
+            dot_tile(t, j0, j0 + TILE_ROWS < hi ? j0 + TILE_ROWS : hi);
+    }
+}
+
 size_t matmul_scratch_size(uint32_t type, int64_t k, int64_t m) {
     const quant_type_info *wt = quant_type_get(type);
     if (!wt || !wt->vec_dot) return 0;
@@ -87,8 +110,8 @@ size_t matmul_scratch_size(uint32_t type, int64_t k, int64_t m) {
     return (size_t)row * (size_t)m;
 }
 
-void matmul(threadpool *tp, const void *w, uint32_t type, int64_t n, int64_t k, const float *x,
-            int64_t m, float *y, void *scratch) {
+static mm_task make_task(const void *w, uint32_t type, int64_t n, int64_t k, const float *x,
+                         int64_t m, float *y, void *scratch) {
     mm_task t = {
         .wt = quant_type_get(type), .w = w, .n = n, .k = k, .m = m, .x = x, .y = y, .xq = scratch};
     t.xt = quant_type_get(t.wt->vec_dot_type);
@@ -97,11 +120,42 @@ void matmul(threadpool *tp, const void *w, uint32_t type, int64_t n, int64_t k, 
     quant_nbytes(t.wt->vec_dot_type, (uint64_t)k, &xr);
     t.w_row = (size_t)wr;
     t.x_row = (size_t)xr;
-    if (m < 4)
-        quantize_rows(&t, 0, 1); /* not worth a dispatch */
+    return t;
+}
+
+static void quantize_input(threadpool *tp, mm_task *t) {
+    if (t->m < 4)
+        quantize_rows(t, 0, 1); /* not worth a dispatch */
     else
-        tp_run(tp, quantize_rows, &t);
+        tp_run(tp, quantize_rows, t);
+}
+
+void matmul(threadpool *tp, const void *w, uint32_t type, int64_t n, int64_t k, const float *x,
+            int64_t m, float *y, void *scratch) {
+    mm_task t = make_task(w, type, n, k, x, m, y, scratch);
+    quantize_input(tp, &t);
     tp_run(tp, dot_rows, &t);
+}
+
+void matmul_multi(threadpool *tp, const matmul_job *jobs, int n_jobs, int64_t k, const float *x,
+                  int64_t m, void *scratch) {
+    mm_multi mt = {.n_t = 0, .total = 0};
+    bool shared = n_jobs <= MATMUL_MAX_MULTI;
+    for (int i = 0; i < n_jobs && shared; i++)
+        shared = quant_type_get(jobs[i].type)->vec_dot_type ==
+                 quant_type_get(jobs[0].type)->vec_dot_type;
+    if (!shared) { /* one input format per call: each weight on its own */
+        for (int i = 0; i < n_jobs; i++)
+            matmul(tp, jobs[i].w, jobs[i].type, jobs[i].n, k, x, m, jobs[i].y, scratch);
+        return;
+    }
+    for (int i = 0; i < n_jobs; i++) {
+        mt.t[i] = make_task(jobs[i].w, jobs[i].type, jobs[i].n, k, x, m, jobs[i].y, scratch);
+        mt.total += (long)jobs[i].n;
+    }
+    mt.n_t = n_jobs;
+    quantize_input(tp, &mt.t[0]); /* the same quantized rows serve every weight */
+    tp_run(tp, dot_rows_multi, &mt);
 }
 
 void matrix_get_row(const void *w, uint32_t type, int64_t k, int64_t row, float *out) {

@@ -27,6 +27,25 @@ size_t matmul_scratch_size(uint32_t type, int64_t k, int64_t m);
 void matmul(threadpool *tp, const void *w, uint32_t type, int64_t n, int64_t k, const float *x,
             int64_t m, float *y, void *scratch);
 
+/* One weight of matmul_multi: y[m][n] = x · Wᵀ. */
+typedef struct matmul_job {
+    const void *w;
+    uint32_t type;
+    int64_t n;
+    float *y;
+} matmul_job;
+
+#define MATMUL_MAX_MULTI 4
+
+/* matmul() of up to MATMUL_MAX_MULTI weights on the same input x[m][k]
+ * (Q, K and V; gate and up): x is quantized once and all their rows are
+ * one parallel task, so two hand-offs between threads instead of two per
+ * weight. Each y[r][j] is the same vec_dot as matmul() gives. Weights
+ * whose vec_dot_type differs from the first's run as separate matmuls.
+ * `scratch` as for matmul() with the first weight's type. */
+void matmul_multi(threadpool *tp, const matmul_job *jobs, int n_jobs, int64_t k, const float *x,
+                  int64_t m, void *scratch);
+
 /* Dequantizes row `row` of a matrix of `type` with `k` elements per row. */
 void matrix_get_row(const void *w, uint32_t type, int64_t k, int64_t row, float *out);
 

@@ -82,7 +82,70 @@ static void test_types(void **st) {
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) check_type(types[i]);
 }
 
+/* matmul_multi: three weights on one input give, bit for bit, what three
+ * matmul() calls give, for m = 1, 5 and 64 and 1 and 2 threads, with row
+ * counts that do not split evenly between the threads; sets sharing an
+ * activation format (A8, A8S, Q8_K) and one mixing A8 and A8S, which runs
+ * as separate calls. */
+static void check_multi(const uint32_t types[3]) {
+    static const int64_t ns[3] = {40, 17, 33};
+    uint8_t *w[3];
+    float *yref[3], *y[3], *x = malloc(sizeof(float) * M * K);
+    uint64_t seed = 99;
+    for (int i = 0; i < M * K; i++) x[i] = frand(&seed);
+    size_t scratch_bytes = 0;
+    for (int i = 0; i < 3; i++) {
+        const quant_type_info *qi = quant_type_get(types[i]);
+        uint64_t rb;
+        assert_true(quant_nbytes(types[i], K, &rb));
+        w[i] = malloc((size_t)rb * (size_t)ns[i]);
+        float row[K];
+        for (int64_t j = 0; j < ns[i]; j++) {
+            for (int e = 0; e < K; e++) row[e] = frand(&seed);
+            qi->from_float(row, w[i] + (size_t)rb * (size_t)j, K);
+        }
+        yref[i] = malloc(sizeof(float) * M * (size_t)ns[i]);
+        y[i] = malloc(sizeof(float) * M * (size_t)ns[i]);
+        size_t sb = matmul_scratch_size(types[i], K, M);
+        if (sb > scratch_bytes) scratch_bytes = sb;
+    }
+    void *scratch = malloc(scratch_bytes);
+    threadpool *tp[2];
+    assert_int_equal(tp_create(1, &tp[0], NULL), CELLM_OK);
+    assert_int_equal(tp_create(2, &tp[1], NULL), CELLM_OK);
+    static const int ms[] = {1, 5, M};
+    for (int t = 0; t < 2; t++)
+        for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++) {
+            matmul_job jobs[3];
+            for (int i = 0; i < 3; i++) {
+                matmul(tp[t], w[i], types[i], ns[i], K, x, ms[mi], yref[i], scratch);
+                jobs[i] = (matmul_job){.w = w[i], .type = types[i], .n = ns[i], .y = y[i]};
+                memset(y[i], 0xff, sizeof(float) * M * (size_t)ns[i]);
+            }
+            matmul_multi(tp[t], jobs, 3, K, x, ms[mi], scratch);
+            for (int i = 0; i < 3; i++)
+                assert_memory_equal(y[i], yref[i], sizeof(float) * (size_t)ms[mi] * (size_t)ns[i]);
+        }
+    tp_destroy(tp[0]);
+    tp_destroy(tp[1]);
+    for (int i = 0; i < 3; i++) {
+        free(w[i]);
+        free(yref[i]);
+        free(y[i]);
+    }
+    free(scratch);
+    free(x);
+}
+
+static void test_multi(void **st) {
+    (void)st;
+    check_multi((const uint32_t[3]){QT_Q4_0, QT_Q8_0, QT_Q4_0});
+    check_multi((const uint32_t[3]){QT_Q4_1, QT_Q4_1, QT_Q4_1});
+    check_multi((const uint32_t[3]){QT_Q4_K, QT_Q6_K, QT_Q4_K});
+    check_multi((const uint32_t[3]){QT_Q4_0, QT_Q4_1, QT_Q8_0}); /* A8 and A8S: separate */
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_types)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_types), cmocka_unit_test(test_multi)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
