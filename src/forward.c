@@ -424,6 +424,18 @@ static void task_act(void *arg, int ith, int nth) {
     }
 }
 
+/* A task over the batch's rows (norms, Q/K prep, residuals, activation):
+ * with fewer rows than ROWS_INLINE (decoding), the calling thread does them
+ * all, as one thread would inside the pool anyway, and the hand-off to the
+ * others is skipped. The same code runs per row either way. */
+#define ROWS_INLINE 4
+static void run_rows(forward_ctx *f, void (*fn)(void *, int, int), step *s) {
+    if (s->n < ROWS_INLINE)
+        fn(s, 0, 1);
+    else
+        tp_run(f->tp, fn, s);
+}
+
 static void mm(forward_ctx *f, const weight *w, const float *x, int32_t rows, float *y) {
     matmul(f->tp, w->data, w->type, w->ne1, w->ne0, x, rows, y, f->scratch);
 }
@@ -490,19 +502,19 @@ cellm_status forward_run(forward_ctx *f, const fwd_row *rows, int32_t n, const f
         const layer_desc *L = &m->layers[il];
         s.L = L;
         s.il = il;
-        tp_run(f->tp, task_attn_norm, &s);
+        run_rows(f, task_attn_norm, &s);
         mm_shared(f, (const weight *const[]){&L->wq, &L->wk, &L->wv},
                   (float *const[]){f->q, f->k, f->v}, 3, f->xb, n);
-        tp_run(f->tp, task_qk, &s);
+        run_rows(f, task_qk, &s);
         tp_run(f->tp, task_attention, &s);
         mm(f, &L->wo, f->att, n, f->hb);
-        tp_run(f->tp, task_attn_residual, &s);
-        tp_run(f->tp, task_ffn_norm, &s);
+        run_rows(f, task_attn_residual, &s);
+        run_rows(f, task_ffn_norm, &s);
         mm_shared(f, (const weight *const[]){&L->w_gate, &L->w_up}, (float *const[]){f->hb2, f->hb},
                   2, f->xb, n);
-        tp_run(f->tp, task_act, &s);
+        run_rows(f, task_act, &s);
         mm(f, &L->w_down, f->hb2, n, f->hb);
-        tp_run(f->tp, task_ffn_residual, &s);
+        run_rows(f, task_ffn_residual, &s);
     }
     /* The classifier, only for rows that want logits: gather their normed
      * states into xb, in batch order. */
