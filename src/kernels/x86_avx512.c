@@ -95,15 +95,18 @@ dot_row_512(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, i
     const __m512i pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     const __m512i dm_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
     size_t ib = 0;
-    if (kind == W_Q4_0) {
-        /* Q4_0 has its own loop: fewer instructions per block pair. The
-         * nibbles stay unsigned (VPDPBUSD's unsigned side) and the −8
-         * offset comes off the integer sums as 8 times the group sums of
-         * y, so p[k] is the same exact integer; the two scale products
-         * are taken in two lanes and then spread. */
+    if (kind == W_Q4_0 || kind == W_Q4_1) {
+        /* The 4-bit kinds have their own loop: fewer instructions per
+         * block pair. The nibbles go to VPDPBUSD's unsigned side as they
+         * are; for Q4_0 the -8 offset comes off the integer sums as 8
+         * times the group sums of y, so p[k] is the same exact integer.
+         * The two scale products are taken in two lanes and then spread;
+         * Q4_1's minimum term is the same FMA on its block sums as in the
+         * loop below. */
         const __m512i nib_shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
         const __m512i low4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
         const __m512i zero = _mm512_setzero_si512();
+        const size_t qs_at = kind == W_Q4_0 ? 2 : 4; /* the codes follow d (and m) */
         for (; ib + 2 <= nb; ib += 2) {
             const uint8_t *b0 = x + ib * xbytes, *b1 = b0 + xbytes;
             prefetch_ahead(b0, 0);
@@ -111,28 +114,44 @@ dot_row_512(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, i
              * 3; lanes 1 and 3 shifted down four bits: elements 0..31 of
              * block 0, then of block 1, the order of the A8 codes. */
             const __m256i r0 =
-                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + 2)));
+                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + qs_at)));
             const __m256i r1 =
-                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b1 + 2)));
+                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b1 + qs_at)));
             const __m512i raw = _mm512_inserti64x4(_mm512_castsi256_si512(r0), r1, 1);
             const __m512i qx = _mm512_and_si512(_mm512_srlv_epi64(raw, nib_shift), low4);
-            uint16_t h0, h1;
-            memcpy(&h0, b0, 2);
-            memcpy(&h1, b1, 2);
-            const __m128 dx2 = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(h0), h1, 1));
+            __m128 dx2, mx2 = _mm_setzero_ps();
+            if (kind == W_Q4_0) {
+                uint16_t h0, h1;
+                memcpy(&h0, b0, 2);
+                memcpy(&h1, b1, 2);
+                dx2 = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(h0), h1, 1));
+            } else {
+                /* d0, m0, d1, m1 converted at once, then d0, d1 and m0, m1. */
+                int h0, h1;
+                memcpy(&h0, b0, 4);
+                memcpy(&h1, b1, 4);
+                const __m128 dm = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(h0), h1, 1));
+                dx2 = _mm_shuffle_ps(dm, dm, _MM_SHUFFLE(2, 0, 2, 0));
+                mx2 = _mm_shuffle_ps(dm, dm, _MM_SHUFFLE(3, 1, 3, 1));
+            }
 #pragma GCC unroll 8
             for (int j = 0; j < ny; j++) {
                 const __m512i qy = _mm512_loadu_si512((const void *)(yq[j] + ib * QK8_0));
-                const __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, qx, qy),
-                                                   _mm512_dpbusd_epi32(zero, eight, qy));
+                __m512i p = _mm512_dpbusd_epi32(zero, qx, qy);
+                if (kind == W_Q4_0) p = _mm512_sub_epi32(p, _mm512_dpbusd_epi32(zero, eight, qy));
                 const __m128 d2 = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(yd[j] + ib)));
                 const __m512 s =
                     _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(_mm_mul_ps(dx2, d2)));
                 acc[j] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[j]);
+                if (kind == W_Q4_1) {
+                    const __m128 s2 =
+                        _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(ysum[j] + ib)));
+                    mins[j] = _mm_fmadd_ps(mx2, s2, mins[j]);
+                }
             }
         }
     }
-    for (; kind != W_Q4_0 && ib + 2 <= nb; ib += 2) {
+    for (; kind != W_Q4_0 && kind != W_Q4_1 && ib + 2 <= nb; ib += 2) {
         /* The F16 scale (and Q4_1's minimum) at the start of both blocks,
          * converted at once: d0, m0, d1, m1. */
         const uint8_t *b0 = x + ib * xbytes, *b1 = b0 + xbytes;
