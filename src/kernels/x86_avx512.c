@@ -220,26 +220,26 @@ DOT32_512(q8_0_a8, W_Q8_0)
 
 /* Q4_K against Q8_K, one weight row against ny (1 or 4) activation rows:
  * the integer sums of each super-block exactly, then the reference's float
- * expression, as dot_tile_k in x86_avx2.c. 64 bytes of codes hold groups
- * g and g + 2 (g = 0, 4) in their low nibbles and g + 1 and g + 3 in their
- * high ones, so each half is paired with those two groups' 32 activation
- * codes; VPMADDUBSW forms the pairs (<= 2 * 15 * 127: no saturation),
- * VPDPWSSD multiplies them by the group's scale and adds them into 32-bit
- * lanes. */
+ * expression, as dot_tile_k in x86_avx2.c. Bytes 32c..32c+31 of the codes
+ * hold groups 2c and 2c + 1 (low and high nibbles): broadcast to both
+ * halves of a register and the high half shifted down four bits, they line
+ * up with the 64 contiguous activation codes of those two groups, one load.
+ * VPMADDUBSW forms the pairs (<= 2 * 15 * 127: no saturation), VPDPWSSD
+ * multiplies them by the group's scale and adds them into 32-bit lanes. The
+ * block's integer sum and its minimum sum are reduced together and both
+ * products taken in two lanes: the same exact integers, the same float
+ * products, the same order of the additions. */
 AVX512 static inline __attribute__((always_inline)) void
 dot_tile_q4k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny, float *out) {
     assert(n % QK_K == 0);
     const __m512i low4 = _mm512_set1_epi8(0x0F);
-    /* Words 0..15 take the scale of group a, 16..31 of group a + 2, for
-     * the group pairs (0, 2), (1, 3), (4, 6), (5, 7). */
-    const __m512i sidx[4] = {_mm512_set_epi16(2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0,
-                                              0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-                             _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 1,
-                                              1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1),
-                             _mm512_set_epi16(6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 4, 4,
-                                              4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4),
-                             _mm512_set_epi16(7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 5, 5,
-                                              5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5)};
+    const __m512i nib_shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+    /* Words 0..15 take the scale of group 2c, 16..31 of group 2c + 1. */
+    __m512i sidx[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++)
+        sidx[c] = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * c)),
+                                     _mm256_set1_epi16((short)(2 * c + 1)), 1);
     float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (size_t ib = 0; ib < n / QK_K; ib++) {
         const block_q4_K *xb = (const block_q4_K *)x + ib;
@@ -253,31 +253,42 @@ dot_tile_q4k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
         const __m512i s16 =
             _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
         __m512i q[4], scale[4];
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            const __m512i raw = _mm512_loadu_si512((const void *)(xb->qs + 64 * h));
-            q[2 * h] = _mm512_and_si512(raw, low4);
-            q[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-        }
 #pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) scale[k] = _mm512_permutexvar_epi16(sidx[k], s16);
-        const float dx = h2f(xb->d), dmin = h2f(xb->dmin);
+        for (int c = 0; c < 4; c++) {
+            const __m512i raw =
+                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xb->qs + 32 * c)));
+            q[c] = _mm512_and_si512(_mm512_srlv_epi64(raw, nib_shift), low4);
+            scale[c] = _mm512_permutexvar_epi16(sidx[c], s16);
+        }
+        /* d and dmin, adjacent F16 values, at once; both lanes times y's d. */
+        uint32_t ddm;
+        memcpy(&ddm, &xb->d, 4);
+        const __m128 dxm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)ddm));
 #pragma GCC unroll 4
         for (int j = 0; j < ny; j++) {
             const block_q8_K *yb = (const block_q8_K *)(y + j * ys) + ib;
             __m512i isum = _mm512_setzero_si512();
 #pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                /* q[k] holds groups g and g + 2, g = 4 * (k / 2) + k % 2. */
-                const int8_t *yg = yb->qs + 32 * (4 * (k / 2) + k % 2);
-                const __m512i yk = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)yg)),
-                    _mm256_loadu_si256((const __m256i *)(yg + 64)), 1);
-                isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[k], yk), scale[k]);
+            for (int c = 0; c < 4; c++) {
+                const __m512i yc = _mm512_loadu_si512((const void *)(yb->qs + 64 * c));
+                isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[c], yc), scale[c]);
             }
-            const int is = _mm512_reduce_add_epi32(isum);
-            const int msum = q45k_block_msum(m, yb->bsums);
-            sum[j] += yb->d * dx * (float)is - yb->d * dmin * (float)msum;
+            /* The minimum sum's lanes as in q45k_block_msum. */
+            const __m128i g = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)yb->bsums),
+                                             _mm_loadu_si128((const __m128i *)(yb->bsums + 8)));
+            uint64_t mb;
+            memcpy(&mb, m, 8);
+            const __m128i mp =
+                _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mb)), g);
+            __m256i i8 =
+                _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
+            __m128i i4 = _mm_add_epi32(_mm256_castsi256_si128(i8), _mm256_extracti128_si256(i8, 1));
+            /* lane 0: the integer sum, lane 1: the minimum sum (exact). */
+            const __m128i both = _mm_hadd_epi32(_mm_hadd_epi32(i4, mp), _mm_setzero_si128());
+            const __m128 prod =
+                _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(yb->d), dxm), _mm_cvtepi32_ps(both));
+            /* yb->d * dx * is - yb->d * dmin * msum, as the reference. */
+            sum[j] += _mm_cvtss_f32(prod) - _mm_cvtss_f32(_mm_movehdup_ps(prod));
         }
     }
 #pragma GCC unroll 4
