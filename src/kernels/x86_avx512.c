@@ -252,6 +252,9 @@ dot_tile_q4k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
         memcpy(&sc8, sc, 8);
         const __m512i s16 =
             _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
+        /* the mins as words, each twice: m0, m0, m1, m1, ... */
+        const __m128i m8 = _mm_loadl_epi64((const __m128i *)m);
+        const __m256i m2 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
         __m512i q[4], scale[4];
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
@@ -273,18 +276,16 @@ dot_tile_q4k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
                 const __m512i yc = _mm512_loadu_si512((const void *)(yb->qs + 64 * c));
                 isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[c], yc), scale[c]);
             }
-            /* The minimum sum's lanes as in q45k_block_msum. */
-            const __m128i g = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)yb->bsums),
-                                             _mm_loadu_si128((const __m128i *)(yb->bsums + 8)));
-            uint64_t mb;
-            memcpy(&mb, m, 8);
-            const __m128i mp =
-                _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mb)), g);
-            __m256i i8 =
+            /* The minimum sum: m[g] times each of group g's two sums of 16. */
+            const __m256i mp =
+                _mm256_madd_epi16(m2, _mm256_loadu_si256((const __m256i *)yb->bsums));
+            const __m256i i8 =
                 _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
-            __m128i i4 = _mm_add_epi32(_mm256_castsi256_si128(i8), _mm256_extracti128_si256(i8, 1));
+            const __m256i t = _mm256_hadd_epi32(i8, mp);
+            const __m128i t4 =
+                _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
             /* lane 0: the integer sum, lane 1: the minimum sum (exact). */
-            const __m128i both = _mm_hadd_epi32(_mm_hadd_epi32(i4, mp), _mm_setzero_si128());
+            const __m128i both = _mm_hadd_epi32(t4, _mm_setzero_si128());
             const __m128 prod =
                 _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(yb->d), dxm), _mm_cvtepi32_ps(both));
             /* yb->d * dx * is - yb->d * dmin * msum, as the reference. */
