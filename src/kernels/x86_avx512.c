@@ -95,15 +95,18 @@ dot_row_512(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, i
     const __m512i pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     const __m512i dm_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
     size_t ib = 0;
-    if (kind == W_Q4_0) {
-        /* Q4_0 has its own loop: fewer instructions per block pair. The
-         * nibbles stay unsigned (VPDPBUSD's unsigned side) and the −8
-         * offset comes off the integer sums as 8 times the group sums of
-         * y, so p[k] is the same exact integer; the two scale products
-         * are taken in two lanes and then spread. */
+    if (kind == W_Q4_0 || kind == W_Q4_1) {
+        /* The 4-bit kinds have their own loop: fewer instructions per
+         * block pair. The nibbles go to VPDPBUSD's unsigned side as they
+         * are; for Q4_0 the -8 offset comes off the integer sums as 8
+         * times the group sums of y, so p[k] is the same exact integer.
+         * The two scale products are taken in two lanes and then spread;
+         * Q4_1's minimum term is the same FMA on its block sums as in the
+         * loop below. */
         const __m512i nib_shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
         const __m512i low4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
         const __m512i zero = _mm512_setzero_si512();
+        const size_t qs_at = kind == W_Q4_0 ? 2 : 4; /* the codes follow d (and m) */
         for (; ib + 2 <= nb; ib += 2) {
             const uint8_t *b0 = x + ib * xbytes, *b1 = b0 + xbytes;
             prefetch_ahead(b0, 0);
@@ -111,28 +114,44 @@ dot_row_512(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, i
              * 3; lanes 1 and 3 shifted down four bits: elements 0..31 of
              * block 0, then of block 1, the order of the A8 codes. */
             const __m256i r0 =
-                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + 2)));
+                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + qs_at)));
             const __m256i r1 =
-                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b1 + 2)));
+                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b1 + qs_at)));
             const __m512i raw = _mm512_inserti64x4(_mm512_castsi256_si512(r0), r1, 1);
             const __m512i qx = _mm512_and_si512(_mm512_srlv_epi64(raw, nib_shift), low4);
-            uint16_t h0, h1;
-            memcpy(&h0, b0, 2);
-            memcpy(&h1, b1, 2);
-            const __m128 dx2 = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(h0), h1, 1));
+            __m128 dx2, mx2 = _mm_setzero_ps();
+            if (kind == W_Q4_0) {
+                uint16_t h0, h1;
+                memcpy(&h0, b0, 2);
+                memcpy(&h1, b1, 2);
+                dx2 = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(h0), h1, 1));
+            } else {
+                /* d0, m0, d1, m1 converted at once, then d0, d1 and m0, m1. */
+                int h0, h1;
+                memcpy(&h0, b0, 4);
+                memcpy(&h1, b1, 4);
+                const __m128 dm = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(h0), h1, 1));
+                dx2 = _mm_shuffle_ps(dm, dm, _MM_SHUFFLE(2, 0, 2, 0));
+                mx2 = _mm_shuffle_ps(dm, dm, _MM_SHUFFLE(3, 1, 3, 1));
+            }
 #pragma GCC unroll 8
             for (int j = 0; j < ny; j++) {
                 const __m512i qy = _mm512_loadu_si512((const void *)(yq[j] + ib * QK8_0));
-                const __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, qx, qy),
-                                                   _mm512_dpbusd_epi32(zero, eight, qy));
+                __m512i p = _mm512_dpbusd_epi32(zero, qx, qy);
+                if (kind == W_Q4_0) p = _mm512_sub_epi32(p, _mm512_dpbusd_epi32(zero, eight, qy));
                 const __m128 d2 = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(yd[j] + ib)));
                 const __m512 s =
                     _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(_mm_mul_ps(dx2, d2)));
                 acc[j] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[j]);
+                if (kind == W_Q4_1) {
+                    const __m128 s2 =
+                        _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(ysum[j] + ib)));
+                    mins[j] = _mm_fmadd_ps(mx2, s2, mins[j]);
+                }
             }
         }
     }
-    for (; kind != W_Q4_0 && ib + 2 <= nb; ib += 2) {
+    for (; kind != W_Q4_0 && kind != W_Q4_1 && ib + 2 <= nb; ib += 2) {
         /* The F16 scale (and Q4_1's minimum) at the start of both blocks,
          * converted at once: d0, m0, d1, m1. */
         const uint8_t *b0 = x + ib * xbytes, *b1 = b0 + xbytes;
@@ -201,26 +220,26 @@ DOT32_512(q8_0_a8, W_Q8_0)
 
 /* Q4_K against Q8_K, one weight row against ny (1 or 4) activation rows:
  * the integer sums of each super-block exactly, then the reference's float
- * expression, as dot_tile_k in x86_avx2.c. 64 bytes of codes hold groups
- * g and g + 2 (g = 0, 4) in their low nibbles and g + 1 and g + 3 in their
- * high ones, so each half is paired with those two groups' 32 activation
- * codes; VPMADDUBSW forms the pairs (<= 2 * 15 * 127: no saturation),
- * VPDPWSSD multiplies them by the group's scale and adds them into 32-bit
- * lanes. */
+ * expression, as dot_tile_k in x86_avx2.c. Bytes 32c..32c+31 of the codes
+ * hold groups 2c and 2c + 1 (low and high nibbles): broadcast to both
+ * halves of a register and the high half shifted down four bits, they line
+ * up with the 64 contiguous activation codes of those two groups, one load.
+ * VPMADDUBSW forms the pairs (<= 2 * 15 * 127: no saturation), VPDPWSSD
+ * multiplies them by the group's scale and adds them into 32-bit lanes. The
+ * block's integer sum and its minimum sum are reduced together and both
+ * products taken in two lanes: the same exact integers, the same float
+ * products, the same order of the additions. */
 AVX512 static inline __attribute__((always_inline)) void
 dot_tile_q4k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny, float *out) {
     assert(n % QK_K == 0);
     const __m512i low4 = _mm512_set1_epi8(0x0F);
-    /* Words 0..15 take the scale of group a, 16..31 of group a + 2, for
-     * the group pairs (0, 2), (1, 3), (4, 6), (5, 7). */
-    const __m512i sidx[4] = {_mm512_set_epi16(2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0,
-                                              0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-                             _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 1,
-                                              1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1),
-                             _mm512_set_epi16(6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 4, 4,
-                                              4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4),
-                             _mm512_set_epi16(7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 5, 5,
-                                              5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5)};
+    const __m512i nib_shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+    /* Words 0..15 take the scale of group 2c, 16..31 of group 2c + 1. */
+    __m512i sidx[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++)
+        sidx[c] = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * c)),
+                                     _mm256_set1_epi16((short)(2 * c + 1)), 1);
     float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (size_t ib = 0; ib < n / QK_K; ib++) {
         const block_q4_K *xb = (const block_q4_K *)x + ib;
@@ -233,32 +252,44 @@ dot_tile_q4k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
         memcpy(&sc8, sc, 8);
         const __m512i s16 =
             _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
+        /* the mins as words, each twice: m0, m0, m1, m1, ... */
+        const __m128i m8 = _mm_loadl_epi64((const __m128i *)m);
+        const __m256i m2 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
         __m512i q[4], scale[4];
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            const __m512i raw = _mm512_loadu_si512((const void *)(xb->qs + 64 * h));
-            q[2 * h] = _mm512_and_si512(raw, low4);
-            q[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-        }
 #pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) scale[k] = _mm512_permutexvar_epi16(sidx[k], s16);
-        const float dx = h2f(xb->d), dmin = h2f(xb->dmin);
+        for (int c = 0; c < 4; c++) {
+            const __m512i raw =
+                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xb->qs + 32 * c)));
+            q[c] = _mm512_and_si512(_mm512_srlv_epi64(raw, nib_shift), low4);
+            scale[c] = _mm512_permutexvar_epi16(sidx[c], s16);
+        }
+        /* d and dmin, adjacent F16 values, at once; both lanes times y's d. */
+        uint32_t ddm;
+        memcpy(&ddm, &xb->d, 4);
+        const __m128 dxm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)ddm));
 #pragma GCC unroll 4
         for (int j = 0; j < ny; j++) {
             const block_q8_K *yb = (const block_q8_K *)(y + j * ys) + ib;
             __m512i isum = _mm512_setzero_si512();
 #pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                /* q[k] holds groups g and g + 2, g = 4 * (k / 2) + k % 2. */
-                const int8_t *yg = yb->qs + 32 * (4 * (k / 2) + k % 2);
-                const __m512i yk = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)yg)),
-                    _mm256_loadu_si256((const __m256i *)(yg + 64)), 1);
-                isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[k], yk), scale[k]);
+            for (int c = 0; c < 4; c++) {
+                const __m512i yc = _mm512_loadu_si512((const void *)(yb->qs + 64 * c));
+                isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[c], yc), scale[c]);
             }
-            const int is = _mm512_reduce_add_epi32(isum);
-            const int msum = q45k_block_msum(m, yb->bsums);
-            sum[j] += yb->d * dx * (float)is - yb->d * dmin * (float)msum;
+            /* The minimum sum: m[g] times each of group g's two sums of 16. */
+            const __m256i mp =
+                _mm256_madd_epi16(m2, _mm256_loadu_si256((const __m256i *)yb->bsums));
+            const __m256i i8 =
+                _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
+            const __m256i t = _mm256_hadd_epi32(i8, mp);
+            const __m128i t4 =
+                _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+            /* lane 0: the integer sum, lane 1: the minimum sum (exact). */
+            const __m128i both = _mm_hadd_epi32(t4, _mm_setzero_si128());
+            const __m128 prod =
+                _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(yb->d), dxm), _mm_cvtepi32_ps(both));
+            /* yb->d * dx * is - yb->d * dmin * msum, as the reference. */
+            sum[j] += _mm_cvtss_f32(prod) - _mm_cvtss_f32(_mm_movehdup_ps(prod));
         }
     }
 #pragma GCC unroll 4
