@@ -401,10 +401,23 @@ AVX512_ATTR static void avx512_dot4_f16(const float *q, const uint16_t *const k[
         a01 = _mm512_fmadd_ps(qv, k01, a01);
         a23 = _mm512_fmadd_ps(qv, k23, a23);
     }
-    out[0] = dot_finish(_mm512_castps512_ps256(a01), q, k[0], i, n);
-    out[1] = dot_finish(_mm512_extractf32x8_ps(a01, 1), q, k[1], i, n);
-    out[2] = dot_finish(_mm512_castps512_ps256(a23), q, k[2], i, n);
-    out[3] = dot_finish(_mm512_extractf32x8_ps(a23, 1), q, k[3], i, n);
+    if (i < n) {
+        out[0] = dot_finish(_mm512_castps512_ps256(a01), q, k[0], i, n);
+        out[1] = dot_finish(_mm512_extractf32x8_ps(a01, 1), q, k[1], i, n);
+        out[2] = dot_finish(_mm512_castps512_ps256(a23), q, k[2], i, n);
+        out[3] = dot_finish(_mm512_extractf32x8_ps(a23, 1), q, k[3], i, n);
+        return;
+    }
+    /* No tail: dot_finish's tree for the four keys at once, key j in the
+     * 128-bit lane j: lanes 0..3 plus 4..7, then (0+4)+(1+5) and
+     * (2+6)+(3+7), then their sum. */
+    const __m512 lo = _mm512_shuffle_f32x4(a01, a23, _MM_SHUFFLE(2, 0, 2, 0)),
+                 hi = _mm512_shuffle_f32x4(a01, a23, _MM_SHUFFLE(3, 1, 3, 1));
+    __m512 s = _mm512_add_ps(lo, hi);
+    s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(
+                           _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s)));
 }
 
 /* Columns c..c+16*U-1 of acc in U registers across all the rows. */
