@@ -376,6 +376,105 @@ static const attn_kernels avx2_kernels = {
     .scale_round_f16 = avx2_scale_round_f16,
     .kv = {KV_OPS_F16(avx2), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2)},
 };
+
+/* AVX-512: the same lanes and order as above, two keys' 8-lane chunks in
+ * one zmm (key a in the low 256 bits, key b in the high), so one VCVTPH2PS
+ * converts 16 values and one FMA advances two keys; value rows go 16
+ * columns per register. Each lane takes exactly the operations it takes in
+ * the AVX2 kernels, so the bits are the same. */
+#define AVX512_ATTR __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma,f16c")))
+
+/* Halfs a[0..7] in the low 128 bits, b[0..7] in the high. */
+AVX512_ATTR static inline __m256i avx512_load_f16_pair(const uint16_t *a, const uint16_t *b) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                   _mm_loadu_si128((const __m128i *)b), 1);
+}
+
+AVX512_ATTR static void avx512_dot4_f16(const float *q, const uint16_t *const k[4], size_t n,
+                                        float out[4]) {
+    __m512 a01 = _mm512_setzero_ps(), a23 = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m512 qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(q + i));
+        const __m512 k01 = _mm512_cvtph_ps(avx512_load_f16_pair(k[0] + i, k[1] + i));
+        const __m512 k23 = _mm512_cvtph_ps(avx512_load_f16_pair(k[2] + i, k[3] + i));
+        a01 = _mm512_fmadd_ps(qv, k01, a01);
+        a23 = _mm512_fmadd_ps(qv, k23, a23);
+    }
+    if (i < n) {
+        out[0] = dot_finish(_mm512_castps512_ps256(a01), q, k[0], i, n);
+        out[1] = dot_finish(_mm512_extractf32x8_ps(a01, 1), q, k[1], i, n);
+        out[2] = dot_finish(_mm512_castps512_ps256(a23), q, k[2], i, n);
+        out[3] = dot_finish(_mm512_extractf32x8_ps(a23, 1), q, k[3], i, n);
+        return;
+    }
+    /* No tail: dot_finish's tree for the four keys at once, key j in the
+     * 128-bit lane j: lanes 0..3 plus 4..7, then (0+4)+(1+5) and
+     * (2+6)+(3+7), then their sum. */
+    const __m512 lo = _mm512_shuffle_f32x4(a01, a23, _MM_SHUFFLE(2, 0, 2, 0)),
+                 hi = _mm512_shuffle_f32x4(a01, a23, _MM_SHUFFLE(3, 1, 3, 1));
+    __m512 s = _mm512_add_ps(lo, hi);
+    s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(
+                           _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s)));
+}
+
+/* Columns c..c+16*U-1 of acc in U registers across all the rows. */
+AVX512_ATTR static inline __attribute__((always_inline)) void
+avx512_axpy_cols(float *acc, const float *w, const uint16_t *const *v, size_t nk, size_t c, int U) {
+    __m512 a[8];
+    for (int u = 0; u < U; u++) a[u] = _mm512_loadu_ps(acc + c + 16 * u);
+    for (size_t j = 0; j < nk; j++) {
+        const __m512 wv = _mm512_set1_ps(w[j]);
+        const uint16_t *vr = v[j] + c;
+        for (int u = 0; u < U; u++) {
+            const __m512 vv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr + 16 * u)));
+            a[u] = _mm512_fmadd_ps(wv, vv, a[u]);
+        }
+    }
+    for (int u = 0; u < U; u++) _mm512_storeu_ps(acc + c + 16 * u, a[u]);
+}
+
+AVX512_ATTR static void avx512_axpy_rows_f16(float *acc, const float *w, const uint16_t *const *v,
+                                             size_t nk, size_t n) {
+    size_t c = 0;
+    for (; c + 128 <= n; c += 128) avx512_axpy_cols(acc, w, v, nk, c, 8);
+    if (c + 64 <= n) {
+        avx512_axpy_cols(acc, w, v, nk, c, 4);
+        c += 64;
+    }
+    for (; c + 16 <= n; c += 16) avx512_axpy_cols(acc, w, v, nk, c, 1);
+    if (c < n)
+        for (size_t j = 0; j < nk; j++) avx2_axpy_f16(acc + c, w[j], v[j] + c, n - c);
+}
+
+/* VCVTPS2PH rounds to nearest even, as fp32_to_fp16 does. */
+AVX512_ATTR static void avx512_scale_round_f16(float *out, const float *x, float s, size_t n) {
+    const __m512 sv = _mm512_set1_ps(s);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), sv);
+        _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)));
+    }
+    avx2_scale_round_f16(out + i, x + i, s, n - i);
+}
+
+AVX512_ATTR static float avx512_dot_f16(const float *q, const uint16_t *k, size_t n) {
+    return avx2_dot_f16(q, k, n);
+}
+
+KV_F16_WRAPPERS(avx512)
+
+static const attn_kernels avx512_kernels = {
+    .dot_f16 = avx2_dot_f16,
+    .axpy_f16 = avx2_axpy_f16,
+    .scale = avx2_scale,
+    .dot4_f16 = avx512_dot4_f16,
+    .axpy_rows_f16 = avx512_axpy_rows_f16,
+    .scale_round_f16 = avx512_scale_round_f16,
+    .kv = {KV_OPS_F16(avx512), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2)},
+};
 #endif
 
 #if defined(__aarch64__)
@@ -585,7 +684,10 @@ static void choose(void) {
     const char *want = getenv("CELLM_KERNELS"); /* "ref": the scalar kernels, as quant.c */
     if (want && !strcmp(want, "ref")) return;
 #if defined(__x86_64__)
-    if (avx2_cpu_supported()) chosen = &avx2_kernels;
+    if (avx512_cpu_supported() && !(want && !strcmp(want, "avx2")))
+        chosen = &avx512_kernels; /* "avx2": the AVX2 kernels, as quant.c */
+    else if (avx2_cpu_supported())
+        chosen = &avx2_kernels;
 #elif defined(__aarch64__)
     chosen = &neon_kernels; /* NEON is baseline on AArch64 */
 #endif
@@ -598,6 +700,17 @@ const attn_kernels *attn_kernels_get(void) {
 
 const attn_kernels *attn_kernels_ref(void) {
     return &ref_kernels;
+}
+
+const attn_kernels *attn_kernels_variant(const char *name) {
+    if (!strcmp(name, "ref")) return &ref_kernels;
+#if defined(__x86_64__)
+    if (!strcmp(name, "avx2") && avx2_cpu_supported()) return &avx2_kernels;
+    if (!strcmp(name, "avx512") && avx512_cpu_supported()) return &avx512_kernels;
+#elif defined(__aarch64__)
+    if (!strcmp(name, "neon")) return &neon_kernels;
+#endif
+    return NULL;
 }
 
 /* ------------------------------------------------------------ rotation */

@@ -3,8 +3,8 @@
  * the KV cache stores them: a dot product of an f32 query with a key, and
  * acc += w * v for value rows, and their batched forms. Rows are f16, or
  * Q8_0 / Q4_0 blocks of 32 (kernels/blocks.h) read directly, without
- * dequantizing them first. A scalar version, an AVX2/F16C one and a NEON
- * one, chosen once. Each reduces in a fixed order, so results depend only
+ * dequantizing them first. A scalar version, an AVX2/F16C one, an AVX-512
+ * one (f16 rows) and a NEON one, chosen once. Each reduces in a fixed order, so results depend only
  * on their inputs, and each batched form returns exactly what its single
  * form returns.
  *
@@ -66,12 +66,17 @@ typedef struct attn_kernels {
     attn_kv_ops kv[ATTN_KV_FORMATS];
 } attn_kernels;
 
-/* The best variant for this CPU (the scalar one when $CELLM_KERNELS is
- * "ref"). Thread-safe. */
+/* The best variant for this CPU: AVX-512 where the CPU runs the avx512
+ * matmul kernels, else AVX2/F16C, NEON on AArch64; the scalar one when
+ * $CELLM_KERNELS is "ref", AVX2 when it is "avx2". Thread-safe. */
 const attn_kernels *attn_kernels_get(void);
 
 /* The scalar variant (tests compare the fast one against it). */
 const attn_kernels *attn_kernels_ref(void);
+
+/* The variant named "ref", "avx2", "avx512" (x86-64) or "neon" (AArch64);
+ * NULL when this build or CPU cannot run it. For tests. */
+const attn_kernels *attn_kernels_variant(const char *name);
 
 /* The rotation of the rotated 4-bit KV type, over one head of n elements
  * (n a power of two, 1..1024): x = H x with H = W S / sqrt(n), S a fixed

@@ -2,9 +2,9 @@
  * test_attention.c — the attention kernels' batched forms return exactly
  * what their single forms return (dot4_f16 against dot_f16, axpy_rows_f16
  * against one axpy_f16 per row, scale_round_f16 against the scalar f16
- * conversion), for the scalar and the chosen variant, on
- * head sizes with and without a tail; and the chosen variant returns
- * the scalar one's bits. The kernels of quantized K/V rows (Q8_0, Q4_0):
+ * conversion), for the scalar, the chosen and every SIMD variant this CPU
+ * runs (avx2, avx512, neon), on head sizes with and without a tail; and
+ * each of those returns the scalar one's bits. The kernels of quantized K/V rows (Q8_0, Q4_0):
  * the same, and the scalar one against a double-precision sum over the
  * dequantized rows. The rotation of the rotated 4-bit type: orthogonal,
  * undone by attn_unrotate, and it spreads a single outlier over the whole
@@ -30,8 +30,11 @@ static float rnd(void) {
     return (float)((rng >> 40) & 0xFFFFFF) / (float)0x1000000 * 2.0f - 1.0f;
 }
 
+/* Every SIMD variant this CPU runs is checked, not only the chosen one. */
+static const char *const variants[] = {"avx2", "avx512", "neon"};
+
 static void check_variant(const attn_kernels *ak, const char *name) {
-    static const size_t sizes[] = {1, 7, 8, 64, 72, 128, 200, 256};
+    static const size_t sizes[] = {1, 7, 8, 16, 64, 72, 99, 128, 200, 216, 256};
     enum { MAXN = 256, ROWS = 37 };
     static float q[MAXN], acc1[MAXN], acc2[MAXN], w[ROWS];
     static uint16_t kv[ROWS][MAXN];
@@ -74,16 +77,19 @@ static void test_batched_forms_exact(void **state) {
     (void)state;
     check_variant(attn_kernels_ref(), "ref");
     check_variant(attn_kernels_get(), "chosen");
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        const attn_kernels *ak = attn_kernels_variant(variants[v]);
+        if (ak) check_variant(ak, variants[v]);
+    }
 }
 
 /* The chosen variant against the scalar one, bit for bit: both follow the
  * reference's order of float operations (the same lanes, FMAs and tree),
  * which keeps attention, and so the logits, the same on every CPU. Sizes
  * with and without a tail. */
-static void test_chosen_same_as_ref(void **state) {
-    (void)state;
-    const attn_kernels *a = attn_kernels_get(), *r = attn_kernels_ref();
-    static const size_t sizes[] = {1, 5, 8, 13, 64, 67, 128, 256};
+static void check_same_as_ref(const attn_kernels *a, const char *name) {
+    const attn_kernels *r = attn_kernels_ref();
+    static const size_t sizes[] = {1, 5, 8, 13, 16, 48, 64, 67, 99, 128, 200, 216, 256};
     enum { MAXN = 256, ROWS = 9 };
     static float q[MAXN], acc1[MAXN], acc2[MAXN], w[ROWS];
     static uint16_t kv[ROWS][MAXN];
@@ -97,26 +103,37 @@ static void test_chosen_same_as_ref(void **state) {
             }
             const float x = a->dot_f16(q, kv[0], n), y = r->dot_f16(q, kv[0], n);
             if (memcmp(&x, &y, sizeof x) != 0)
-                fail_msg("dot_f16 n=%zu: chosen %a, ref %a", n, x, y);
+                fail_msg("%s dot_f16 n=%zu: %a, ref %a", name, n, x, y);
             const uint16_t *k4[4] = {kv[1], kv[2], kv[3], kv[4]};
             float o1[4], o2[4];
             a->dot4_f16(q, k4, n, o1);
             r->dot4_f16(q, k4, n, o2);
-            if (memcmp(o1, o2, sizeof o1) != 0) fail_msg("dot4_f16 n=%zu differs", n);
+            if (memcmp(o1, o2, sizeof o1) != 0) fail_msg("%s dot4_f16 n=%zu differs", name, n);
             const uint16_t *rows[ROWS];
             for (int j = 0; j < ROWS; j++) rows[j] = kv[j];
             for (size_t i = 0; i < n; i++) acc1[i] = acc2[i] = q[i];
             a->axpy_rows_f16(acc1, w, rows, ROWS, n);
             r->axpy_rows_f16(acc2, w, rows, ROWS, n);
             if (memcmp(acc1, acc2, n * sizeof(float)) != 0)
-                fail_msg("axpy_rows_f16 n=%zu differs", n);
+                fail_msg("%s axpy_rows_f16 n=%zu differs", name, n);
             a->axpy_f16(acc1, w[0], kv[0], n);
             r->axpy_f16(acc2, w[0], kv[0], n);
             a->scale(acc1, 0.37f, n);
             r->scale(acc2, 0.37f, n);
             if (memcmp(acc1, acc2, n * sizeof(float)) != 0)
-                fail_msg("axpy_f16 or scale n=%zu differs", n);
+                fail_msg("%s axpy_f16 or scale n=%zu differs", name, n);
         }
+    }
+}
+
+static void test_chosen_same_as_ref(void **state) {
+    (void)state;
+    check_same_as_ref(attn_kernels_get(), "chosen");
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        const attn_kernels *ak = attn_kernels_variant(variants[v]);
+        if (!ak) continue;
+        print_message("same bits as ref: %s\n", variants[v]);
+        check_same_as_ref(ak, variants[v]);
     }
 }
 
@@ -149,8 +166,15 @@ static void check_quantized(attn_kv_format f, void (*deq)(const void *, float *,
                 /* The stored row is the input to within the format's step. */
                 float amax = 0;
                 for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
-                const float step = f == ATTN_KV_Q8_0 ? amax / 127 : amax / 8;
-                for (size_t i = 0; i < n; i++) assert_true(fabsf(deqv[j][i] - x[i]) <= step);
+                /* (Q4_0's clamped end, 7 * d against an x of the other sign
+                 * near amax = 8 * |d|, is amax / 8 off plus 7 times the f16
+                 * rounding of d: 7 * 2^-11 of amax / 8 at most, under
+                 * 1/256.) */
+                const float step = f == ATTN_KV_Q8_0 ? amax / 127 : amax / 8 * (1 + 1.0f / 256);
+                for (size_t i = 0; i < n; i++)
+                    if (!(fabsf(deqv[j][i] - x[i]) <= step))
+                        fail_msg("%s n=%zu: stored %a, input %a, step %a", name, n, deqv[j][i],
+                                 x[i], step);
                 w[j] = rnd();
             }
             const void *k4[4] = {rows[0], rows[5], rows[9], rows[36]};
