@@ -20,8 +20,8 @@ typedef struct mm_task {
     uint8_t *xq;
 } mm_task;
 
-/* Several weights on one input (matmul_multi): their rows taken as one
- * range, split across the threads in one task. */
+/* One or several weights on one input (matmul, matmul_multi): their rows
+ * taken as one range, split across the threads in one task. */
 typedef struct mm_multi {
     mm_task t[MATMUL_MAX_MULTI];
     int n_t;
@@ -81,14 +81,6 @@ static void dot_tile(const mm_task *t, long j0, long j1) {
     }
 }
 
-static void dot_rows(void *arg, int ith, int nth) {
-    mm_task *t = arg;
-    long b, e;
-    tp_split((long)t->n, ith, nth, &b, &e);
-    for (long j0 = b; j0 < e; j0 += TILE_ROWS)
-        dot_tile(t, j0, j0 + TILE_ROWS < e ? j0 + TILE_ROWS : e);
-}
-
 /* This thread's share of the concatenated rows of every weight. */
 static void dot_rows_multi(void *arg, int ith, int nth) {
     mm_multi *mt = arg;
@@ -132,9 +124,10 @@ static void quantize_input(threadpool *tp, mm_task *t) {
 
 void matmul(threadpool *tp, const void *w, uint32_t type, int64_t n, int64_t k, const float *x,
             int64_t m, float *y, void *scratch) {
-    mm_task t = make_task(w, type, n, k, x, m, y, scratch);
-    quantize_input(tp, &t);
-    tp_run(tp, dot_rows, &t);
+    mm_multi mt = {.n_t = 1, .total = (long)n};
+    mt.t[0] = make_task(w, type, n, k, x, m, y, scratch);
+    quantize_input(tp, &mt.t[0]);
+    tp_run(tp, dot_rows_multi, &mt);
 }
 
 void matmul_multi(threadpool *tp, const matmul_job *jobs, int n_jobs, int64_t k, const float *x,

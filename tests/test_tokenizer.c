@@ -522,12 +522,17 @@ static void set_strs(gguf_writer *w, const char *key, const char **strs, size_t 
     free(s);
 }
 
-static void set_i32s(gguf_writer *w, const char *key, const int32_t *vals, size_t n) {
+/* Sets `key` to an array of n numbers of GGUF type `type` at `vals`. */
+static void set_arr(gguf_writer *w, const char *key, gguf_type type, const void *vals, size_t n) {
     gguf_value v = {.type = GGUF_TYPE_ARRAY};
-    v.v.arr.type = GGUF_TYPE_INT32;
+    v.v.arr.type = type;
     v.v.arr.n = n;
     v.v.arr.data = vals;
     assert_int_equal(gguf_writer_set(w, key, &v, NULL), CELLM_OK);
+}
+
+static void set_i32s(gguf_writer *w, const char *key, const int32_t *vals, size_t n) {
+    set_arr(w, key, GGUF_TYPE_INT32, vals, n);
 }
 
 /* Writes `w` to memory and loads a tokenizer from it. */
@@ -596,11 +601,7 @@ static void test_tiny_spm(void **state) {
     assert_int_equal(gguf_writer_set_str(w, "tokenizer.ggml.model", "llama", NULL), CELLM_OK);
     set_strs(w, "tokenizer.ggml.tokens", toks, 12);
     set_i32s(w, "tokenizer.ggml.token_type", types, 12);
-    gguf_value v = {.type = GGUF_TYPE_ARRAY};
-    v.v.arr.type = GGUF_TYPE_FLOAT32;
-    v.v.arr.n = 12;
-    v.v.arr.data = scores;
-    assert_int_equal(gguf_writer_set(w, "tokenizer.ggml.scores", &v, NULL), CELLM_OK);
+    set_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores, 12);
     uint8_t *buf;
     gguf_file *f;
     tokenizer *t;
@@ -665,11 +666,8 @@ static void test_spm_in_place_and_copied(void **state) {
         size_t n = copied ? 9 : 8;
         set_strs(w, "tokenizer.ggml.tokens", toks, n);
         set_i32s(w, "tokenizer.ggml.token_type", types, n);
-        gguf_value v = {.type = GGUF_TYPE_ARRAY};
-        v.v.arr.type = copied ? GGUF_TYPE_FLOAT64 : GGUF_TYPE_FLOAT32;
-        v.v.arr.n = n;
-        v.v.arr.data = copied ? (const void *)scores64 : (const void *)scores32;
-        assert_int_equal(gguf_writer_set(w, "tokenizer.ggml.scores", &v, NULL), CELLM_OK);
+        set_arr(w, "tokenizer.ggml.scores", copied ? GGUF_TYPE_FLOAT64 : GGUF_TYPE_FLOAT32,
+                copied ? (const void *)scores64 : (const void *)scores32, n);
         uint8_t *buf;
         gguf_file *f;
         tokenizer *t;
