@@ -588,13 +588,17 @@ static cellm_status process_budget_fit(const cellm_model *cm, cellm_engine_param
     const size_t per_seq = (size_t)m->n_vocab * PROC_SAMPLER_BYTES_PER_TOKEN +
                            (size_t)p->max_ctx * PROC_SEQ_BYTES_PER_POS;
     const size_t fixed = weights + tables + runtime + (size_t)p->max_seqs * per_seq + act_bytes;
-    const size_t seq_kv = kv_cache_seq_bytes(m, p->kv_type, p->max_ctx);
-    const size_t kv_need = (size_t)p->max_seqs * seq_kv;
+    /* Every sequence decoding, one taking a whole chunk (windowed layers
+     * hold the chunk on top of their window). */
+    const size_t seq_kv = kv_cache_bytes(m, p->kv_type, p->max_ctx, 1, 1);
+    const size_t kv_need =
+        kv_cache_bytes(m, p->kv_type, p->max_ctx, p->max_seqs, p->max_batch_tokens);
     const size_t budget = p->process_budget_bytes;
     if (fixed >= budget || kv_need > budget - fixed) {
         /* How many sequences of max_ctx would fit, each with its own
          * request memory. */
-        size_t base = fixed - (size_t)p->max_seqs * per_seq;
+        size_t base = fixed - (size_t)p->max_seqs * per_seq +
+                      (kv_need - (size_t)p->max_seqs * seq_kv); /* + the one chunk */
         size_t fit = base < budget ? (budget - base) / (per_seq + seq_kv) : 0;
         return err_set(
             err, CELLM_ERR_NO_MEMORY,
@@ -678,7 +682,8 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
         engine_destroy(e);
         return fail_msg(CELLM_ERR_NO_MEMORY, "out of memory");
     }
-    if (kv_cache_create(m, p.mem_budget_bytes - e->act_bytes, p.max_ctx, p.kv_type, &e->kv, &err) ||
+    if (kv_cache_create(m, p.mem_budget_bytes - e->act_bytes, p.max_ctx, p.max_seqs,
+                        p.max_batch_tokens, p.kv_type, &e->kv, &err) ||
         tp_create(p.n_threads, &e->tp, &err) ||
         forward_create(m, e->kv, e->tp, p.max_batch_tokens, e->logit_rows, &e->fwd, &err)) {
         engine_destroy(e);

@@ -9,11 +9,24 @@
 
 #include "pages.h"
 
-/* Positions a windowed group must hold for one sequence: the window plus
- * the block being filled, rounded to blocks. */
-static int32_t group_positions(int32_t window, int32_t ctx) {
-    if (window <= 0 || window + KV_BLOCK_TOKENS >= ctx) return ctx;
-    return window + KV_BLOCK_TOKENS;
+int32_t kv_window_positions(int32_t window, int32_t n, int32_t chunk) {
+    /* A pass adding `chunk` positions from p keeps the blocks from the one
+     * holding p - window + 1 (the first key its first row sees) to the one
+     * holding p + chunk - 1: at most ceil((window + chunk + 15) / 16) of
+     * them, whatever p is (16-position blocks). */
+    int64_t held = (int64_t)window + chunk + KV_BLOCK_TOKENS - 1;
+    return window > 0 && held < n ? (int32_t)held : n;
+}
+
+static size_t blocks_of(int32_t positions) {
+    return (size_t)(positions + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+}
+
+/* Blocks group g of a cache shaped by (ctx, n_seqs, chunk) must hold: every
+ * sequence decoding and one of them feeding a chunk (kv_cache_bytes). */
+static size_t group_blocks(const kv_group *g, int32_t ctx, int32_t n_seqs, int32_t chunk) {
+    return (size_t)(n_seqs - 1) * blocks_of(kv_window_positions(g->window, ctx, 1)) +
+           blocks_of(kv_window_positions(g->window, ctx, chunk));
 }
 
 /* Each KV type: its name (for messages), how its rows are stored, whether
@@ -70,23 +83,25 @@ size_t kv_cache_token_bytes(const model *m, cellm_kv_type type) {
     return total;
 }
 
-size_t kv_cache_seq_bytes(const model *m, cellm_kv_type type, int32_t ctx) {
+size_t kv_cache_bytes(const model *m, cellm_kv_type type, int32_t ctx, int32_t n_seqs,
+                      int32_t chunk) {
     size_t total = 0;
     for (int32_t gi = 0; gi < m->n_kv_groups; gi++) {
         kv_group g;
         group_sizes(m, type, gi, &g);
-        int32_t pos = group_positions(g.window, ctx);
-        size_t blocks = (size_t)(pos + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
-        total += blocks * g.block_bytes;
+        total += group_blocks(&g, ctx, n_seqs, chunk) * g.block_bytes;
     }
     return total;
 }
 
-cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, cellm_kv_type type,
-                             kv_cache **out, cellm_error *err) {
+cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, int32_t n_seqs,
+                             int32_t chunk, cellm_kv_type type, kv_cache **out, cellm_error *err) {
     *out = NULL;
     if (max_ctx <= 0 || max_ctx > (1 << 24))
         return err_set(err, CELLM_ERR_INVALID_ARG, "context length %d is not 1..16777216", max_ctx);
+    if (n_seqs <= 0 || chunk <= 0)
+        return err_set(err, CELLM_ERR_INVALID_ARG, "%d sequences, chunks of %d: both must be > 0",
+                       n_seqs, chunk);
     cellm_status st = kv_type_check(m, type, err);
     if (st) return st;
     kv_cache *c = calloc(1, sizeof *c);
@@ -98,14 +113,14 @@ cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, cel
     c->max_ctx = max_ctx;
     c->max_blocks_per_seq = (max_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
     c->anchor = -1;
-    size_t per_seq = kv_cache_seq_bytes(m, type, max_ctx);
+    size_t all = kv_cache_bytes(m, type, max_ctx, n_seqs, chunk);
     for (int32_t gi = 0; gi < c->n_groups; gi++) {
         kv_group *g = &c->groups[gi];
         group_sizes(m, type, gi, g);
-        int32_t pos = group_positions(g->window, max_ctx);
-        size_t need = (size_t)(pos + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS * g->block_bytes;
+        size_t need = group_blocks(g, max_ctx, n_seqs, chunk) * g->block_bytes;
         /* This group's share of the budget, in whole blocks. */
-        size_t share = (size_t)((double)budget * ((double)need / (double)per_seq));
+        size_t share =
+            need * (budget / all) + (size_t)((double)(budget % all) * ((double)need / (double)all));
         size_t n = share / g->block_bytes;
         if (n > INT32_MAX / 2) n = INT32_MAX / 2;
         if (n == 0) {

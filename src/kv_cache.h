@@ -123,11 +123,12 @@ typedef struct kv_seq {
 
 /* Creates a cache for `m` holding up to `budget` bytes of blocks of KV
  * type `type`, sequences of up to `max_ctx` positions. The budget is split
- * between the groups in proportion to what one sequence of `max_ctx` needs
- * in each. CELLM_ERR_UNSUPPORTED when the model's head sizes do not suit
- * the type (kv_type_check). */
-cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, cellm_kv_type type,
-                             kv_cache **out, cellm_error *err);
+ * between the groups in proportion to what `n_seqs` sequences need in each
+ * when forward passes add up to `chunk` positions (kv_cache_bytes).
+ * CELLM_ERR_UNSUPPORTED when the model's head sizes do not suit the type
+ * (kv_type_check). */
+cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, int32_t n_seqs,
+                             int32_t chunk, cellm_kv_type type, kv_cache **out, cellm_error *err);
 void kv_cache_free(kv_cache *c);
 
 /* Whether `type` is a KV type and `m` can store K and V in it: the
@@ -135,10 +136,19 @@ void kv_cache_free(kv_cache *c);
  * one powers of two up to 1024 as well. */
 cellm_status kv_type_check(const model *m, cellm_kv_type type, cellm_error *err);
 
-/* Bytes the cache needs per sequence of `ctx` positions (all groups), and
- * the bytes of one position (K and V of every layer), with KV type `type`
- * (which must pass kv_type_check). */
-size_t kv_cache_seq_bytes(const model *m, cellm_kv_type type, int32_t ctx);
+/* Positions of one sequence of up to `n` positions that a group with this
+ * window (0: full attention) holds at most, when a forward pass adds up to
+ * `chunk` of them at once: the window, the chunk and the rest of a block
+ * (blocks that left the window are freed after each pass), or all n. */
+int32_t kv_window_positions(int32_t window, int32_t n, int32_t chunk);
+
+/* Bytes of blocks (all groups) that `n_seqs` sequences of up to `ctx`
+ * positions hold at most while each decodes and one of them feeds a chunk
+ * of up to `chunk` positions in a pass; (ctx, 1, 1) is one decoding
+ * sequence. Also the bytes of one position (K and V of every layer). KV
+ * type `type` must pass kv_type_check. */
+size_t kv_cache_bytes(const model *m, cellm_kv_type type, int32_t ctx, int32_t n_seqs,
+                      int32_t chunk);
 size_t kv_cache_token_bytes(const model *m, cellm_kv_type type);
 
 cellm_status kv_seq_init(kv_cache *c, kv_seq *s, cellm_error *err);

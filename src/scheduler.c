@@ -136,10 +136,8 @@ static int32_t largest_fit(const cellm_engine *e, const plan_blocks *pb, const c
  * admission test. A windowed group holds at most its window, the block
  * being filled and one chunk. */
 static int32_t admit_need(const cellm_engine *e, const cellm_request *r, int32_t g) {
-    int32_t pos = r->n_tokens + 1;
-    int32_t w = e->kv->groups[g].window;
-    if (w > 0 && pos > w + KV_BLOCK_TOKENS + e->p.max_batch_tokens)
-        pos = w + KV_BLOCK_TOKENS + e->p.max_batch_tokens;
+    int32_t pos =
+        kv_window_positions(e->kv->groups[g].window, r->n_tokens + 1, e->p.max_batch_tokens);
     int32_t need = (pos + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
     if (r->seq.n_pos > 0) {
         int32_t last = (r->seq.n_pos - 1) / KV_BLOCK_TOKENS;

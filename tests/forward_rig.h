@@ -143,7 +143,7 @@ static inline void rig_open_kv(rig *r, const char *name, int threads, int32_t ma
     test_model_path(name, path, sizeof path);
     cellm_error e;
     if (model_load(path, &r->m, &e) ||
-        kv_cache_create(r->m, 256u << 20, 4096, kv_type, &r->kv, &e) ||
+        kv_cache_create(r->m, 256u << 20, 4096, 1, max_rows, kv_type, &r->kv, &e) ||
         tp_create(threads, &r->tp, &e) ||
         forward_create(r->m, r->kv, r->tp, max_rows, max_logits, &r->f, &e)) {
         print_error("%s\n", e.msg);

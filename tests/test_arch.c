@@ -150,7 +150,7 @@ typedef struct rig {
 static void rig_open(rig *r, const char *path, int threads) {
     cellm_error e;
     if (model_load(path, &r->m, &e) ||
-        kv_cache_create(r->m, 16u << 20, 256, CELLM_KV_F16, &r->kv, &e) ||
+        kv_cache_create(r->m, 16u << 20, 256, 1, MAX_ROWS, CELLM_KV_F16, &r->kv, &e) ||
         tp_create(threads, &r->tp, &e) ||
         forward_create(r->m, r->kv, r->tp, MAX_ROWS, MAX_ROWS, &r->f, &e)) {
         print_error("%s\n", e.msg);

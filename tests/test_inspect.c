@@ -156,8 +156,7 @@ static void test_kv_matches_cache(void **state) {
                                                  types[t].name),
                 "kv_bytes");
             assert_non_null(kv);
-            assert_true(kv->valuedouble ==
-                        4.0 * (double)kv_cache_seq_bytes(m, types[t].type, 2048));
+            assert_true(kv->valuedouble == (double)kv_cache_bytes(m, types[t].type, 2048, 4, 1));
         }
         model_free(m);
         cJSON_Delete(j);

@@ -165,8 +165,8 @@ static void stress(uint64_t seed, uint64_t mask, int64_t n_ops, counts *k) {
     err_clear(&err);
     /* Room for about four full sequences, so eviction and shortage are
      * common. */
-    size_t budget = kv_cache_seq_bytes(&m, CELLM_KV_F16, CTX) * 4;
-    assert_int_equal(kv_cache_create(&m, budget, CTX, CELLM_KV_F16, &c, &err), CELLM_OK);
+    size_t budget = kv_cache_bytes(&m, CELLM_KV_F16, CTX, 4, 1);
+    assert_int_equal(kv_cache_create(&m, budget, CTX, 4, 1, CELLM_KV_F16, &c, &err), CELLM_OK);
     assert_int_equal(c->anchor, 0);
     c->hash_mask = mask;
     static tseq seqs[N_SEQ];
@@ -285,7 +285,7 @@ static void test_lookup_basics(void **state) {
     kv_cache *c = NULL;
     cellm_error err;
     err_clear(&err);
-    assert_int_equal(kv_cache_create(&m, kv_cache_seq_bytes(&m, CELLM_KV_F16, CTX) * 4, CTX,
+    assert_int_equal(kv_cache_create(&m, kv_cache_bytes(&m, CELLM_KV_F16, CTX, 4, 1), CTX, 4, 1,
                                      CELLM_KV_F16, &c, &err),
                      0);
     static tseq a, b;

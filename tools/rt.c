@@ -31,8 +31,10 @@ cellm_status rt_open(const char *name_or_path, const rt_opts *o, rt *r, cellm_er
     int32_t logit_rows = o->logit_rows > 0 ? o->logit_rows : 1;
     if (logit_rows > r->batch) logit_rows = r->batch;
     if ((st = kv_type_check(r->m, o->kv_type, err))) goto fail;
-    size_t kv_bytes = kv_cache_seq_bytes(r->m, o->kv_type, r->ctx);
-    if ((st = kv_cache_create(r->m, kv_bytes, r->ctx, o->kv_type, &r->kv, err))) goto fail;
+    /* One sequence, fed in chunks of up to `batch` positions (rt_feed). */
+    size_t kv_bytes = kv_cache_bytes(r->m, o->kv_type, r->ctx, 1, r->batch);
+    if ((st = kv_cache_create(r->m, kv_bytes, r->ctx, 1, r->batch, o->kv_type, &r->kv, err)))
+        goto fail;
     if ((st = tp_create(threads, &r->tp, err))) goto fail;
     if ((st = forward_create(r->m, r->kv, r->tp, r->batch, logit_rows, &r->fwd, err))) goto fail;
     return CELLM_OK;

@@ -88,7 +88,7 @@ static bool feed_prompt(chat *c, tok_ids ids, cellm_error *err) {
     if (same == ids.n && same > 0) same--; /* always feed at least one token for logits */
     rewind_to(c, same);
     if (c->hist.n != same) same = 0;
-    if ((long)ids.n + 1 >= c->r.ctx) {
+    if ((long)ids.n >= c->r.ctx) { /* a prompt of ctx - 1 still gets its one token */
         err_set(err, CELLM_ERR_NO_MEMORY, "the prompt (%zu tokens) does not fit the context (%d)",
                 ids.n, c->r.ctx);
         tok_ids_free(&ids);
