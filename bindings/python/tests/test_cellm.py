@@ -4,7 +4,7 @@ Run (scripts/test.sh does, after `pip install --target DIR ./bindings/python`):
     PYTHONPATH=DIR CELLM_BIN=build/cellm python3 -m unittest discover -s bindings/python/tests -v
 
 The model is $CELLM_TEST_SMOLLM2, else smollm2-135m.gguf in the store
-(${CELLM_HOME:-~/.cache/cellm}/models); expected texts come from the
+(${CELLM_HOME:-$HOME/.cache/cellm}/models); expected texts come from the
 `cellm` command ($CELLM_BIN, else build/cellm of the repository), run at
 test time on the same prompts with greedy decoding. A missing model or
 command fails the tests: they never skip.
@@ -32,8 +32,8 @@ LONG_PROMPT = "Count from one to one thousand: one, two, three,"
 def model_path():
     p = os.environ.get("CELLM_TEST_SMOLLM2")
     if not p:
-        home = os.environ.get("CELLM_HOME") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                            "cellm")
+        # The store's rule for every binding: $CELLM_HOME, else $HOME/.cache/cellm.
+        home = os.environ.get("CELLM_HOME") or os.path.join(os.environ["HOME"], ".cache", "cellm")
         p = os.path.join(home, "models", "smollm2-135m.gguf")
     if not os.path.isfile(p):
         raise AssertionError(f"real model not found at {p}: run `cellm pull smollm2-135m`")

@@ -28,7 +28,7 @@ import java.util.concurrent.atomic.AtomicReference;
  * Each public static void test* method is one test; a failed check throws. Expected texts
  * come from the cellm command ($CELLM_BIN, else build/cellm) run on the same prompt at test
  * time, with greedy decoding. The model is $CELLM_TEST_SMOLLM2, else smollm2-135m.gguf in
- * the store (${CELLM_HOME:-~/.cache/cellm}/models). It ends with "N passed, M failed" and
+ * the store (${CELLM_HOME:-$HOME/.cache/cellm}/models). It ends with "N passed, M failed" and
  * exits 1 if any failed. No JUnit: nothing is fetched.
  */
 public final class CellmTest {
@@ -67,9 +67,17 @@ public final class CellmTest {
     static String modelPath() {
         String p = System.getenv("CELLM_TEST_SMOLLM2");
         if (p == null || p.isEmpty()) {
+            // The store's rule, as the cellm command and the C tests have it:
+            // $CELLM_HOME, else $HOME/.cache/cellm. Java's user.home comes from
+            // the password database, not $HOME, and differs from it under
+            // sudo, in containers and for service accounts.
             String home = System.getenv("CELLM_HOME");
-            if (home == null || home.isEmpty())
-                home = System.getProperty("user.home") + "/.cache/cellm";
+            if (home == null || home.isEmpty()) {
+                String h = System.getenv("HOME");
+                check(h != null && !h.isEmpty(),
+                        "neither CELLM_HOME nor HOME is set: cannot find the model store");
+                home = h + "/.cache/cellm";
+            }
             p = home + "/models/smollm2-135m.gguf";
         }
         check(new File(p).isFile(), "real model not found at " + p
