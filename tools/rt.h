@@ -123,7 +123,7 @@ void rt_sampling_print(const rt_sampling *rs, FILE *out);
     "  --logit-bias ID(+|-)X add or subtract X from token ID's logit; -inf bans it "               \
     "(repeatable)\n"                                                                               \
     "  --ngram-guard N       ban a token that would complete an N-token run seen\n"                \
-    "                        --ngram-guard-repeats times in the window (default 0: off; try 3)\n"  \
+    "                        --ngram-guard-repeats times in the window (default 0: off; try 4)\n"  \
     "  --ngram-guard-repeats R   (default 2)\n"                                                    \
     "  -s, --seed N          sampling seed; -1: a random one (default a fixed seed)\n"             \
     "  -r, --reverse-prompt TEXT  stop when TEXT appears; it is not printed (repeatable)\n"
