@@ -386,8 +386,9 @@ typedef struct cellm_sampling {
     /* The n-gram loop guard: when ngram_guard = n > 0, a token that would
      * complete an n-gram already seen ngram_guard_repeats times in the
      * window is banned, which stops the loops small models fall into.
-     * Needs repeat_last_n >= n. Default off (0); 3 or 4 with 2 repeats is
-     * a good start. */
+     * Needs repeat_last_n >= n. Default off (0). With sampling, 4 with 2
+     * repeats is the mild choice: 3 also bans a third use of a name or a
+     * number from the prompt (docs/sampling.md measures both). */
     int32_t ngram_guard;
     int32_t ngram_guard_repeats; /* default 2 */
 } cellm_sampling;

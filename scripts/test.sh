@@ -294,8 +294,10 @@ if suite aarch64 "aarch64 (cross-compiled, under qemu-aarch64)"; then
         QEMU_CPU=cortex-a53 run_ctest build-aarch64 "aarch64, cortex-a53" \
             -R '^test_(quant|kernels_simd|sampler|attention|matmul|threadpool|xmath)$'
         # A real generation on the phone's CPU: 32 tokens of the default model
-        # with two threads, the text the x86 build prints to the byte (every
-        # kernel computes the same bits on every CPU: docs/kernels.md).
+        # with two threads, sampled with the chat defaults from their fixed
+        # seed, the text the x86 build prints to the byte (every kernel
+        # computes the same bits on every CPU: docs/kernels.md; so does the
+        # sampler: docs/sampling.md).
         gen_args=(run "$store/smollm2-135m.gguf" -p "What is the capital of France?" -n 32 -t 2)
         build/cellm "${gen_args[@]}" >build/gen-x86.txt 2>/dev/null || echo "(x86 run failed)" >>build/gen-x86.txt
         for cpu in max cortex-a53; do

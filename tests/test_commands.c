@@ -5,8 +5,11 @@
  * of the same tokens (tests/data/forward fixtures), and `cellm run` giving a
  * sensible one-shot answer, chatting over several turns from a pipe,
  * stopping at a reverse prompt without printing it, giving the same sampled
- * text for a seed with 1 or 2 threads, and refusing bad arguments with a
- * message that names the flag.
+ * text for a seed with 1 or 2 threads, sampling a chat with its defaults
+ * (the same text each run, the engine's for those settings) while --temp 0
+ * and --raw stay greedy, taking a model file's recommended sampling under
+ * the flags, and refusing bad arguments with a message that names the
+ * flag.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,6 +21,8 @@
 #include <cmocka.h>
 #include <math.h>
 
+#include "cellm.h"
+#include "gguf.h"
 #include "test_common.h"
 
 /* llama.cpp's perplexity from the forward fixture of `name`. */
@@ -68,15 +73,17 @@ static void test_run_answers(void **st) {
     (void)st;
     char model[1024], cmd[4096], *out;
     test_model_path("smollm2-135m", model, sizeof model);
-    snprintf(cmd, sizeof cmd, "'%s' run '%s' -p 'What is 2+2?' -n 32 2>/dev/null", test_cellm_bin(),
-             model);
+    /* Greedy: the model's most likely answer (a 135M model's sampled
+     * answers wander). */
+    snprintf(cmd, sizeof cmd, "'%s' run '%s' -p 'What is 2+2?' -n 32 --temp 0 2>/dev/null",
+             test_cellm_bin(), model);
     assert_int_equal(test_run_cmd(cmd, &out), 0);
     assert_non_null(strstr(out, "4"));
     free(out);
     /* Two turns from a pipe: the second refers to the first. */
     snprintf(cmd, sizeof cmd,
              "printf 'What is 2+2?\\nAnd what is that times 3?\\n' | '%s' run '%s' -n 32 "
-             "2>/dev/null",
+             "--temp 0 2>/dev/null",
              test_cellm_bin(), model);
     assert_int_equal(test_run_cmd(cmd, &out), 0);
     assert_non_null(strstr(out, "4"));
@@ -90,14 +97,14 @@ static void test_run_flags(void **st) {
     test_model_path("smollm2-135m", model, sizeof model);
     /* Greedy counting; then the same stopped at "5." (spanning tokens or
      * not, it is never printed). */
-    snprintf(cmd, sizeof cmd, "'%s' run '%s' -p 'Count from 1 to 10.' -n 48 2>/dev/null",
+    snprintf(cmd, sizeof cmd, "'%s' run '%s' -p 'Count from 1 to 10.' -n 48 --temp 0 2>/dev/null",
              test_cellm_bin(), model);
     assert_int_equal(test_run_cmd(cmd, &out), 0);
     const char *five = strstr(out, "5.");
     assert_non_null(five);
     size_t before = (size_t)(five - out);
     snprintf(cmd, sizeof cmd,
-             "'%s' run '%s' -p 'Count from 1 to 10.' -n 48 -r 5. -r zzz 2>/dev/null",
+             "'%s' run '%s' -p 'Count from 1 to 10.' -n 48 --temp 0 -r 5. -r zzz 2>/dev/null",
              test_cellm_bin(), model);
     assert_int_equal(test_run_cmd(cmd, &again), 0);
     assert_null(strstr(again, "5."));
@@ -120,6 +127,143 @@ static void test_run_flags(void **st) {
     assert_true(strlen(out) > 20);
     free(out);
     free(again);
+}
+
+/* The text the engine API gives for `text` (a user message when `chat`,
+ * else a prompt continued as is) with sampling `s`, at most n tokens: what
+ * `cellm run` must print for the same settings. */
+typedef struct text_sink {
+    char buf[8192];
+    size_t n;
+} text_sink;
+
+static void on_piece(const char *piece, size_t len, void *user) {
+    text_sink *t = user;
+    if (t->n + len < sizeof t->buf) {
+        memcpy(t->buf + t->n, piece, len);
+        t->n += len;
+        t->buf[t->n] = '\0';
+    }
+}
+
+static void engine_text(const char *model_path, const char *text, bool chat,
+                        const cellm_sampling *s, int32_t n, text_sink *out) {
+    cellm_model *m = NULL;
+    cellm_engine *e = NULL;
+    assert_int_equal(cellm_model_load(model_path, NULL, &m), CELLM_OK);
+    cellm_engine_params ep = cellm_engine_default_params();
+    ep.n_threads = 2;
+    assert_int_equal(cellm_engine_create(m, &ep, &e), CELLM_OK);
+    cellm_request_params p = cellm_request_default_params();
+    const cellm_chat_message msg = {"user", text};
+    if (chat) {
+        p.messages = &msg;
+        p.n_messages = 1;
+    } else {
+        p.prompt = text;
+    }
+    if (s) p.sampling = *s;
+    p.max_tokens = n;
+    memset(out, 0, sizeof *out);
+    p.on_piece = on_piece;
+    p.user = out;
+    cellm_request *r = NULL;
+    assert_int_equal(cellm_submit(e, &p, &r), CELLM_OK);
+    assert_int_equal(cellm_wait(r, NULL), CELLM_OK);
+    cellm_request_free(r);
+    cellm_engine_free(e);
+    cellm_model_free(m);
+    out->buf[out->n++] = '\n'; /* cellm run ends the answer with one */
+    out->buf[out->n] = '\0';
+}
+
+/* The chat defaults of `cellm run`: it samples at temperature 0.8, top-k
+ * 40, top-p 0.95, min-p 0.05 from a fixed seed (the same text twice, the
+ * engine's text for those settings); --temp 0 is the engine's greedy
+ * text; --raw stays greedy; a model file's recommended sampling replaces
+ * the built-in values and flags replace both. */
+static void test_run_defaults(void **st) {
+    (void)st;
+    char model[1024], cmd[4096], *out, *again;
+    text_sink want;
+    test_model_path("smollm2-135m", model, sizeof model);
+    const char *q = "What is the capital of France?";
+    snprintf(cmd, sizeof cmd, "'%s' run '%s' -p '%s' -n 48 2>/dev/null", test_cellm_bin(), model,
+             q);
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
+    assert_int_equal(test_run_cmd(cmd, &again), 0);
+    assert_string_equal(out, again);
+    cellm_sampling chat = cellm_request_default_params().sampling;
+    chat.temperature = 0.8f;
+    chat.top_k = 40;
+    chat.top_p = 0.95f;
+    chat.min_p = 0.05f;
+    engine_text(model, q, true, &chat, 48, &want);
+    assert_string_equal(out, want.buf);
+    free(out);
+    free(again);
+    snprintf(cmd, sizeof cmd, "'%s' run '%s' -p '%s' -n 4 -v 2>&1 >/dev/null", test_cellm_bin(),
+             model, q);
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
+    assert_non_null(strstr(out, "sampling: temp 0.8, top-k 40, top-p 0.95, min-p 0.05"));
+    free(out);
+    /* Greedy: --temp 0 in a chat, and --raw without flags. */
+    snprintf(cmd, sizeof cmd, "'%s' run '%s' -p '%s' -n 32 --temp 0 2>/dev/null", test_cellm_bin(),
+             model, q);
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
+    engine_text(model, q, true, NULL, 32, &want);
+    assert_string_equal(out, want.buf);
+    free(out);
+    const char *prompt = "The three primary colors are";
+    snprintf(cmd, sizeof cmd, "'%s' run '%s' --raw -p '%s' -n 24 2>/dev/null", test_cellm_bin(),
+             model, prompt);
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
+    engine_text(model, prompt, false, NULL, 24, &want);
+    assert_string_equal(out, want.buf);
+    free(out);
+    /* A copy of the model that recommends temperature 0.5 and top-k 10;
+     * --top-k 5 wins over the file. */
+    char copy[1200];
+    snprintf(copy, sizeof copy, "%s/test_commands-sampling.gguf", CELLM_BINARY_DIR);
+    gguf_file *g;
+    cellm_error e;
+    assert_int_equal(gguf_open(model, &g, &e), CELLM_OK);
+    gguf_writer *w = gguf_writer_new();
+    assert_non_null(w);
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        char k[256];
+        snprintf(k, sizeof k, "%.*s", (int)g->kv[i].key.len, g->kv[i].key.ptr);
+        assert_int_equal(gguf_writer_set(w, k, &g->kv[i].value, &e), CELLM_OK);
+    }
+    assert_int_equal(gguf_writer_set_f32(w, "general.sampling.temp", 0.5f, &e), CELLM_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "general.sampling.top_k", 10, &e), CELLM_OK);
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const gguf_tensor *t = &g->tensors[i];
+        char n[256];
+        snprintf(n, sizeof n, "%.*s", (int)t->name.len, t->name.ptr);
+        assert_int_equal(gguf_writer_add_tensor(w, n, t->type, t->n_dims, t->ne, t->data, &e),
+                         CELLM_OK);
+    }
+    assert_int_equal(gguf_writer_write(w, copy, &e), CELLM_OK);
+    gguf_writer_free(w);
+    gguf_close(g);
+    snprintf(cmd, sizeof cmd, "'%s' run '%s' -p '%s' -n 32 --top-k 5 -v 2>&1", test_cellm_bin(),
+             copy, q);
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
+    assert_non_null(strstr(out, "sampling: temp 0.5, top-k 5, top-p 0.95, min-p 0.05"));
+    assert_non_null(strstr(out, "from the model file: temp; from flags: top-k"));
+    chat.temperature = 0.5f;
+    chat.top_k = 5;
+    engine_text(copy, q, true, &chat, 32, &want);
+    assert_non_null(strstr(out, want.buf));
+    free(out);
+    /* --raw ignores the recommendation. */
+    snprintf(cmd, sizeof cmd, "'%s' run '%s' --raw -p '%s' -n 8 -v 2>&1 >/dev/null",
+             test_cellm_bin(), copy, prompt);
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
+    assert_non_null(strstr(out, "sampling: greedy"));
+    free(out);
+    unlink(copy);
 }
 
 static void test_run_errors(void **st) {
@@ -254,10 +398,10 @@ static void test_bench_speed(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_run_errors),        cmocka_unit_test(test_run_answers),
-        cmocka_unit_test(test_run_flags),         cmocka_unit_test(test_perplexity_smollm2),
-        cmocka_unit_test(test_perplexity_gemma3), cmocka_unit_test(test_kv_type_flag),
-        cmocka_unit_test(test_bench_speed),
+        cmocka_unit_test(test_run_errors),         cmocka_unit_test(test_run_answers),
+        cmocka_unit_test(test_run_flags),          cmocka_unit_test(test_run_defaults),
+        cmocka_unit_test(test_perplexity_smollm2), cmocka_unit_test(test_perplexity_gemma3),
+        cmocka_unit_test(test_kv_type_flag),       cmocka_unit_test(test_bench_speed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -95,30 +95,59 @@ static bool parse_bias(const char *v, cellm_logit_bias *b) {
     return true;
 }
 
+/* The sampling flags: the numeric ones in the order of the RT_S_* fields,
+ * then the two that take text. */
+static const struct sampling_flag {
+    const char *name, *alt;
+    double lo, hi;
+    bool whole;
+} sampling_flags[] = {
+    [RT_S_TEMP] = {"--temp", NULL, 0, 100, false},
+    [RT_S_TOP_K] = {"--top-k", NULL, 0, 1 << 24, true},
+    [RT_S_TOP_P] = {"--top-p", NULL, 0, 1, false},
+    [RT_S_MIN_P] = {"--min-p", NULL, 0, 1, false},
+    [RT_S_TYPICAL] = {"--typical", NULL, 0, 1, false},
+    [RT_S_REPEAT_PENALTY] = {"--repeat-penalty", NULL, 0, 100, false}, /* 0 itself is refused */
+    [RT_S_REPEAT_LAST_N] = {"--repeat-last-n", NULL, -1, 1 << 24, true},
+    [RT_S_PRESENCE_PENALTY] = {"--presence-penalty", NULL, -100, 100, false},
+    [RT_S_FREQUENCY_PENALTY] = {"--frequency-penalty", NULL, -100, 100, false},
+    [RT_S_NGRAM_GUARD] = {"--ngram-guard", NULL, 0, 64, true},
+    [RT_S_NGRAM_GUARD_REPEATS] = {"--ngram-guard-repeats", NULL, 1, 1 << 20, true},
+    [RT_S_SEED] = {"--seed", "-s", -1, 18446744073709551615.0, true},
+    [RT_S_COUNT] = {"--logit-bias", NULL, 0, 0, false},
+    [RT_S_COUNT + 1] = {"--reverse-prompt", "-r", 0, 0, false},
+};
+
+/* True when d is a value flag k takes. */
+static bool flag_value_ok(int k, double d) {
+    const struct sampling_flag *f = &sampling_flags[k];
+    return d >= f->lo && d <= f->hi && (!f->whole || d == floor(d)) &&
+           !(k == RT_S_REPEAT_PENALTY && d == 0);
+}
+
+/* Sets numeric field k (not the seed) of `s` to d, a value it takes. */
+static void set_field(cellm_sampling *s, int k, double d) {
+    switch (k) {
+    case RT_S_TEMP: s->temperature = (float)d; break;
+    case RT_S_TOP_K: s->top_k = (int32_t)d; break;
+    case RT_S_TOP_P: s->top_p = (float)d; break;
+    case RT_S_MIN_P: s->min_p = (float)d; break;
+    case RT_S_TYPICAL: s->typical_p = (float)d; break;
+    case RT_S_REPEAT_PENALTY: s->repeat_penalty = (float)d; break;
+    case RT_S_REPEAT_LAST_N: s->repeat_last_n = (int32_t)d; break;
+    case RT_S_PRESENCE_PENALTY: s->presence_penalty = (float)d; break;
+    case RT_S_FREQUENCY_PENALTY: s->frequency_penalty = (float)d; break;
+    case RT_S_NGRAM_GUARD: s->ngram_guard = (int32_t)d; break;
+    case RT_S_NGRAM_GUARD_REPEATS: s->ngram_guard_repeats = (int32_t)d; break;
+    }
+}
+
 int rt_sampling_flag(rt_sampling *rs, int argc, char **argv, int *i, const char *cmd) {
     const char *a = argv[*i];
-    /* In the order of the switch at the end. */
-    static const struct {
-        const char *name, *alt;
-        double lo, hi;
-    } nums[] = {
-        {"--temp", NULL, 0, 100},
-        {"--top-k", NULL, 0, 1 << 24},
-        {"--top-p", NULL, 0, 1},
-        {"--min-p", NULL, 0, 1},
-        {"--typical", NULL, 0, 1},
-        {"--repeat-penalty", NULL, 0, 100}, /* 0 itself is refused below */
-        {"--repeat-last-n", NULL, -1, 1 << 24},
-        {"--presence-penalty", NULL, -100, 100},
-        {"--frequency-penalty", NULL, -100, 100},
-        {"--ngram-guard", NULL, 0, 64},
-        {"--ngram-guard-repeats", NULL, 1, 1 << 20},
-        {"--seed", "-s", -1, 18446744073709551615.0},
-        {"--logit-bias", NULL, 0, 0},
-        {"--reverse-prompt", "-r", 0, 0},
-    };
-    int k = 0, n = (int)(sizeof nums / sizeof *nums);
-    while (k < n && strcmp(a, nums[k].name) && !(nums[k].alt && !strcmp(a, nums[k].alt))) k++;
+    int k = 0, n = (int)(sizeof sampling_flags / sizeof *sampling_flags);
+    while (k < n && strcmp(a, sampling_flags[k].name) &&
+           !(sampling_flags[k].alt && !strcmp(a, sampling_flags[k].alt)))
+        k++;
     if (k == n) return 0;
     if (*i + 1 >= argc) {
         cli_error("%s: %s needs a value", cmd, a);
@@ -126,7 +155,7 @@ int rt_sampling_flag(rt_sampling *rs, int argc, char **argv, int *i, const char 
     }
     const char *v = argv[++*i];
     cellm_sampling *s = &rs->s;
-    if (!strcmp(nums[k].name, "--logit-bias")) {
+    if (k == RT_S_COUNT) { /* --logit-bias */
         if (rs->s.n_logit_bias >= CELLM_MAX_LOGIT_BIAS) {
             cli_error("%s: at most %d --logit-bias", cmd, CELLM_MAX_LOGIT_BIAS);
             return -1;
@@ -141,7 +170,7 @@ int rt_sampling_flag(rt_sampling *rs, int argc, char **argv, int *i, const char 
         s->logit_bias = rs->bias;
         return 1;
     }
-    if (!strcmp(nums[k].name, "--reverse-prompt")) {
+    if (k == RT_S_COUNT + 1) { /* --reverse-prompt */
         size_t len = strlen(v);
         if (rs->n_stop >= CELLM_MAX_STOP_STRINGS || len < 1 || len > CELLM_MAX_STOP_LEN) {
             cli_error("%s: %s takes 1..%d bytes, at most %d times", cmd, a, CELLM_MAX_STOP_LEN,
@@ -151,46 +180,132 @@ int rt_sampling_flag(rt_sampling *rs, int argc, char **argv, int *i, const char 
         rs->stop[rs->n_stop++] = v;
         return 1;
     }
-    if (!strcmp(nums[k].name, "--seed") && !strcmp(v, "-1")) {
+    if (k == RT_S_SEED && !strcmp(v, "-1")) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         s->seed =
             (uint64_t)ts.tv_sec * 1000000007u ^ (uint64_t)ts.tv_nsec ^ (uint64_t)getpid() << 32;
+        rs->given |= 1u << k;
         return 1;
     }
-    if (!strcmp(nums[k].name, "--seed")) {
+    if (k == RT_S_SEED) {
         unsigned long long u;
         if (!cli_parse_uint(v, ~0ull, &u)) {
             cli_error("%s: %s needs a whole number, or -1 for a random seed (got '%s')", cmd, a, v);
             return -1;
         }
         s->seed = u;
+        rs->given |= 1u << k;
         return 1;
     }
     double d;
-    bool whole =
-        !strcmp(a, "--top-k") || !strcmp(a, "--repeat-last-n") || !strncmp(a, "--ngram", 7);
-    if (!parse_num(v, nums[k].lo, nums[k].hi, &d) || (whole && d != floor(d)) ||
-        (k == 5 && d == 0)) {
+    if (!parse_num(v, sampling_flags[k].lo, sampling_flags[k].hi, &d) || !flag_value_ok(k, d)) {
+        bool excl = k == RT_S_REPEAT_PENALTY;
         cli_error("%s: %s needs a %s from %.10g%s to %.10g (got '%s')", cmd, a,
-                  whole ? "whole number" : "number", nums[k].lo, k == 5 ? " (exclusive)" : "",
-                  nums[k].hi, v);
+                  sampling_flags[k].whole ? "whole number" : "number", sampling_flags[k].lo,
+                  excl ? " (exclusive)" : "", sampling_flags[k].hi, v);
         return -1;
     }
-    switch (k) {
-    case 0: s->temperature = (float)d; break;
-    case 1: s->top_k = (int32_t)d; break;
-    case 2: s->top_p = (float)d; break;
-    case 3: s->min_p = (float)d; break;
-    case 4: s->typical_p = (float)d; break;
-    case 5: s->repeat_penalty = (float)d; break;
-    case 6: s->repeat_last_n = (int32_t)d; break;
-    case 7: s->presence_penalty = (float)d; break;
-    case 8: s->frequency_penalty = (float)d; break;
-    case 9: s->ngram_guard = (int32_t)d; break;
-    case 10: s->ngram_guard_repeats = (int32_t)d; break;
-    }
+    set_field(s, k, d);
+    rs->given |= 1u << k;
     return 1;
+}
+
+/* llama.cpp's keys for a model's recommended sampling (gguf-py's
+ * Keys.General.SAMPLING_*) that cellm's sampler has a field for; the
+ * others (sequence, xtc_*, mirostat*) are not read. */
+static const struct {
+    const char *key;
+    int field;
+} model_keys[] = {
+    {"general.sampling.temp", RT_S_TEMP},
+    {"general.sampling.top_k", RT_S_TOP_K},
+    {"general.sampling.top_p", RT_S_TOP_P},
+    {"general.sampling.min_p", RT_S_MIN_P},
+    {"general.sampling.penalty_last_n", RT_S_REPEAT_LAST_N},
+    {"general.sampling.penalty_repeat", RT_S_REPEAT_PENALTY},
+};
+
+/* The number under a model key: an integer or a float of any width. */
+static bool value_number(const gguf_value *v, double *out) {
+    int64_t i;
+    if (gguf_value_as_float(v, out)) return true;
+    if (v->type == GGUF_TYPE_UINT64) {
+        uint64_t u;
+        if (!gguf_value_as_uint(v, &u)) return false;
+        *out = (double)u;
+        return true;
+    }
+    if (!gguf_value_as_int(v, &i)) return false;
+    *out = (double)i;
+    return true;
+}
+
+void rt_sampling_chat_defaults(rt_sampling *rs, const gguf_file *f, FILE *log) {
+    cellm_sampling *s = &rs->s;
+    const struct {
+        int field;
+        double value;
+    } builtin[] = {
+        {RT_S_TEMP, RT_CHAT_TEMP},
+        {RT_S_TOP_K, RT_CHAT_TOP_K},
+        {RT_S_TOP_P, RT_CHAT_TOP_P},
+        {RT_S_MIN_P, RT_CHAT_MIN_P},
+    };
+    for (size_t i = 0; i < sizeof builtin / sizeof *builtin; i++)
+        if (!(rs->given & 1u << builtin[i].field)) set_field(s, builtin[i].field, builtin[i].value);
+    for (size_t i = 0; f && i < sizeof model_keys / sizeof *model_keys; i++) {
+        int k = model_keys[i].field;
+        const gguf_kv *kv = gguf_find_key(f, model_keys[i].key);
+        if (!kv || rs->given & 1u << k) continue;
+        double d = 0;
+        bool number = value_number(&kv->value, &d);
+        if (!number || !flag_value_ok(k, d)) {
+            const struct sampling_flag *fl = &sampling_flags[k];
+            if (log && number)
+                fprintf(log,
+                        "cellm: ignoring the model file's %s = %.10g: %s takes a %s from %.10g%s "
+                        "to %.10g\n",
+                        model_keys[i].key, d, fl->name, fl->whole ? "whole number" : "number",
+                        fl->lo, k == RT_S_REPEAT_PENALTY ? " (exclusive)" : "", fl->hi);
+            else if (log)
+                fprintf(log, "cellm: ignoring the model file's %s: a %s, not a number\n",
+                        model_keys[i].key, gguf_type_name(kv->value.type));
+            continue;
+        }
+        set_field(s, k, d);
+        rs->from_model |= 1u << k;
+    }
+}
+
+void rt_sampling_print(const rt_sampling *rs, FILE *out) {
+    const cellm_sampling *s = &rs->s;
+    if (s->temperature <= 0 || s->top_k == 1)
+        fprintf(out, "sampling: greedy");
+    else
+        fprintf(out, "sampling: temp %g, top-k %d, top-p %g, min-p %g", (double)s->temperature,
+                (int)s->top_k, (double)s->top_p, (double)s->min_p);
+    if (s->typical_p < 1) fprintf(out, ", typical %g", (double)s->typical_p);
+    if (s->repeat_penalty != 1 || s->presence_penalty != 0 || s->frequency_penalty != 0)
+        fprintf(out, ", repeat-penalty %g, presence-penalty %g, frequency-penalty %g",
+                (double)s->repeat_penalty, (double)s->presence_penalty,
+                (double)s->frequency_penalty);
+    if (s->ngram_guard > 0)
+        fprintf(out, ", ngram-guard %d (repeats %d)", (int)s->ngram_guard,
+                (int)s->ngram_guard_repeats);
+    if (s->ngram_guard > 0 || s->repeat_penalty != 1 || s->presence_penalty != 0 ||
+        s->frequency_penalty != 0)
+        fprintf(out, ", repeat-last-n %d", (int)s->repeat_last_n);
+    fprintf(out, ", seed %llu", (unsigned long long)s->seed);
+    const uint32_t sets[2] = {rs->from_model, rs->given};
+    const char *const what[2] = {"from the model file", "from flags"};
+    for (int j = 0; j < 2; j++) {
+        if (!sets[j]) continue;
+        fprintf(out, "; %s:", what[j]);
+        for (int k = 0; k < RT_S_COUNT; k++)
+            if (sets[j] & 1u << k) fprintf(out, " %s", sampling_flags[k].name + 2);
+    }
+    fputc('\n', out);
 }
 
 sampler_params rt_sampler_params(const rt_sampling *rs, int32_t ctx) {

@@ -12,10 +12,12 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "cellm.h"
 #include "chat.h"
 #include "forward.h"
+#include "gguf.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
@@ -46,15 +48,36 @@ void rt_close(rt *r);
 cellm_status rt_feed(rt *r, kv_seq *s, const int32_t *tok, int32_t n, float *logits,
                      cellm_error *err);
 
+/* The fields the sampling flags set, in the order of RT_SAMPLING_USAGE;
+ * bit (1u << RT_S_...) of rt_sampling.given says a flag set the field. */
+enum {
+    RT_S_TEMP,
+    RT_S_TOP_K,
+    RT_S_TOP_P,
+    RT_S_MIN_P,
+    RT_S_TYPICAL,
+    RT_S_REPEAT_PENALTY,
+    RT_S_REPEAT_LAST_N,
+    RT_S_PRESENCE_PENALTY,
+    RT_S_FREQUENCY_PENALTY,
+    RT_S_NGRAM_GUARD,
+    RT_S_NGRAM_GUARD_REPEATS,
+    RT_S_SEED,
+    RT_S_COUNT
+};
+
 /* The sampling and stop flags of a command line. */
 typedef struct rt_sampling {
     cellm_sampling s; /* s.logit_bias points into bias[] */
     cellm_logit_bias bias[CELLM_MAX_LOGIT_BIAS];
     const char *stop[CELLM_MAX_STOP_STRINGS]; /* argv strings */
     int32_t n_stop;
+    uint32_t given;      /* fields a flag set (RT_S_* bits) */
+    uint32_t from_model; /* fields the model file's recommendation set */
 } rt_sampling;
 
-/* The defaults (cellm_request_default_params's). */
+/* The defaults (cellm_request_default_params's): greedy, penalties off,
+ * a fixed seed. */
 void rt_sampling_init(rt_sampling *rs);
 
 /* If argv[*i] is one of the flags in RT_SAMPLING_USAGE, takes it and its
@@ -63,14 +86,35 @@ void rt_sampling_init(rt_sampling *rs);
  * prefixes the messages. */
 int rt_sampling_flag(rt_sampling *rs, int argc, char **argv, int *i, const char *cmd);
 
+/* The chat defaults of `cellm run`, those llama.cpp and Ollama use, with
+ * the seed fixed so a run repeats itself (docs/sampling.md). */
+#define RT_CHAT_TEMP 0.8f
+#define RT_CHAT_TOP_K 40
+#define RT_CHAT_TOP_P 0.95f
+#define RT_CHAT_MIN_P 0.05f
+
+/* Sets each field no flag gave to its chat default: the model file's
+ * recommendation (llama.cpp's general.sampling.temp, .top_k, .top_p,
+ * .min_p, .penalty_last_n, .penalty_repeat) where `f` has a valid one,
+ * else the built-in RT_CHAT_* value. A recommended value of the wrong
+ * type or out of the flag's range is ignored, with a line on `log` (NULL:
+ * silently). Call after the flags are parsed; `f` may be NULL. */
+void rt_sampling_chat_defaults(rt_sampling *rs, const gguf_file *f, FILE *log);
+
+/* One line on `out` with the sampling settings and which came from flags
+ * or from the model file (for --verbose). */
+void rt_sampling_print(const rt_sampling *rs, FILE *out);
+
 /* The usage lines of those flags. */
 #define RT_SAMPLING_USAGE                                                                          \
-    "sampling (llama.cpp's names; the defaults are greedy, every penalty off):\n"                  \
-    "  --temp T              temperature; 0: greedy (default 0)\n"                                 \
-    "  --top-k K             keep the K most likely tokens (default 0: off)\n"                     \
-    "  --top-p P             keep the fewest tokens holding P of the probability (default 1: "     \
-    "off)\n"                                                                                       \
-    "  --min-p P             drop tokens below P x the best one's probability (default 0: off)\n"  \
+    "sampling (llama.cpp's names). A chat samples at temperature 0.8, top-k 40, top-p 0.95\n"      \
+    "and min-p 0.05 from a fixed seed, or as the model file recommends (general.sampling.*);\n"    \
+    "--raw is greedy. Penalties (unless the file sets one) and the n-gram guard are off.\n"        \
+    "Flags win over both:\n"                                                                       \
+    "  --temp T              temperature; 0: greedy\n"                                             \
+    "  --top-k K             keep the K most likely tokens (0: off)\n"                             \
+    "  --top-p P             keep the fewest tokens holding P of the probability (1: off)\n"       \
+    "  --min-p P             drop tokens below P x the best one's probability (0: off)\n"          \
     "  --typical P           locally typical sampling (default 1: off)\n"                          \
     "  --repeat-penalty X    penalise tokens of the last --repeat-last-n (default 1: off)\n"       \
     "  --repeat-last-n N     the penalties' window, prompt included (default 64; -1: context)\n"   \
@@ -79,7 +123,7 @@ int rt_sampling_flag(rt_sampling *rs, int argc, char **argv, int *i, const char 
     "  --logit-bias ID(+|-)X add or subtract X from token ID's logit; -inf bans it "               \
     "(repeatable)\n"                                                                               \
     "  --ngram-guard N       ban a token that would complete an N-token run seen\n"                \
-    "                        --ngram-guard-repeats times in the window (default 0: off; try 3)\n"  \
+    "                        --ngram-guard-repeats times in the window (default 0: off; try 4)\n"  \
     "  --ngram-guard-repeats R   (default 2)\n"                                                    \
     "  -s, --seed N          sampling seed; -1: a random one (default a fixed seed)\n"             \
     "  -r, --reverse-prompt TEXT  stop when TEXT appears; it is not printed (repeatable)\n"

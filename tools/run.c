@@ -3,6 +3,11 @@
  * editing and history through libedit), or answer one prompt with -p. The
  * default model is fetched on first use. Tokens stream as they are made.
  *
+ * A chat samples with llama.cpp's and Ollama's defaults (temperature 0.8,
+ * top-k 40, top-p 0.95, min-p 0.05) or what the model file recommends,
+ * from a fixed seed, so a run repeats itself; --raw and --temp 0 are
+ * greedy. Flags always win.
+ *
  * Each turn renders the whole conversation in the model's chat format and
  * feeds only what the KV cache does not already hold, so earlier turns are
  * not recomputed. When the conversation outgrows the context, the oldest
@@ -62,9 +67,11 @@ static void usage(FILE *out) {
             "  --chat-template NAME  the chat format: the model's own Jinja template by default;\n"
             "                        chatml, gemma or llama3 for a built-in one, or a Jinja text\n"
             "  --chat-template-file FILE   a Jinja chat template from FILE\n"
-            "  --raw                 no chat format: continue the prompt as plain text\n"
+            "  --raw                 no chat format: continue the prompt as plain text (greedy\n"
+            "                        unless sampling flags say otherwise)\n"
             "  --ignore-eos          keep generating past end-of-text (for benchmarks)\n"
-            "  -v, --verbose         print prompt and generation speed\n\n" RT_SAMPLING_USAGE,
+            "  -v, --verbose         print the sampling settings, prompt and generation "
+            "speed\n\n" RT_SAMPLING_USAGE,
             RUN_DEFAULT_MODEL);
 }
 
@@ -386,6 +393,9 @@ int cmd_run(int argc, char **argv) {
         free(tpl_text);
         return 1;
     }
+    /* A chat samples (docs/sampling.md); --raw stays greedy unless told. */
+    if (!c.raw) rt_sampling_chat_defaults(&rs, c.r.m->file, stderr);
+    if (c.verbose) rt_sampling_print(&rs, stderr);
     sampler_params sp = rt_sampler_params(&rs, c.r.ctx);
     c.window = (size_t)sp.penalty_last_n;
     if ((!c.raw && chat_tpl_init(c.r.m, c.r.tok, tpl, &c.tpl, &err) != CELLM_OK) ||

@@ -146,7 +146,7 @@ class TestGenerate(Base):
 
     def test_chat_matches_cli(self):
         q = "What is the capital of France?"
-        want = cli_run("-p", q, "-n", "32")
+        want = cli_run("-p", q, "-n", "32", "--temp", "0")  # the engine's default: greedy
         got = self.engine.chat([{"role": "user", "content": q}], max_tokens=32)
         self.assertEqual(got, want)
         pieces = list(self.engine.chat([{"role": "user", "content": q}], max_tokens=32,

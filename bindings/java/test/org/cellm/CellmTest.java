@@ -200,7 +200,7 @@ public final class CellmTest {
     }
 
     public static void testChatMatchesTheCommand() throws Exception {
-        String want = cliRun("-p", QUESTION, "-n", "32");
+        String want = cliRun("-p", QUESTION, "-n", "32", "--temp", "0"); // the engine: greedy
         Collector c = new Collector();
         Result r = engine.chat(List.of(ChatMessage.user(QUESTION)),
                 new GenerationOptions().maxTokens(32), c).await();
