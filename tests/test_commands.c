@@ -338,12 +338,44 @@ static void test_bench_speed(void **st) {
     }
 }
 
+/* `cellm bench-kernels` on matrices smaller than its GFLOP/s matrix (it
+ * read past them once): a row for each type and thread count, and the
+ * probe's median within its range for each thread count, of as many passes
+ * as asked, with what % of bw divides by said. Not the speed. */
+static void test_bench_kernels(void **st) {
+    (void)st;
+    char cmd[4096], *out;
+    snprintf(cmd, sizeof cmd,
+             "'%s' bench-kernels --threads 2 --reps 1 --mib 1 --cols 256 --bw-samples 3 2>&1",
+             test_cellm_bin());
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
+    const char *line = strstr(out, "read bandwidth, median (min-max) of 3 passes over ");
+    assert_non_null(line);
+    const char *n1 = strstr(line, "1 thread "), *n2 = strstr(line, "2 threads ");
+    assert_non_null(n1);
+    assert_non_null(n2);
+    double med, lo, hi;
+    assert_int_equal(sscanf(n1, "1 thread %lf (%lf-%lf) GB/s", &med, &lo, &hi), 3);
+    assert_true(lo > 0 && lo <= med && med <= hi);
+    assert_int_equal(sscanf(n2, "2 threads %lf (%lf-%lf) GB/s", &med, &lo, &hi), 3);
+    assert_true(lo > 0 && lo <= med && med <= hi);
+    static const char *const types[] = {"Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"};
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++)
+        for (int n = 1; n <= 2; n++) {
+            char row[32];
+            snprintf(row, sizeof row, "\n%-6s %7d ", types[i], n);
+            assert_non_null(strstr(out, row));
+        }
+    assert_non_null(strstr(out, "% of bw divides it by the median read bandwidth"));
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_run_errors),        cmocka_unit_test(test_run_answers),
         cmocka_unit_test(test_run_flags),         cmocka_unit_test(test_perplexity_smollm2),
         cmocka_unit_test(test_perplexity_gemma3), cmocka_unit_test(test_kv_type_flag),
-        cmocka_unit_test(test_bench_speed),
+        cmocka_unit_test(test_bench_speed),       cmocka_unit_test(test_bench_kernels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

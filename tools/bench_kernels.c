@@ -246,11 +246,14 @@ static bool bench_type(uint32_t type, const bench_opts *o, const double *bw) {
     const quant_type_info *info = quant_type_get(type);
     const size_t cols = o->cols, seed_rows = 16;
     const size_t row_bytes = cols / info->block_size * info->type_size;
-    const size_t rows = (o->mib << 20) / row_bytes;
+    const size_t rows = (o->mib << 20) >= row_bytes ? (o->mib << 20) / row_bytes : 1;
     const size_t bytes = rows * row_bytes;
     uint8_t *w = malloc(bytes);
     float *seed = malloc(seed_rows * cols * sizeof(float));
-    const size_t small_rows = ((size_t)SMALL_MIB << 20) / row_bytes;
+    /* The GFLOP/s matrix is the first rows of the big one: all of it when
+     * --mib is under SMALL_MIB. */
+    size_t small_rows = ((size_t)SMALL_MIB << 20) / row_bytes;
+    if (small_rows > rows || !small_rows) small_rows = rows;
     float *x = malloc(MAX_M * cols * sizeof(float));
     void *xq = malloc(matmul_scratch_size(type, (int64_t)cols, MAX_M));
     float *y = malloc((BATCH * rows > MAX_M * small_rows ? BATCH * rows : MAX_M * small_rows) *
@@ -425,8 +428,8 @@ int cmd_bench_kernels(int argc, char **argv) {
            "spread is (max - min) / median. m=8 ms is the median of a matmul with 8\n"
            "activation rows and m8/m1 its cost in matvecs (8 would mean no reuse of the\n"
            "weights). GF m8, m64, m512: GFLOP/s (2 n k m per matmul) with m activation rows\n"
-           "on a %d MiB matrix, which the cache holds: the compute rate without the memory.\n",
-           SMALL_MIB);
+           "on a %zu MiB matrix, which the cache holds: the compute rate without the memory.\n",
+           o.mib < SMALL_MIB ? o.mib : (size_t)SMALL_MIB);
     return 0;
 }
 
