@@ -16,6 +16,8 @@ comes from the package registry (pip install llama-cpp-python).
 
 Usage: python3 bench/compare.py [--reps 5] [--threads 2] [--pp 512] [--tg 128]
        [MODEL ...]   (store names or paths; default smollm2-135m gemma3-270m)
+The cellm binary is $CELLM_BIN, else build/cellm (e.g. CELLM_BIN=build-rel/cellm
+for a release build).
 """
 import argparse
 import json
@@ -26,7 +28,7 @@ import subprocess
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CELLM = os.path.join(ROOT, "build", "cellm")
+CELLM = os.environ.get("CELLM_BIN") or os.path.join(ROOT, "build", "cellm")
 
 
 def model_path(name):
