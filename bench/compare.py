@@ -9,11 +9,15 @@ eval calls, timed the same way: wall time around prompt and decode). Prints
 a markdown table with the median and the spread (min-max) of each figure
 and the ratio cellm / llama.cpp, and each generation rate as weight bytes
 streamed per second against the read bandwidth (both from `cellm bench
---json`, measured after the model's runs). Nothing of llama.cpp is committed; it comes
-from the package registry (pip install llama-cpp-python).
+--json`, measured after the model's runs; the share divides by the probe's
+median pass, and the comment line under each model gives that median, the
+passes' range and the buffer size). Nothing of llama.cpp is committed; it
+comes from the package registry (pip install llama-cpp-python).
 
 Usage: python3 bench/compare.py [--reps 5] [--threads 2] [--pp 512] [--tg 128]
        [MODEL ...]   (store names or paths; default smollm2-135m gemma3-270m)
+The cellm binary is $CELLM_BIN, else build/cellm (e.g. CELLM_BIN=build-rel/cellm
+for a release build).
 """
 import argparse
 import json
@@ -24,7 +28,7 @@ import subprocess
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CELLM = os.path.join(ROOT, "build", "cellm")
+CELLM = os.environ.get("CELLM_BIN") or os.path.join(ROOT, "build", "cellm")
 
 
 def model_path(name):
@@ -62,12 +66,16 @@ def llama_run(llm, toks, tg):
 
 
 def weights_and_bandwidth(path, threads):
-    """Bytes of weights a decode step reads and the read bandwidth (GB/s) of
-    `threads` threads, from `cellm bench --json` (measured now)."""
+    """Bytes of weights a decode step reads and the read bandwidth probe of
+    `threads` threads (median, min, max GB/s, passes, buffer MiB), from
+    `cellm bench --json` (measured now)."""
     out = subprocess.run([CELLM, "bench", path, "--tg", "4", "-r", "1", "-t", str(threads),
                           "--json"], capture_output=True, text=True, check=True).stdout
     j = json.loads(out)
-    return j["weight_bytes_per_token"], j["read_bandwidth_gbs"]
+    bw = tuple(j[k] for k in ("read_bandwidth_gbs", "read_bandwidth_min_gbs",
+                              "read_bandwidth_max_gbs", "read_bandwidth_samples",
+                              "read_bandwidth_buffer_mib"))
+    return j["weight_bytes_per_token"], bw
 
 
 def fmt(xs):
@@ -85,7 +93,7 @@ def main():
     from llama_cpp import Llama
 
     print("| model | test | cellm tokens/s | llama.cpp tokens/s | cellm / llama.cpp "
-          "| cellm, % of read bandwidth | llama.cpp, % of read bandwidth |")
+          "| cellm, % of read bandwidth (median) | llama.cpp, % of read bandwidth (median) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name in a.models:
         path = model_path(name)
@@ -108,14 +116,15 @@ def main():
             lp.append(p)
             lt.append(t)
         del llm
-        wbytes, bw = weights_and_bandwidth(path, a.threads)
+        wbytes, (bw, bw_lo, bw_hi, bw_n, bw_mib) = weights_and_bandwidth(path, a.threads)
         share = [f"{100 * wbytes * statistics.median(x) / 1e9 / bw:.1f}%" for x in (ct, lt)]
         print(f"| {name} | pp{len(toks)} | {fmt(cp)} | {fmt(lp)} | "
               f"{statistics.median(cp) / statistics.median(lp):.2f} | | |")
         print(f"| {name} | tg{a.tg} | {fmt(ct)} | {fmt(lt)} | "
               f"{statistics.median(ct) / statistics.median(lt):.2f} | {share[0]} | {share[1]} |")
-        print(f"<!-- {name}: {wbytes / 2**20:.1f} MiB of weights per token, read bandwidth "
-              f"{bw:.2f} GB/s with {a.threads} threads -->")
+        print(f"<!-- {name}: {wbytes / 2**20:.1f} MiB of weights per token; read bandwidth with "
+              f"{a.threads} threads: median {bw:.2f} GB/s (range {bw_lo:.2f}-{bw_hi:.2f}, "
+              f"{bw_n} passes over {bw_mib} MiB), which the shares divide by -->")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -344,15 +345,66 @@ static void test_kv_type_flag(void **st) {
     free(out);
 }
 
+/* The largest data or unified cache of cpu0 at the highest level sysfs
+ * lists, in MiB; 0 when sysfs has none. Read here, apart from the tool's
+ * own reading, to check the probe's buffer against. */
+static double sysfs_llc_mib(void) {
+    double mib = 0;
+    int top = 0;
+    for (int i = 0; i < 32; i++) {
+        char path[96], line[64] = "";
+        int level = 0;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+        FILE *f = fopen(path, "r");
+        if (!f) break;
+        const bool has_level = fscanf(f, "%d", &level) == 1;
+        fclose(f);
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
+        if ((f = fopen(path, "r"))) {
+            if (!fgets(line, sizeof line, f)) line[0] = '\0';
+            fclose(f);
+        }
+        if (!has_level || !strncmp(line, "Instruction", 11)) continue;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        double size = 0;
+        char unit = 0;
+        if (!(f = fopen(path, "r"))) continue;
+        const int got = fscanf(f, "%lf%c", &size, &unit);
+        fclose(f);
+        if (got < 1) continue;
+        size *= unit == 'K' ? 1.0 / 1024 : unit == 'M' ? 1 : unit == 'G' ? 1024 : 1.0 / (1 << 20);
+        if (level > top || (level == top && size > mib)) {
+            top = level;
+            mib = size;
+        }
+    }
+    return mib;
+}
+
+/* Reads `"key": number` from JSON text; fails the test when it is absent. */
+static double json_number(const char *json, const char *key) {
+    char pat[128];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *p = strstr(json, pat);
+    if (!p) print_error("no %s in the output\n", pat);
+    assert_non_null(p);
+    return strtod(p + strlen(pat), NULL);
+}
+
 /* `cellm bench --pp/--tg`: each test's samples (as many as -r), a median
  * within their range, the weight bytes a decode step reads (no more than
  * the file, more than 90% of it for SmolLM2), a bandwidth share for tg
- * only; bad lists and counts refused naming the flag. Not the speed. */
+ * only, which divides by the probe's median; the probe's median within its
+ * range, as many passes as --bw-samples, a buffer of at least 256 MiB and
+ * 8 times the last-level cache; the text output saying what the share
+ * divides by; bad lists and counts refused naming the flag. Not the speed:
+ * nothing here depends on how fast or busy the machine is. */
 static void test_bench_speed(void **st) {
     (void)st;
     char cmd[4096], model[1024], *out;
     test_model_path("smollm2-135m", model, sizeof model);
-    snprintf(cmd, sizeof cmd, "'%s' bench '%s' --pp 16,40 --tg 8 -r 3 -t 2 --json 2>&1",
+    snprintf(cmd, sizeof cmd,
+             "'%s' bench '%s' --pp 16,40 --tg 8 -r 3 -t 2 --bw-samples 5 --json 2>&1",
              test_cellm_bin(), model);
     assert_int_equal(test_run_cmd(cmd, &out), 0);
     static const char *const names[] = {"\"pp16\"", "\"pp40\"", "\"tg8\""};
@@ -374,6 +426,20 @@ static void test_bench_speed(void **st) {
         const char *bw = strstr(t, "bandwidth_fraction");
         assert_int_equal(bw != NULL && bw < end, i == 2);
     }
+    const double bw = json_number(out, "read_bandwidth_gbs"),
+                 bw_lo = json_number(out, "read_bandwidth_min_gbs"),
+                 bw_hi = json_number(out, "read_bandwidth_max_gbs"),
+                 buffer_mib = json_number(out, "read_bandwidth_buffer_mib"),
+                 llc_mib = json_number(out, "last_level_cache_mib"), sys_llc = sysfs_llc_mib();
+    print_message("bench: read bandwidth %.2f (%.2f-%.2f) GB/s, buffer %.0f MiB, LLC %.1f MiB "
+                  "(sysfs %.1f)\n",
+                  bw, bw_lo, bw_hi, buffer_mib, llc_mib, sys_llc);
+    assert_true(bw_lo > 0 && bw_lo <= bw && bw <= bw_hi);
+    assert_int_equal((int)json_number(out, "read_bandwidth_samples"), 5);
+    assert_true(buffer_mib >= 256 && buffer_mib >= 8 * llc_mib);
+    if (sys_llc > 0) assert_true(fabs(llc_mib - sys_llc) < 0.05);
+    const double tg_med = json_number(strstr(out, "\"tg8\""), "median"),
+                 fraction = json_number(out, "bandwidth_fraction");
     unsigned long long wb;
     const char *w = strstr(out, "\"weight_bytes_per_token\": ");
     assert_non_null(w);
@@ -385,9 +451,29 @@ static void test_bench_speed(void **st) {
     fclose(f);
     print_message("bench: %llu weight bytes per token, file %.0f bytes\n", wb, size);
     assert_true(wb <= size && wb > 0.9 * size);
+    /* The share is of the median (both printed rounded). */
+    assert_true(fabs((double)wb * tg_med / 1e9 / bw - fraction) <= 1e-4 + 2e-3 * fraction);
     free(out);
-    static const char *const bad[][2] = {
-        {"--pp 0", "'--pp'"}, {"--tg 8,x", "'--tg'"}, {"--pp 16 -r 0", "'-r'"}, {"--tg", "'--tg'"}};
+    snprintf(cmd, sizeof cmd, "'%s' bench '%s' --tg 4 -r 1 -t 2 --bw-samples 3 2>&1",
+             test_cellm_bin(), model);
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
+    const char *line = strstr(out, "read bandwidth (2 threads): median ");
+    assert_non_null(line);
+    double med, lo, hi;
+    int passes;
+    assert_int_equal(sscanf(line,
+                            "read bandwidth (2 threads): median %lf GB/s, range %lf-%lf, of %d",
+                            &med, &lo, &hi, &passes),
+                     4);
+    assert_true(lo <= med && med <= hi);
+    assert_int_equal(passes, 3);
+    assert_non_null(strstr(line, "% of bandwidth divides by the median"));
+    free(out);
+    static const char *const bad[][2] = {{"--pp 0", "'--pp'"},
+                                         {"--tg 8,x", "'--tg'"},
+                                         {"--pp 16 -r 0", "'-r'"},
+                                         {"--tg", "'--tg'"},
+                                         {"--tg 4 --bw-samples 0", "'--bw-samples'"}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         snprintf(cmd, sizeof cmd, "'%s' bench '%s' %s 2>&1", test_cellm_bin(), model, bad[i][0]);
         assert_int_equal(test_run_cmd(cmd, &out), 2);
@@ -396,12 +482,45 @@ static void test_bench_speed(void **st) {
     }
 }
 
+/* `cellm bench-kernels` on matrices smaller than its GFLOP/s matrix (it
+ * read past them once): a row for each type and thread count, and the
+ * probe's median within its range for each thread count, of as many passes
+ * as asked, with what % of bw divides by said. Not the speed. */
+static void test_bench_kernels(void **st) {
+    (void)st;
+    char cmd[4096], *out;
+    snprintf(cmd, sizeof cmd,
+             "'%s' bench-kernels --threads 2 --reps 1 --mib 1 --cols 256 --bw-samples 3 2>&1",
+             test_cellm_bin());
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
+    const char *line = strstr(out, "read bandwidth, median (min-max) of 3 passes over ");
+    assert_non_null(line);
+    const char *n1 = strstr(line, "1 thread "), *n2 = strstr(line, "2 threads ");
+    assert_non_null(n1);
+    assert_non_null(n2);
+    double med, lo, hi;
+    assert_int_equal(sscanf(n1, "1 thread %lf (%lf-%lf) GB/s", &med, &lo, &hi), 3);
+    assert_true(lo > 0 && lo <= med && med <= hi);
+    assert_int_equal(sscanf(n2, "2 threads %lf (%lf-%lf) GB/s", &med, &lo, &hi), 3);
+    assert_true(lo > 0 && lo <= med && med <= hi);
+    static const char *const types[] = {"Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"};
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++)
+        for (int n = 1; n <= 2; n++) {
+            char row[32];
+            snprintf(row, sizeof row, "\n%-6s %7d ", types[i], n);
+            assert_non_null(strstr(out, row));
+        }
+    assert_non_null(strstr(out, "% of bw divides it by the median read bandwidth"));
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_run_errors),         cmocka_unit_test(test_run_answers),
         cmocka_unit_test(test_run_flags),          cmocka_unit_test(test_run_defaults),
         cmocka_unit_test(test_perplexity_smollm2), cmocka_unit_test(test_perplexity_gemma3),
         cmocka_unit_test(test_kv_type_flag),       cmocka_unit_test(test_bench_speed),
+        cmocka_unit_test(test_bench_kernels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

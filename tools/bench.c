@@ -26,8 +26,11 @@
  * prefix cache) and generation of N tokens after a one-token prompt (N
  * over the time after the first token), each repeated, with the median and
  * the range; generation also as weight bytes streamed per second against
- * the read bandwidth of as many threads measured in the same run. `--json`
- * prints the same as JSON.
+ * the read bandwidth of as many threads measured in the same run after
+ * the tests (bench_read_bandwidth: the median of --bw-samples passes over
+ * a buffer of 8 times the last-level cache; the share divides by the
+ * median, and the passes' range is printed beside it). `--json` prints the
+ * same as JSON.
  * Uses the public API (cellm.h), as an application would; the weight bytes
  * come from the file's tensor table (gguf.h).
  */
@@ -80,8 +83,10 @@ static void usage(FILE *out) {
         "                        either, the other defaults to none\n"
         "  -r, --reps N          repetitions of each --pp/--tg test (default 5), after one\n"
         "                        unmeasured warm-up\n"
+        "  --bw-samples N        timed passes of the read-bandwidth probe after --pp/--tg\n"
+        "                        (default %d); generation's share divides by their median\n"
         "  --json                --pp/--tg results as JSON\n",
-        BENCH_DEFAULT_MODEL);
+        BENCH_DEFAULT_MODEL, BENCH_BW_SAMPLES);
 }
 
 /* The process's peak resident set so far, in MiB. */
@@ -601,7 +606,7 @@ static int speed_once(cellm_engine *e, const cellm_model *model, int32_t n_promp
 }
 
 static int bench_speed(const char *path, const char *name, const cellm_engine_params *ep,
-                       speed_test *tests, int n_tests, int reps, bool json) {
+                       speed_test *tests, int n_tests, int reps, int bw_samples, bool json) {
     cellm_model *model = NULL;
     if (cellm_model_load(path, NULL, &model) != CELLM_OK) {
         cli_error("%s", cellm_last_error());
@@ -653,12 +658,19 @@ static int bench_speed(const char *path, const char *name, const cellm_engine_pa
                         : cores < 1       ? 1
                         : cores > 4       ? 4
                                           : (int)cores;
-    const unsigned bw_threads = (unsigned)threads;
-    const double bw = bench_read_bandwidth(bw_threads, 256, 5);
+    bench_bandwidth bw;
+    if (!bench_read_bandwidth((unsigned)threads, bw_samples, &bw))
+        cli_error("bench: cannot measure the read bandwidth (no %zu MiB buffer)",
+                  bench_bandwidth_buffer_bytes(bench_llc_bytes()) >> 20);
+    const double bw_gbs = bw.median_gbs; /* what every share divides by */
     if (json) {
         printf("{\"model\": \"%s\", \"threads\": %d, \"weight_bytes_per_token\": %llu, "
-               "\"read_bandwidth_gbs\": %.2f, \"peak_rss_mib\": %.1f, \"tests\": [",
-               name, threads, (unsigned long long)wbytes, bw, rss);
+               "\"read_bandwidth_gbs\": %.2f, \"read_bandwidth_min_gbs\": %.2f, "
+               "\"read_bandwidth_max_gbs\": %.2f, \"read_bandwidth_samples\": %d, "
+               "\"read_bandwidth_buffer_mib\": %zu, \"last_level_cache_mib\": %.1f, "
+               "\"peak_rss_mib\": %.1f, \"tests\": [",
+               name, threads, (unsigned long long)wbytes, bw_gbs, bw.min_gbs, bw.max_gbs,
+               bw.samples, bw.buffer_bytes >> 20, (double)bw.llc_bytes / (1 << 20), rss);
         for (int i = 0; i < n_tests; i++) {
             const speed_test *t = &tests[i];
             printf("%s\n  {\"test\": \"%s%d\", \"tokens_per_s\": {\"median\": %.2f, \"min\": %.2f, "
@@ -666,27 +678,33 @@ static int bench_speed(const char *path, const char *name, const cellm_engine_pa
                    i ? "," : "", t->gen ? "tg" : "pp", t->n, t->med, t->lo, t->hi);
             for (int r = 0; r < t->reps; r++) printf("%s%.2f", r ? ", " : "", t->tps[r]);
             printf("]");
-            if (t->gen && bw > 0)
-                printf(", \"bandwidth_fraction\": %.4f", (double)wbytes * t->med / 1e9 / bw);
+            if (t->gen && bw_gbs > 0)
+                printf(", \"bandwidth_fraction\": %.4f", (double)wbytes * t->med / 1e9 / bw_gbs);
             printf("}");
         }
         printf("\n]}\n");
         return 0;
     }
-    printf("model %s, %d threads, %.1f MiB of weights per token; read bandwidth %.2f GB/s "
-           "(%u thread%s, best of 5)\n\n",
-           name, threads, (double)wbytes / (1 << 20), bw, bw_threads, bw_threads > 1 ? "s" : "");
-    printf(
-        "| test | tokens/s (median of %d) | range | ms/token | weights GB/s | %% of bandwidth |\n",
-        reps);
+    printf("model %s, %d threads, %.1f MiB of weights per token\n", name, threads,
+           (double)wbytes / (1 << 20));
+    if (bw_gbs > 0) {
+        printf("read bandwidth (%u thread%s): median %.2f GB/s, range %.2f-%.2f, of %d passes "
+               "over ",
+               bw.threads, bw.threads > 1 ? "s" : "", bw_gbs, bw.min_gbs, bw.max_gbs, bw.samples);
+        bench_print_buffer_rule(bw.buffer_bytes, bw.llc_bytes);
+        printf("; %% of bandwidth divides by the median\n");
+    }
+    printf("\n| test | tokens/s (median of %d) | range | ms/token | weights GB/s | %% of bandwidth "
+           "|\n",
+           reps);
     printf("| --- | ---: | --- | ---: | ---: | ---: |\n");
     for (int i = 0; i < n_tests; i++) {
         const speed_test *t = &tests[i];
         printf("| %s%d | %.1f | %.1f-%.1f | %.2f |", t->gen ? "tg" : "pp", t->n, t->med, t->lo,
                t->hi, 1e3 / t->med);
-        if (t->gen && bw > 0)
+        if (t->gen && bw_gbs > 0)
             printf(" %.1f | %.1f%% |\n", (double)wbytes * t->med / 1e9,
-                   100 * (double)wbytes * t->med / 1e9 / bw);
+                   100 * (double)wbytes * t->med / 1e9 / bw_gbs);
         else
             printf(" | |\n");
     }
@@ -715,7 +733,7 @@ int cmd_bench(int argc, char **argv) {
     int32_t n_predict = 64, prompt_tokens = 0;
     bool sampling_only = false, prefix_only = false, load_only = false, json = false;
     speed_test tests[SPEED_MAX_TESTS];
-    int n_tests = 0, reps = 5;
+    int n_tests = 0, reps = 5, bw_samples = BENCH_BW_SAMPLES;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         unsigned long long u;
@@ -764,6 +782,9 @@ int cmd_bench(int argc, char **argv) {
                    cli_parse_uint(v, SPEED_MAX_REPS, &u) && u > 0) {
             reps = (int)u;
             i++;
+        } else if (!strcmp(a, "--bw-samples") && v && cli_parse_uint(v, 10000, &u) && u > 0) {
+            bw_samples = (int)u;
+            i++;
         } else if (!strcmp(a, "--json")) {
             json = true;
         } else if (a[0] == '-') {
@@ -788,7 +809,7 @@ int cmd_bench(int argc, char **argv) {
     if (load_only) return bench_load(path, &ep);
     if (n_tests)
         return bench_speed(path, model_name ? model_name : BENCH_DEFAULT_MODEL, &ep, tests, n_tests,
-                           reps, json);
+                           reps, bw_samples, json);
     cellm_model *model = NULL;
     if (cellm_model_load(path, NULL, &model) != CELLM_OK) {
         cli_error("%s", cellm_last_error());

@@ -1,9 +1,12 @@
 /*
  * bench_kernels.c — `cellm bench-kernels` (see bench_kernels.h).
  *
- * 1. Read bandwidth: threads sum disjoint parts of a buffer (256 MiB by
- *    default, pages touched first), best of the repetitions, for 1 and for
- *    the maximum number of threads.
+ * 1. Read bandwidth: threads sum disjoint contiguous parts of a buffer of
+ *    8 times the last-level cache (at least 256 MiB, pages touched first),
+ *    one untimed pass and then N timed ones (21 by default), for 1 and for
+ *    the maximum number of threads: the median pass and the range. The
+ *    median, not the best: the best of many passes on a shared machine is
+ *    its luckiest moment, not what the kernels after it will get.
  * 2. For each weight type: a matrix of COLS columns and enough rows to fill
  *    the same size, made by quantizing 16 random rows and repeating them
  *    (the bytes still come from memory: the matrix is many times the cache).
@@ -12,18 +15,20 @@
  *    with the type's vec_dot_type, weight rows split over the threads,
  *    dot products in tiles of four). Reported per thread count: median
  *    time, GB/s of weights streamed, the spread ((max - min) / median), the
- *    GB/s as a percentage of the read bandwidth measured with as many
- *    threads, and the time of the same matmul with 8 activation rows.
+ *    GB/s as a percentage of the median read bandwidth measured with as
+ *    many threads, and the time of the same matmul with 8 activation rows.
  * 3. Matmul GFLOP/s with m = 8, 64 and 512 activation rows on a small
  *    matrix (8 MiB), where compute, not memory, sets the rate.
  */
 #include "bench_kernels.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "matmul.h"
@@ -99,30 +104,112 @@ static void *sum_part(void *v) {
     return NULL;
 }
 
-/* Best GB/s summing `bytes` with n threads over `reps` runs. */
-static double read_bandwidth(const uint64_t *buf, size_t bytes, unsigned n, int reps,
-                             uint64_t *sink) {
+/* One pass of n threads over `bytes` of buf; GB/s, or 0 when a thread
+ * cannot start. The sums go to *sink so that no load can be dropped. */
+static double read_pass(const uint64_t *buf, size_t bytes, unsigned n, uint64_t *sink) {
     sum_arg args[MAX_THREADS];
     const size_t words = bytes / 8;
-    double best = 0;
-    for (int r = 0; r < reps; r++) {
-        for (unsigned i = 0; i < n; i++)
-            args[i] = (sum_arg){buf + words * i / n, words * (i + 1) / n - words * i / n, 0};
-        double t;
-        if (!run_parallel(sum_part, args, sizeof *args, n, &t)) return 0;
-        for (unsigned i = 0; i < n; i++) *sink += args[i].sum;
-        const double gbs = (double)bytes / t / 1e9;
-        if (gbs > best) best = gbs;
+    for (unsigned i = 0; i < n; i++)
+        args[i] = (sum_arg){buf + words * i / n, words * (i + 1) / n - words * i / n, 0};
+    double t;
+    if (!run_parallel(sum_part, args, sizeof *args, n, &t)) return 0;
+    for (unsigned i = 0; i < n; i++) *sink += args[i].sum;
+    return (double)bytes / t / 1e9;
+}
+
+/* The probe over a buffer the caller filled (every page touched): one
+ * untimed pass, then `samples` timed ones summarised in *out. False when
+ * a thread cannot start. */
+static bool read_bandwidth(const uint64_t *buf, size_t bytes, unsigned n, int samples,
+                           uint64_t *sink, bench_bandwidth *out) {
+    double *gbs = malloc((size_t)samples * sizeof *gbs);
+    bool ok = gbs && read_pass(buf, bytes, n, sink) > 0;
+    for (int r = 0; r < samples && ok; r++) ok = (gbs[r] = read_pass(buf, bytes, n, sink)) > 0;
+    if (ok) {
+        qsort(gbs, (size_t)samples, sizeof *gbs, cmp_double);
+        *out = (bench_bandwidth){
+            .median_gbs =
+                samples % 2 ? gbs[samples / 2] : 0.5 * (gbs[samples / 2 - 1] + gbs[samples / 2]),
+            .min_gbs = gbs[0],
+            .max_gbs = gbs[samples - 1],
+            .samples = samples,
+            .threads = n,
+            .buffer_bytes = bytes,
+        };
     }
-    return best;
+    free(gbs);
+    return ok;
+}
+
+/* Reads the first line of a small file (sysfs) into line; false when it
+ * cannot be read. */
+static bool read_line(const char *path, char *line, int size) {
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    const bool ok = fgets(line, size, f) != NULL;
+    fclose(f);
+    return ok;
+}
+
+size_t bench_llc_bytes(void) {
+    /* sysfs first: it is what the kernel found per cache instance. glibc
+     * 2.36's sysconf on AMD reads CPUID 0x80000006, which on the 2-core
+     * development VM says 320 MiB (the host package's L3) where the kernel,
+     * from CPUID 0x8000001D, reports the 32 MiB its two cores share. */
+    size_t llc = 0;
+    int top = 0;
+    for (int i = 0; i < 32; i++) {
+        char path[80], line[64];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+        if (!read_line(path, line, sizeof line)) break;
+        const int level = atoi(line);
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
+        if (read_line(path, line, sizeof line) && !strncmp(line, "Instruction", 11)) continue;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        if (!read_line(path, line, sizeof line)) continue;
+        char *end;
+        unsigned long long v = strtoull(line, &end, 10);
+        const int shift = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
+        if (end == line || v > (SIZE_MAX >> shift)) continue;
+        v <<= shift;
+        if (level > top || (level == top && v > llc)) {
+            top = level;
+            llc = (size_t)v;
+        }
+    }
+#if defined(_SC_LEVEL3_CACHE_SIZE) && defined(_SC_LEVEL2_CACHE_SIZE)
+    if (!llc) {
+        long s = sysconf(_SC_LEVEL3_CACHE_SIZE);
+        if (s <= 0) s = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        if (s > 0) llc = (size_t)s;
+    }
+#endif
+    return llc;
+}
+
+size_t bench_bandwidth_buffer_bytes(size_t llc_bytes) {
+    const size_t floor = (size_t)256 << 20;
+    if (!llc_bytes) llc_bytes = (size_t)32 << 20;
+    if (llc_bytes > SIZE_MAX / 8) return SIZE_MAX;
+    return 8 * llc_bytes > floor ? 8 * llc_bytes : floor;
+}
+
+/* A buffer of `bytes` (a multiple of 8) with every page written, so no
+ * page fault lands in a timed pass; NULL when it cannot be had. */
+static uint64_t *alloc_touched(size_t bytes) {
+    uint64_t *buf = malloc(bytes);
+    if (buf)
+        for (size_t i = 0; i < bytes / 8; i++) buf[i] = i;
+    return buf;
 }
 
 /* ---- matmul ---- */
 
 typedef struct bench_opts {
-    size_t mib; /* weights per matrix and bandwidth buffer */
+    size_t mib; /* weights per matrix */
     size_t cols;
     int reps;
+    int bw_samples;   /* timed passes of the bandwidth probe */
     unsigned threads; /* the largest count measured */
 } bench_opts;
 
@@ -159,11 +246,14 @@ static bool bench_type(uint32_t type, const bench_opts *o, const double *bw) {
     const quant_type_info *info = quant_type_get(type);
     const size_t cols = o->cols, seed_rows = 16;
     const size_t row_bytes = cols / info->block_size * info->type_size;
-    const size_t rows = (o->mib << 20) / row_bytes;
+    const size_t rows = (o->mib << 20) >= row_bytes ? (o->mib << 20) / row_bytes : 1;
     const size_t bytes = rows * row_bytes;
     uint8_t *w = malloc(bytes);
     float *seed = malloc(seed_rows * cols * sizeof(float));
-    const size_t small_rows = ((size_t)SMALL_MIB << 20) / row_bytes;
+    /* The GFLOP/s matrix is the first rows of the big one: all of it when
+     * --mib is under SMALL_MIB. */
+    size_t small_rows = ((size_t)SMALL_MIB << 20) / row_bytes;
+    if (small_rows > rows || !small_rows) small_rows = rows;
     float *x = malloc(MAX_M * cols * sizeof(float));
     void *xq = malloc(matmul_scratch_size(type, (int64_t)cols, MAX_M));
     float *y = malloc((BATCH * rows > MAX_M * small_rows ? BATCH * rows : MAX_M * small_rows) *
@@ -222,19 +312,32 @@ static bool bench_type(uint32_t type, const bench_opts *o, const double *bw) {
 }
 
 static void usage(FILE *out) {
-    fprintf(out, "usage: cellm bench-kernels [--threads N] [--reps N] [--mib N] [--cols N]\n\n"
-                 "Measures the read bandwidth, then the matrix-vector product (one activation\n"
-                 "row) for Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K over a matrix much larger than\n"
-                 "the cache: GB/s of weights streamed and the share of the bandwidth, with 1\n"
-                 "thread up to N.\n"
-                 "  --threads N  most threads (default 2)\n"
-                 "  --reps N     timed repetitions per measurement (default 10)\n"
-                 "  --mib N      MiB of weights per matrix and of the bandwidth buffer (256)\n"
-                 "  --cols N     columns, a multiple of 256 (default 8192)\n");
+    fprintf(out,
+            "usage: cellm bench-kernels [--threads N] [--reps N] [--mib N] [--cols N]\n"
+            "                           [--bw-samples N]\n\n"
+            "Measures the read bandwidth, then the matrix-vector product (one activation\n"
+            "row) for Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K over a matrix much larger than\n"
+            "the cache: GB/s of weights streamed and the share of the median bandwidth,\n"
+            "with 1 thread up to N.\n"
+            "  --threads N     most threads (default 2)\n"
+            "  --reps N        timed repetitions per kernel measurement (default 10)\n"
+            "  --mib N         MiB of weights per matrix (default: the bandwidth buffer's\n"
+            "                  size, 8 x the last-level cache and at least 256)\n"
+            "  --cols N        columns, a multiple of 256 (default 8192)\n"
+            "  --bw-samples N  timed passes of the bandwidth probe (default %d)\n",
+            BENCH_BW_SAMPLES);
+}
+
+void bench_print_buffer_rule(size_t buffer_bytes, size_t llc_bytes) {
+    if (llc_bytes)
+        printf("%zu MiB (8 x the %.1f MiB last-level cache, at least 256)", buffer_bytes >> 20,
+               (double)llc_bytes / (1 << 20));
+    else
+        printf("%zu MiB (last-level cache unknown: the 256 MiB floor)", buffer_bytes >> 20);
 }
 
 int cmd_bench_kernels(int argc, char **argv) {
-    bench_opts o = {.mib = 256, .cols = 8192, .reps = 10, .threads = 2};
+    bench_opts o = {.cols = 8192, .reps = 10, .threads = 2, .bw_samples = BENCH_BW_SAMPLES};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         unsigned long long v;
@@ -255,6 +358,12 @@ int cmd_bench_kernels(int argc, char **argv) {
                 return 2;
             }
             o.reps = (int)v;
+        } else if (!strcmp(a, "--bw-samples")) {
+            if (!has_val || !cli_parse_uint(argv[++i], 10000, &v) || !v) {
+                cli_error("--bw-samples needs a count from 1 to 10000");
+                return 2;
+            }
+            o.bw_samples = (int)v;
         } else if (!strcmp(a, "--mib")) {
             if (!has_val || !cli_parse_uint(argv[++i], 1 << 16, &v) || !v) {
                 cli_error("--mib needs a size in MiB from 1 to 65536");
@@ -273,28 +382,32 @@ int cmd_bench_kernels(int argc, char **argv) {
         }
     }
 
-    const size_t bytes = o.mib << 20;
-    uint64_t *buf = malloc(bytes);
+    const size_t llc = bench_llc_bytes(), bytes = bench_bandwidth_buffer_bytes(llc);
+    if (!o.mib) o.mib = bytes >> 20;
+    uint64_t *buf = alloc_touched(bytes);
     if (!buf) {
-        cli_error("bench-kernels: cannot allocate %zu MiB", o.mib);
+        cli_error("bench-kernels: cannot allocate %zu MiB for the bandwidth probe", bytes >> 20);
         return 1;
     }
-    for (size_t i = 0; i < bytes / 8; i++) buf[i] = i; /* touch every page */
     double bw[MAX_THREADS + 1] = {0};
     uint64_t sink = 0;
     printf("cellm bench-kernels: kernels %s, %d repetitions, %zu MiB of weights per matrix, "
            "%zu columns\n",
            quant_kernels_name(), o.reps, o.mib, o.cols);
-    printf("read bandwidth (best of %d, %zu MiB):", o.reps, o.mib);
+    printf("read bandwidth, median (min-max) of %d passes over ", o.bw_samples);
+    bench_print_buffer_rule(bytes, llc);
+    printf("\n ");
     for (unsigned n = 1; n <= o.threads;
          n = n < o.threads && 2 * n > o.threads ? o.threads : 2 * n) {
-        bw[n] = read_bandwidth(buf, bytes, n, o.reps, &sink);
-        if (bw[n] <= 0) {
+        bench_bandwidth r;
+        if (!read_bandwidth(buf, bytes, n, o.bw_samples, &sink, &r)) {
             cli_error("bench-kernels: cannot start %u threads", n);
             free(buf);
             return 1;
         }
-        printf(" %u thread%s %.2f GB/s%s", n, n > 1 ? "s" : "", bw[n], n < o.threads ? "," : "");
+        bw[n] = r.median_gbs;
+        printf(" %u thread%s %.2f (%.2f-%.2f) GB/s%s", n, n > 1 ? "s" : "", r.median_gbs, r.min_gbs,
+               r.max_gbs, n < o.threads ? "," : "");
     }
     printf("%s\n", sink == 1 ? " " : ""); /* keeps the sums live */
     free(buf);
@@ -311,27 +424,29 @@ int cmd_bench_kernels(int argc, char **argv) {
         }
     }
     printf("\nThe first columns are the matvec (m = 1). GB/s counts weight bytes per matvec;\n"
-           "%% of bw compares with the read bandwidth at the same thread count; spread is\n"
-           "(max - min) / median. m=8 ms is the median of a matmul with 8 activation rows\n"
-           "and m8/m1 its cost in matvecs (8 would mean no reuse of the weights). GF m8,\n"
-           "m64, m512: GFLOP/s (2 n k m per matmul) with m activation rows on a %d MiB\n"
-           "matrix, which the cache holds: the compute rate without the memory.\n",
-           SMALL_MIB);
+           "%% of bw divides it by the median read bandwidth at the same thread count;\n"
+           "spread is (max - min) / median. m=8 ms is the median of a matmul with 8\n"
+           "activation rows and m8/m1 its cost in matvecs (8 would mean no reuse of the\n"
+           "weights). GF m8, m64, m512: GFLOP/s (2 n k m per matmul) with m activation rows\n"
+           "on a %zu MiB matrix, which the cache holds: the compute rate without the memory.\n",
+           o.mib < SMALL_MIB ? o.mib : (size_t)SMALL_MIB);
     return 0;
 }
 
 static volatile uint64_t g_sink; /* keeps the sums from being optimised away */
 
-double bench_read_bandwidth(unsigned n_threads, size_t mib, int reps) {
+bool bench_read_bandwidth(unsigned n_threads, int samples, bench_bandwidth *out) {
+    *out = (bench_bandwidth){0};
     if (n_threads < 1) n_threads = 1;
     if (n_threads > MAX_THREADS) n_threads = MAX_THREADS;
-    const size_t bytes = mib << 20;
-    uint64_t *buf = malloc(bytes);
-    if (!buf) return 0;
-    for (size_t i = 0; i < bytes / 8; i++) buf[i] = i; /* touch every page */
+    if (samples < 1) samples = 1;
+    const size_t llc = bench_llc_bytes(), bytes = bench_bandwidth_buffer_bytes(llc);
+    uint64_t *buf = alloc_touched(bytes);
+    if (!buf) return false;
     uint64_t sink = 0;
-    double gbs = read_bandwidth(buf, bytes, n_threads, reps, &sink);
+    const bool ok = read_bandwidth(buf, bytes, n_threads, samples, &sink, out);
     free(buf);
     g_sink = sink;
-    return gbs;
+    if (ok) out->llc_bytes = llc;
+    return ok;
 }
