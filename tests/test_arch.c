@@ -41,6 +41,7 @@
 #include "forward.h"
 #include "gguf.h"
 #include "quant.h"
+#include "gguf_copy.h"
 #include "test_common.h"
 
 #define LOGIT_TOL 0.004 /* times max(1, the row's largest |logit|) */
@@ -368,33 +369,19 @@ static void test_arch_fields(void **state) {
     }
 }
 
-/* A copy of the GGUF file at `src` with string key `key` set to `val`. */
-static void copy_with_key(const char *src, const char *dst, const char *key, const char *val) {
-    gguf_file *g;
+/* Sets the string key arg[0] to arg[1]. */
+static void set_str_key(gguf_writer *w, const void *arg) {
+    const char *const *kv = arg;
     cellm_error e;
-    assert_int_equal(gguf_open(src, &g, &e), CELLM_OK);
-    gguf_writer *w = gguf_writer_new();
-    assert_non_null(w);
-    for (uint64_t i = 0; i < g->n_kv; i++) {
-        char k[256];
-        snprintf(k, sizeof k, "%.*s", (int)g->kv[i].key.len, g->kv[i].key.ptr);
-        assert_int_equal(gguf_writer_set(w, k, &g->kv[i].value, &e), CELLM_OK);
-    }
-    assert_int_equal(gguf_writer_set_str(w, key, val, &e), CELLM_OK);
-    for (uint64_t i = 0; i < g->n_tensors; i++) {
-        const gguf_tensor *t = &g->tensors[i];
-        char n[256];
-        snprintf(n, sizeof n, "%.*s", (int)t->name.len, t->name.ptr);
-        assert_int_equal(gguf_writer_add_tensor(w, n, t->type, t->n_dims, t->ne, t->data, &e),
-                         CELLM_OK);
-    }
-    assert_int_equal(gguf_writer_write(w, dst, &e), CELLM_OK);
-    gguf_writer_free(w);
-    gguf_close(g);
+    assert_int_equal(gguf_writer_set_str(w, kv[0], kv[1], &e), CELLM_OK);
 }
 
-/* Files that name LongRoPE in rope.scaling.type load (the factors are the
- * scaling); other unknown scaling types are refused by name. */
+/* A copy of the GGUF file at `src` with string key `key` set to `val`. */
+static void copy_with_key(const char *src, const char *dst, const char *key, const char *val) {
+    const char *kv[2] = {key, val};
+    test_gguf_copy(src, dst, set_str_key, kv);
+}
+
 static void test_rope_scaling_type_key(void **state) {
     (void)state;
     char path[1024], copy[1100];

@@ -24,6 +24,7 @@
 
 #include "cellm.h"
 #include "gguf.h"
+#include "gguf_copy.h"
 #include "test_common.h"
 
 /* llama.cpp's perplexity from the forward fixture of `name`. */
@@ -183,6 +184,14 @@ static void engine_text(const char *model_path, const char *text, bool chat,
  * engine's text for those settings); --temp 0 is the engine's greedy
  * text; --raw stays greedy; a model file's recommended sampling replaces
  * the built-in values and flags replace both. */
+/* The keys of a model file that recommends temperature 0.5 and top-k 10. */
+static void recommend_sampling(gguf_writer *w, const void *arg) {
+    (void)arg;
+    cellm_error e;
+    assert_int_equal(gguf_writer_set_f32(w, "general.sampling.temp", 0.5f, &e), CELLM_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "general.sampling.top_k", 10, &e), CELLM_OK);
+}
+
 static void test_run_defaults(void **st) {
     (void)st;
     char model[1024], cmd[4096], *out, *again;
@@ -226,28 +235,7 @@ static void test_run_defaults(void **st) {
      * --top-k 5 wins over the file. */
     char copy[1200];
     snprintf(copy, sizeof copy, "%s/test_commands-sampling.gguf", CELLM_BINARY_DIR);
-    gguf_file *g;
-    cellm_error e;
-    assert_int_equal(gguf_open(model, &g, &e), CELLM_OK);
-    gguf_writer *w = gguf_writer_new();
-    assert_non_null(w);
-    for (uint64_t i = 0; i < g->n_kv; i++) {
-        char k[256];
-        snprintf(k, sizeof k, "%.*s", (int)g->kv[i].key.len, g->kv[i].key.ptr);
-        assert_int_equal(gguf_writer_set(w, k, &g->kv[i].value, &e), CELLM_OK);
-    }
-    assert_int_equal(gguf_writer_set_f32(w, "general.sampling.temp", 0.5f, &e), CELLM_OK);
-    assert_int_equal(gguf_writer_set_u32(w, "general.sampling.top_k", 10, &e), CELLM_OK);
-    for (uint64_t i = 0; i < g->n_tensors; i++) {
-        const gguf_tensor *t = &g->tensors[i];
-        char n[256];
-        snprintf(n, sizeof n, "%.*s", (int)t->name.len, t->name.ptr);
-        assert_int_equal(gguf_writer_add_tensor(w, n, t->type, t->n_dims, t->ne, t->data, &e),
-                         CELLM_OK);
-    }
-    assert_int_equal(gguf_writer_write(w, copy, &e), CELLM_OK);
-    gguf_writer_free(w);
-    gguf_close(g);
+    test_gguf_copy(model, copy, recommend_sampling, NULL);
     snprintf(cmd, sizeof cmd, "'%s' run '%s' -p '%s' -n 32 --top-k 5 -v 2>&1", test_cellm_bin(),
              copy, q);
     assert_int_equal(test_run_cmd(cmd, &out), 0);
