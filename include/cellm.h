@@ -203,6 +203,39 @@ typedef struct cellm_engine_params {
      * KV cache at once; so under this cap no request is ever preempted for
      * memory. */
     size_t process_budget_bytes;
+    /* Speculative decoding: each decoding request guesses some tokens
+     * ahead and the model checks them all in one forward pass, keeping the
+     * guesses that equal what it would have chosen itself, then the token
+     * it chooses after them. The text is the same, token for token, as
+     * without speculation, greedy or sampled with the same seed (the
+     * engine is batch-invariant, and the sampler draws each kept token in
+     * the same state as a plain run would); only the speed changes. The
+     * guesses come from a draft model, from earlier text, or both (the
+     * draft where the earlier text has no match).
+     *
+     * draft_model: a smaller model with the same vocabulary and
+     * architecture family (NULL, default: none). It must outlive the
+     * engine. Its KV cache is a second paged pool inside the same budget
+     * (process_budget_bytes counts its file too), its passes run on the
+     * same threads before each step, and its cache is the first thing
+     * given up under memory pressure. A draft whose vocabulary or family
+     * differs from the model's fails creation (CELLM_ERR_INVALID_ARG), as
+     * does one that does not fit the budget (CELLM_ERR_NO_MEMORY). */
+    const cellm_model *draft_model;
+    /* Prompt lookup: guesses are the tokens that followed the latest
+     * earlier occurrence of the last n tokens of the prompt and text so
+     * far, for n from lookup_ngram down to 1 (0, default: off). Strong
+     * when the answer copies its input (editing, code, summaries). */
+    int32_t lookup_ngram;
+    /* At most this many guesses per request and step, 1..64 (default 8);
+     * each request adapts its own count to how many were kept lately. */
+    int32_t draft_max;
+    /* Fewer guesses than this are not worth checking: the request decodes
+     * plainly that step (default 1). */
+    int32_t draft_min;
+    /* The draft model stops guessing at a token it gives less than this
+     * probability, 0..1 (default 0.5). */
+    float draft_p_min;
 } cellm_engine_params;
 
 cellm_engine_params cellm_engine_default_params(void);
@@ -298,6 +331,14 @@ typedef struct cellm_stats {
     int32_t n_sessions_kept;  /* sessions with kept blocks */
     int32_t n_threads;        /* compute threads in use (the QoS policy) */
     double rest_seconds;      /* engine-thread time spent resting by the QoS pacing */
+    /* Speculative decoding since creation: tokens guessed, guesses kept,
+     * and checking passes (a request's rows in one step that carried
+     * guesses). Kept guesses + passes = tokens those passes produced, so
+     * (n_draft_accepted + n_spec_passes) / n_spec_passes is the tokens
+     * per pass of the model, and n_draft_accepted / n_draft_tokens the
+     * acceptance rate. */
+    uint64_t n_draft_tokens, n_draft_accepted, n_spec_passes;
+    uint64_t n_draft_steps; /* forward passes of the draft model */
 } cellm_stats;
 
 /* Fills *out. Thread-safe; a consistent snapshot as of the last step. */

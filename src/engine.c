@@ -157,6 +157,10 @@ static void publish_locked(cellm_engine *e) {
     for (int32_t g = 0; g < e->kv->n_groups; g++)
         s->blocks_cached += kv_cache_idle_blocks(e->kv, g);
     s->n_prefix_tokens = e->n_prefix_tok;
+    s->n_draft_tokens = e->n_draft_tok;
+    s->n_draft_accepted = e->n_draft_acc;
+    s->n_spec_passes = e->n_spec_pass;
+    s->n_draft_steps = e->n_draft_steps;
     s->n_sessions_kept = e->n_lru;
     s->n_threads = tp_threads(e->tp);
     s->rest_seconds = e->rest_s;
@@ -217,6 +221,7 @@ void engine_finish(cellm_engine *e, cellm_request *r, cellm_finish_reason why, c
      * history); anything else's blocks go back to the pool now. */
     if (r->session) session_turn_end(e, r, why);
     kv_seq_free(e->kv, &r->seq);
+    spec_drop(e, r);
     double t = now_s();
     cellm_result res;
     memset(&res, 0, sizeof res);
@@ -271,36 +276,88 @@ static bool is_stop(const cellm_request *r, int32_t t) {
     return false;
 }
 
-/* After a forward pass: the next token of every request that asked. */
+/* Takes token t as r's next: appends it and streams its text. Returns the
+ * reason r must finish now, or -1 to go on. */
+static int take_token(cellm_engine *e, cellm_request *r, int32_t t, double t_now) {
+    if (r->t_first_token == 0) r->t_first_token = t_now;
+    if (is_stop(r, t)) {
+        r->stop_token = t;
+        return CELLM_FINISH_STOP;
+    }
+    r->tokens[r->n_tokens++] = t;
+    sampler_accept(r->smp, t, NULL); /* t is in the vocabulary: cannot fail */
+    e->n_gen_tok++;
+    e->win_gen++;
+    size_t n = 0;
+    if (tok_stream_push(&r->ts, t, r->piece, r->piece_cap, &n, NULL) == CELLM_OK &&
+        deliver(r, r->piece, n))
+        return CELLM_FINISH_STOP;
+    int32_t n_gen = r->n_tokens - r->n_prompt;
+    if ((r->max_tokens >= 0 && n_gen >= r->max_tokens) || r->n_tokens >= r->cap)
+        return CELLM_FINISH_LENGTH;
+    return -1;
+}
+
+static int32_t sample_timed(cellm_engine *e, cellm_request *r, const float *row) {
+    double t0 = now_s();
+    int32_t t = sampler_sample(r->smp, row);
+    e->t_sample += now_s() - t0;
+    e->n_sampled++;
+    return t;
+}
+
+/* Checks r's guesses against its logits rows[0 .. n_draft]: samples each
+ * position in turn, as a plain run would, while the guesses before it
+ * were kept; then takes the KV of rejected guesses back (spec.c). */
+static void verify(cellm_engine *e, cellm_request *r, const float *rows, int32_t n_vocab,
+                   double t_now) {
+    int32_t nd = r->n_draft, first = r->n_tokens; /* guesses at tokens[first ..] */
+    int why = -1, kept = 0;
+    for (int32_t j = 0; j <= nd; j++) {
+        int32_t guess = j < nd ? r->tokens[first + j] : -1;
+        int32_t t = sample_timed(e, r, rows + (size_t)j * (size_t)n_vocab);
+        why = take_token(e, r, t, t_now);
+        if (why >= 0 || t != guess) break;
+        kept++;
+    }
+    e->n_draft_tok += (uint64_t)nd;
+    e->n_draft_acc += (uint64_t)kept;
+    e->n_spec_pass++;
+    /* The KV holds the pending token and the kept guesses; what the
+     * rejected ones wrote goes. A stop token is not appended, so then the
+     * KV already ends at n_tokens. */
+    int32_t valid = first + kept;
+    if (r->seq.n_pos > valid && !kv_seq_truncate(e->kv, &r->seq, valid)) {
+        /* The slack keeps what a truncation needs; should it not, the
+         * request recomputes its KV (preempted), its text unchanged. */
+        kv_seq_reset(e->kv, &r->seq);
+    }
+    int32_t k = r->spec_k > 0 ? r->spec_k : e->p.draft_max;
+    r->spec_k =
+        kept == nd && nd == k ? (k + 2 < e->p.draft_max ? k + 2 : e->p.draft_max) : kept + 1;
+    if (why >= 0) {
+        engine_finish(e, r, (cellm_finish_reason)why, CELLM_OK, NULL);
+        return;
+    }
+    spec_after(e, r);
+}
+
+/* After a forward pass: the next token of every request that asked (and
+ * the check of its guesses, if it made any). */
 static void step_outputs(cellm_engine *e, const float *logits, double t_now) {
     int32_t n_vocab = e->model->m->n_vocab, li = 0;
     for (int32_t i = 0; i < e->n_fed; i++) {
         cellm_request *r = e->fed[i];
-        if (r->seq.n_pos < r->n_tokens) continue; /* mid-prompt: no logits */
-        const float *row = logits + (size_t)li++ * (size_t)n_vocab;
-        double t0 = now_s();
-        int32_t t = sampler_sample(r->smp, row);
-        e->t_sample += now_s() - t0;
-        e->n_sampled++;
-        if (r->t_first_token == 0) r->t_first_token = t_now;
-        if (is_stop(r, t)) {
-            r->stop_token = t;
-            engine_finish(e, r, CELLM_FINISH_STOP, CELLM_OK, NULL);
+        int32_t n_rows = r->seq.n_pos - r->n_tokens + 1; /* rows with logits */
+        if (n_rows <= 0) continue;                       /* mid-prompt: no logits */
+        const float *row = logits + (size_t)li * (size_t)n_vocab;
+        li += n_rows;
+        if (r->n_draft > 0) {
+            verify(e, r, row, n_vocab, t_now);
             continue;
         }
-        r->tokens[r->n_tokens++] = t;
-        sampler_accept(r->smp, t, NULL); /* t is in the vocabulary: cannot fail */
-        e->n_gen_tok++;
-        e->win_gen++;
-        size_t n = 0;
-        if (tok_stream_push(&r->ts, t, r->piece, r->piece_cap, &n, NULL) == CELLM_OK &&
-            deliver(r, r->piece, n)) {
-            engine_finish(e, r, CELLM_FINISH_STOP, CELLM_OK, NULL);
-            continue;
-        }
-        int32_t n_gen = r->n_tokens - r->n_prompt;
-        if ((r->max_tokens >= 0 && n_gen >= r->max_tokens) || r->n_tokens >= r->cap)
-            engine_finish(e, r, CELLM_FINISH_LENGTH, CELLM_OK, NULL);
+        int why = take_token(e, r, sample_timed(e, r, row), t_now);
+        if (why >= 0) engine_finish(e, r, (cellm_finish_reason)why, CELLM_OK, NULL);
     }
 }
 
@@ -309,7 +366,8 @@ static void step_outputs(cellm_engine *e, const float *logits, double t_now) {
 static size_t trim_now(cellm_engine *e, int level) {
     if (level >= CELLM_TRIM_CRITICAL) sched_preempt_all(e);
     if (level >= CELLM_TRIM_MODERATE) session_drop_all(e);
-    return kv_cache_release_free(e->kv);
+    size_t draft = spec_trim(e); /* the draft's KV goes first, at every level */
+    return draft + kv_cache_release_free(e->kv);
 }
 
 /* Takes new requests in, finishes the cancelled ones (all of them when the
@@ -434,6 +492,7 @@ static int engine_step_once(cellm_engine *e, bool block) {
         engine_rest(e, at); /* then take in what came meanwhile */
         return 0;
     }
+    spec_propose(e);
     int32_t n_rows = sched_plan_step(e);
     if (n_rows == 0) return 0;
     double t0 = now_s();
@@ -545,6 +604,9 @@ cellm_engine_params cellm_engine_default_params(void) {
     p.qos.n_threads = 0;
     p.qos.min_step_us = 0;
     p.qos.duty_cycle = 1.0f;
+    p.draft_max = 8;
+    p.draft_min = 1;
+    p.draft_p_min = 0.5f;
     return p;
 }
 
@@ -580,10 +642,14 @@ static const char *qos_check(const cellm_qos *q, int pool) {
  * figures when max_seqs sequences of max_ctx positions do not fit. */
 static cellm_status process_budget_fit(const cellm_model *cm, cellm_engine_params *p,
                                        size_t act_bytes, cellm_error *err) {
-    const model *m = cm->m;
+    const model *m = cm->m, *dm = p->draft_model ? p->draft_model->m : NULL;
     const size_t mib = (size_t)1 << 20;
-    const size_t weights = m->file->size;
-    const size_t tables = (size_t)m->n_vocab * PROC_TABLE_BYTES_PER_TOKEN;
+    /* A draft model's file and tables count like the model's. */
+    const size_t weights = m->file->size + (dm ? dm->file->size : 0);
+    const size_t tables =
+        ((size_t)m->n_vocab + (dm ? (size_t)dm->n_vocab : 0)) * PROC_TABLE_BYTES_PER_TOKEN;
+    const bool spec = dm || p->lookup_ngram > 0;
+    const int32_t chunk = p->max_batch_tokens + (spec ? p->draft_max + 1 : 0);
     const size_t runtime = PROC_RUNTIME_BYTES + (size_t)p->n_threads * PROC_THREAD_BYTES;
     const size_t per_seq = (size_t)m->n_vocab * PROC_SAMPLER_BYTES_PER_TOKEN +
                            (size_t)p->max_ctx * PROC_SEQ_BYTES_PER_POS;
@@ -592,7 +658,7 @@ static cellm_status process_budget_fit(const cellm_model *cm, cellm_engine_param
      * hold the chunk on top of their window). */
     const size_t seq_kv = kv_cache_bytes(m, p->kv_type, p->max_ctx, 1, 1);
     const size_t kv_need =
-        kv_cache_bytes(m, p->kv_type, p->max_ctx, p->max_seqs, p->max_batch_tokens);
+        kv_cache_bytes(m, p->kv_type, p->max_ctx, p->max_seqs, chunk) + spec_draft_kv_bytes(p);
     const size_t budget = p->process_budget_bytes;
     if (fixed >= budget || kv_need > budget - fixed) {
         /* How many sequences of max_ctx would fit, each with its own
@@ -603,13 +669,13 @@ static cellm_status process_budget_fit(const cellm_model *cm, cellm_engine_param
         return err_set(
             err, CELLM_ERR_NO_MEMORY,
             "a process budget of %zu MiB cannot hold %d sequences of %d positions: model "
-            "file %zu MiB, its tables %zu MiB, code and threads %zu MiB, %d requests' "
+            "file%s %zu MiB, its tables %zu MiB, code and threads %zu MiB, %d requests' "
             "samplers and tokens %zu MiB, activations %zu MiB, KV cache %zu MiB (%zu "
             "MiB a sequence); %zu sequence%s of %d positions would fit: lower the "
             "context or the sessions, or raise the budget",
-            budget / mib, p->max_seqs, p->max_ctx, weights / mib, tables / mib, runtime / mib,
-            p->max_seqs, (size_t)p->max_seqs * per_seq / mib, act_bytes / mib, kv_need / mib,
-            seq_kv / mib, fit, fit == 1 ? "" : "s", p->max_ctx);
+            budget / mib, p->max_seqs, p->max_ctx, dm ? "s (and the draft's)" : "", weights / mib,
+            tables / mib, runtime / mib, p->max_seqs, (size_t)p->max_seqs * per_seq / mib,
+            act_bytes / mib, kv_need / mib, seq_kv / mib, fit, fit == 1 ? "" : "s", p->max_ctx);
     }
     p->mem_budget_bytes = budget - (fixed - act_bytes);
     return CELLM_OK;
@@ -617,6 +683,7 @@ static cellm_status process_budget_fit(const cellm_model *cm, cellm_engine_param
 
 /* Frees what engine_create made, in reverse; the thread is not running. */
 static void engine_destroy(cellm_engine *e) {
+    spec_destroy(e);
     forward_free(e->fwd);
     tp_destroy(e->tp);
     kv_cache_free(e->kv);
@@ -652,15 +719,25 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
     if (kv_type_check(m, p.kv_type, &err)) return fail(&err);
     const char *bad_qos = qos_check(&p.qos, p.n_threads);
     if (bad_qos) return fail_msg(CELLM_ERR_INVALID_ARG, bad_qos);
+    char spec_msg[CELLM_ERR_MSG_MAX];
+    const char *bad_spec = spec_check(cm, &p, spec_msg, sizeof spec_msg);
+    if (bad_spec) return fail_msg(CELLM_ERR_INVALID_ARG, bad_spec);
+    /* With speculation a step feeds guesses after each pending token, and
+     * takes back the rejected ones: windowed layers keep that many
+     * positions more (kv_seq.slack), and the cache is sized for chunks
+     * that much longer. */
+    bool spec = p.draft_model || p.lookup_ngram > 0;
+    int32_t slack = spec ? p.draft_max + 1 : 0;
+    int32_t kv_chunk = p.max_batch_tokens + slack;
 
     cellm_engine *e = calloc(1, sizeof *e);
     if (!e) return fail_msg(CELLM_ERR_NO_MEMORY, "out of memory");
     e->model = cm;
     e->p = p;
-    e->logit_rows = p.max_seqs < p.max_batch_tokens ? p.max_seqs : p.max_batch_tokens;
+    e->logit_rows = spec_logit_rows(&p);
     e->act_bytes = forward_bytes(m, p.max_batch_tokens, e->logit_rows, p.n_threads, p.max_ctx) +
                    (size_t)p.max_batch_tokens * sizeof(fwd_row) +
-                   2 * (size_t)p.max_seqs * sizeof(cellm_request *);
+                   2 * (size_t)p.max_seqs * sizeof(cellm_request *) + spec_draft_act_bytes(&p);
     if (p.process_budget_bytes) {
         if (process_budget_fit(cm, &p, e->act_bytes, &err) != CELLM_OK) {
             free(e);
@@ -682,13 +759,23 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
         engine_destroy(e);
         return fail_msg(CELLM_ERR_NO_MEMORY, "out of memory");
     }
-    if (kv_cache_create(m, p.mem_budget_bytes - e->act_bytes, p.max_ctx, p.max_seqs,
-                        p.max_batch_tokens, p.kv_type, &e->kv, &err) ||
+    /* A draft model's pool gets its share of the KV budget in proportion
+     * to what max_seqs sequences need in each. */
+    size_t kv_budget = p.mem_budget_bytes - e->act_bytes, draft_kv = 0;
+    if (p.draft_model) {
+        double need = (double)kv_cache_bytes(m, p.kv_type, p.max_ctx, p.max_seqs, kv_chunk);
+        double dneed = (double)spec_draft_kv_bytes(&p);
+        draft_kv = (size_t)((double)kv_budget * (dneed / (need + dneed)));
+        kv_budget -= draft_kv;
+    }
+    if (kv_cache_create(m, kv_budget, p.max_ctx, p.max_seqs, kv_chunk, p.kv_type, &e->kv, &err) ||
         tp_create(p.n_threads, &e->tp, &err) ||
-        forward_create(m, e->kv, e->tp, p.max_batch_tokens, e->logit_rows, &e->fwd, &err)) {
+        forward_create(m, e->kv, e->tp, p.max_batch_tokens, e->logit_rows, &e->fwd, &err) ||
+        spec_create(e, draft_kv, &err)) {
         engine_destroy(e);
         return fail(&err);
     }
+    e->kv->seq_slack = slack;
     kv_cache_set_prefix(e->kv, p.prefix_cache != 0);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv_work, NULL);
@@ -699,6 +786,9 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
     e->stats.bytes_activations = e->act_bytes;
     for (int32_t g = 0; g < e->kv->n_groups; g++)
         e->stats.bytes_kv_total += (size_t)e->kv->groups[g].n_blocks * e->kv->groups[g].block_bytes;
+    for (int32_t g = 0; e->dkv && g < e->dkv->n_groups; g++)
+        e->stats.bytes_kv_total +=
+            (size_t)e->dkv->groups[g].n_blocks * e->dkv->groups[g].block_bytes;
     publish_locked(e); /* no other thread yet */
     e->manual = p.manual_steps != 0;
     pthread_mutex_init(&e->step_mu, NULL);

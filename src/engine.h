@@ -119,6 +119,15 @@ struct cellm_request {
     int32_t n_preempt;
     char err[CELLM_ERR_MSG_MAX];
 
+    /* Speculative decoding (spec.c), engine thread only. The guesses of
+     * this step sit at tokens[n_tokens .. n_tokens + n_draft), past the
+     * pending token, and the step feeds them after it. */
+    int32_t n_draft;
+    int32_t spec_k;    /* guesses to try next: adapts to how many were kept */
+    int32_t spec_room; /* guesses it may make this step */
+    kv_seq dseq;       /* the draft model's KV of tokens[0 .. dseq.n_pos) */
+    bool has_dseq;     /* dseq's tables exist */
+
     /* A turn of a session (fixed at submit), and what the engine thread
      * does with it. */
     cellm_session *session;
@@ -164,6 +173,17 @@ struct cellm_engine {
     int32_t n_lru, blocks_kept;
     uint64_t n_prefix_tok; /* prompt positions taken from the prefix cache */
 
+    /* Speculative decoding (spec.c): on with a draft model or lookup. The
+     * draft model has its own KV pool and forward context; drows and dreq
+     * are its batch and the requests drafting in it. */
+    bool spec_on;
+    kv_cache *dkv;
+    forward_ctx *dfwd;
+    fwd_row *drows;       /* [p.max_batch_tokens] */
+    cellm_request **dreq; /* [p.max_seqs] */
+    int32_t *dfirst;      /* [p.max_seqs] row of each drafting request's logits */
+    uint64_t n_draft_tok, n_draft_acc, n_spec_pass, n_draft_steps;
+
     /* Guarded by mu. */
     pthread_mutex_t mu;
     pthread_cond_t cv_work; /* the engine thread waits here for requests */
@@ -206,6 +226,47 @@ int32_t sched_plan_step(cellm_engine *e);
 /* Preempts every running request (CELLM_TRIM_CRITICAL): blocks back to the
  * pool, requests back to the waiting queue. Returns how many. */
 int32_t sched_preempt_all(cellm_engine *e);
+
+/* ---- spec.c: speculative decoding ---- */
+
+/* Checks the speculation parameters and the draft model against the
+ * engine's model (same family, same vocabulary); NULL when they suit,
+ * else what is wrong (written into msg). */
+const char *spec_check(const cellm_model *cm, const cellm_engine_params *p, char *msg, size_t cap);
+
+/* Rows of logits a step may ask for: every sequence's pending token and
+ * its guesses, within the batch. */
+int32_t spec_logit_rows(const cellm_engine_params *p);
+
+/* Bytes the draft model takes from the budget: its activations, and its
+ * KV for max_seqs sequences (0 without a draft model). */
+size_t spec_draft_act_bytes(const cellm_engine_params *p);
+size_t spec_draft_kv_bytes(const cellm_engine_params *p);
+
+/* Makes the draft model's pool (kv_bytes) and forward context. */
+cellm_status spec_create(cellm_engine *e, size_t kv_bytes, cellm_error *err);
+void spec_destroy(cellm_engine *e);
+
+/* Before a step is planned: the guesses of every running request that
+ * decodes (r->n_draft, written after its pending token), from prompt
+ * lookup or the draft model's passes. */
+void spec_propose(cellm_engine *e);
+
+/* Up to k guesses for what follows tok[0..n_tok): the tokens after the
+ * latest earlier occurrence of its last n tokens, n = ngram_max .. 1,
+ * written to out. Returns how many (0: no match). */
+int32_t spec_lookup(const int32_t *tok, int32_t n_tok, int32_t ngram_max, int32_t k, int32_t *out);
+
+/* After a request's guesses were checked: the draft's KV beyond what was
+ * kept goes (engine thread). */
+void spec_after(cellm_engine *e, cellm_request *r);
+
+/* Drops a request's draft KV (preempted, finished, or memory is short). */
+void spec_drop(cellm_engine *e, cellm_request *r);
+
+/* Drops the draft KV of every running request and gives the draft pool's
+ * free pages back; returns the bytes given back. */
+size_t spec_trim(cellm_engine *e);
 
 /* ---- session.c (engine thread only) ---- */
 

@@ -200,6 +200,7 @@ int32_t kv_cache_used_blocks(const kv_cache *c, int32_t group) {
 cellm_status kv_seq_init(kv_cache *c, kv_seq *s, cellm_error *err) {
     memset(s, 0, sizeof *s);
     s->n_keep = INT32_MAX;
+    s->slack = c->seq_slack;
     for (int32_t gi = 0; gi < c->n_groups; gi++) {
         s->table[gi] = malloc((size_t)c->max_blocks_per_seq * sizeof(int32_t));
         if (!s->table[gi]) {
@@ -456,7 +457,7 @@ void kv_seq_trim(kv_cache *c, kv_seq *s) {
         kv_group *g = &c->groups[gi];
         if (g->window <= 0) continue;
         /* The next query is at n_pos and sees keys > n_pos - window. */
-        int32_t dead_below = s->n_pos - g->window + 1; /* first visible key */
+        int32_t dead_below = s->n_pos - g->window + 1 - s->slack; /* first visible key */
         for (int32_t b = 0; (b + 1) * KV_BLOCK_TOKENS <= dead_below; b++) {
             if (s->table[gi][b] >= 0) {
                 if ((b + 1) * KV_BLOCK_TOKENS <= s->n_keep)

@@ -101,6 +101,7 @@ typedef struct kv_cache {
     int32_t *scratch;     /* [2 * max_blocks_per_seq] for lookups */
     uint64_t n_hits, n_hit_tokens; /* lookups that found a prefix, and the positions they took */
     uint64_t n_cow, n_evict;       /* copies on write; idle blocks evicted for new ones */
+    int32_t seq_slack;             /* kv_seq_init's kv_seq.slack (0 unless set) */
 } kv_cache;
 
 /* A sequence's view of the cache: its length and block tables. */
@@ -119,6 +120,11 @@ typedef struct kv_seq {
      * holds its window and not one block per 16 tokens. kv_seq_init sets
      * it to INT32_MAX (keep all). */
     int32_t n_keep;
+    /* Positions a windowed group keeps beyond its window, so that the
+     * sequence can be truncated by up to this many (speculative decoding
+     * takes back the guesses it rejects). kv_seq_init sets the cache's
+     * seq_slack. */
+    int32_t slack;
 } kv_seq;
 
 /* Creates a cache for `m` holding up to `budget` bytes of blocks of KV

@@ -136,8 +136,8 @@ static int32_t largest_fit(const cellm_engine *e, const plan_blocks *pb, const c
  * admission test. A windowed group holds at most its window, the block
  * being filled and one chunk. */
 static int32_t admit_need(const cellm_engine *e, const cellm_request *r, int32_t g) {
-    int32_t pos =
-        kv_window_positions(e->kv->groups[g].window, r->n_tokens + 1, e->p.max_batch_tokens);
+    int32_t pos = kv_window_positions(e->kv->groups[g].window, r->n_tokens + 1,
+                                      e->p.max_batch_tokens + e->kv->seq_slack);
     int32_t need = (pos + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
     if (r->seq.n_pos > 0) {
         int32_t last = (r->seq.n_pos - 1) / KV_BLOCK_TOKENS;
@@ -157,6 +157,7 @@ static bool admit_fits(const cellm_engine *e, const plan_blocks *pb, const cellm
 static void preempt_one(cellm_engine *e, int32_t i) {
     cellm_request *r = e->running[i];
     kv_seq_reset(e->kv, &r->seq);
+    spec_drop(e, r);
     sched_remove(e, r);
     sched_enqueue(e, r);
     r->n_preempt++;
@@ -187,9 +188,14 @@ static bool plan_running(cellm_engine *e, plan_blocks *pb, int32_t *budget, bool
         cellm_request *r = e->running[i];
         int32_t pending = r->n_tokens - r->seq.n_pos;
         if (r->plan_n > 0 || pending <= 0 || (pending == 1) != decode) continue;
-        int32_t want = pending < *budget ? pending : *budget;
+        /* A decoding request feeds its guesses after its pending token
+         * (spec.c), as many as the budget and the blocks allow. */
+        int32_t want = pending + (decode ? r->n_draft : 0);
+        if (want > *budget) want = *budget;
         for (;;) {
             int32_t n = largest_fit(e, pb, r, want);
+            if (n == 0 && want > 1 && decode) n = largest_fit(e, pb, r, 1);
+            if (decode) r->n_draft = n > 1 ? n - 1 : 0;
             if (n > 0) {
                 take(e, pb, r, n);
                 *budget -= n;
@@ -274,8 +280,8 @@ int32_t sched_plan_step(cellm_engine *e) {
         if (r->plan_n <= 0) continue;
         for (int32_t j = 0; j < r->plan_n; j++) {
             int32_t pos = r->seq.n_pos + j;
-            e->rows[n_rows++] = (fwd_row){&r->seq, r->tokens[pos], pos,
-                                          j == r->plan_n - 1 && pos + 1 == r->n_tokens};
+            /* Logits for the last token and the guesses after it. */
+            e->rows[n_rows++] = (fwd_row){&r->seq, r->tokens[pos], pos, pos + 1 >= r->n_tokens};
         }
         e->fed[e->n_fed++] = r;
     }

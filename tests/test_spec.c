@@ -1,0 +1,334 @@
+/*
+ * test_spec.c — speculative decoding (src/spec.c) is exact by construction:
+ *  - prompt lookup proposes the continuation of the latest earlier match
+ *    of the longest n-gram (unit cases);
+ *  - on the real models (SmolLM2 drafted by its Q4_0 requantization,
+ *    Gemma 3 by its own), 50 varied prompts give byte-identical
+ *    completions with a draft model, with prompt lookup and with both, as
+ *    without: greedy and seeded sampling, one session at a time and 8 at
+ *    once; the statistics show guesses were made and kept;
+ *  - the same holds with the phone memory mode's 512 MiB process budget,
+ *    and a draft that does not fit is refused at creation with the
+ *    figures;
+ *  - a draft of another vocabulary or family is refused, naming which.
+ * The draft files are made by scripts/test.sh (cellm quantize ... Q4_0);
+ * the test says how when they are missing.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cellm.h"
+#include "engine.h"
+#include "test_common.h"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define N_PROMPTS 10 /* sanitizer builds: the same checks on fewer prompts */
+#else
+#define N_PROMPTS 50
+#endif
+#define MAX_NEW 24
+
+static const char *const prompts[50] = {
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea,",
+    "The first five prime numbers are 2, 3, 5,",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown",
+    "Water boils at 100 degrees Celsius. Water boils at",
+    "Q: What is 12 times 12?\nA:",
+    "A haiku about autumn leaves:\n",
+    "int main(void) {\n    printf(\"hello, world\\n\");\n    return 0;\n}\n\nThe program above",
+    "Monday, Tuesday, Wednesday, Thursday,",
+    "The mitochondria is the powerhouse of",
+    "Translate to French: Good morning, how are you?\nFrench:",
+    "Rewrite with the names changed: def add(a, b): return a + b. Rewritten: def sum_two(x, y):",
+    "Summarise: The meeting covered the budget, the hiring plan and the new office. In short,",
+    "1, 2, 3, 4, 5, 6, 7, 8,",
+    "The best way to learn a language is",
+    "Dear Sir or Madam,\n\nI am writing to",
+    "SELECT name, age FROM users WHERE",
+    "In 1969, astronauts first",
+    "A list of fruits: apple, banana, cherry, apple, banana,",
+    "The recipe needs flour, sugar, eggs and",
+    "for (int i = 0; i < n; i++) {\n    sum +=",
+    "Photosynthesis is the process by which",
+    "She opened the door and saw",
+    "The three laws of thermodynamics are",
+    "Hello! My name is",
+    "To be or not to be, that is",
+    "The stock market today",
+    "import numpy as np\nx = np.array([1, 2, 3])\nprint(",
+    "Why is the sky blue? Because",
+    "The cat sat on the mat. The dog sat on the",
+    "Step 1: Preheat the oven. Step 2:",
+    "The largest planet in our solar system is",
+    "Once more, the text: alpha beta gamma delta. Again: alpha beta",
+    "<html>\n<head>\n<title>",
+    "The weather forecast for tomorrow says",
+    "Roses are red, violets are blue,",
+    "An apple a day keeps",
+    "The theory of relativity states that",
+    "My favourite book is",
+    "x = 1\ny = 2\nz = x + y\nprint(z)\n# Output:",
+    "The Great Wall of China was built",
+    "Knock knock. Who's there?",
+    "A good password should",
+    "The chemical symbol for gold is",
+    "Ingredients: 2 cups rice, 1 cup water. Ingredients: 2 cups",
+    "The story ends when",
+    "git commit -m \"",
+    "In the beginning",
+    "The answer to life, the universe and everything is",
+};
+
+/* ------------------------------------------------------------- lookup */
+
+static void test_lookup(void **state) {
+    (void)state;
+    int32_t out[8];
+    /* "a b c d a b" -> after the earlier "a b": "c d a b" (bounded by k). */
+    const int32_t t1[] = {1, 2, 3, 4, 1, 2};
+    assert_int_equal(spec_lookup(t1, 6, 2, 3, out), 3);
+    assert_int_equal(out[0], 3);
+    assert_int_equal(out[1], 4);
+    assert_int_equal(out[2], 1);
+    /* The latest occurrence wins: "5 9 ... 5 7 ... 5" -> 7. */
+    const int32_t t2[] = {5, 9, 0, 5, 7, 0, 5};
+    assert_int_equal(spec_lookup(t2, 7, 1, 1, out), 1);
+    assert_int_equal(out[0], 7);
+    /* The longest n-gram first: "1 2 8 | 3 2 9 | 1 2" with n=2 finds "1 2" -> 8,
+     * though the 1-gram "2" occurs later (-> 9). */
+    const int32_t t3[] = {1, 2, 8, 3, 2, 9, 1, 2};
+    assert_int_equal(spec_lookup(t3, 8, 2, 1, out), 1);
+    assert_int_equal(out[0], 8);
+    assert_int_equal(spec_lookup(t3, 8, 1, 1, out), 1);
+    assert_int_equal(out[0], 9);
+    /* No match, k of 0, one token. */
+    const int32_t t4[] = {1, 2, 3};
+    assert_int_equal(spec_lookup(t4, 3, 3, 4, out), 0);
+    assert_int_equal(spec_lookup(t1, 6, 2, 0, out), 0);
+    assert_int_equal(spec_lookup(t1, 1, 2, 4, out), 0);
+    /* The continuation stops at the end of the text. */
+    const int32_t t5[] = {7, 7, 7};
+    assert_int_equal(spec_lookup(t5, 3, 2, 8, out), 1);
+    assert_int_equal(out[0], 7);
+}
+
+/* --------------------------------------------------------- real models */
+
+typedef struct run_out {
+    int32_t ids[N_PROMPTS][MAX_NEW];
+    int32_t n[N_PROMPTS];
+} run_out;
+
+static const char *store_path(const char *file, char *buf, size_t cap) {
+    const char *home = getenv("CELLM_HOME");
+    if (home && *home)
+        snprintf(buf, cap, "%s/models/%s", home, file);
+    else
+        snprintf(buf, cap, "%s/.cache/cellm/models/%s", getenv("HOME") ? getenv("HOME") : "", file);
+    if (access(buf, R_OK) != 0) {
+        print_error("draft model %s not found: scripts/test.sh makes it (cellm quantize MODEL "
+                    "%s Q4_0)\n",
+                    buf, buf);
+        fail();
+    }
+    return buf;
+}
+
+static cellm_model *load(const char *path) {
+    cellm_model *m = NULL;
+    cellm_status st = cellm_model_load(path, NULL, &m);
+    if (st != CELLM_OK) print_error("%s: %s\n", path, cellm_last_error());
+    assert_int_equal(st, CELLM_OK);
+    return m;
+}
+
+/* Completes prompts [0, n) on an engine with `p`, `conc` at a time (the
+ * engine's max_seqs), with `sampled` seeded sampling; fills *o. */
+static void complete(const cellm_model *m, cellm_engine_params p, int conc, bool sampled, int n,
+                     run_out *o, cellm_stats *st) {
+    p.max_seqs = conc;
+    p.n_threads = 2;
+    cellm_engine *e = NULL;
+    if (cellm_engine_create(m, &p, &e) != CELLM_OK) print_error("%s\n", cellm_last_error());
+    assert_non_null(e);
+    cellm_request *req[N_PROMPTS];
+    for (int base = 0; base < n; base += conc) {
+        int k = n - base < conc ? n - base : conc;
+        for (int i = 0; i < k; i++) {
+            cellm_request_params rp = cellm_request_default_params();
+            rp.prompt = prompts[base + i];
+            rp.max_tokens = MAX_NEW;
+            if (sampled) {
+                rp.sampling.temperature = 0.8f;
+                rp.sampling.top_k = 40;
+                rp.sampling.top_p = 0.95f;
+                rp.sampling.min_p = 0.05f;
+                rp.sampling.repeat_penalty = 1.1f;
+                rp.sampling.seed = 1000 + (uint64_t)(base + i);
+            }
+            assert_int_equal(cellm_submit(e, &rp, &req[base + i]), CELLM_OK);
+        }
+        for (int i = base; i < base + k; i++) {
+            cellm_result res;
+            assert_int_equal(cellm_wait(req[i], &res), CELLM_OK);
+            assert_int_equal(res.status, CELLM_OK);
+            const int32_t *ids;
+            int32_t len;
+            assert_int_equal(cellm_request_tokens(req[i], &ids, &len), CELLM_OK);
+            assert_true(len <= MAX_NEW);
+            memcpy(o->ids[i], ids, (size_t)len * sizeof *ids);
+            o->n[i] = len;
+            cellm_request_free(req[i]);
+        }
+    }
+    assert_int_equal(cellm_engine_stats(e, st), CELLM_OK);
+    cellm_engine_free(e);
+}
+
+static void assert_same(const run_out *a, const run_out *b, int n, const char *what) {
+    for (int i = 0; i < n; i++) {
+        bool same = a->n[i] == b->n[i] &&
+                    memcmp(a->ids[i], b->ids[i], (size_t)a->n[i] * sizeof(int32_t)) == 0;
+        if (!same) {
+            print_error("%s: prompt %d (\"%s\") differs from the plain run (%d vs %d tokens)\n",
+                        what, i, prompts[i], b->n[i], a->n[i]);
+            fail();
+        }
+    }
+}
+
+/* Plain, then draft / lookup / both, greedy and sampled, 1 and 8 at once. */
+static void exact_pair(const char *target, const char *draft_file) {
+    char buf[1024], dbuf[1024];
+    cellm_model *m = load(test_model_path(target, buf, sizeof buf));
+    cellm_model *d = load(store_path(draft_file, dbuf, sizeof dbuf));
+    static run_out plain, spec;
+    cellm_stats st;
+    for (int sampled = 0; sampled < 2; sampled++) {
+        cellm_engine_params p = cellm_engine_default_params();
+        complete(m, p, 8, sampled, N_PROMPTS, &plain, &st);
+        assert_int_equal(st.n_spec_passes, 0);
+        struct {
+            const char *name;
+            bool draft;
+            int lookup;
+            int conc;
+        } modes[] = {{"draft, 8 at once", true, 0, 8},
+                     {"lookup, 8 at once", false, 3, 8},
+                     {"draft + lookup, 8 at once", true, 2, 8},
+                     {"draft, alone", true, 0, 1}};
+        for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++) {
+            cellm_engine_params q = cellm_engine_default_params();
+            q.draft_model = modes[k].draft ? d : NULL;
+            q.lookup_ngram = modes[k].lookup;
+            /* Alone is slow: a third of the prompts. */
+            int n = modes[k].conc == 1 ? N_PROMPTS / 3 : N_PROMPTS;
+            complete(m, q, modes[k].conc, sampled, n, &spec, &st);
+            char what[128];
+            snprintf(what, sizeof what, "%s, %s, %s", target, modes[k].name,
+                     sampled ? "sampled" : "greedy");
+            assert_same(&plain, &spec, n, what);
+            print_message(
+                "%s: %llu guesses, %llu kept, %llu checking passes, %llu draft passes\n", what,
+                (unsigned long long)st.n_draft_tokens, (unsigned long long)st.n_draft_accepted,
+                (unsigned long long)st.n_spec_passes, (unsigned long long)st.n_draft_steps);
+            /* Guesses were made and some kept: speculation really ran. */
+            assert_true(st.n_spec_passes > 0);
+            assert_true(st.n_draft_accepted > 0);
+            assert_true(st.n_draft_accepted <= st.n_draft_tokens);
+            if (modes[k].draft) assert_true(st.n_draft_steps > 0);
+        }
+    }
+    cellm_model_free(d);
+    cellm_model_free(m);
+}
+
+static void test_exact_smollm2(void **state) {
+    (void)state;
+    exact_pair("smollm2-135m", "smollm2-135m-q4_0.gguf");
+}
+
+static void test_exact_gemma3(void **state) {
+    (void)state;
+    exact_pair("gemma3-270m", "gemma3-270m-q4_0.gguf");
+}
+
+/* The phone mode: a 512 MiB process budget holds SmolLM2 with its draft,
+ * and the text is still the plain run's; a budget too small for the draft
+ * is refused with the figures. */
+static void test_budget(void **state) {
+    (void)state;
+    char buf[1024], dbuf[1024];
+    cellm_model *m = load(test_model_path("smollm2-135m", buf, sizeof buf));
+    cellm_model *d = load(store_path("smollm2-135m-q4_0.gguf", dbuf, sizeof dbuf));
+    static run_out plain, spec;
+    cellm_stats st;
+    cellm_engine_params p = cellm_engine_default_params();
+    p.process_budget_bytes = (size_t)512 << 20;
+    p.max_ctx = 1024;
+    complete(m, p, 4, false, 8, &plain, &st);
+    p.draft_model = d;
+    complete(m, p, 4, false, 8, &spec, &st);
+    assert_same(&plain, &spec, 8, "512 MiB process budget, draft");
+    assert_true(st.n_draft_accepted > 0);
+    /* Without the draft, 230 MiB holds SmolLM2 (file 94 MiB); with it
+     * (86 MiB more) it does not. */
+    p.process_budget_bytes = (size_t)230 << 20;
+    p.draft_model = NULL;
+    p.max_seqs = 1;
+    cellm_engine *e = NULL;
+    assert_int_equal(cellm_engine_create(m, &p, &e), CELLM_OK);
+    cellm_engine_free(e);
+    p.draft_model = d;
+    assert_int_equal(cellm_engine_create(m, &p, &e), CELLM_ERR_NO_MEMORY);
+    assert_null(e);
+    assert_non_null(strstr(cellm_last_error(), "draft"));
+    cellm_model_free(d);
+    cellm_model_free(m);
+}
+
+/* Drafts that cannot serve are refused, saying why. */
+static void test_refused(void **state) {
+    (void)state;
+    char buf[1024], gbuf[1024];
+    cellm_model *m = load(test_model_path("smollm2-135m", buf, sizeof buf));
+    cellm_model *g = load(test_model_path("gemma3-270m", gbuf, sizeof gbuf));
+    cellm_engine *e = NULL;
+    cellm_engine_params p = cellm_engine_default_params();
+    p.draft_model = g;
+    assert_int_equal(cellm_engine_create(m, &p, &e), CELLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(cellm_last_error(), "family"));
+    p.draft_model = m;
+    assert_int_equal(cellm_engine_create(m, &p, &e), CELLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(cellm_last_error(), "itself"));
+    p.draft_model = NULL;
+    p.lookup_ngram = 2;
+    p.draft_max = 0;
+    assert_int_equal(cellm_engine_create(m, &p, &e), CELLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(cellm_last_error(), "draft_max"));
+    p.draft_max = 4;
+    p.draft_min = 5;
+    assert_int_equal(cellm_engine_create(m, &p, &e), CELLM_ERR_INVALID_ARG);
+    p.draft_min = 1;
+    p.lookup_ngram = -1;
+    assert_int_equal(cellm_engine_create(m, &p, &e), CELLM_ERR_INVALID_ARG);
+    assert_null(e);
+    cellm_model_free(g);
+    cellm_model_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lookup),        cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_exact_smollm2), cmocka_unit_test(test_budget),
+        cmocka_unit_test(test_exact_gemma3),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
