@@ -1,6 +1,6 @@
 /*
- * rt.c — model runtime and sampling flags for the generating commands (see
- * rt.h).
+ * rt.c — model runtime, sampling flags and one sequence's speculative
+ * decoding for the generating commands (see rt.h).
  */
 #include "rt.h"
 
@@ -12,15 +12,19 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "engine.h"
 #include "store.h"
+#include "xmath.h"
 
 cellm_status rt_open(const char *name_or_path, const rt_opts *o, rt *r, cellm_error *err) {
     memset(r, 0, sizeof *r);
     char path[4096];
     cellm_status st = store_resolve(name_or_path, true, path, sizeof path, err);
     if (st) return st;
-    if ((st = model_load(path, &r->m, err))) return st;
-    if ((st = tokenizer_load(r->m->file, &r->tok, err))) goto fail;
+    if ((st = cellm_model_load(path, NULL, &r->cm)))
+        return err_set(err, st, "%s", cellm_last_error());
+    r->m = r->cm->m;
+    r->tok = r->cm->tok;
     int threads = o->threads;
     if (threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -31,11 +35,18 @@ cellm_status rt_open(const char *name_or_path, const rt_opts *o, rt *r, cellm_er
     int32_t logit_rows = o->logit_rows > 0 ? o->logit_rows : 1;
     if (logit_rows > r->batch) logit_rows = r->batch;
     if ((st = kv_type_check(r->m, o->kv_type, err))) goto fail;
-    /* One sequence, fed in chunks of up to `batch` positions (rt_feed). */
-    size_t kv_bytes = kv_cache_bytes(r->m, o->kv_type, r->ctx, 1, r->batch);
-    if ((st = kv_cache_create(r->m, kv_bytes, r->ctx, 1, r->batch, o->kv_type, &r->kv, err)))
+    /* One sequence, fed in chunks of up to `batch` positions (rt_feed),
+     * and windowed layers keep `slack` positions more for truncation. */
+    int32_t chunk = r->batch + o->slack;
+    size_t kv_bytes = kv_cache_bytes(r->m, o->kv_type, r->ctx, 1, chunk);
+    if ((st = kv_cache_create(r->m, kv_bytes, r->ctx, 1, chunk, o->kv_type, &r->kv, err)))
         goto fail;
-    if ((st = tp_create(threads, &r->tp, err))) goto fail;
+    r->kv->seq_slack = o->slack;
+    r->own_tp = !o->tp;
+    if (o->tp)
+        r->tp = o->tp;
+    else if ((st = tp_create(threads, &r->tp, err)))
+        goto fail;
     if ((st = forward_create(r->m, r->kv, r->tp, r->batch, logit_rows, &r->fwd, err))) goto fail;
     return CELLM_OK;
 fail:
@@ -45,15 +56,14 @@ fail:
 
 void rt_close(rt *r) {
     forward_free(r->fwd);
-    tp_destroy(r->tp);
+    if (r->own_tp) tp_destroy(r->tp);
     kv_cache_free(r->kv);
-    tokenizer_free(r->tok);
-    model_free(r->m);
+    cellm_model_free(r->cm);
     memset(r, 0, sizeof *r);
 }
 
-cellm_status rt_feed(rt *r, kv_seq *s, const int32_t *tok, int32_t n, float *logits,
-                     cellm_error *err) {
+cellm_status rt_feed_last(rt *r, kv_seq *s, const int32_t *tok, int32_t n, const float **logits,
+                          cellm_error *err) {
     fwd_row rows[512];
     int32_t chunk = r->batch < 512 ? r->batch : 512;
     for (int32_t i = 0; i < n; i += chunk) {
@@ -63,9 +73,27 @@ cellm_status rt_feed(rt *r, kv_seq *s, const int32_t *tok, int32_t n, float *log
         const float *lg;
         cellm_status st = forward_run(r->fwd, rows, c, &lg, err);
         if (st) return st;
-        if (logits && i + c == n) memcpy(logits, lg, sizeof(float) * (size_t)r->m->n_vocab);
+        if (logits && i + c == n) *logits = lg;
     }
     return CELLM_OK;
+}
+
+cellm_status rt_feed(rt *r, kv_seq *s, const int32_t *tok, int32_t n, float *logits,
+                     cellm_error *err) {
+    const float *lg = NULL;
+    cellm_status st = rt_feed_last(r, s, tok, n, logits ? &lg : NULL, err);
+    if (!st && logits && lg) memcpy(logits, lg, sizeof(float) * (size_t)r->m->n_vocab);
+    return st;
+}
+
+cellm_status rt_feed_all(rt *r, kv_seq *s, const int32_t *tok, int32_t n, const float **logits,
+                         cellm_error *err) {
+    fwd_row rows[RT_SPEC_MAX + 1];
+    if (n < 1 || n > RT_SPEC_MAX + 1 || n > r->batch)
+        return err_set(err, CELLM_ERR_INVALID_ARG, "rt_feed_all: %d rows (1..%d)", (int)n,
+                       RT_SPEC_MAX + 1);
+    for (int32_t j = 0; j < n; j++) rows[j] = (fwd_row){s, tok[j], s->n_pos + j, true};
+    return forward_run(r->fwd, rows, n, logits, err);
 }
 
 void rt_sampling_init(rt_sampling *rs) {
@@ -326,4 +354,186 @@ sampler_params rt_sampler_params(const rt_sampling *rs, int32_t ctx) {
     p.logit_bias = (const sampler_logit_bias *)rs->bias;
     p.n_logit_bias = s->n_logit_bias;
     return p;
+}
+
+/* ---- speculative decoding for one sequence ---- */
+
+void rt_spec_opts_init(rt_spec_opts *o) {
+    cellm_engine_params p = cellm_engine_default_params();
+    *o = (rt_spec_opts){NULL, 0, p.draft_max, p.draft_min, p.draft_p_min};
+}
+
+int rt_spec_flag(rt_spec_opts *o, int argc, char **argv, int *i, const char *cmd) {
+    static const char *const names[] = {"--draft", "--lookup", "--draft-max", "--draft-min",
+                                        "--draft-p-min"};
+    const int n_names = (int)(sizeof names / sizeof *names);
+    const char *a = argv[*i];
+    int k = 0;
+    while (k < n_names && strcmp(a, names[k])) k++;
+    if (k == n_names) return 0;
+    if (*i + 1 >= argc) {
+        cli_error("%s: %s needs a value", cmd, a);
+        return -1;
+    }
+    const char *v = argv[++*i];
+    unsigned long long u;
+    double d;
+    switch (k) {
+    case 0: o->draft = v; return 1;
+    case 4:
+        if (!parse_num(v, 0, 1, &d)) {
+            cli_error("%s: %s needs a number from 0 to 1 (got '%s')", cmd, a, v);
+            return -1;
+        }
+        o->draft_p_min = (float)d;
+        return 1;
+    default: {
+        const unsigned long long lo = k == 2 ? 1 : 0;
+        if (!cli_parse_uint(v, RT_SPEC_MAX, &u) || u < lo) {
+            cli_error("%s: %s needs a whole number from %llu to %d (got '%s')", cmd, a, lo,
+                      RT_SPEC_MAX, v);
+            return -1;
+        }
+        if (k == 1) o->lookup = (int32_t)u;
+        if (k == 2) o->draft_max = (int32_t)u;
+        if (k == 3) o->draft_min = (int32_t)u;
+        return 1;
+    }
+    }
+}
+
+void rt_spec_target_opts(const rt_spec_opts *o, rt_opts *target) {
+    if (!o->draft && o->lookup <= 0) return;
+    /* A pass feeds the pending token and up to draft_max guesses, and
+     * takes back those it rejects. */
+    target->slack = o->draft_max + 1;
+    target->logit_rows = o->draft_max + 1;
+}
+
+cellm_status rt_spec_open(rt_spec *s, const rt_spec_opts *o, rt *target, const rt_opts *to,
+                          cellm_error *err) {
+    memset(s, 0, sizeof *s);
+    s->o = *o;
+    s->on = o->draft || o->lookup > 0;
+    if (!o->draft) return CELLM_OK;
+    /* The draft holds the whole sequence too, in passes as long as the
+     * target's, and takes back its guesses past what was kept. */
+    rt_opts d = *to;
+    d.ctx = target->ctx;
+    d.batch = target->batch;
+    d.logit_rows = 1;
+    d.slack = o->draft_max + 1;
+    d.tp = target->tp;
+    cellm_status st = rt_open(o->draft, &d, &s->d, err);
+    if (st) {
+        char msg[CELLM_ERR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        return err_set(err, st, "--draft %s: %s", o->draft, msg);
+    }
+    cellm_engine_params p = cellm_engine_default_params();
+    p.draft_model = s->d.cm;
+    p.lookup_ngram = o->lookup;
+    p.draft_max = o->draft_max;
+    p.draft_min = o->draft_min;
+    p.draft_p_min = o->draft_p_min;
+    char msg[CELLM_ERR_MSG_MAX];
+    const char *bad = spec_check(target->cm, &p, msg, sizeof msg);
+    if (bad) {
+        st = err_set(err, CELLM_ERR_INVALID_ARG, "--draft %s: %s", o->draft, bad);
+        rt_close(&s->d);
+        return st;
+    }
+    if ((st = kv_seq_init(s->d.kv, &s->dseq, err))) {
+        rt_close(&s->d);
+        return st;
+    }
+    s->has_draft = true;
+    return CELLM_OK;
+}
+
+void rt_spec_close(rt_spec *s) {
+    if (s->has_draft) kv_seq_free(s->d.kv, &s->dseq);
+    rt_close(&s->d);
+    s->has_draft = false;
+}
+
+/* The draft's choice in a row of logits, and the probability it gives it
+ * (only computed when p_min asks). */
+static int32_t draft_pick(const float *row, int32_t n, float p_min, float *prob) {
+    int32_t best = sampler_argmax(row, n);
+    *prob = 1;
+    if (p_min <= 0) return best;
+    float sum = 0;
+    for (int32_t i = 0; i < n; i++) sum += xm_expf(row[i] - row[best]);
+    *prob = 1 / sum;
+    return best;
+}
+
+/* The draft's greedy guesses: it first catches up with the tokens it has
+ * not seen, then runs one pass per further guess. */
+static int32_t draft_guess(rt_spec *s, const int32_t *tok, int32_t n_tok, int32_t k, int32_t *out) {
+    cellm_error err;
+    err_clear(&err);
+    if (s->dseq.n_pos >= n_tok) rt_spec_rewind(s, n_tok - 1); /* a token to give logits */
+    const float *lg;
+    int32_t from = s->dseq.n_pos, n = 0;
+    if (rt_feed_last(&s->d, &s->dseq, tok + from, n_tok - from, &lg, &err) != CELLM_OK) goto fail;
+    s->n_draft_pass++;
+    for (;;) {
+        float p;
+        int32_t g = draft_pick(lg, s->d.m->n_vocab, s->o.draft_p_min, &p);
+        if (p < s->o.draft_p_min) break;
+        out[n++] = g;
+        if (n == k) break; /* the last guess needs no pass of the draft */
+        if (rt_feed_last(&s->d, &s->dseq, &g, 1, &lg, &err) != CELLM_OK) goto fail;
+        s->n_draft_pass++;
+    }
+    return n;
+fail:
+    /* Its KV was sized for this, so this is a bug; guesses only save
+     * time: go on without the draft, the text unchanged. */
+    fprintf(stderr, "cellm: the draft model failed (%s); going on without it\n", err.msg);
+    kv_seq_free(s->d.kv, &s->dseq);
+    s->has_draft = false;
+    return n;
+}
+
+int32_t rt_spec_propose(rt_spec *s, const int32_t *tok, int32_t n_tok, int32_t room, int32_t *out) {
+    int32_t k = s->k > 0 ? s->k : s->o.draft_max;
+    if (room < k) k = room;
+    if (!s->on || k < 1 || k < s->o.draft_min) return 0;
+    if (s->o.lookup > 0) {
+        int32_t n = spec_lookup(tok, n_tok, s->o.lookup, k, out);
+        if (n > 0 && n >= s->o.draft_min) return n;
+    }
+    if (!s->has_draft) return 0;
+    int32_t n = draft_guess(s, tok, n_tok, k, out);
+    return n >= s->o.draft_min ? n : 0;
+}
+
+void rt_spec_done(rt_spec *s, int32_t n_guess, int32_t kept, int32_t n_valid) {
+    s->n_guess += (uint64_t)n_guess;
+    s->n_kept += (uint64_t)kept;
+    s->n_pass++;
+    /* The engine's rule (engine.c, verify): grow while every guess is
+     * kept, else try one more than were kept. */
+    int32_t k = s->k > 0 ? s->k : s->o.draft_max;
+    s->k = kept == n_guess && n_guess == k ? (k + 2 < s->o.draft_max ? k + 2 : s->o.draft_max)
+                                           : kept + 1;
+    rt_spec_rewind(s, n_valid);
+}
+
+void rt_spec_rewind(rt_spec *s, int32_t n) {
+    if (!s->has_draft || s->dseq.n_pos <= n) return;
+    if (!kv_seq_truncate(s->d.kv, &s->dseq, n)) kv_seq_reset(s->d.kv, &s->dseq);
+}
+
+void rt_spec_print(const rt_spec *s, FILE *out) {
+    fprintf(out,
+            "speculation: %llu guesses, %llu kept (%.1f%%); %.2f tokens per pass of the model "
+            "over %llu passes with guesses; %llu draft passes\n",
+            (unsigned long long)s->n_guess, (unsigned long long)s->n_kept,
+            s->n_guess ? 100.0 * (double)s->n_kept / (double)s->n_guess : 0.0,
+            s->n_pass ? (double)(s->n_kept + s->n_pass) / (double)s->n_pass : 0.0,
+            (unsigned long long)s->n_pass, (unsigned long long)s->n_draft_pass);
 }

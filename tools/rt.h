@@ -22,10 +22,12 @@
 #include "tokenizer.h"
 
 typedef struct rt {
+    cellm_model *cm; /* owns m and tok (a handle, so spec_check can compare two) */
     model *m;
     tokenizer *tok;
     kv_cache *kv;
     threadpool *tp;
+    bool own_tp; /* false: tp is another rt's (a draft model shares its target's) */
     forward_ctx *fwd;
     int32_t batch; /* rows per forward call */
     int32_t ctx;
@@ -37,6 +39,11 @@ typedef struct rt_opts {
     int32_t batch;
     int32_t logit_rows;    /* rows that may want logits in one call */
     cellm_kv_type kv_type; /* 0: f16 */
+    /* Positions a sequence may be truncated by (kv_seq.slack, for the
+     * guesses speculative decoding takes back); the KV cache is sized for
+     * passes that much longer. */
+    int32_t slack;
+    threadpool *tp; /* a pool to share, not owned; NULL: its own of `threads` */
 } rt_opts;
 
 /* Resolves `name_or_path` (fetching a known model if needed) and opens it. */
@@ -47,6 +54,17 @@ void rt_close(rt *r);
  * logits there (n_vocab floats). */
 cellm_status rt_feed(rt *r, kv_seq *s, const int32_t *tok, int32_t n, float *logits,
                      cellm_error *err);
+
+/* rt_feed (n >= 1), pointing *logits at the last token's logits instead of
+ * copying them: valid until r's next pass. */
+cellm_status rt_feed_last(rt *r, kv_seq *s, const int32_t *tok, int32_t n, const float **logits,
+                          cellm_error *err);
+
+/* Feeds tok[0..n) to `s` in one pass (n up to rt_opts.logit_rows) with the
+ * logits of every token: *logits points to n rows of n_vocab floats,
+ * valid until r's next pass. */
+cellm_status rt_feed_all(rt *r, kv_seq *s, const int32_t *tok, int32_t n, const float **logits,
+                         cellm_error *err);
 
 /* The fields the sampling flags set, in the order of RT_SAMPLING_USAGE;
  * bit (1u << RT_S_...) of rt_sampling.given says a flag set the field. */
@@ -130,5 +148,83 @@ void rt_sampling_print(const rt_sampling *rs, FILE *out);
 
 /* The library's sampler parameters for `rs` in a context of ctx tokens. */
 sampler_params rt_sampler_params(const rt_sampling *rs, int32_t ctx);
+
+/* ---- speculative decoding for one sequence (cellm run) ----
+ *
+ * Before each pass of the model the caller asks for guesses of the tokens
+ * that follow its sequence, feeds them after its pending token in one pass
+ * (rt_feed_all), samples row by row exactly as a plain run would, keeps
+ * guesses while they equal what it drew, and takes the rest back
+ * (kv_seq_truncate): the text is the plain run's (src/spec.c says why).
+ * Guesses come from prompt lookup (spec_lookup) and, where it finds
+ * nothing, from a draft model run greedily on its own KV. */
+
+#define RT_SPEC_MAX 64 /* the most guesses in one pass (--draft-max) */
+
+typedef struct rt_spec_opts {
+    const char *draft; /* a draft model's path or store name; NULL: none */
+    int32_t lookup;    /* prompt lookup with n-grams of lookup .. 1; 0: off */
+    int32_t draft_max; /* guesses in one pass, 1..RT_SPEC_MAX */
+    int32_t draft_min; /* fewer guesses than this are not fed */
+    float draft_p_min; /* the draft stops at a token it gives less probability */
+} rt_spec_opts;
+
+typedef struct rt_spec {
+    rt_spec_opts o;
+    bool on;        /* a draft or lookup */
+    bool has_draft; /* d and dseq are open */
+    rt d;           /* the draft model, sharing its target's threads */
+    kv_seq dseq;    /* the draft's KV of the target's first dseq.n_pos tokens */
+    int32_t k;      /* guesses to try next: adapts to how many were kept */
+    uint64_t n_guess, n_kept, n_pass, n_draft_pass;
+} rt_spec;
+
+/* The engine's defaults: no draft, no lookup, 8 .. 1 guesses, p-min 0.5. */
+void rt_spec_opts_init(rt_spec_opts *o);
+
+/* As rt_sampling_flag, for the flags of RT_SPEC_USAGE. */
+int rt_spec_flag(rt_spec_opts *o, int argc, char **argv, int *i, const char *cmd);
+
+/* The target's rt_opts for speculation: a truncation slack and logit rows
+ * for the pending token and every guess (nothing without a draft or
+ * lookup). */
+void rt_spec_target_opts(const rt_spec_opts *o, rt_opts *target);
+
+/* Opens the draft model (if any) for `target`, opened with `to` as set by
+ * rt_spec_target_opts: its KV is sized like the target's, for the same
+ * context; a draft of another family or vocabulary is refused
+ * (spec_check). CELLM_OK with nothing to open when speculation is off. */
+cellm_status rt_spec_open(rt_spec *s, const rt_spec_opts *o, rt *target, const rt_opts *to,
+                          cellm_error *err);
+void rt_spec_close(rt_spec *s);
+
+/* Up to min(k, room) guesses of what follows tok[0..n_tok) written to out
+ * (RT_SPEC_MAX ints): lookup's, else the draft's; 0 when fewer than
+ * draft_min. The draft must hold no more than tok[0 .. n_tok - 1). */
+int32_t rt_spec_propose(rt_spec *s, const int32_t *tok, int32_t n_tok, int32_t room, int32_t *out);
+
+/* After a pass that checked n_guess guesses and kept `kept`: counts them,
+ * adapts k as the engine does, and takes the draft's KV back to the
+ * sequence's first n_valid tokens. */
+void rt_spec_done(rt_spec *s, int32_t n_guess, int32_t kept, int32_t n_valid);
+
+/* The target's sequence now holds only its first n tokens: the draft
+ * forgets what lies past them. */
+void rt_spec_rewind(rt_spec *s, int32_t n);
+
+/* One line on `out`: guesses, kept, acceptance and tokens per pass. */
+void rt_spec_print(const rt_spec *s, FILE *out);
+
+#define RT_SPEC_USAGE                                                                              \
+    "speculative decoding (the same text, sooner when the guesses are good):\n"                    \
+    "  --draft MODEL         guess with MODEL, a smaller one of the same family and vocabulary\n"  \
+    "                        (a GGUF path or a model store name), run greedily\n"                  \
+    "  --lookup N            guess what followed the last N .. 1 tokens earlier in the text\n"     \
+    "                        (0: off, the default; with --draft, the draft guesses where it\n"     \
+    "                        finds nothing)\n"                                                     \
+    "  --draft-max K         at most K guesses a pass, 1..64 (default 8)\n"                        \
+    "  --draft-min K         feed no fewer than K guesses (default 1)\n"                           \
+    "  --draft-p-min P       the draft stops at a token it gives under P probability (default "    \
+    "0.5)\n"
 
 #endif /* CELLM_RT_H */
