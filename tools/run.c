@@ -12,6 +12,10 @@
  * feeds only what the KV cache does not already hold, so earlier turns are
  * not recomputed. When the conversation outgrows the context, the oldest
  * turns are dropped.
+ *
+ * With --draft or --lookup, each pass of the model also checks guesses of
+ * the next tokens (speculative decoding, rt.h): the same text, in fewer
+ * passes when the guesses are good.
  */
 #include <editline/readline.h>
 #include <stdio.h>
@@ -48,6 +52,7 @@ typedef struct chat {
     int32_t max_tokens;
     bool raw, verbose, ignore_eos;
     float *logits;
+    rt_spec spec; /* guesses checked in each pass (on with a draft or lookup) */
     /* speed, for --verbose */
     double t_prompt, t_gen;
     long n_prompt, n_gen;
@@ -71,7 +76,9 @@ static void usage(FILE *out) {
             "                        unless sampling flags say otherwise)\n"
             "  --ignore-eos          keep generating past end-of-text (for benchmarks)\n"
             "  -v, --verbose         print the sampling settings, prompt and generation "
-            "speed\n\n" RT_SAMPLING_USAGE,
+            "speed,\n"
+            "                        and how many guesses were kept\n\n" RT_SPEC_USAGE
+            "\n" RT_SAMPLING_USAGE,
             RUN_DEFAULT_MODEL);
 }
 
@@ -85,6 +92,7 @@ static void rewind_to(chat *c, size_t keep) {
         kv_seq_reset(c->r.kv, &c->seq);
         c->hist.n = 0;
     }
+    rt_spec_rewind(&c->spec, (int32_t)c->hist.n); /* the draft holds a prefix of hist */
 }
 
 /* Feeds the prompt's tokens (taking them over); returns false (with a
@@ -149,17 +157,76 @@ static bool pass_on(chat *c, text_buf *b, const char *piece, size_t n) {
     return !show(b, out, out_n) || stopped;
 }
 
-/* Generates an answer after the prompt already fed; streams it to stdout
- * and returns it (malloc'd). */
-static char *generate(chat *c, cellm_error *err) {
+/* An answer being made: its text so far and how it ended. */
+typedef struct reply {
     tok_stream ts;
-    tok_stream_init(&ts, c->r.tok, 0);
-    size_t cap = tok_stream_bound(c->r.tok) + 1;
-    char *piece = malloc(cap);
-    text_buf out = {calloc(1, 1), 0, 1};
-    if (!piece || !out.p) {
-        free(piece);
-        free(out.p);
+    char *piece; /* tok_stream output, cap bytes */
+    size_t cap;
+    text_buf out;
+    int32_t n;    /* tokens taken */
+    bool stopped; /* a reverse prompt matched */
+} reply;
+
+/* Takes t, just sampled, as the answer's next token: the sampler records
+ * it and its text is shown. False when the answer ends here: at an
+ * end-of-text token (not taken), a reverse prompt, the token limit, or a
+ * context with no room for t. */
+static bool take(chat *c, reply *a, int32_t t, cellm_error *err) {
+    if (!c->ignore_eos && !c->raw && chat_is_stop(&c->tpl, c->r.tok, t)) return false;
+    if (!c->ignore_eos && c->raw && t == tokenizer_eos(c->r.tok)) return false;
+    sampler_accept(c->smp, t, NULL);
+    size_t n = 0;
+    if (tok_stream_push(&a->ts, t, a->piece, a->cap, &n, err) != CELLM_OK) return false;
+    c->n_gen++;
+    a->n++;
+    a->stopped = pass_on(c, &a->out, a->piece, n);
+    /* t would go at position hist.n, leaving room for one more. */
+    return !a->stopped && (long)c->hist.n + 1 < c->r.ctx &&
+           (c->max_tokens < 0 || a->n < c->max_tokens);
+}
+
+/* The KV cache back to hist after a pass that fed guesses: what the
+ * rejected ones wrote goes. */
+static bool drop_guesses(chat *c, cellm_error *err) {
+    int32_t keep = (int32_t)c->hist.n;
+    if (c->seq.n_pos <= keep || kv_seq_truncate(c->r.kv, &c->seq, keep)) return true;
+    /* The slack keeps what a truncation needs; should it not, recompute. */
+    kv_seq_reset(c->r.kv, &c->seq);
+    return rt_feed(&c->r, &c->seq, c->hist.ids, keep, NULL, err) == CELLM_OK;
+}
+
+/* Feeds the pending token t (hist's last) and guesses of what follows it
+ * in one pass; *row is then t's logits, followed by each guess's. Returns
+ * the number of guesses (0: t alone), or -1 on an error. */
+static int32_t feed_pending(chat *c, int32_t t, const reply *a, int32_t *guess, const float **row,
+                            cellm_error *err) {
+    int32_t room = c->r.ctx - 1 - (int32_t)c->hist.n; /* as take() leaves room */
+    if (c->max_tokens >= 0 && c->max_tokens - a->n - 1 < room)
+        room = c->max_tokens - a->n - 1; /* the last token is not guessed */
+    int32_t n = rt_spec_propose(&c->spec, c->hist.ids, (int32_t)c->hist.n, room, guess + 1);
+    if (n == 0) {
+        if (rt_feed(&c->r, &c->seq, &t, 1, c->logits, err) != CELLM_OK) return -1;
+        *row = c->logits;
+        return 0;
+    }
+    guess[0] = t;
+    if (rt_feed_all(&c->r, &c->seq, guess, n + 1, row, err) != CELLM_OK) return -1;
+    return n;
+}
+
+/* Generates an answer after the prompt already fed; streams it to stdout
+ * and returns it (malloc'd). With speculation, each pass of the model
+ * also checks guesses of the tokens that follow: sampling goes row by row
+ * as without them, and a row is used only while the guesses before it
+ * were what was drawn, so the text is the same. */
+static char *generate(chat *c, cellm_error *err) {
+    reply a = {.cap = tok_stream_bound(c->r.tok) + 1};
+    tok_stream_init(&a.ts, c->r.tok, 0);
+    a.piece = malloc(a.cap);
+    a.out = (text_buf){calloc(1, 1), 0, 1};
+    if (!a.piece || !a.out.p) {
+        free(a.piece);
+        free(a.out.p);
         err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
         return NULL;
     }
@@ -169,36 +236,52 @@ static char *generate(chat *c, cellm_error *err) {
     for (size_t i = c->hist.n > c->window ? c->hist.n - c->window : 0; i < c->hist.n; i++)
         sampler_accept(c->smp, c->hist.ids[i], NULL);
     double t0 = now_s();
-    bool stopped = false;
-    for (int32_t i = 0; c->max_tokens < 0 || i < c->max_tokens; i++) {
-        int32_t t = sampler_sample(c->smp, c->logits);
-        if (!c->ignore_eos && !c->raw && chat_is_stop(&c->tpl, c->r.tok, t)) break;
-        if (!c->ignore_eos && c->raw && t == tokenizer_eos(c->r.tok)) break;
-        sampler_accept(c->smp, t, NULL);
-        size_t n = 0;
-        if (tok_stream_push(&ts, t, piece, cap, &n, err) != CELLM_OK) break;
-        c->n_gen++;
-        stopped = pass_on(c, &out, piece, n);
-        if (stopped || c->seq.n_pos + 1 >= c->r.ctx) break; /* a reverse prompt, a full context */
+    const float *row = c->logits; /* the logits to sample the next token from */
+    /* The pending token and the guesses fed after it in the last pass
+     * (guess[1 .. n_guess]); kept: those drawn so far. */
+    int32_t guess[RT_SPEC_MAX + 1], n_guess = 0, kept = 0;
+    while (c->max_tokens != 0) {
+        int32_t t = sampler_sample(c->smp, row);
+        if (!take(c, &a, t, err)) break;
+        if (kept < n_guess && t == guess[kept + 1]) {
+            /* Guessed: its KV is in, and its logits are the next row. */
+            if (!tok_ids_push(&c->hist, t)) break;
+            kept++;
+            row += c->r.m->n_vocab;
+            continue;
+        }
+        if (n_guess > 0) {
+            rt_spec_done(&c->spec, n_guess, kept, (int32_t)c->hist.n);
+            n_guess = kept = 0;
+            if (!drop_guesses(c, err)) break;
+        }
         if (!tok_ids_push(&c->hist, t)) break;
-        if (rt_feed(&c->r, &c->seq, &t, 1, c->logits, err) != CELLM_OK) {
+        n_guess = feed_pending(c, t, &a, guess, &row, err);
+        if (n_guess < 0) {
+            n_guess = 0;
             c->hist.n--; /* hist is what the KV cache holds */
             break;
         }
     }
+    if (n_guess > 0) {
+        rt_spec_done(&c->spec, n_guess, kept, (int32_t)c->hist.n);
+        drop_guesses(c, err);
+    }
+    rt_spec_rewind(&c->spec, (int32_t)c->hist.n);
     size_t n = 0;
-    if (!stopped && tok_stream_flush(&ts, piece, cap, &n, err) == CELLM_OK)
-        stopped = pass_on(c, &out, piece, n);
+    bool stopped = a.stopped;
+    if (!stopped && tok_stream_flush(&a.ts, a.piece, a.cap, &n, err) == CELLM_OK)
+        stopped = pass_on(c, &a.out, a.piece, n);
     if (!stopped && c->stops) {
         const char *tail;
         stop_flush(c->stops, &tail, &n);
-        show(&out, tail, n);
+        show(&a.out, tail, n);
     }
     c->t_gen += now_s() - t0;
     fputc('\n', stdout);
     fflush(stdout);
-    free(piece);
-    return out.p;
+    free(a.piece);
+    return a.out.p;
 }
 
 static void free_msgs(chat *c, int from) {
@@ -248,6 +331,7 @@ static void print_speed(const chat *c) {
     fprintf(stderr, "prompt: %ld tokens, %.1f tokens/s; generation: %ld tokens, %.1f tokens/s\n",
             c->n_prompt, c->t_prompt > 0 ? c->n_prompt / c->t_prompt : 0.0, c->n_gen,
             c->t_gen > 0 ? c->n_gen / c->t_gen : 0.0);
+    if (c->spec.on) rt_spec_print(&c->spec, stderr);
 }
 
 static int repl(chat *c) {
@@ -277,6 +361,7 @@ static int repl(chat *c) {
             free_msgs(c, c->n_msgs && !strcmp(c->msgs[0].role, "system") ? 1 : 0);
             kv_seq_reset(c->r.kv, &c->seq);
             c->hist.n = 0;
+            rt_spec_rewind(&c->spec, 0);
             fprintf(stderr, "(conversation cleared)\n");
         } else if (*line) {
             cellm_error err;
@@ -295,6 +380,8 @@ int cmd_run(int argc, char **argv) {
     rt_opts o = {0};
     static rt_sampling rs; /* its bias table is 8 KiB */
     rt_sampling_init(&rs);
+    rt_spec_opts so;
+    rt_spec_opts_init(&so);
     chat c;
     memset(&c, 0, sizeof c);
     c.max_tokens = 1024;
@@ -320,6 +407,7 @@ int cmd_run(int argc, char **argv) {
         dst = u;                                                                                   \
     } while (0)
         int taken = rt_sampling_flag(&rs, argc, argv, &i, "run");
+        if (!taken) taken = rt_spec_flag(&so, argc, argv, &i, "run");
         if (taken < 0) return 2;
         if (taken > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -369,6 +457,12 @@ int cmd_run(int argc, char **argv) {
         }
     }
     if (!model_name) model_name = RUN_DEFAULT_MODEL;
+    if (so.draft_min > so.draft_max) {
+        cli_error("run: --draft-min (%d) must not exceed --draft-max (%d)", (int)so.draft_min,
+                  (int)so.draft_max);
+        return 2;
+    }
+    rt_spec_target_opts(&so, &o);
     char *tpl_text = NULL;
     if (tpl_file) {
         size_t len;
@@ -390,6 +484,12 @@ int cmd_run(int argc, char **argv) {
     int rc = 1;
     if (rt_open(model_name, &o, &c.r, &err) != CELLM_OK) {
         cli_error("%s", err.msg);
+        free(tpl_text);
+        return 1;
+    }
+    if (rt_spec_open(&c.spec, &so, &c.r, &o, &err) != CELLM_OK) {
+        cli_error("%s", err.msg);
+        rt_close(&c.r);
         free(tpl_text);
         return 1;
     }
@@ -427,6 +527,7 @@ done:
     if (c.seq.table[0]) kv_seq_free(c.r.kv, &c.seq);
     sampler_free(c.smp);
     stop_free(c.stops);
+    rt_spec_close(&c.spec); /* it shares the model's threads */
     rt_close(&c.r);
     free(tpl_text);
     return rc;
