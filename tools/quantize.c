@@ -40,7 +40,7 @@
 static const quantize_ftype ftypes[] = {
     {"Q4_0", 2, QT_Q4_0, false},   {"Q4_1", 3, QT_Q4_1, false},  {"Q5_0", 8, QT_Q5_0, false},
     {"Q5_1", 9, QT_Q5_1, false},   {"Q8_0", 7, QT_Q8_0, false},  {"Q4_K_M", 15, QT_Q4_K, true},
-    {"Q5_K_M", 17, QT_Q5_K, true}, {"Q6_K", 18, QT_Q6_K, false},
+    {"Q5_K_M", 17, QT_Q5_K, true}, {"Q6_K", 18, QT_Q6_K, false}, {"F16", 1, QT_F16, false},
 };
 
 #define N_FTYPES (sizeof ftypes / sizeof ftypes[0])
@@ -53,7 +53,7 @@ const quantize_ftype *quantize_ftype_by_name(const char *name) {
 }
 
 const char *quantize_ftype_names(void) {
-    return "Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K_M Q5_K_M Q6_K";
+    return "Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K_M Q5_K_M Q6_K F16";
 }
 
 /* ---- choosing each tensor's type ---- */
@@ -125,6 +125,12 @@ static cellm_status choose_type(plan_state *s, const char *name, uint64_t ne0, u
     uint32_t t = ft->base_type;
     const bool m = ft->mix_m;
     *fallback = false;
+    if (t == QT_F16) {
+        /* Unquantized: every matrix in F16, as llama.cpp's MOSTLY_F16 (a
+         * quantized input is expanded, no precision comes back). */
+        *out = t;
+        return CELLM_OK;
+    }
     if (!strcmp(name, "output.weight") || (!s->has_output && !strcmp(name, "token_embd.weight"))) {
         if (ne0 % block_of(t) != 0)
             t = QT_Q8_0;
