@@ -146,7 +146,7 @@ cellm_status sampler_create(const sampler_params *p, int32_t n_vocab, sampler **
     bool sampled = p->temperature > 0 && p->top_k != 1;
     bool ok =
         !sampled || ((s->idx = malloc(sizeof(int32_t) * V)) &&
-                     (s->val = malloc(sizeof(float) * V)) && (s->w = malloc(sizeof(float) * V)));
+                     (s->val = malloc(sizeof(float) * V)) && (s->w = calloc(V, sizeof(float))));
     bool pen = p->penalty_last_n > 0 && (p->repeat_penalty != 1 || p->presence_penalty != 0 ||
                                          p->frequency_penalty != 0 || p->ngram_size > 0);
     if (ok && (pen || p->n_logit_bias > 0)) ok = (s->work = malloc(sizeof(float) * V)) != NULL;
@@ -520,16 +520,20 @@ static void sift_down(sampler *s, int i, int n, bool min_heap) {
 }
 
 /* Puts the best of idx/val[0..n) first, in order, stopping once the first
- * m >= 1 of them weigh at least `target` (by w[]); returns m. Heap
- * selection: O(n + m log n), never a sort of the candidates it does not
- * need. */
+ * m >= 1 of them weigh at least `target` (by w[]); returns m. A target of
+ * INFINITY orders all n and never reads w[], which the caller may not
+ * have set for these candidates yet (order_by_logit): weights left from
+ * an earlier step, or never written, must not decide how many come out.
+ * Heap selection: O(n + m log n), never a sort of the candidates it does
+ * not need. */
 static int best_first(sampler *s, int n, double target) {
     for (int i = n / 2 - 1; i >= 0; i--) sift_down(s, i, n, false);
+    const bool all = target == INFINITY;
     double acc = 0;
     int m = 0;
-    while (m < n && (m == 0 || acc < target)) {
+    while (m < n && (all || m == 0 || acc < target)) {
         /* The heap is [0, n - m); the popped best go to the end. */
-        acc += s->w[s->idx[0]];
+        if (!all) acc += s->w[s->idx[0]];
         swap(s, 0, n - m - 1);
         m++;
         sift_down(s, 0, n - m, false);

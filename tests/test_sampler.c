@@ -730,17 +730,64 @@ static void test_golden_draws(void **st) {
     }
 }
 
+/* Fills the heap with freed blocks of `x`, which glibc then hands to the
+ * next allocations of that size (a sampler's arrays). */
+static void dirty_heap(float x) {
+    enum { N_JUNK = 32 };
+    void *junk[N_JUNK];
+    for (int i = 0; i < N_JUNK; i++) {
+        float *b = malloc(sizeof(float) * V);
+        assert_non_null(b);
+        for (int j = 0; j < V; j++) b[j] = x;
+        junk[i] = b;
+    }
+    for (int i = 0; i < N_JUNK; i++) free(junk[i]);
+}
+
+/* A step's draws depend on its logits and the PRNG only, never on what
+ * the sampler's buffers held before: a sampler made in memory full of NaN
+ * draws what one made in zeroed memory does. (One that read weights it
+ * had not written yet ordered its top-k candidates wrongly there, and
+ * drew other tokens for the same seed.) */
+static void test_stale_memory(void **st) {
+    (void)st;
+    float l[V];
+    fill(l);
+    sampler_params p = sampler_default_params();
+    p.temperature = 1.0f;
+    p.top_k = 40;
+    p.top_p = 0.9f;
+    p.seed = 7;
+    sampler *a, *b;
+    dirty_heap(0.0f);
+    assert_int_equal(sampler_create(&p, V, &a, NULL), CELLM_OK);
+    dirty_heap(NAN);
+    assert_int_equal(sampler_create(&p, V, &b, NULL), CELLM_OK);
+    int distinct = 0;
+    bool seen[V] = {false};
+    for (int i = 0; i < 200; i++) {
+        int32_t t = sampler_sample(a, l);
+        assert_int_equal(sampler_sample(b, l), t);
+        distinct += !seen[t];
+        seen[t] = true;
+    }
+    assert_true(distinct > 5); /* it really sampled */
+    sampler_free(a);
+    sampler_free(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_greedy),      cmocka_unit_test(test_seed_repeats),
-        cmocka_unit_test(test_truncation),  cmocka_unit_test(test_distribution),
-        cmocka_unit_test(test_logit_bias),  cmocka_unit_test(test_penalties),
-        cmocka_unit_test(test_ngram_guard), cmocka_unit_test(test_typical),
-        cmocka_unit_test(test_large_vocab), cmocka_unit_test(test_stat_temperature),
-        cmocka_unit_test(test_stat_top_k),  cmocka_unit_test(test_stat_top_p),
-        cmocka_unit_test(test_stat_min_p),  cmocka_unit_test(test_stat_typical),
-        cmocka_unit_test(test_stat_chain),  cmocka_unit_test(test_stat_penalties),
-        cmocka_unit_test(test_edges),       cmocka_unit_test(test_golden_draws),
+        cmocka_unit_test(test_greedy),       cmocka_unit_test(test_seed_repeats),
+        cmocka_unit_test(test_truncation),   cmocka_unit_test(test_distribution),
+        cmocka_unit_test(test_logit_bias),   cmocka_unit_test(test_penalties),
+        cmocka_unit_test(test_ngram_guard),  cmocka_unit_test(test_typical),
+        cmocka_unit_test(test_large_vocab),  cmocka_unit_test(test_stat_temperature),
+        cmocka_unit_test(test_stat_top_k),   cmocka_unit_test(test_stat_top_p),
+        cmocka_unit_test(test_stat_min_p),   cmocka_unit_test(test_stat_typical),
+        cmocka_unit_test(test_stat_chain),   cmocka_unit_test(test_stat_penalties),
+        cmocka_unit_test(test_edges),        cmocka_unit_test(test_golden_draws),
+        cmocka_unit_test(test_stale_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
