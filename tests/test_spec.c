@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -31,7 +32,13 @@
 #else
 #define N_PROMPTS 50
 #endif
-#define MAX_NEW 24
+#define MAX_NEW 20
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 static const char *const prompts[50] = {
     "The capital of France is",
@@ -199,6 +206,10 @@ static void assert_same(const run_out *a, const run_out *b, int n, const char *w
         if (!same) {
             print_error("%s: prompt %d (\"%s\") differs from the plain run (%d vs %d tokens)\n",
                         what, i, prompts[i], b->n[i], a->n[i]);
+            for (int j = 0; j < a->n[i] || j < b->n[i]; j++)
+                print_error("  %d: plain %d, here %d%s\n", j, j < a->n[i] ? a->ids[i][j] : -1,
+                            j < b->n[i] ? b->ids[i][j] : -1,
+                            j < a->n[i] && j < b->n[i] && a->ids[i][j] == b->ids[i][j] ? "" : " *");
             fail();
         }
     }
@@ -213,32 +224,40 @@ static void exact_pair(const char *target, const char *draft_file) {
     cellm_stats st;
     for (int sampled = 0; sampled < 2; sampled++) {
         cellm_engine_params p = cellm_engine_default_params();
+        double tp = now_s();
         complete(m, p, 8, sampled, N_PROMPTS, &plain, &st);
+        print_message("%s, plain, %s: %.1f s\n", target, sampled ? "sampled" : "greedy",
+                      now_s() - tp);
         assert_int_equal(st.n_spec_passes, 0);
+        /* Every prompt with the draft and with lookup, 8 at once; fewer
+         * with both, and one at a time (slow). */
         struct {
             const char *name;
             bool draft;
             int lookup;
-            int conc;
-        } modes[] = {{"draft, 8 at once", true, 0, 8},
-                     {"lookup, 8 at once", false, 3, 8},
-                     {"draft + lookup, 8 at once", true, 2, 8},
-                     {"draft, alone", true, 0, 1}};
+            int conc, n;
+        } modes[] = {{"draft, 8 at once", true, 0, 8, N_PROMPTS},
+                     {"lookup, 8 at once", false, 3, 8, N_PROMPTS},
+                     {"draft + lookup, 8 at once", true, 2, 8, N_PROMPTS / 3},
+                     {"draft, alone", true, 0, 1, N_PROMPTS / 6},
+                     {"lookup, alone", false, 3, 1, N_PROMPTS / 6}};
         for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++) {
             cellm_engine_params q = cellm_engine_default_params();
             q.draft_model = modes[k].draft ? d : NULL;
             q.lookup_ngram = modes[k].lookup;
-            /* Alone is slow: a third of the prompts. */
-            int n = modes[k].conc == 1 ? N_PROMPTS / 3 : N_PROMPTS;
+            int n = modes[k].n;
+            double t0 = now_s();
             complete(m, q, modes[k].conc, sampled, n, &spec, &st);
             char what[128];
             snprintf(what, sizeof what, "%s, %s, %s", target, modes[k].name,
                      sampled ? "sampled" : "greedy");
             assert_same(&plain, &spec, n, what);
             print_message(
-                "%s: %llu guesses, %llu kept, %llu checking passes, %llu draft passes\n", what,
-                (unsigned long long)st.n_draft_tokens, (unsigned long long)st.n_draft_accepted,
-                (unsigned long long)st.n_spec_passes, (unsigned long long)st.n_draft_steps);
+                "%s (%d prompts, %.1f s): %llu guesses, %llu kept, %llu checking passes, %llu "
+                "draft passes\n",
+                what, n, now_s() - t0, (unsigned long long)st.n_draft_tokens,
+                (unsigned long long)st.n_draft_accepted, (unsigned long long)st.n_spec_passes,
+                (unsigned long long)st.n_draft_steps);
             /* Guesses were made and some kept: speculation really ran. */
             assert_true(st.n_spec_passes > 0);
             assert_true(st.n_draft_accepted > 0);
@@ -325,6 +344,7 @@ static void test_refused(void **state) {
 }
 
 int main(void) {
+    if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lookup),        cmocka_unit_test(test_refused),
         cmocka_unit_test(test_exact_smollm2), cmocka_unit_test(test_budget),
