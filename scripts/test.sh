@@ -175,6 +175,12 @@ fi
 if suite models "real models"; then
     for m in smollm2-135m gemma3-270m; do
         "$CELLM_ROOT/build/cellm" pull "$m" || fail "cellm pull $m failed"
+        # The speculative-decoding tests' draft: the same model requantized
+        # to Q4_0 (tests/test_spec.c, tests/test_run_spec.c).
+        if [ ! -s "$store/$m-q4_0.gguf" ]; then
+            "$CELLM_ROOT/build/cellm" quantize "$store/$m.gguf" "$store/$m-q4_0.gguf" Q4_0 \
+                >/dev/null || fail "cellm quantize $m Q4_0 failed"
+        fi
     done
 fi
 
