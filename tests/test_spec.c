@@ -10,7 +10,8 @@
  *  - the same holds with the phone memory mode's 512 MiB process budget,
  *    and a draft that does not fit is refused at creation with the
  *    figures;
- *  - a draft of another vocabulary or family is refused, naming which.
+ * *  - a draft of another vocabulary (the tiny llama of the architecture
+ *    fixtures, converted) or family is refused, naming which.
  * The draft files are made by scripts/test.sh (cellm quantize ... Q4_0);
  * the test says how when they are missing.
  */
@@ -327,6 +328,23 @@ static void test_refused(void **state) {
     p.draft_model = m;
     assert_int_equal(cellm_engine_create(m, &p, &e), CELLM_ERR_INVALID_ARG);
     assert_non_null(strstr(cellm_last_error(), "itself"));
+    /* Same family (llama), another vocabulary: the tiny llama of the
+     * architecture fixtures, converted. */
+    char tiny[256], cmd[1024];
+    snprintf(tiny, sizeof tiny, "/tmp/cellm-test-spec-%d.gguf", (int)getpid());
+    snprintf(cmd, sizeof cmd, "'%s' convert '%s/tests/data/arch/llama' '%s' --type f16 2>&1",
+             test_cellm_bin(), CELLM_SOURCE_DIR, tiny);
+    char *out = NULL;
+    int rc = test_run_cmd(cmd, &out);
+    if (rc != 0) print_error("%s\n", out);
+    free(out);
+    assert_int_equal(rc, 0);
+    cellm_model *t = load(tiny);
+    unlink(tiny);
+    p.draft_model = t;
+    assert_int_equal(cellm_engine_create(m, &p, &e), CELLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(cellm_last_error(), "vocabulary"));
+    cellm_model_free(t);
     p.draft_model = NULL;
     p.lookup_ngram = 2;
     p.draft_max = 0;
