@@ -33,7 +33,7 @@
 #else
 #define N_PROMPTS 50
 #endif
-#define MAX_NEW 20
+#define MAX_NEW 16
 
 static double now_s(void) {
     struct timespec ts;
@@ -239,9 +239,9 @@ static void exact_pair(const char *target, const char *draft_file) {
             int conc, n;
         } modes[] = {{"draft, 8 at once", true, 0, 8, N_PROMPTS},
                      {"lookup, 8 at once", false, 3, 8, N_PROMPTS},
-                     {"draft + lookup, 8 at once", true, 2, 8, N_PROMPTS / 3},
-                     {"draft, alone", true, 0, 1, N_PROMPTS / 6},
-                     {"lookup, alone", false, 3, 1, N_PROMPTS / 6}};
+                     {"draft + lookup, 8 at once", true, 2, 8, N_PROMPTS / 6},
+                     {"draft, alone", true, 0, 1, N_PROMPTS / 12 + 1},
+                     {"lookup, alone", false, 3, 1, N_PROMPTS / 12 + 1}};
         for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++) {
             cellm_engine_params q = cellm_engine_default_params();
             q.draft_model = modes[k].draft ? d : NULL;
