@@ -19,6 +19,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <pthread.h>
 #include <string.h>
 #include <time.h>
 
@@ -159,6 +160,8 @@ static cellm_model *load(const char *path) {
 
 /* Completes prompts [0, n) on an engine with `p`, `conc` at a time (the
  * engine's max_seqs), with `sampled` seeded sampling; fills *o. */
+static int32_t g_max_new = MAX_NEW; /* tokens a prompt */
+
 static void complete(const cellm_model *m, cellm_engine_params p, int conc, bool sampled, int n,
                      run_out *o, cellm_stats *st) {
     p.max_seqs = conc;
@@ -172,7 +175,7 @@ static void complete(const cellm_model *m, cellm_engine_params p, int conc, bool
         for (int i = 0; i < k; i++) {
             cellm_request_params rp = cellm_request_default_params();
             rp.prompt = prompts[base + i];
-            rp.max_tokens = MAX_NEW;
+            rp.max_tokens = g_max_new;
             if (sampled) {
                 rp.sampling.temperature = 0.8f;
                 rp.sampling.top_k = 40;
@@ -361,12 +364,80 @@ static void test_refused(void **state) {
     cellm_model_free(m);
 }
 
+/* Under ThreadSanitizer (test.sh runs only test_tsan_* there): requests
+ * from 4 threads at once on an engine with a draft and lookup, whose draft
+ * passes run on the engine thread and the shared pool; the text is still
+ * the plain run's. */
+typedef struct tsan_job {
+    cellm_engine *e;
+    int i;
+    const int32_t *ids;
+    int32_t n;
+    bool ok;
+} tsan_job;
+
+static void *tsan_submit(void *arg) {
+    tsan_job *j = arg;
+    cellm_request_params rp = cellm_request_default_params();
+    rp.prompt = prompts[j->i];
+    rp.max_tokens = 6;
+    rp.sampling.temperature = 0.8f;
+    rp.sampling.top_k = 40;
+    rp.sampling.top_p = 0.95f;
+    rp.sampling.min_p = 0.05f;
+    rp.sampling.repeat_penalty = 1.1f;
+    rp.sampling.seed = 1000 + (uint64_t)j->i;
+    cellm_request *r = NULL;
+    cellm_result res;
+    const int32_t *ids;
+    int32_t n;
+    j->ok = cellm_submit(j->e, &rp, &r) == CELLM_OK && cellm_wait(r, &res) == CELLM_OK &&
+            cellm_request_tokens(r, &ids, &n) == CELLM_OK && n == j->n &&
+            memcmp(ids, j->ids, (size_t)n * sizeof *ids) == 0;
+    cellm_request_free(r);
+    return NULL;
+}
+
+static void test_tsan_spec(void **state) {
+    (void)state;
+    char buf[1024], dbuf[1024];
+    cellm_model *m = load(test_model_path("smollm2-135m", buf, sizeof buf));
+    cellm_model *d = load(store_path("smollm2-135m-q4_0.gguf", dbuf, sizeof dbuf));
+    static run_out plain;
+    cellm_stats st;
+    g_max_new = 6;
+    cellm_engine_params p = cellm_engine_default_params();
+    complete(m, p, 4, true, 4, &plain, &st);
+    g_max_new = MAX_NEW;
+    p.max_seqs = 4;
+    p.n_threads = 2;
+    p.draft_model = d;
+    p.lookup_ngram = 2;
+    cellm_engine *e = NULL;
+    assert_int_equal(cellm_engine_create(m, &p, &e), CELLM_OK);
+    pthread_t th[4];
+    tsan_job jobs[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (tsan_job){e, i, plain.ids[i], plain.n[i], false};
+        assert_int_equal(pthread_create(&th[i], NULL, tsan_submit, &jobs[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_true(jobs[i].ok);
+    }
+    assert_int_equal(cellm_engine_stats(e, &st), CELLM_OK);
+    assert_true(st.n_spec_passes > 0);
+    cellm_engine_free(e);
+    cellm_model_free(d);
+    cellm_model_free(m);
+}
+
 int main(void) {
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lookup),        cmocka_unit_test(test_refused),
         cmocka_unit_test(test_exact_smollm2), cmocka_unit_test(test_budget),
-        cmocka_unit_test(test_exact_gemma3),
+        cmocka_unit_test(test_exact_gemma3),  cmocka_unit_test(test_tsan_spec),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
