@@ -30,7 +30,7 @@
 #include "test_common.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define N_PROMPTS 10 /* sanitizer builds: the same checks on fewer prompts */
+#define N_PROMPTS 6 /* sanitizer builds: the same checks on fewer prompts */
 #else
 #define N_PROMPTS 50
 #endif
@@ -43,11 +43,15 @@ static double now_s(void) {
 }
 
 static const char *const prompts[50] = {
+    /* First those whose answers repeat them: the runs one at a time take
+     * the first few, and should see guesses kept. */
+    "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown",
+    "1, 2, 3, 4, 5, 6, 7, 8,",
+    "A list of fruits: apple, banana, cherry, apple, banana,",
     "The capital of France is",
     "Once upon a time, in a small village by the sea,",
     "The first five prime numbers are 2, 3, 5,",
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
-    "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown",
     "Water boils at 100 degrees Celsius. Water boils at",
     "Q: What is 12 times 12?\nA:",
     "A haiku about autumn leaves:\n",
@@ -57,12 +61,10 @@ static const char *const prompts[50] = {
     "Translate to French: Good morning, how are you?\nFrench:",
     "Rewrite with the names changed: def add(a, b): return a + b. Rewritten: def sum_two(x, y):",
     "Summarise: The meeting covered the budget, the hiring plan and the new office. In short,",
-    "1, 2, 3, 4, 5, 6, 7, 8,",
     "The best way to learn a language is",
     "Dear Sir or Madam,\n\nI am writing to",
     "SELECT name, age FROM users WHERE",
     "In 1969, astronauts first",
-    "A list of fruits: apple, banana, cherry, apple, banana,",
     "The recipe needs flour, sugar, eggs and",
     "for (int i = 0; i < n; i++) {\n    sum +=",
     "Photosynthesis is the process by which",
