@@ -264,9 +264,10 @@ static void exact_pair(const char *target, const char *draft_file) {
                 what, n, now_s() - t0, (unsigned long long)st.n_draft_tokens,
                 (unsigned long long)st.n_draft_accepted, (unsigned long long)st.n_spec_passes,
                 (unsigned long long)st.n_draft_steps);
-            /* Guesses were made and some kept: speculation really ran. */
+            /* Guesses were made and (but where a sampled run of a prompt or
+             * two may keep none) some kept: speculation really ran. */
             assert_true(st.n_spec_passes > 0);
-            assert_true(st.n_draft_accepted > 0);
+            if (!sampled || n >= 16) assert_true(st.n_draft_accepted > 0);
             assert_true(st.n_draft_accepted <= st.n_draft_tokens);
             if (modes[k].draft) assert_true(st.n_draft_steps > 0);
         }
