@@ -167,6 +167,7 @@ static int32_t g_max_new = MAX_NEW; /* tokens a prompt */
 
 static void complete(const cellm_model *m, cellm_engine_params p, int conc, bool sampled, int n,
                      run_out *o, cellm_stats *st) {
+    assert_true(n <= N_PROMPTS);
     p.max_seqs = conc;
     p.n_threads = 2;
     cellm_engine *e = NULL;
