@@ -26,6 +26,8 @@
 
 #include <cmocka.h>
 
+#include <cjson/cJSON.h>
+
 #include "serve.h"
 #include "test_common.h"
 
@@ -279,6 +281,24 @@ static void test_endpoints(void **st) {
     reply_free(&r);
 }
 
+/* The draft model's file in the store (scripts/test.sh makes it with
+ * `cellm quantize smollm2-135m ... Q4_0`). */
+static const char *draft_path(char *buf, size_t cap) {
+    const char *home = getenv("CELLM_HOME");
+    if (home && *home)
+        snprintf(buf, cap, "%s/models/smollm2-135m-q4_0.gguf", home);
+    else
+        snprintf(buf, cap, "%s/.cache/cellm/models/smollm2-135m-q4_0.gguf",
+                 getenv("HOME") ? getenv("HOME") : "");
+    if (access(buf, R_OK) != 0) {
+        print_error("draft model %s not found: scripts/test.sh makes it (cellm quantize "
+                    "smollm2-135m %s Q4_0)\n",
+                    buf, buf);
+        fail();
+    }
+    return buf;
+}
+
 /* The command line refuses bad flags before loading anything. */
 static void test_cli(void **st) {
     (void)st;
@@ -295,10 +315,31 @@ static void test_cli(void **st) {
         {"--api-key ''", 2, "must not be empty"},
         {"a.gguf b.gguf", 2, "more than one model"},
         {"/nonexistent/model.gguf --port 0", 1, "model"},
+        {"--model-draft", 2, "--model-draft needs a value"},
+        {"--draft-max 0", 2, "--draft-max needs a whole number from 1 to 64"},
+        {"--draft-max 4", 2, "needs --model-draft or --lookup"},
+        {"--lookup 2 --draft-min 5 --draft-max 4", 2, "must not exceed --draft-max"},
+        {"--lookup 2 --draft-p-min 1.5", 2, "--draft-p-min needs a number from 0 to 1"},
+        {"-md /nonexistent/draft.gguf --port 0", 1, "draft model: no such model file"},
+        {"-md smollm2-135m --port 0", 1, "the draft model is the model's own file"},
+        /* The engine's reasons, at start: another family; over the budget. */
+        {"-md %G --port 0", 1, "a draft must be of the same family"},
+        {"-md %D -c 512 -np 2 --mem-budget 160M --port 0", 1,
+         "a process budget of 160 MiB cannot hold 2 sequences"},
     };
+    char gemma[1024], draft[1024];
+    test_model_path("gemma3-270m", gemma, sizeof gemma);
+    draft_path(draft, sizeof draft);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        char cmd[1024], *out;
-        snprintf(cmd, sizeof cmd, "'%s' serve %s 2>&1", test_cellm_bin(), cases[i].args);
+        char cmd[4096], args[3072], *out;
+        /* %G and %D: the Gemma 3 model and the SmolLM2 draft's paths. */
+        const char *a = cases[i].args, *mark = strchr(a, '%');
+        if (mark)
+            snprintf(args, sizeof args, "%.*s'%s'%s", (int)(mark - a), a,
+                     mark[1] == 'G' ? gemma : draft, mark + 2);
+        else
+            snprintf(args, sizeof args, "%s", a);
+        snprintf(cmd, sizeof cmd, "'%s' serve %s 2>&1", test_cellm_bin(), args);
         int rc = test_run_cmd(cmd, &out);
         if (rc != cases[i].rc || !strstr(out, cases[i].msg))
             fail_msg("cellm serve %s: want %d and '%s', got %d: %s", cases[i].args, cases[i].rc,
@@ -767,12 +808,120 @@ static void test_tsan_serve(void **st) {
     reply_free(&r);
 }
 
+/* ------------------------------------------------------------ speculation */
+
+/* The text of every choice of a completion reply, in index order, as one
+ * string with the choices separated by "\x1e" (a new buffer). */
+static char *choice_texts(const char *body) {
+    cJSON *j = cJSON_Parse(body);
+    assert_non_null(j);
+    cJSON *ch = cJSON_GetObjectItem(j, "choices");
+    assert_true(cJSON_IsArray(ch));
+    int n = cJSON_GetArraySize(ch);
+    size_t cap = 1, len = 0;
+    for (int i = 0; i < n; i++) {
+        cJSON *t = cJSON_GetObjectItem(cJSON_GetArrayItem(ch, i), "text");
+        if (!t)
+            t = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(ch, i), "message"),
+                                    "content");
+        assert_true(cJSON_IsString(t));
+        cap += strlen(t->valuestring) + 1;
+    }
+    char *out = calloc(cap, 1);
+    assert_non_null(out);
+    for (int i = 0; i < n; i++) { /* choices come in index order */
+        cJSON *c = cJSON_GetArrayItem(ch, i), *t = cJSON_GetObjectItem(c, "text");
+        if (!t) t = cJSON_GetObjectItem(cJSON_GetObjectItem(c, "message"), "content");
+        assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(c, "index")), i);
+        len += (size_t)sprintf(out + len, "%s\x1e", t->valuestring);
+    }
+    cJSON_Delete(j);
+    return out;
+}
+
+/* The choices' texts of one request to the server s. */
+static char *ask(server *s, const char *path, const char *body) {
+    server *keep = srv;
+    srv = s;
+    reply r = http("POST", path, NULL, body);
+    srv = keep;
+    if (r.status != 200) fail_msg("%s: %d %.300s", path, r.status, r.raw);
+    char *t = choice_texts(r.body);
+    reply_free(&r);
+    return t;
+}
+
+/* A server with a draft model and prompt lookup answers with the plain
+ * server's text, greedy and seeded, several requests at once; its
+ * /metrics shows guesses made and kept. */
+static void test_spec(void **st) {
+    (void)st;
+    static char model[1024], draft[1024];
+    serve_opts o = serve_default_opts();
+    o.model = test_model_path("smollm2-135m", model, sizeof model);
+    o.draft = draft_path(draft, sizeof draft);
+    o.alias = "smollm2";
+    o.port = 0;
+    o.api_key = KEY;
+    o.temperature = 0;
+    o.engine.max_ctx = 512;
+    o.engine.max_seqs = 4;
+    o.engine.n_threads = 2;
+    o.engine.lookup_ngram = 2;
+    char err[1024];
+    server *spec = serve_start(&o, err, sizeof err);
+    if (!spec) fail_msg("serve_start with a draft: %s", err);
+    /* Four prompts in one request run as four engine requests at once. */
+    static const char prompts[] =
+        "\"prompt\":[\"The capital of France is\","
+        "\"Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown\","
+        "\"def fibonacci(n):\\n    if n < 2:\\n        return n\\n    return\","
+        "\"Once upon a time, in a small village by the sea,\"]";
+    /* Completions of the four prompts, greedy then seeded; a chat. */
+    const char *const cases[] = {
+        "\"max_tokens\":24,\"temperature\":0",
+        "\"max_tokens\":24,\"temperature\":0.8,\"top_p\":0.95,\"seed\":7",
+        NULL,
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char body[1024];
+        if (cases[i])
+            snprintf(body, sizeof body, "{%s,%s}", prompts, cases[i]);
+        else
+            snprintf(body, sizeof body,
+                     "{\"messages\":[{\"role\":\"user\",\"content\":"
+                     "\"Write the word cat five times.\"}],"
+                     "\"max_tokens\":24,\"temperature\":0}");
+        const char *path = cases[i] ? CMPL : CHAT;
+        char *plain = ask(srv, path, body), *fast = ask(spec, path, body);
+        if (strcmp(plain, fast))
+            fail_msg("case %zu: speculative text differs:\n%s\nplain:\n%s", i, fast, plain);
+        free(plain);
+        free(fast);
+    }
+    server *keep = srv;
+    srv = spec;
+    double drafted = metric("cellm_draft_tokens_total"),
+           kept = metric("cellm_draft_accepted_total"), passes = metric("cellm_spec_passes_total"),
+           steps = metric("cellm_draft_steps_total"), rate = metric("cellm_draft_acceptance_ratio"),
+           per_pass = metric("cellm_spec_tokens_per_pass");
+    wait_idle(10);
+    srv = keep;
+    print_message("speculation: %.0f guesses, %.0f kept (%.2f), %.0f passes (%.2f tokens each), "
+                  "%.0f draft steps\n",
+                  drafted, kept, rate, passes, per_pass, steps);
+    serve_stop(spec);
+    assert_true(kept > 0 && kept <= drafted && passes > 0 && steps > 0);
+    assert_true(rate > 0 && rate <= 1 && per_pass > 1);
+    assert_int_equal((int)metric("cellm_draft_tokens_total"), 0); /* the plain server */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cli),        cmocka_unit_test(test_endpoints),
         cmocka_unit_test(test_cors),       cmocka_unit_test(test_hostile),
         cmocka_unit_test(test_disconnect), cmocka_unit_test(test_load),
-        cmocka_unit_test(test_tsan_serve),
+        cmocka_unit_test(test_tsan_serve), cmocka_unit_test(test_spec),
     };
     /* test.sh runs only test_tsan_* under ThreadSanitizer. */
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));

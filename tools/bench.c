@@ -31,6 +31,8 @@
  * a buffer of 8 times the last-level cache; the share divides by the
  * median, and the passes' range is printed beside it). `--json` prints the
  * same as JSON.
+ * `cellm bench --draft MODEL` / `--lookup N` measures speculative decoding
+ * against plain decoding side by side instead (bench_spec.c).
  * Uses the public API (cellm.h), as an application would; the weight bytes
  * come from the file's tensor table (gguf.h).
  */
@@ -44,6 +46,7 @@
 #include <unistd.h>
 
 #include "bench_kernels.h"
+#include "bench_spec.h"
 #include "cellm.h"
 #include "cli.h"
 #include "gguf.h"
@@ -85,7 +88,16 @@ static void usage(FILE *out) {
         "                        unmeasured warm-up\n"
         "  --bw-samples N        timed passes of the read-bandwidth probe after --pp/--tg\n"
         "                        (default %d); generation's share divides by their median\n"
-        "  --json                --pp/--tg results as JSON\n",
+        "  --json                --pp/--tg or --draft/--lookup results as JSON\n\n"
+        "Speculative decoding, plain and speculative side by side (either flag):\n"
+        "  --draft MODEL         with this draft model (same family and vocabulary)\n"
+        "  --lookup N            with prompt lookup of n-grams up to N tokens\n"
+        "  --draft-max K         guesses per step at most (default 8); also --draft-min K,\n"
+        "                        --draft-p-min P (defaults 1, 0.5)\n"
+        "  --spec-task LIST      workloads: prose, edit (rename a ~40-line function), summary\n"
+        "                        (of a ~400-token document) (default prose,edit,summary);\n"
+        "                        -s defaults to 1,8, -n to 64, -r to 3, -c to 2048\n"
+        "  --spec-prompts        only print the tasks' chat prompts as JSON\n",
         BENCH_DEFAULT_MODEL, BENCH_BW_SAMPLES);
 }
 
@@ -725,6 +737,15 @@ static bool parse_speed_list(const char *s, bool gen, speed_test *tests, int *n_
     return true;
 }
 
+/* A number 0..1 (--draft-p-min). */
+static bool parse_unit(const char *s, float *out) {
+    char *end;
+    double d = strtod(s, &end);
+    if (end == s || *end || !(d >= 0 && d <= 1)) return false;
+    *out = (float)d;
+    return true;
+}
+
 int cmd_bench(int argc, char **argv) {
     const char *model_name = NULL, *sessions = "1,2,4,8,16";
     cellm_engine_params ep = cellm_engine_default_params();
@@ -734,6 +755,12 @@ int cmd_bench(int argc, char **argv) {
     bool sampling_only = false, prefix_only = false, load_only = false, json = false;
     speed_test tests[SPEED_MAX_TESTS];
     int n_tests = 0, reps = 5, bw_samples = BENCH_BW_SAMPLES;
+    /* Speculative decoding (bench_spec.c); its own defaults for what the
+     * command line leaves alone. */
+    bench_spec_opts so = {
+        .draft_max = -1, .draft_min = -1, .draft_p_min = -1, .tasks = "prose,edit,summary"};
+    const char *draft_name = NULL;
+    bool spec = false, set_sessions = false, set_n = false, set_reps = false, set_ctx = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         unsigned long long u;
@@ -742,10 +769,12 @@ int cmd_bench(int argc, char **argv) {
             return 0;
         } else if ((!strcmp(a, "-s") || !strcmp(a, "--sessions")) && v) {
             sessions = v;
+            set_sessions = true;
             i++;
         } else if ((!strcmp(a, "-n") || !strcmp(a, "--n-predict")) && v &&
                    cli_parse_uint(v, 1u << 20, &u) && u > 0) {
             n_predict = (int32_t)u;
+            set_n = true;
             i++;
         } else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && v &&
                    cli_parse_uint(v, 256, &u)) {
@@ -760,6 +789,7 @@ int cmd_bench(int argc, char **argv) {
         } else if ((!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) && v &&
                    cli_parse_uint(v, 1u << 20, &u) && u >= 64) {
             ep.max_ctx = (int32_t)u;
+            set_ctx = true;
             i++;
         } else if (!strcmp(a, "--ignore-eos")) {
             g_ignore_eos = true;
@@ -781,12 +811,34 @@ int cmd_bench(int argc, char **argv) {
         } else if ((!strcmp(a, "-r") || !strcmp(a, "--reps")) && v &&
                    cli_parse_uint(v, SPEED_MAX_REPS, &u) && u > 0) {
             reps = (int)u;
+            set_reps = true;
             i++;
         } else if (!strcmp(a, "--bw-samples") && v && cli_parse_uint(v, 10000, &u) && u > 0) {
             bw_samples = (int)u;
             i++;
         } else if (!strcmp(a, "--json")) {
             json = true;
+        } else if (!strcmp(a, "--draft") && v) {
+            draft_name = v;
+            spec = true;
+            i++;
+        } else if (!strcmp(a, "--lookup") && v && cli_parse_uint(v, 64, &u) && u > 0) {
+            so.lookup = (int32_t)u;
+            spec = true;
+            i++;
+        } else if (!strcmp(a, "--draft-max") && v && cli_parse_uint(v, 64, &u) && u > 0) {
+            so.draft_max = (int32_t)u;
+            i++;
+        } else if (!strcmp(a, "--draft-min") && v && cli_parse_uint(v, 64, &u)) {
+            so.draft_min = (int32_t)u;
+            i++;
+        } else if (!strcmp(a, "--draft-p-min") && v && parse_unit(v, &so.draft_p_min)) {
+            i++;
+        } else if (!strcmp(a, "--spec-task") && v) {
+            so.tasks = v;
+            i++;
+        } else if (!strcmp(a, "--spec-prompts")) {
+            so.dump = spec = true;
         } else if (a[0] == '-') {
             cli_error("bench: bad option or value '%s' (see `cellm bench --help`)", a);
             return 2;
@@ -800,10 +852,24 @@ int cmd_bench(int argc, char **argv) {
     char path[4096];
     cellm_error err;
     err_clear(&err);
-    if (store_resolve(model_name ? model_name : BENCH_DEFAULT_MODEL, true, path, sizeof path,
-                      &err) != CELLM_OK) {
+    if (cli_resolve_model(model_name ? model_name : BENCH_DEFAULT_MODEL, path, sizeof path, &err) !=
+        CELLM_OK) {
         cli_error("%s", err.msg);
         return 1;
+    }
+    if (spec) {
+        char dpath[4096];
+        if (draft_name && cli_resolve_model(draft_name, dpath, sizeof dpath, &err) != CELLM_OK) {
+            cli_error("bench: draft model: %s", err.msg);
+            return 1;
+        }
+        so.draft_path = draft_name ? dpath : NULL;
+        so.sessions = set_sessions ? sessions : "1,8";
+        so.n_predict = set_n ? n_predict : 64;
+        so.reps = set_reps ? reps : 3;
+        so.json = json;
+        if (!set_ctx) ep.max_ctx = 2048; /* a long prompt and its answer */
+        return bench_spec(path, model_name ? model_name : BENCH_DEFAULT_MODEL, &ep, &so);
     }
     if (prefix_only) return bench_prefix(path, &ep, n_predict < 32 ? n_predict : 32);
     if (load_only) return bench_load(path, &ep);

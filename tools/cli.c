@@ -1,6 +1,6 @@
 /*
  * cli.c — helpers shared by the subcommands: error printing and parsing of
- * numbers and sizes given on the command line.
+ * numbers and sizes given on the command line, and finding a model file.
  */
 #include "cli.h"
 
@@ -11,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
+
+#include "store.h"
 
 void cli_error(const char *fmt, ...) {
     va_list ap;
@@ -105,4 +108,22 @@ char *cli_read_file(const char *path, size_t *len) {
     if (f != stdin) fclose(f);
     *len = n;
     return buf;
+}
+
+cellm_status cli_resolve_model(const char *name_or_path, char *out, size_t cap, cellm_error *err) {
+    cellm_status st = store_resolve(name_or_path, true, out, cap, err);
+    if (st != CELLM_ERR_NOT_FOUND || strchr(name_or_path, '/')) return st;
+    /* Not a file here nor a known name: a file in the store by its name.
+     * The first error is the one to report if that fails too. */
+    char dir[4096];
+    cellm_error e2;
+    if (store_get_dir(false, dir, sizeof dir, &e2) != CELLM_OK) return st;
+    size_t n = strlen(name_or_path);
+    bool ext = n > 5 && !strcmp(name_or_path + n - 5, ".gguf");
+    int k = snprintf(out, cap, "%s/%s%s", dir, name_or_path, ext ? "" : ".gguf");
+    if (k > 0 && (size_t)k < cap && access(out, R_OK) == 0) {
+        err_clear(err);
+        return CELLM_OK;
+    }
+    return st;
 }

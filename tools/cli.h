@@ -25,6 +25,12 @@ bool cli_parse_uint(const char *s, unsigned long long max, unsigned long long *o
 #define CLI_KV_TYPES "f16, q8_0, q4_0, q4_0h"
 bool cli_parse_kv_type(const char *s, cellm_kv_type *out);
 
+/* Turns a MODEL argument into a file path as store_resolve does (a file,
+ * or a known name, pulled when missing), and else finds NAME or NAME.gguf
+ * in the store directory, so files made there by `cellm quantize` (a draft
+ * model such as smollm2-135m-q4_0) go by name too. */
+cellm_status cli_resolve_model(const char *name_or_path, char *out, size_t cap, cellm_error *err);
+
 /* `cellm tokenize MODEL TEXT`: print a text's token ids and pieces. */
 int cmd_tokenize(int argc, char **argv);
 

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -77,6 +78,14 @@ static void model_id(const serve_opts *o, const char *path, char *out, size_t ca
     }
 }
 
+/* Whether two paths name one file (the engine can only see that a draft
+ * is the model itself when both are one handle). */
+static bool same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
+}
+
 server *serve_start(const serve_opts *o, char *err, size_t cap) {
     server *s = calloc(1, sizeof *s);
     if (!s) {
@@ -86,8 +95,19 @@ server *serve_start(const serve_opts *o, char *err, size_t cap) {
     s->o = *o;
     cellm_error cerr;
     err_clear(&cerr);
-    if (store_resolve(o->model, true, s->model_path, sizeof s->model_path, &cerr)) {
-        snprintf(err, cap, "%s", cerr.msg);
+    bool draft_bad = false;
+    if (cli_resolve_model(o->model, s->model_path, sizeof s->model_path, &cerr) ||
+        (o->draft && (draft_bad = cli_resolve_model(o->draft, s->draft_path, sizeof s->draft_path,
+                                                    &cerr) != CELLM_OK))) {
+        snprintf(err, cap, "%s%s", draft_bad ? "draft model: " : "", cerr.msg);
+        free(s);
+        return NULL;
+    }
+    if (o->draft && same_file(s->model_path, s->draft_path)) {
+        snprintf(err, cap,
+                 "the draft model is the model's own file (%s): it would guess right every "
+                 "time and save nothing; give a smaller file of the same family",
+                 s->draft_path);
         free(s);
         return NULL;
     }
@@ -95,8 +115,22 @@ server *serve_start(const serve_opts *o, char *err, size_t cap) {
     cellm_model_params mp = cellm_model_default_params();
     mp.chat_template = o->chat_template;
     if (cellm_model_load(s->model_path, &mp, &s->model) ||
-        cellm_model_get_info(s->model, &s->info) ||
-        cellm_engine_create(s->model, &o->engine, &s->engine)) {
+        cellm_model_get_info(s->model, &s->info)) {
+        snprintf(err, cap, "%s", cellm_last_error());
+        serve_stop(s);
+        return NULL;
+    }
+    /* The draft's own chat template is never used: requests are rendered
+     * with the model's, and the draft only sees the tokens. */
+    if (o->draft && cellm_model_load(s->draft_path, NULL, &s->draft)) {
+        snprintf(err, cap, "draft model: %s", cellm_last_error());
+        serve_stop(s);
+        return NULL;
+    }
+    s->o.engine.draft_model = s->draft;
+    /* A draft of another family or vocabulary, or one the memory budget
+     * cannot hold, is refused here with the engine's reason. */
+    if (cellm_engine_create(s->model, &s->o.engine, &s->engine)) {
         snprintf(err, cap, "%s", cellm_last_error());
         serve_stop(s);
         return NULL;
@@ -119,6 +153,7 @@ void serve_stop(server *s) {
     atomic_store(&s->stopping, true);
     http_stop(s);
     cellm_engine_free(s->engine);
+    cellm_model_free(s->draft); /* after the engine, which uses it */
     cellm_model_free(s->model);
     free(s);
 }
@@ -152,7 +187,16 @@ static void usage(FILE *out) {
         "  --max-body SIZE       request body limit (default 4M)\n"
         "  --timeout S           seconds one request may take (default 600; 0: none)\n"
         "  --idle-timeout S      close a connection silent this long (default 30)\n"
-        "  -v, --verbose         log refused requests and HTTP errors to stderr\n",
+        "  -v, --verbose         log refused requests and HTTP errors to stderr\n\n"
+        "Speculative decoding (the same text, token for token; only the speed changes):\n"
+        "  -md, --model-draft M  draft model guessing ahead: a smaller GGUF of the same family\n"
+        "                        and vocabulary (path, store name or file in the store)\n"
+        "  --lookup N            guess from earlier text (prompt lookup) with n-grams of up\n"
+        "                        to N tokens, 1..64 (default 0: off); strong when answers\n"
+        "                        copy their input; with -md, the draft fills in\n"
+        "  --draft-max K         guesses per request and step at most, 1..64 (default 8)\n"
+        "  --draft-min K         fewer guesses than K are not checked (default 1)\n"
+        "  --draft-p-min P       the draft stops at a guess below probability P (default 0.5)\n",
         SERVE_DEFAULT_MODEL);
 }
 
@@ -186,11 +230,18 @@ static const char *const valued[] = {"--host",
                                      "--max-conns",
                                      "--timeout",
                                      "--idle-timeout",
-                                     "--kv-type"};
+                                     "--kv-type",
+                                     "-md",
+                                     "--model-draft",
+                                     "--lookup",
+                                     "--draft-max",
+                                     "--draft-min",
+                                     "--draft-p-min"};
 
 /* Parses the flags into *o; returns -1 to go on, else an exit status. */
 static int parse_flags(int argc, char **argv, serve_opts *o) {
     bool have_model = false;
+    const char *spec_tuned = NULL; /* the last --draft-* flag given */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         unsigned long long u = 0;
@@ -255,6 +306,24 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
                 return 2;
             }
             i++;
+        } else if (!strcmp(a, "-md") || !strcmp(a, "--model-draft")) {
+            o->draft = v, i++;
+        } else if (!strcmp(a, "--lookup")) {
+            UINT_FLAG(o->engine.lookup_ngram, 0, 64);
+        } else if (!strcmp(a, "--draft-max")) {
+            UINT_FLAG(o->engine.draft_max, 1, 64);
+            spec_tuned = a;
+        } else if (!strcmp(a, "--draft-min")) {
+            UINT_FLAG(o->engine.draft_min, 0, 64);
+            spec_tuned = a;
+        } else if (!strcmp(a, "--draft-p-min")) {
+            double d = strtod(v, &end);
+            if (*end || !(d >= 0 && d <= 1)) {
+                cli_error("serve: --draft-p-min needs a number from 0 to 1");
+                return 2;
+            }
+            o->engine.draft_p_min = (float)d, i++;
+            spec_tuned = a;
         } else if (!strcmp(a, "--chat-template")) {
             o->chat_template = v, i++;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
@@ -292,6 +361,18 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
         }
 #undef UINT_FLAG
     }
+    /* A tuning flag without a source of guesses would be ignored: say so
+     * rather than let the operator believe speculation is on. */
+    if (spec_tuned && !o->draft && o->engine.lookup_ngram == 0) {
+        cli_error("serve: %s tunes speculative decoding, which needs --model-draft or --lookup",
+                  spec_tuned);
+        return 2;
+    }
+    if (o->engine.draft_min > o->engine.draft_max) {
+        cli_error("serve: --draft-min (%d) must not exceed --draft-max (%d)", o->engine.draft_min,
+                  o->engine.draft_max);
+        return 2;
+    }
     if (!o->api_key) {
         const char *k = getenv("CELLM_API_KEY");
         if (k && *k) o->api_key = k;
@@ -323,6 +404,15 @@ int cmd_serve(int argc, char **argv) {
     }
     fprintf(stderr, "cellm serve: %s (%s, context %d, %d running at once)%s\n", s->model_id,
             s->info.arch, s->n_ctx, o.engine.max_seqs, o.api_key ? ", API key required" : "");
+    if (s->draft || o.engine.lookup_ngram > 0) {
+        char lookup[64] = "no prompt lookup";
+        if (o.engine.lookup_ngram > 0)
+            snprintf(lookup, sizeof lookup, "prompt lookup of up to %d-grams",
+                     o.engine.lookup_ngram);
+        fprintf(stderr,
+                "cellm serve: speculative decoding: draft %s, %s, up to %d guesses a step\n",
+                s->draft ? s->draft_path : "none", lookup, o.engine.draft_max);
+    }
     printf("listening on http://%s%s%s:%d\n", strchr(o.host, ':') ? "[" : "", o.host,
            strchr(o.host, ':') ? "]" : "", s->port);
     fflush(stdout);

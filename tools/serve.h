@@ -35,21 +35,22 @@
 #define SERVE_MAX_CORS 8
 
 typedef struct serve_opts {
-    const char *model;         /* path or store name */
-    const char *host;          /* default 127.0.0.1 */
-    int port;                  /* 0: any free port */
-    const char *alias;         /* model id in the API; default: store name or file stem */
-    const char *api_key;       /* NULL: no check */
-    const char *chat_template; /* NULL: the model's */
-    cellm_engine_params engine;
-    int32_t n_predict;  /* max_tokens when a request gives none; -1: the context */
-    float temperature;  /* when a request gives none */
-    size_t max_body;    /* bytes of a request body */
-    int max_queue;      /* engine requests running or waiting; more get 503 */
-    int max_conns;      /* connections at once */
-    int max_n;          /* choices per request (n x prompts) */
-    unsigned timeout_s; /* one request, submit to last byte; 0: none */
-    unsigned idle_s;    /* a connection that sends nothing this long is closed */
+    const char *model;          /* path or store name */
+    const char *host;           /* default 127.0.0.1 */
+    int port;                   /* 0: any free port */
+    const char *alias;          /* model id in the API; default: store name or file stem */
+    const char *api_key;        /* NULL: no check */
+    const char *chat_template;  /* NULL: the model's */
+    const char *draft;          /* speculative decoding's draft model, path or name; NULL: none */
+    cellm_engine_params engine; /* also the speculation flags (lookup_ngram, draft_max, ...) */
+    int32_t n_predict;          /* max_tokens when a request gives none; -1: the context */
+    float temperature;          /* when a request gives none */
+    size_t max_body;            /* bytes of a request body */
+    int max_queue;              /* engine requests running or waiting; more get 503 */
+    int max_conns;              /* connections at once */
+    int max_n;                  /* choices per request (n x prompts) */
+    unsigned timeout_s;         /* one request, submit to last byte; 0: none */
+    unsigned idle_s;            /* a connection that sends nothing this long is closed */
     const char *cors[SERVE_MAX_CORS];
     int n_cors;
     bool verbose;
@@ -79,6 +80,8 @@ typedef struct server {
     char model_id[256];
     char model_path[4096];
     cellm_model *model;
+    char draft_path[4096];
+    cellm_model *draft; /* NULL: no draft model */
     cellm_engine *engine;
     cellm_model_info info;
     int32_t n_ctx;

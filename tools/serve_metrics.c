@@ -2,7 +2,8 @@
  * serve_metrics.c — the text of GET /metrics in Prometheus' exposition
  * format (version 0.0.4): the server's counters (HTTP statuses, requests,
  * tokens, how requests finished, disconnects, timeouts, refusals), the
- * engine's snapshot (queue, KV blocks, memory, speed) and the process's
+ * engine's snapshot (queue, KV blocks, memory, speed, speculative
+ * decoding's guesses) and the process's
  * resident memory, so a load test can see the server return to idle.
  */
 #include <stdarg.h>
@@ -69,6 +70,29 @@ static double rss_bytes(void) {
     int n = fscanf(f, "%lu %lu", &size, &resident);
     fclose(f);
     return n == 2 ? (double)resident * (double)sysconf(_SC_PAGESIZE) : 0;
+}
+
+/* Speculative decoding (--model-draft, --lookup): the engine's counters
+ * and two ratios over the server's life, so a dashboard sees whether the
+ * guesses pay (zeros when speculation is off). */
+static void spec_metrics(mbuf *b, const cellm_stats *st) {
+    double drafted = (double)st->n_draft_tokens, kept = (double)st->n_draft_accepted;
+    double passes = (double)st->n_spec_passes;
+    metric(b, "cellm_draft_tokens_total", "counter", "Tokens guessed ahead (draft or lookup).",
+           drafted);
+    metric(b, "cellm_draft_accepted_total", "counter",
+           "Guessed tokens the model kept (they equal what it chose itself).", kept);
+    metric(b, "cellm_spec_passes_total", "counter",
+           "Checking passes: a request's rows in one step that carried guesses.", passes);
+    metric(b, "cellm_draft_steps_total", "counter", "Forward passes of the draft model.",
+           (double)st->n_draft_steps);
+    metric(b, "cellm_draft_acceptance_ratio", "gauge",
+           "Guesses kept over guesses made, since the start (0 before any).",
+           drafted > 0 ? kept / drafted : 0);
+    metric(b, "cellm_spec_tokens_per_pass", "gauge",
+           "Tokens a checking pass produced on average, kept guesses plus the model's own "
+           "(1 before any).",
+           passes > 0 ? (kept + passes) / passes : 1);
 }
 
 char *metrics_text(server *s) {
@@ -142,6 +166,7 @@ char *metrics_text(server *s) {
                st.prompt_tokens_per_s);
         metric(&b, "cellm_completion_tokens_per_second", "gauge",
                "Generation speed, last second or so.", st.completion_tokens_per_s);
+        spec_metrics(&b, &st);
     }
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
