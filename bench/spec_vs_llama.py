@@ -162,6 +162,12 @@ def main():
     side = LlamaSide(path, a.threads, a.ctx, a.lookup, a.draft_max)
     load0 = os.getloadavg()
     t0 = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    # An untimed generation on each context first: llama.cpp's first decode
+    # after load runs several times slower (seen as a first round at a tenth
+    # of the speed of the next).
+    warm = side.tokens("Say hello.")
+    side.generate(side.plain, warm, 8)
+    side.generate(side.lookup, warm, 8)
     rows = []
     for task in a.tasks.split(","):
         toks = [side.tokens(u) for u in prompts[task]]
