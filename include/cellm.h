@@ -236,6 +236,14 @@ typedef struct cellm_engine_params {
     /* The draft model stops guessing at a token it gives less than this
      * probability, 0..1 (default 0.5). */
     float draft_p_min;
+    /* The most rows a step's decoding requests feed, pending tokens and
+     * guesses together: guesses stop there, handed out in queue order.
+     * On a CPU a pass over more than a few rows is compute-bound, so a
+     * guess that costs a row in a full step costs more than it saves
+     * (docs/benchmarks.md, "Speculative decoding"). 0 (default): 1 +
+     * draft_max, what one request alone may use; with as many sessions
+     * decoding, none guesses. */
+    int32_t spec_step_rows;
 } cellm_engine_params;
 
 cellm_engine_params cellm_engine_default_params(void);

@@ -28,7 +28,10 @@
  *    guess; a request stops guessing when the draft gives its own choice
  *    less than draft_p_min probability.
  * With both, lookup goes first and the draft fills in where it finds no
- * match. Each request adapts its k: it grows while every guess is kept and
+ * match. A step's guesses share spec_step_rows rows with the decoding
+ * requests' pending tokens (default 1 + draft_max), in queue order: on a
+ * CPU a pass over many rows is compute-bound, and many sessions decoding
+ * at once already fill it. Each request adapts its k: it grows while every guess is kept and
  * falls back to one more than were kept when one is not.
  */
 #include <math.h>
@@ -63,6 +66,8 @@ const char *spec_check(const cellm_model *cm, const cellm_engine_params *p, char
     if (on && (p->draft_min < 0 || p->draft_min > p->draft_max))
         return "draft_min must be 0..draft_max";
     if (!(p->draft_p_min >= 0 && p->draft_p_min <= 1)) return "draft_p_min must be 0..1";
+    if (p->spec_step_rows < 0 || p->spec_step_rows > 65536)
+        return "spec_step_rows must be 0..65536";
     if (!dm) return NULL;
     const model *m = cm->m, *d = dm->m;
     if (dm == cm) {
@@ -290,22 +295,33 @@ fail:
 
 void spec_propose(cellm_engine *e) {
     if (!e->spec_on) return;
+    /* The step's rows for guesses: what spec_step_rows leaves after every
+     * decoding request's pending token. */
+    int32_t rows = e->p.spec_step_rows > 0 ? e->p.spec_step_rows : 1 + e->p.draft_max;
+    for (int32_t i = 0; i < e->n_running; i++)
+        rows -= e->running[i]->seq.n_pos == e->running[i]->n_tokens - 1;
     int32_t n_cand = 0;
     for (int32_t i = 0; i < e->n_running; i++) {
         cellm_request *r = e->running[i];
         r->n_draft = 0;
         if (r->seq.n_pos != r->n_tokens - 1) continue; /* not decoding */
         int32_t k = room_for(e, r);
+        if (k > rows) k = rows;
         if (k < 1 || k < e->p.draft_min) continue;
+        rows -= k;
         if (e->p.lookup_ngram > 0) {
             int32_t n =
                 spec_lookup(r->tokens, r->n_tokens, e->p.lookup_ngram, k, r->tokens + r->n_tokens);
             if (n >= e->p.draft_min && n > 0) {
                 r->n_draft = n;
+                rows += k - n;
                 continue;
             }
         }
-        if (!e->dkv) continue;
+        if (!e->dkv) {
+            rows += k;
+            continue;
+        }
         if (!r->has_dseq) {
             if (kv_seq_init(e->dkv, &r->dseq, NULL) != CELLM_OK) continue;
             r->has_dseq = true;

@@ -253,6 +253,10 @@ static void exact_pair(const char *target, const char *draft_file) {
             cellm_engine_params q = cellm_engine_default_params();
             q.draft_model = modes[k].draft ? d : NULL;
             q.lookup_ngram = modes[k].lookup;
+            /* Every session guesses in every step (the default would leave
+             * 8 decoding sessions a row for guesses between them): many
+             * requests' guesses checked in one pass. */
+            q.spec_step_rows = 8 * (1 + q.draft_max);
             int n = modes[k].n;
             double t0 = now_s();
             complete(m, q, modes[k].conc, sampled, n, &spec, &st);
@@ -362,6 +366,10 @@ static void test_refused(void **state) {
     p.draft_min = 5;
     assert_int_equal(cellm_engine_create(m, &p, &e), CELLM_ERR_INVALID_ARG);
     p.draft_min = 1;
+    p.spec_step_rows = -1;
+    assert_int_equal(cellm_engine_create(m, &p, &e), CELLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(cellm_last_error(), "spec_step_rows"));
+    p.spec_step_rows = 0;
     p.lookup_ngram = -1;
     assert_int_equal(cellm_engine_create(m, &p, &e), CELLM_ERR_INVALID_ARG);
     assert_null(e);
@@ -418,6 +426,7 @@ static void test_tsan_spec(void **state) {
     p.n_threads = 2;
     p.draft_model = d;
     p.lookup_ngram = 2;
+    p.spec_step_rows = 64;
     cellm_engine *e = NULL;
     assert_int_equal(cellm_engine_create(m, &p, &e), CELLM_OK);
     pthread_t th[4];
