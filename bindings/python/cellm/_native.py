@@ -38,6 +38,14 @@ class EngineParams(ctypes.Structure):
         ("qos", Qos),
         ("manual_steps", ctypes.c_int),
         ("process_budget_bytes", ctypes.c_size_t),
+        # Speculative decoding (not used by the package yet; declared so the
+        # struct has the C size and the library's defaults come through).
+        ("draft_model", ctypes.c_void_p),
+        ("lookup_ngram", ctypes.c_int32),
+        ("draft_max", ctypes.c_int32),
+        ("draft_min", ctypes.c_int32),
+        ("draft_p_min", ctypes.c_float),
+        ("spec_step_rows", ctypes.c_int32),
     ]
 
 
