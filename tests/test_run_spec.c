@@ -93,8 +93,14 @@ static void check_same(const char *model, const char *draft, const char *args) {
     assert_true(strlen(plain.out) > 20);
     char more[8192], with_draft[1100];
     snprintf(with_draft, sizeof with_draft, "--draft '%s'", draft);
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    /* Sanitizer builds (several times slower): both sources in one run,
+     * which takes both paths (lookup first, the draft where it misses). */
+    const char *const modes[][2] = {{with_draft, "--lookup 3"}};
+#else
     const char *const modes[][2] = {
         {with_draft, ""}, {"", "--lookup 3"}, {with_draft, "--lookup 3"}};
+#endif
     for (size_t i = 0; i < sizeof modes / sizeof *modes; i++) {
         snprintf(more, sizeof more, "%s %s %s", modes[i][0], modes[i][1], args);
         run_out spec = run_v(NULL, model, more);
@@ -110,7 +116,7 @@ static void check_same(const char *model, const char *draft, const char *args) {
         assert_true(spec.kept > 0);
         run_out_free(&spec);
     }
-    print_message("%.1f s for the four runs\n", now_s() - t0);
+    print_message("%.1f s for the runs\n", now_s() - t0);
     run_out_free(&plain);
 }
 
