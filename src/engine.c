@@ -333,8 +333,7 @@ static void verify(cellm_engine *e, cellm_request *r, const float *rows, int32_t
         kv_seq_reset(e->kv, &r->seq);
     }
     int32_t k = r->spec_k > 0 ? r->spec_k : e->p.draft_max;
-    r->spec_k =
-        kept == nd && nd == k ? (k + 2 < e->p.draft_max ? k + 2 : e->p.draft_max) : kept + 1;
+    r->spec_k = spec_next_k(k, nd, kept, e->p.draft_max);
     if (why >= 0) {
         engine_finish(e, r, (cellm_finish_reason)why, CELLM_OK, NULL);
         return;

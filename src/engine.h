@@ -257,6 +257,16 @@ void spec_propose(cellm_engine *e);
  * written to out. Returns how many (0: no match). */
 int32_t spec_lookup(const int32_t *tok, int32_t n_tok, int32_t ngram_max, int32_t k, int32_t *out);
 
+/* A draft's greedy guess in a row of logits (the lowest id on ties) and,
+ * when p_min > 0 asks for it, the probability it gives it (*prob = 1
+ * otherwise). Shared by the engine and cellm run (tools/rt.c). */
+int32_t spec_draft_pick(const float *row, int32_t n, float p_min, float *prob);
+
+/* The next guess count after n_guess guesses of an allowed k, of which
+ * `kept` were kept: 2 more (up to draft_max) when every guess of a full k
+ * was kept, else one more than were kept. */
+int32_t spec_next_k(int32_t k, int32_t n_guess, int32_t kept, int32_t draft_max);
+
 /* After a request's guesses were checked: the draft's KV beyond what was
  * kept goes (engine thread). */
 void spec_after(cellm_engine *e, cellm_request *r);

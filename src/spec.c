@@ -187,16 +187,20 @@ void spec_after(cellm_engine *e, cellm_request *r) {
         kv_seq_reset(e->dkv, &r->dseq);
 }
 
-/* The most likely token of a row and its probability. */
-static int32_t draft_pick(const float *row, int32_t n, float *prob) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (row[i] > row[best]) best = i;
+int32_t spec_draft_pick(const float *row, int32_t n, float p_min, float *prob) {
+    int32_t best = sampler_argmax(row, n);
+    *prob = 1;
+    if (p_min <= 0) return best;
     float mx = row[best];
     double sum = 0;
     for (int32_t i = 0; i < n; i++) sum += exp((double)(row[i] - mx));
     *prob = (float)(1.0 / sum);
     return best;
+}
+
+int32_t spec_next_k(int32_t k, int32_t n_guess, int32_t kept, int32_t draft_max) {
+    if (kept == n_guess && n_guess == k) return k + 2 < draft_max ? k + 2 : draft_max;
+    return kept + 1;
 }
 
 /* How many guesses r may make this step: its adaptive k, bounded by its
@@ -259,7 +263,8 @@ static void draft_run(cellm_engine *e, int32_t n) {
         if (e->dfirst[i] < 0) continue;
         cellm_request *r = e->dreq[i];
         float p;
-        int32_t t = draft_pick(logits + (size_t)li++ * (size_t)n_vocab, n_vocab, &p);
+        int32_t t =
+            spec_draft_pick(logits + (size_t)li++ * (size_t)n_vocab, n_vocab, e->p.draft_p_min, &p);
         if (p < e->p.draft_p_min) continue;
         r->tokens[r->n_tokens] = t;
         r->n_draft = 1;
@@ -279,7 +284,8 @@ static void draft_run(cellm_engine *e, int32_t n) {
         for (int32_t i = 0; i < n_act; i++) {
             cellm_request *r = e->dreq[i];
             float p;
-            int32_t t = draft_pick(logits + (size_t)i * (size_t)n_vocab, n_vocab, &p);
+            int32_t t = spec_draft_pick(logits + (size_t)i * (size_t)n_vocab, n_vocab,
+                                        e->p.draft_p_min, &p);
             if (p < e->p.draft_p_min) continue;
             r->tokens[r->n_tokens + r->n_draft++] = t;
             if (r->n_draft < r->spec_room) e->dreq[m++] = r;

@@ -14,7 +14,6 @@
 #include "cli.h"
 #include "engine.h"
 #include "store.h"
-#include "xmath.h"
 
 cellm_status rt_open(const char *name_or_path, const rt_opts *o, rt *r, cellm_error *err) {
     memset(r, 0, sizeof *r);
@@ -457,18 +456,6 @@ void rt_spec_close(rt_spec *s) {
     s->has_draft = false;
 }
 
-/* The draft's choice in a row of logits, and the probability it gives it
- * (only computed when p_min asks). */
-static int32_t draft_pick(const float *row, int32_t n, float p_min, float *prob) {
-    int32_t best = sampler_argmax(row, n);
-    *prob = 1;
-    if (p_min <= 0) return best;
-    float sum = 0;
-    for (int32_t i = 0; i < n; i++) sum += xm_expf(row[i] - row[best]);
-    *prob = 1 / sum;
-    return best;
-}
-
 /* The draft's greedy guesses: it first catches up with the tokens it has
  * not seen, then runs one pass per further guess. */
 static int32_t draft_guess(rt_spec *s, const int32_t *tok, int32_t n_tok, int32_t k, int32_t *out) {
@@ -481,7 +468,7 @@ static int32_t draft_guess(rt_spec *s, const int32_t *tok, int32_t n_tok, int32_
     s->n_draft_pass++;
     for (;;) {
         float p;
-        int32_t g = draft_pick(lg, s->d.m->n_vocab, s->o.draft_p_min, &p);
+        int32_t g = spec_draft_pick(lg, s->d.m->n_vocab, s->o.draft_p_min, &p);
         if (p < s->o.draft_p_min) break;
         out[n++] = g;
         if (n == k) break; /* the last guess needs no pass of the draft */
@@ -518,8 +505,7 @@ void rt_spec_done(rt_spec *s, int32_t n_guess, int32_t kept, int32_t n_valid) {
     /* The engine's rule (engine.c, verify): grow while every guess is
      * kept, else try one more than were kept. */
     int32_t k = s->k > 0 ? s->k : s->o.draft_max;
-    s->k = kept == n_guess && n_guess == k ? (k + 2 < s->o.draft_max ? k + 2 : s->o.draft_max)
-                                           : kept + 1;
+    s->k = spec_next_k(k, n_guess, kept, s->o.draft_max);
     rt_spec_rewind(s, n_valid);
 }
 
