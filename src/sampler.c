@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "xmath.h"
+
 /* GCC and Clang vector types, unless CELLM_NO_VECTOR_EXT asks for the
  * plain C path (which gives the same bits; the tests build both). */
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(CELLM_NO_VECTOR_EXT)
@@ -745,4 +747,41 @@ int32_t sampler_sample(sampler *s, const float *raw) {
         z += w;
     }
     return draw(s, n, z);
+}
+
+/* ---------------------------------------------------------- logprobs */
+
+double sampler_log_norm(const float *logits, int32_t n) {
+    const float mx = max_of(logits, n);
+    if (!isfinite(mx)) return (double)mx;
+    /* One fixed order of double sums of cellm's own exp: the same bits on
+     * every CPU. The largest term is 1, so the sum is in [1, n]. */
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; i++) sum += (double)xm_expf(logits[i] - mx);
+    return (double)mx + xm_log(sum);
+}
+
+float sampler_token_logprob(const float *logits, double norm, int32_t token) {
+    return (float)((double)logits[token] - norm);
+}
+
+int32_t sampler_top_logprobs(const float *logits, int32_t n, double norm, int32_t k,
+                             sampler_logprob *out) {
+    if (k > SAMPLER_MAX_TOP_LOGPROBS) k = SAMPLER_MAX_TOP_LOGPROBS;
+    int32_t have = 0;
+    for (int32_t i = 0; i < n && k > 0; i++) {
+        const float v = logits[i];
+        /* Strictly greater: on a tie the earlier (lower) id stays ahead. */
+        if (have == k && !(v > logits[out[k - 1].token])) continue;
+        if (v != v) continue;
+        int32_t j = have < k ? have++ : k - 1;
+        while (j > 0 && v > logits[out[j - 1].token]) {
+            out[j] = out[j - 1];
+            j--;
+        }
+        out[j].token = i;
+    }
+    for (int32_t j = 0; j < have; j++)
+        out[j].logprob = sampler_token_logprob(logits, norm, out[j].token);
+    return have;
 }
