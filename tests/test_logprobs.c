@@ -334,6 +334,33 @@ static void test_tsan_batch_invariance(void **st) {
     assert_same(&alone, &mixed);
 }
 
+/* Speculative decoding (prompt lookup) keeps the tokens and their values:
+ * the guesses' rows give the same logits as plain decoding's. */
+static void test_speculation(void **st) {
+    (void)st;
+    const char *prompt = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3, 4, 5, 6,";
+    static lp_log plain, spec;
+    cellm_engine *e = engine_with(2, 4, 0);
+    cellm_request_params p = lp_params(prompt, &plain, 3, 0, 16);
+    run(e, &p);
+    cellm_engine_free(e);
+    cellm_engine_params ep = cellm_engine_default_params();
+    ep.n_threads = 2;
+    ep.max_seqs = 4;
+    ep.max_ctx = 512;
+    ep.mem_budget_bytes = (size_t)96 << 20;
+    ep.lookup_ngram = 3;
+    assert_int_equal(cellm_engine_create(g_model, &ep, &e), CELLM_OK);
+    p = lp_params(prompt, &spec, 3, 0, 16);
+    run(e, &p);
+    cellm_stats stats;
+    assert_int_equal(cellm_engine_stats(e, &stats), CELLM_OK);
+    cellm_engine_free(e);
+    assert_true(stats.n_draft_accepted > 0); /* guesses were kept */
+    check_recs(&spec, 0, 3);
+    assert_same(&plain, &spec);
+}
+
 /* ------------------------------------------------------------ llama.cpp */
 
 typedef struct fx_prompt {
@@ -425,11 +452,9 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_log_softmax),
-        cmocka_unit_test(test_tsan_batch_invariance),
-        cmocka_unit_test(test_params),
-        cmocka_unit_test(test_before_sampling),
-        cmocka_unit_test(test_llama_cpp_smollm2),
+        cmocka_unit_test(test_log_softmax), cmocka_unit_test(test_tsan_batch_invariance),
+        cmocka_unit_test(test_params),      cmocka_unit_test(test_before_sampling),
+        cmocka_unit_test(test_speculation), cmocka_unit_test(test_llama_cpp_smollm2),
     };
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
