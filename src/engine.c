@@ -364,8 +364,6 @@ static void verify(cellm_engine *e, cellm_request *r, const float *rows, int32_t
     spec_after(e, r);
 }
 
-/* After a forward pass: the next token of every request that asked (and
- * the check of its guesses, if it made any). */
 /* With prompt_logprobs: reports the prompt tokens whose logits this step
  * computed, rows [from, to) of r, the first at logits row *li (advanced
  * past them). */
@@ -384,6 +382,9 @@ static void report_prompt(cellm_engine *e, cellm_request *r, int32_t from, int32
     }
 }
 
+/* After a forward pass: the prompt tokens' log-probabilities of requests
+ * that report them, and the next token of every request that asked (and
+ * the check of its guesses, if it made any). */
 static void step_outputs(cellm_engine *e, const float *logits, double t_now) {
     int32_t n_vocab = e->model->m->n_vocab, li = 0;
     for (int32_t i = 0; i < e->n_fed; i++) {
