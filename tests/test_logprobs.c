@@ -299,14 +299,15 @@ static void test_before_sampling(void **st) {
  * into other chunks) whose prefix cache already holds its prompt. */
 static void test_tsan_batch_invariance(void **st) {
     (void)st;
-    const char *prompt = "Question: What is the capital of France?\nAnswer: The capital of "
-                         "France is Paris, which is also its largest city.";
+    const char *prompt = "Question: What is the capital of France?\nAnswer: The capital of France "
+                         "is Paris.";
     static lp_log alone, mixed, others[3];
     cellm_engine *e = engine_with(2, 16, 0);
-    cellm_request_params p = lp_params(prompt, &alone, 5, 1, 6);
+    cellm_request_params p = lp_params(prompt, &alone, 5, 1, 3);
     run(e, &p);
     cellm_engine_free(e);
     check_recs(&alone, 1, 5);
+    /* Over one KV block (16 positions), so the prefix cache holds some. */
     assert_true(alone.res.n_prompt_tokens > 16);
 
     e = engine_with(1, 4, 1);
@@ -315,14 +316,13 @@ static void test_tsan_batch_invariance(void **st) {
     p.logprobs = 0;
     p.on_logprob = NULL;
     run(e, &p); /* its prompt's blocks are in the prefix cache now */
-    const char *texts[3] = {"Once upon a time", "def add(a, b):\n    return a + b\n# and then",
-                            "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13"};
+    const char *texts[3] = {"Once upon a time", "def add(a, b):", "1, 2, 3, 4, 5, 6,"};
     cellm_request *rq[4];
     for (int i = 0; i < 3; i++) {
-        cellm_request_params q = lp_params(texts[i], &others[i], 3, i != 1, 5);
+        cellm_request_params q = lp_params(texts[i], &others[i], 3, i != 1, 3);
         assert_int_equal(cellm_submit(e, &q, &rq[i]), CELLM_OK);
     }
-    p = lp_params(prompt, &mixed, 5, 1, 6);
+    p = lp_params(prompt, &mixed, 5, 1, 3);
     assert_int_equal(cellm_submit(e, &p, &rq[3]), CELLM_OK);
     for (int i = 0; i < 4; i++) {
         assert_int_equal(cellm_wait(rq[i], NULL), CELLM_OK);
@@ -341,7 +341,7 @@ static void test_speculation(void **st) {
     const char *prompt = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3, 4, 5, 6,";
     static lp_log plain, spec;
     cellm_engine *e = engine_with(2, 4, 0);
-    cellm_request_params p = lp_params(prompt, &plain, 3, 0, 16);
+    cellm_request_params p = lp_params(prompt, &plain, 3, 0, 10);
     run(e, &p);
     cellm_engine_free(e);
     cellm_engine_params ep = cellm_engine_default_params();
@@ -351,7 +351,7 @@ static void test_speculation(void **st) {
     ep.mem_budget_bytes = (size_t)96 << 20;
     ep.lookup_ngram = 3;
     assert_int_equal(cellm_engine_create(g_model, &ep, &e), CELLM_OK);
-    p = lp_params(prompt, &spec, 3, 0, 16);
+    p = lp_params(prompt, &spec, 3, 0, 10);
     run(e, &p);
     cellm_stats stats;
     assert_int_equal(cellm_engine_stats(e, &stats), CELLM_OK);
