@@ -81,8 +81,9 @@ int32_t sampler_sample(sampler *s, const float *logits);
 int32_t sampler_argmax(const float *logits, int32_t n);
 
 /* Log-probabilities: the log-softmax of a row of raw logits (no bias,
- * penalty or temperature), computed in one fixed order with cellm's own
- * exp and log, so the bits are the same on every CPU. */
+ * penalty or temperature), computed in one fixed order with the sampler's
+ * own exp2 and xm_log, so the bits are the same on every CPU and in the
+ * plain (CELLM_NO_VECTOR_EXT) build. */
 #define SAMPLER_MAX_TOP_LOGPROBS 20
 
 typedef struct sampler_logprob {
