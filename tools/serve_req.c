@@ -385,7 +385,7 @@ static bool parse_logprobs(const cJSON *root, serve_kind kind, serve_req *r, ser
         if (!get_bool(root, "logprobs", &r->logprobs, e) ||
             !get_int(root, "top_logprobs", 0, CELLM_MAX_TOP_LOGPROBS, &v, e))
             return false;
-        if (v >= 0 && !r->logprobs)
+        if (v > 0 && !r->logprobs)
             return serr(e, 400, "invalid_value", "top_logprobs",
                         "'top_logprobs' needs 'logprobs' to be true");
     } else {
