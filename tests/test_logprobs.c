@@ -21,8 +21,9 @@
  * at most positions.
  *
  * Under ThreadSanitizer and on aarch64 (CELLM_TEST_FILTER=test_tsan_*)
- * only the small invariance case runs: it drives the engine thread, the
- * pool at 1 and 2 threads, and the callbacks.
+ * only the math and the small invariance case run (it drives the engine
+ * thread, the pool at 1 and 2 threads, and the callbacks); ASan also runs
+ * test_asan_params (refusals, a session, max_tokens 0). Release runs all.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -166,7 +167,7 @@ static float rnd(void) { /* in [-1, 1) */
     return (float)((rng_state >> 40) * (1.0 / 8388608.0)) - 1.0f;
 }
 
-static void test_log_softmax(void **st) {
+static void test_tsan_log_softmax(void **st) {
     (void)st;
     enum { V = 49152 };
     float *row = malloc(sizeof(float) * V);
@@ -220,7 +221,7 @@ static void test_log_softmax(void **st) {
 
 /* ------------------------------------------------------------ the engine */
 
-static void test_params(void **st) {
+static void test_asan_params(void **st) {
     (void)st;
     cellm_engine *e = engine_with(1, 4, 1);
     lp_log l;
@@ -452,9 +453,9 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_log_softmax), cmocka_unit_test(test_tsan_batch_invariance),
-        cmocka_unit_test(test_params),      cmocka_unit_test(test_before_sampling),
-        cmocka_unit_test(test_speculation), cmocka_unit_test(test_llama_cpp_smollm2),
+        cmocka_unit_test(test_tsan_log_softmax), cmocka_unit_test(test_tsan_batch_invariance),
+        cmocka_unit_test(test_asan_params),      cmocka_unit_test(test_before_sampling),
+        cmocka_unit_test(test_speculation),      cmocka_unit_test(test_llama_cpp_smollm2),
     };
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -965,7 +965,7 @@ static void check_chat_item(const cJSON *it, int top) {
     }
 }
 
-static void test_logprobs(void **st) {
+static void test_asan_logprobs(void **st) {
     (void)st;
     /* Chat, whole: one item per completion token, their text the reply. */
     const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"Name three colours.\"}],"
@@ -1075,11 +1075,11 @@ static void test_logprobs(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cli),        cmocka_unit_test(test_endpoints),
-        cmocka_unit_test(test_cors),       cmocka_unit_test(test_hostile),
-        cmocka_unit_test(test_disconnect), cmocka_unit_test(test_load),
-        cmocka_unit_test(test_tsan_serve), cmocka_unit_test(test_spec),
-        cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_cli),           cmocka_unit_test(test_endpoints),
+        cmocka_unit_test(test_cors),          cmocka_unit_test(test_hostile),
+        cmocka_unit_test(test_disconnect),    cmocka_unit_test(test_load),
+        cmocka_unit_test(test_tsan_serve),    cmocka_unit_test(test_spec),
+        cmocka_unit_test(test_asan_logprobs),
     };
     /* test.sh runs only test_tsan_* under ThreadSanitizer. */
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
