@@ -27,7 +27,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memset(&e, 0, sizeof e);
     if (serve_req_parse((const char *)data + 1, size - 1, kind, &lim, &r, &e)) {
         if (r.n < 1 || r.n > lim.max_n) abort();
-        if (r.max_tokens != lim.n_predict && (r.max_tokens < 1 || r.max_tokens > lim.n_ctx))
+        /* 0 only on completions: the prompt alone (echo + logprobs). */
+        int32_t min_tokens = kind == SERVE_CHAT ? 1 : 0;
+        if (r.max_tokens != lim.n_predict &&
+            (r.max_tokens < min_tokens || r.max_tokens > lim.n_ctx))
+            abort();
+        if (r.top_logprobs < 0 || r.top_logprobs > CELLM_MAX_TOP_LOGPROBS ||
+            (!r.logprobs && r.top_logprobs))
             abort();
         if (kind == SERVE_CHAT && (r.n_messages < 1 || !r.messages)) abort();
         if (kind == SERVE_COMPLETION && (r.n_prompts < 1 || (int64_t)r.n * r.n_prompts > lim.max_n))

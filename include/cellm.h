@@ -442,6 +442,46 @@ typedef struct cellm_sampling {
     int32_t ngram_guard_repeats; /* default 2 */
 } cellm_sampling;
 
+/* ----------------------------------------------------------- logprobs */
+
+#define CELLM_MAX_TOP_LOGPROBS 20 /* cellm_request_params.top_logprobs at most */
+
+/* A token and its log-probability (natural log). */
+typedef struct cellm_top_logprob {
+    int32_t token;
+    float logprob;
+} cellm_top_logprob;
+
+/* The log-probability of one token of a request, and the most likely
+ * alternatives at its position. The values are the model's own
+ * distribution: log-softmax of the raw logits of the position before it,
+ * taken before the logit bias, the penalties, the n-gram guard,
+ * temperature and the truncations (top-k, top-p, min-p, typical-p), so
+ * they do not depend on the sampling parameters. Computed the same way on
+ * every CPU (a fixed order of double sums, cellm's own exp and log), and,
+ * like the tokens, bit-identical whatever else is in the batch and however
+ * many threads run. */
+typedef struct cellm_token_logprob {
+    int32_t token;
+    int32_t pos;   /* its index in the request's tokens: the prompt's first, then the completion */
+    int is_prompt; /* 1: a prompt token (prompt_logprobs); 0: a completion token */
+    float logprob; /* <= 0; NAN for the first prompt token, which nothing precedes */
+    int32_t n_top; /* entries in top: top_logprobs (0 for the first prompt token) */
+    /* The n_top most likely tokens at this position, most likely first
+     * (ties: the lower id first); the token itself may be among them, with
+     * the same logprob bit for bit. Valid only during the callback. */
+    const cellm_top_logprob *top;
+} cellm_token_logprob;
+
+/* Called on the engine thread with each token's log-probability, in the
+ * order of the tokens: the prompt's (with prompt_logprobs) as their
+ * positions are computed, then each completion token just before its text
+ * goes to on_piece. A stop token that ends the request (EOS, end of turn,
+ * stop_tokens) is not part of the completion and gets none; the tokens of
+ * a stop string do (their text is withheld). `lp` is valid only during
+ * the call. Same rules as cellm_piece_fn. */
+typedef void (*cellm_logprob_fn)(const cellm_token_logprob *lp, void *user);
+
 #define CELLM_MAX_STOP_STRINGS 16 /* entries of cellm_request_params.stop */
 #define CELLM_MAX_STOP_LEN 256    /* bytes of one stop string */
 
@@ -458,7 +498,9 @@ typedef struct cellm_request_params {
     int32_t n_tokens;
 
     cellm_sampling sampling;
-    int32_t max_tokens; /* completion tokens at most; < 0: until the context is full. Default 256 */
+    /* Completion tokens at most; < 0: until the context is full; 0: none
+     * (the prompt is computed, for prompt_logprobs). Default 256. */
+    int32_t max_tokens;
     const int32_t *stop_tokens; /* besides EOS (and the end-of-turn tokens for messages) */
     int32_t n_stop_tokens;      /* at most 16 */
     /* Stop strings (OpenAI's `stop`, llama.cpp's reverse prompts), copied
@@ -472,7 +514,22 @@ typedef struct cellm_request_params {
 
     cellm_piece_fn on_piece; /* may be NULL */
     cellm_done_fn on_done;   /* may be NULL */
-    void *user;              /* passed to both */
+    void *user;              /* passed to all three callbacks */
+
+    /* Log-probabilities, through on_logprob (see cellm_token_logprob).
+     * Off by default; a request that asks for none costs nothing more.
+     * logprobs = 1: each completion token's. top_logprobs: that many
+     * alternatives per token, 0..CELLM_MAX_TOP_LOGPROBS. prompt_logprobs
+     * = 1: also each prompt token's given the tokens before it (what
+     * evaluation harnesses score). Those positions are then computed
+     * rather than taken from the prefix cache, in chunks of at most the
+     * engine's logit rows per step (max_seqs without speculation), and
+     * not for a session's turn (CELLM_ERR_INVALID_ARG). Both need
+     * on_logprob. */
+    int logprobs;
+    int32_t top_logprobs;
+    int prompt_logprobs;
+    cellm_logprob_fn on_logprob;
 } cellm_request_params;
 
 cellm_request_params cellm_request_default_params(void);

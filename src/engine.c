@@ -276,14 +276,36 @@ static bool is_stop(const cellm_request *r, int32_t t) {
     return false;
 }
 
-/* Takes token t as r's next: appends it and streams its text. Returns the
- * reason r must finish now, or -1 to go on. */
-static int take_token(cellm_engine *e, cellm_request *r, int32_t t, double t_now) {
+/* Passes token `token` at `pos` and its log-probability in `row` (the
+ * logits of the position before it; NULL: none, the first prompt token)
+ * to r's on_logprob. Only for requests that asked: the one pass over the
+ * vocabulary is theirs alone. */
+static void report_logprob(cellm_engine *e, cellm_request *r, const float *row, int32_t token,
+                           int32_t pos, bool prompt) {
+    if (r->detached) return;
+    int32_t n_vocab = e->model->m->n_vocab;
+    cellm_token_logprob lp = {token, pos, prompt, NAN, 0, r->lp_top_buf};
+    if (row) {
+        double norm = sampler_log_norm(row, n_vocab);
+        lp.logprob = sampler_token_logprob(row, norm, token);
+        _Static_assert(sizeof(cellm_top_logprob) == sizeof(sampler_logprob), "logprob layout");
+        lp.n_top =
+            sampler_top_logprobs(row, n_vocab, norm, r->lp_top, (sampler_logprob *)r->lp_top_buf);
+    }
+    r->on_logprob(&lp, r->user);
+}
+
+/* Takes token t, chosen from the logits `row`, as r's next: appends it
+ * and streams its text. Returns the reason r must finish now, or -1 to go
+ * on. */
+static int take_token(cellm_engine *e, cellm_request *r, int32_t t, const float *row,
+                      double t_now) {
     if (r->t_first_token == 0) r->t_first_token = t_now;
     if (is_stop(r, t)) {
         r->stop_token = t;
         return CELLM_FINISH_STOP;
     }
+    if (r->lp_gen) report_logprob(e, r, row, t, r->n_tokens, false);
     r->tokens[r->n_tokens++] = t;
     sampler_accept(r->smp, t, NULL); /* t is in the vocabulary: cannot fail */
     e->n_gen_tok++;
@@ -315,8 +337,9 @@ static void verify(cellm_engine *e, cellm_request *r, const float *rows, int32_t
     int why = -1, kept = 0;
     for (int32_t j = 0; j <= nd; j++) {
         int32_t guess = j < nd ? r->tokens[first + j] : -1;
-        int32_t t = sample_timed(e, r, rows + (size_t)j * (size_t)n_vocab);
-        why = take_token(e, r, t, t_now);
+        const float *row = rows + (size_t)j * (size_t)n_vocab;
+        int32_t t = sample_timed(e, r, row);
+        why = take_token(e, r, t, row, t_now);
         if (why >= 0 || t != guess) break;
         kept++;
     }
@@ -341,21 +364,46 @@ static void verify(cellm_engine *e, cellm_request *r, const float *rows, int32_t
     spec_after(e, r);
 }
 
-/* After a forward pass: the next token of every request that asked (and
+/* With prompt_logprobs: reports the prompt tokens whose logits this step
+ * computed, rows [from, to) of r, the first at logits row *li (advanced
+ * past them). */
+static void report_prompt(cellm_engine *e, cellm_request *r, int32_t from, int32_t to,
+                          const float *logits, int32_t *li) {
+    size_t n_vocab = (size_t)e->model->m->n_vocab;
+    if (from == 0 && r->lp_done == 0) {
+        report_logprob(e, r, NULL, r->tokens[0], 0, true);
+        r->lp_done = 1;
+    }
+    for (int32_t pos = from; pos < to && pos + 1 < r->n_tokens; pos++) {
+        if (!req_row_logits(r, pos)) continue;
+        const float *row = logits + (size_t)(*li)++ * n_vocab;
+        report_logprob(e, r, row, r->tokens[pos + 1], pos + 1, true);
+        r->lp_done = pos + 2;
+    }
+}
+
+/* After a forward pass: the prompt tokens' log-probabilities of requests
+ * that report them, and the next token of every request that asked (and
  * the check of its guesses, if it made any). */
 static void step_outputs(cellm_engine *e, const float *logits, double t_now) {
     int32_t n_vocab = e->model->m->n_vocab, li = 0;
     for (int32_t i = 0; i < e->n_fed; i++) {
         cellm_request *r = e->fed[i];
+        if (r->lp_prompt && r->lp_done < r->n_prompt)
+            report_prompt(e, r, r->seq.n_pos - r->plan_n, r->seq.n_pos, logits, &li);
         int32_t n_rows = r->seq.n_pos - r->n_tokens + 1; /* rows with logits */
         if (n_rows <= 0) continue;                       /* mid-prompt: no logits */
         const float *row = logits + (size_t)li * (size_t)n_vocab;
         li += n_rows;
+        if (r->max_tokens == 0) { /* the prompt alone was asked for */
+            engine_finish(e, r, CELLM_FINISH_LENGTH, CELLM_OK, NULL);
+            continue;
+        }
         if (r->n_draft > 0) {
             verify(e, r, row, n_vocab, t_now);
             continue;
         }
-        int why = take_token(e, r, sample_timed(e, r, row), t_now);
+        int why = take_token(e, r, sample_timed(e, r, row), row, t_now);
         if (why >= 0) engine_finish(e, r, (cellm_finish_reason)why, CELLM_OK, NULL);
     }
 }
@@ -498,6 +546,14 @@ static int engine_step_once(cellm_engine *e, bool block) {
     if (e->win_t0 == 0) e->win_t0 = t0;
     for (int32_t i = 0; i < e->n_fed; i++)
         if (e->fed[i]->t_first_step == 0) e->fed[i]->t_first_step = t0;
+    /* Rows before each request's last token: prompt (or recomputed) rows,
+     * whether or not they ask for logits (prompt_logprobs). */
+    int32_t n_prompt_rows = 0;
+    for (int32_t i = 0; i < e->n_fed; i++) {
+        const cellm_request *r = e->fed[i];
+        int32_t before_last = r->n_tokens - 1 - r->seq.n_pos;
+        n_prompt_rows += before_last < 0 ? 0 : before_last < r->plan_n ? before_last : r->plan_n;
+    }
     const float *logits = NULL;
     err_clear(&err);
     if (forward_run(e->fwd, e->rows, n_rows, &logits, &err) != CELLM_OK) {
@@ -507,8 +563,6 @@ static int engine_step_once(cellm_engine *e, bool block) {
         fail_fed(e, &err);
         return 1;
     }
-    int32_t n_prompt_rows = 0;
-    for (int32_t i = 0; i < n_rows; i++) n_prompt_rows += !e->rows[i].logits;
     e->n_prompt_tok += (uint64_t)n_prompt_rows;
     e->win_prompt += (uint64_t)n_prompt_rows;
     double t1 = now_s();
@@ -972,6 +1026,12 @@ static cellm_status check_params(const cellm_request_params *p, cellm_error *err
         (p->n_stop_tokens && !p->stop_tokens))
         return err_set(err, CELLM_ERR_INVALID_ARG, "n_stop_tokens must be 0..%d, with stop_tokens",
                        REQ_MAX_STOP);
+    if (p->top_logprobs < 0 || p->top_logprobs > CELLM_MAX_TOP_LOGPROBS)
+        return err_set(err, CELLM_ERR_INVALID_ARG, "top_logprobs must be 0..%d",
+                       CELLM_MAX_TOP_LOGPROBS);
+    if ((p->logprobs || p->prompt_logprobs) && !p->on_logprob)
+        return err_set(err, CELLM_ERR_INVALID_ARG,
+                       "logprobs and prompt_logprobs need the on_logprob callback");
     if (p->n_stop < 0 || p->n_stop > CELLM_MAX_STOP_STRINGS || (p->n_stop && !p->stop))
         return err_set(err, CELLM_ERR_INVALID_ARG, "n_stop must be 0..%d, with stop",
                        CELLM_MAX_STOP_STRINGS);
@@ -1043,6 +1103,9 @@ cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm
     err_clear(&err);
     const cellm_model *cm = e->model;
     if (check_params(p, &err)) return fail(&err);
+    if (session && p->prompt_logprobs)
+        return fail_msg(CELLM_ERR_INVALID_ARG,
+                        "prompt_logprobs is not available for a session's turn");
     tok_ids ids = {0};
     if (request_input(e, p, &ids, &err)) {
         tok_ids_free(&ids);
@@ -1104,6 +1167,10 @@ cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm
     r->on_piece = p->on_piece;
     r->on_done = p->on_done;
     r->user = p->user;
+    r->lp_gen = p->logprobs != 0;
+    r->lp_prompt = p->prompt_logprobs != 0;
+    r->lp_top = p->top_logprobs;
+    r->on_logprob = p->on_logprob;
     r->stop[r->n_stop++] = tokenizer_eos(cm->tok);
     for (int32_t i = 0; i < p->n_stop_tokens; i++) r->stop[r->n_stop++] = p->stop_tokens[i];
     if (p->messages)

@@ -99,6 +99,11 @@ struct cellm_request {
     void *user;
     double t_submit;
     int32_t n_prompt;
+    /* Log-probabilities (cellm_token_logprob): of completion tokens, of
+     * prompt tokens, and how many alternatives. */
+    bool lp_gen, lp_prompt;
+    int32_t lp_top;
+    cellm_logprob_fn on_logprob;
 
     /* Engine thread only (and the owner after `done`, read-only). */
     cellm_request *next; /* incoming list (under mu) or waiting queue */
@@ -118,6 +123,11 @@ struct cellm_request {
     double t_first_step, t_first_token;
     int32_t n_preempt;
     char err[CELLM_ERR_MSG_MAX];
+    /* prompt_logprobs: prompt tokens reported so far (tokens[0 .. lp_done));
+     * the rows that report the rest ask for logits (req_row_logits), and
+     * the prefix cache may only stand in for rows already reported. */
+    int32_t lp_done;
+    cellm_top_logprob lp_top_buf[CELLM_MAX_TOP_LOGPROBS];
 
     /* Speculative decoding (spec.c), engine thread only. The guesses of
      * this step sit at tokens[n_tokens .. n_tokens + n_draft), past the
@@ -209,6 +219,14 @@ struct cellm_engine {
     atomic_bool failed;      /* set once, after `error` is written */
     char error[CELLM_ERR_MSG_MAX];
 };
+
+/* True when r's row at position pos asks for logits: its last token (and
+ * the guesses after it), and, while prompt_logprobs has prompt tokens left
+ * to report, each row whose logits give the next prompt token's. */
+static inline bool req_row_logits(const cellm_request *r, int32_t pos) {
+    if (pos + 1 >= r->n_tokens) return true;
+    return r->lp_prompt && pos + 1 >= r->lp_done && pos + 1 < r->n_prompt;
+}
 
 /* ---- scheduler.c (engine thread only) ---- */
 

@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "xmath.h"
+
 /* GCC and Clang vector types, unless CELLM_NO_VECTOR_EXT asks for the
  * plain C path (which gives the same bits; the tests build both). */
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(CELLM_NO_VECTOR_EXT)
@@ -745,4 +747,66 @@ int32_t sampler_sample(sampler *s, const float *raw) {
         z += w;
     }
     return draw(s, n, z);
+}
+
+/* ---------------------------------------------------------- logprobs */
+
+double sampler_log_norm(const float *logits, int32_t n) {
+    const float mx = max_of(logits, n);
+    if (!isfinite(mx)) return (double)mx;
+    /* e^(x - mx) = 2^((x - mx) log2 e) with the sampler's exp2 (relative
+     * error below 2e-7, the same bits on every platform), summed in four
+     * double lanes by index mod 4 and folded in one order: the vector and
+     * plain paths add the same numbers in the same order. The largest
+     * term is 1, so the sum is in [1, n]. */
+    const float c = 1.44269504f; /* log2(e) */
+    double acc[4] = {0, 0, 0, 0};
+    int32_t i = 0;
+#if SAMPLER_VEC
+    for (; i + 4 <= n; i += 4) {
+        v4f y;
+        memcpy(&y, logits + i, sizeof y);
+        y = y - mx;
+        y = y * c;
+        const v4f e = exp2_neg4(y);
+        for (int j = 0; j < 4; j++) acc[j] += (double)e[j];
+    }
+#endif
+    for (; i < n; i++) {
+        float y = logits[i] - mx;
+        y = y * c;
+        acc[i & 3] += (double)exp2_neg(y);
+    }
+    return (double)mx + xm_log((acc[0] + acc[1]) + (acc[2] + acc[3]));
+}
+
+float sampler_token_logprob(const float *logits, double norm, int32_t token) {
+    return (float)((double)logits[token] - norm);
+}
+
+int32_t sampler_top_logprobs(const float *logits, int32_t n, double norm, int32_t k,
+                             sampler_logprob *out) {
+    if (k > SAMPLER_MAX_TOP_LOGPROBS) k = SAMPLER_MAX_TOP_LOGPROBS;
+    if (k <= 0) return 0;
+    float v[SAMPLER_MAX_TOP_LOGPROBS];
+    int32_t have = 0;
+    float floor_v = -INFINITY; /* the list's last value once it is full */
+    for (int32_t i = 0; i < n; i++) {
+        const float x = logits[i];
+        /* Strictly greater: on a tie the earlier (lower) id stays ahead;
+         * NaN never enters. */
+        if (have == k ? !(x > floor_v) : x != x) continue;
+        int32_t j = have < k ? have++ : k - 1;
+        while (j > 0 && x > v[j - 1]) {
+            v[j] = v[j - 1];
+            out[j].token = out[j - 1].token;
+            j--;
+        }
+        v[j] = x;
+        out[j].token = i;
+        if (have == k) floor_v = v[k - 1];
+    }
+    for (int32_t j = 0; j < have; j++)
+        out[j].logprob = sampler_token_logprob(logits, norm, out[j].token);
+    return have;
 }

@@ -80,4 +80,29 @@ int32_t sampler_sample(sampler *s, const float *logits);
 /* The most likely token; ties go to the lowest id. */
 int32_t sampler_argmax(const float *logits, int32_t n);
 
+/* Log-probabilities: the log-softmax of a row of raw logits (no bias,
+ * penalty or temperature), computed in one fixed order with the sampler's
+ * own exp2 and xm_log, so the bits are the same on every CPU and in the
+ * plain (CELLM_NO_VECTOR_EXT) build. */
+#define SAMPLER_MAX_TOP_LOGPROBS 20
+
+typedef struct sampler_logprob {
+    int32_t token;
+    float logprob;
+} sampler_logprob;
+
+/* log(sum_i e^logits[i]) of logits[0..n), in double: logits[t] minus it is
+ * token t's log-probability. One pass of exp over the row. */
+double sampler_log_norm(const float *logits, int32_t n);
+
+/* Token t's log-probability, given the row's sampler_log_norm. */
+float sampler_token_logprob(const float *logits, double norm, int32_t token);
+
+/* The k (at most SAMPLER_MAX_TOP_LOGPROBS) most likely tokens of the row
+ * into out[], most likely first, ties to the lower id, with their
+ * log-probabilities (the same bits as sampler_token_logprob). Returns how many
+ * (k, unless the row has fewer non-NaN logits). */
+int32_t sampler_top_logprobs(const float *logits, int32_t n, double norm, int32_t k,
+                             sampler_logprob *out);
+
 #endif /* CELLM_SAMPLER_H */

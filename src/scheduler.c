@@ -221,6 +221,51 @@ static bool plan_running(cellm_engine *e, plan_blocks *pb, int32_t *budget, bool
     return preempted;
 }
 
+/* True while r reports its prompt's log-probabilities (every row asks for
+ * logits). */
+static bool reports_prompt(const cellm_request *r) {
+    return r->lp_prompt && r->lp_done < r->n_prompt;
+}
+
+/* Rows of r's planned chunk, from the start, that fit `left` rows of
+ * logits; *used gets the rows of logits they take. */
+static int32_t rows_within(const cellm_request *r, int32_t left, int32_t *used) {
+    int32_t n = 0, want = 0;
+    for (; n < r->plan_n; n++) {
+        int32_t w = req_row_logits(r, r->seq.n_pos + n);
+        if (want + w > left) break;
+        want += w;
+    }
+    *used = want;
+    return n;
+}
+
+/* The forward pass returns at most e->logit_rows rows of logits. Without
+ * prompt_logprobs a plan never asks for more (one row per request, or its
+ * pending token and guesses); the chunks of requests that report their
+ * prompt, where every row asks, are cut to what is left, in queue order,
+ * and go on next step. */
+static void fit_logit_rows(cellm_engine *e) {
+    bool any = false;
+    for (int32_t i = 0; i < e->n_running && !any; i++)
+        any = e->running[i]->plan_n > 0 && reports_prompt(e->running[i]);
+    if (!any) return;
+    int32_t left = e->logit_rows, used;
+    for (int32_t i = 0; i < e->n_running; i++) {
+        cellm_request *r = e->running[i];
+        if (r->plan_n > 0 && !reports_prompt(r)) {
+            rows_within(r, r->plan_n, &used);
+            left -= used;
+        }
+    }
+    for (int32_t i = 0; i < e->n_running; i++) {
+        cellm_request *r = e->running[i];
+        if (r->plan_n <= 0 || !reports_prompt(r)) continue;
+        r->plan_n = rows_within(r, left, &used);
+        left -= used;
+    }
+}
+
 int32_t sched_plan_step(cellm_engine *e) {
     plan_blocks pb = {{0, 0}};
     int32_t budget = e->p.max_batch_tokens;
@@ -238,7 +283,12 @@ int32_t sched_plan_step(cellm_engine *e) {
          * always leaving the last one to compute. */
         int32_t found = 0;
         if (r->seq.n_pos == 0) {
-            found = kv_seq_lookup(e->kv, &r->seq, r->tokens, r->n_tokens - 1);
+            /* With prompt_logprobs the cache stands in only for rows whose
+             * prompt tokens have been reported. */
+            int32_t limit = r->n_tokens - 1;
+            if (r->lp_prompt && r->lp_done < r->n_prompt && r->lp_done - 1 < limit)
+                limit = r->lp_done > 0 ? r->lp_done - 1 : 0;
+            found = kv_seq_lookup(e->kv, &r->seq, r->tokens, limit);
             if (found > 0 && r->n_preempt == 0) r->n_cached = found;
             if (found > 0) e->n_prefix_tok += (uint64_t)found;
         }
@@ -271,8 +321,10 @@ int32_t sched_plan_step(cellm_engine *e) {
         }
     }
 
+    fit_logit_rows(e);
+
     /* The flat batch, in queue order; a request's last row asks for logits
-     * when it reaches the end of its tokens. */
+     * when it reaches the end of its tokens (req_row_logits). */
     int32_t n_rows = 0;
     e->n_fed = 0;
     for (int32_t i = 0; i < e->n_running; i++) {
@@ -281,7 +333,7 @@ int32_t sched_plan_step(cellm_engine *e) {
         for (int32_t j = 0; j < r->plan_n; j++) {
             int32_t pos = r->seq.n_pos + j;
             /* Logits for the last token and the guesses after it. */
-            e->rows[n_rows++] = (fwd_row){&r->seq, r->tokens[pos], pos, pos + 1 >= r->n_tokens};
+            e->rows[n_rows++] = (fwd_row){&r->seq, r->tokens[pos], pos, req_row_logits(r, pos)};
         }
         e->fed[e->n_fed++] = r;
     }

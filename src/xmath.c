@@ -201,6 +201,11 @@ static double log_d(double x) {
     return ((double)e * LN2_HI + lnm) + (double)e * LN2_LO;
 }
 
+double xm_log(double x) {
+    if (!(x > 0.0) || x == INFINITY) return NAN;
+    return log_d(x);
+}
+
 float xm_powf(float base, float e) {
     if (!(base > 0.0f) || base == INFINITY) return NAN;
     const double y = (double)e * log_d((double)base);

@@ -1,6 +1,6 @@
 /*
  * xmath.h — the transcendental functions of the forward pass (exp, tanh,
- * sin/cos, pow), computed the same way on every CPU. libm's expf, tanhf,
+ * sin/cos, pow, log), computed the same way on every CPU. libm's expf, tanhf,
  * sinf, cosf and powf are accurate but not bit-identical across platforms:
  * x86-64 glibc picks FMA variants at run time, AArch64 glibc is compiled
  * differently, other libcs use other algorithms. A near-tie in greedy
@@ -24,5 +24,9 @@ void xm_sincosf(float x, float *s, float *c);
 /* base^e for finite base > 0 and finite e (what RoPE needs); NaN for any
  * other base. */
 float xm_powf(float base, float e);
+
+/* ln x in double for finite x > 0 (log-softmax's normaliser needs it);
+ * NaN for any other x. */
+double xm_log(double x);
 
 #endif /* CELLM_XMATH_H */

@@ -5,6 +5,7 @@ Starts the real `cellm` binary ($CELLM_BIN) on an ephemeral loopback port
 with the real SmolLM2 model, then drives it only through the `openai`
 package: the model list, chat and text completions whole and streamed,
 n > 1, stop strings, seed reproducibility (also among concurrent requests),
+log-probabilities (chat and completions, whole and streamed, echo),
 usage counts checked against the server's own tokenizer, and the errors a
 client sees. Stops the server with SIGTERM and requires a clean exit (under
 ASan that includes no leaks).
@@ -237,12 +238,69 @@ def test_penalties(client, base):
     check(a.count("cat") > b.count("cat"), f"penalties: {a!r} vs {b!r}")
 
 
+def check_content_logprobs(items, top, what):
+    """OpenAI's choices[].logprobs.content items: values <= 0, `top`
+    alternatives most likely first, bytes the token's UTF-8."""
+    for it in items:
+        check(it.logprob <= 0 and len(it.top_logprobs) == top, f"{what}: {it}")
+        check(bytes(it.bytes) == it.token.encode(), f"{what}: bytes of {it.token!r}")
+        lps = [t.logprob for t in it.top_logprobs]
+        check(lps == sorted(lps, reverse=True), f"{what}: top_logprobs order {lps}")
+        for t in it.top_logprobs:
+            if t.token == it.token:
+                check(t.logprob == it.logprob, f"{what}: {it.token!r} differs in its top list")
+
+
+def test_logprobs(client):
+    msgs = [{"role": "user", "content": "Name a colour."}]
+    kw = dict(model=MODEL_ID, messages=msgs, max_tokens=8, logprobs=True, top_logprobs=4)
+    r = client.chat.completions.create(**kw)
+    items = r.choices[0].logprobs.content
+    check(len(items) == r.usage.completion_tokens, f"one item per token: {len(items)}")
+    check("".join(i.token for i in items) == r.choices[0].message.content, "tokens make the text")
+    check_content_logprobs(items, 4, "chat")
+    # Streamed: the same items, spread over the chunks.
+    streamed = []
+    for ch in client.chat.completions.create(stream=True, **kw):
+        for c in ch.choices:
+            if c.logprobs and c.logprobs.content:
+                streamed += c.logprobs.content
+    check([(i.token, i.logprob) for i in streamed] == [(i.token, i.logprob) for i in items],
+          "streamed logprobs equal the whole reply's")
+    # Completions, echo + logprobs as lm-evaluation-harness's local-completions
+    # scores a continuation: the prompt's values, the first None.
+    ctx, cont = "The capital of France is", " Paris"
+    r = client.completions.create(model=MODEL_ID, prompt=ctx + cont, max_tokens=1, echo=True,
+                                  logprobs=1, temperature=0)
+    lp = r.choices[0].logprobs
+    check(r.choices[0].text.startswith(ctx + cont), "echo text")
+    check(lp.token_logprobs[0] is None and lp.top_logprobs[0] is None, "first prompt token")
+    check(len(lp.tokens) == r.usage.prompt_tokens + 1, f"tokens: {lp.tokens}")
+    check(all(v <= 0 for v in lp.token_logprobs[1:]), "values <= 0")
+    check(all(len(d) == 1 for d in lp.top_logprobs[1:]), "one alternative each")
+    check(lp.tokens[-2] == " Paris", f"the continuation's token: {lp.tokens}")
+    # lm-eval's reading: the continuation's value, and whether it is greedy.
+    score = lp.token_logprobs[-2]
+    greedy = score == max(lp.top_logprobs[-2].values())
+    check(score < 0 and greedy, f"' Paris' after '{ctx}': {score}, greedy {greedy}")
+    # max_tokens 0 (the prompt alone), streamed.
+    toks, vals = [], []
+    for ch in client.completions.create(model=MODEL_ID, prompt=ctx + cont, max_tokens=0,
+                                        echo=True, logprobs=0, stream=True):
+        for c in ch.choices:
+            if c.logprobs:
+                toks += c.logprobs.tokens
+                vals += c.logprobs.token_logprobs
+    check(toks == lp.tokens[:-1] and vals == lp.token_logprobs[:-1],
+          "streamed echo values equal the whole reply's")
+
+
 def test_errors(client, base):
     msgs = [{"role": "user", "content": "hi"}]
     for bad, exc in [(dict(max_tokens=-1), openai.BadRequestError),
                      (dict(temperature=7), openai.BadRequestError),
                      (dict(n=1000), openai.BadRequestError),
-                     (dict(logprobs=True), openai.BadRequestError),
+                     (dict(logprobs=True, top_logprobs=21), openai.BadRequestError),
                      (dict(model="gpt-4o"), openai.NotFoundError)]:
         kw = dict(model=MODEL_ID, messages=msgs, max_tokens=4)
         kw.update(bad)
@@ -280,6 +338,7 @@ def main():
                          ("test_stop", lambda: test_stop(client)),
                          ("test_seed", lambda: test_seed(client)),
                          ("test_penalties", lambda: test_penalties(client, base)),
+                         ("test_logprobs", lambda: test_logprobs(client)),
                          ("test_errors", lambda: test_errors(client, base))]:
             if only and not fnmatch.fnmatch(name, only):
                 continue

@@ -730,6 +730,33 @@ static void test_golden_draws(void **st) {
     }
 }
 
+/* Log-probabilities (sampler_log_norm, sampler_top_logprobs) are the same
+ * bits on every platform and in the plain build: fixed values for fixed
+ * logits, over a length that leaves a tail past the vector lanes. (Recorded
+ * on x86-64.) */
+static void test_golden_logprobs(void **st) {
+    (void)st;
+    static float l[SV];
+    gauss_logits(l, 11);
+    const int32_t n = SV - 3;
+    double norm = sampler_log_norm(l, n);
+    sampler_logprob top[5];
+    assert_int_equal(sampler_top_logprobs(l, n, norm, 5, top), 5);
+    uint64_t nb;
+    memcpy(&nb, &norm, sizeof nb);
+    char got[512];
+    int o = snprintf(got, sizeof got, "0x%016llx", (unsigned long long)nb);
+    for (int k = 0; k < 5; k++) {
+        uint32_t b;
+        memcpy(&b, &top[k].logprob, sizeof b);
+        o +=
+            snprintf(got + o, sizeof got - (size_t)o, " %d:0x%08x", (int)top[k].token, (unsigned)b);
+    }
+    const char *want = "0x4021cfb1ed24be82 394:0xc0059a5c 759:0xc018d394 553:0xc02a5cea "
+                       "156:0xc0720858 952:0xc07ce562";
+    if (strcmp(got, want)) fail_msg("log-probabilities: got \"%s\"", got);
+}
+
 /* Fills the heap with freed blocks of `x`, which glibc then hands to the
  * next allocations of that size (a sampler's arrays). */
 static void dirty_heap(float x) {
@@ -787,7 +814,7 @@ int main(void) {
         cmocka_unit_test(test_stat_min_p),   cmocka_unit_test(test_stat_typical),
         cmocka_unit_test(test_stat_chain),   cmocka_unit_test(test_stat_penalties),
         cmocka_unit_test(test_edges),        cmocka_unit_test(test_golden_draws),
-        cmocka_unit_test(test_stale_memory),
+        cmocka_unit_test(test_stale_memory), cmocka_unit_test(test_golden_logprobs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include <cmocka.h>
+#include <math.h>
 
 #include <cjson/cJSON.h>
 
@@ -442,7 +443,17 @@ static const bad_case bad_cases[] = {
      "logit_bias"},
     {"logit_bias id too big", "POST", CHAT, NULL, "{" MSG ",\"logit_bias\":{\"99999999\":1}}", 400,
      "logit_bias"},
-    {"logprobs asked", "POST", CHAT, NULL, "{" MSG ",\"logprobs\":true}", 400, "logprobs"},
+    {"logprobs a string", "POST", CHAT, NULL, "{" MSG ",\"logprobs\":\"yes\"}", 400, "logprobs"},
+    {"top_logprobs too high", "POST", CHAT, NULL, "{" MSG ",\"logprobs\":true,\"top_logprobs\":21}",
+     400, "top_logprobs"},
+    {"top_logprobs negative", "POST", CHAT, NULL, "{" MSG ",\"logprobs\":true,\"top_logprobs\":-1}",
+     400, "top_logprobs"},
+    {"top_logprobs without logprobs", "POST", CHAT, NULL, "{" MSG ",\"top_logprobs\":2}", 400,
+     "top_logprobs"},
+    {"completions logprobs too high", "POST", CMPL, NULL, "{\"prompt\":\"a\",\"logprobs\":21}", 400,
+     "logprobs"},
+    {"completions logprobs a boolean", "POST", CMPL, NULL, "{\"prompt\":\"a\",\"logprobs\":true}",
+     400, "logprobs"},
     {"tools asked", "POST", CHAT, NULL, "{" MSG ",\"tools\":[{\"type\":\"function\"}]}", 400,
      "tools"},
     {"user a number", "POST", CHAT, NULL, "{" MSG ",\"user\":5}", 400, "user"},
@@ -454,7 +465,9 @@ static const bad_case bad_cases[] = {
     {"prompt token out of range", "POST", CMPL, NULL, "{\"prompt\":[1,2,999999]}", 400, "0..49151"},
     {"prompt token negative", "POST", CMPL, NULL, "{\"prompt\":[-3]}", 400, "prompt"},
     {"prompt empty", "POST", CMPL, NULL, "{\"prompt\":\"\"}", 400, "prompt"},
-    {"echo with tokens", "POST", CMPL, NULL, "{\"prompt\":[1,2],\"echo\":true}", 400, "echo"},
+    {"echo a number", "POST", CMPL, NULL, "{\"prompt\":[1,2],\"echo\":1}", 400, "echo"},
+    {"completions max_tokens negative", "POST", CMPL, NULL, "{\"prompt\":\"a\",\"max_tokens\":-1}",
+     400, "max_tokens"},
     {"suffix", "POST", CMPL, NULL, "{\"prompt\":\"a\",\"suffix\":\"b\"}", 400, "suffix"},
     {"unknown route", "GET", "/v2/nothing", NULL, NULL, 404, "not_found"},
     {"path traversal", "GET", "/../../etc/passwd", NULL, NULL, 404, NULL},
@@ -916,12 +929,157 @@ static void test_spec(void **st) {
     assert_int_equal((int)metric("cellm_draft_tokens_total"), 0); /* the plain server */
 }
 
+/* ------------------------------------------------------------ logprobs */
+
+/* The JSON of a whole reply's body, or of each "data: " event of a stream
+ * gathered: the choices' logprobs.content items of every chunk in one
+ * array (chat), or tokens / token_logprobs appended (completions). */
+static cJSON *body_json(const reply *r) {
+    cJSON *j = cJSON_Parse(r->body);
+    if (!j) fail_msg("not JSON: %s", r->body);
+    return j;
+}
+
+/* Checks one chat content[] item: logprob <= 0, `top` alternatives in
+ * order, the token's own value equal to its entry there, bytes = token. */
+static void check_chat_item(const cJSON *it, int top) {
+    const cJSON *tok = cJSON_GetObjectItem(it, "token"), *lp = cJSON_GetObjectItem(it, "logprob");
+    const cJSON *bytes = cJSON_GetObjectItem(it, "bytes"),
+                *tl = cJSON_GetObjectItem(it, "top_logprobs");
+    assert_true(cJSON_IsString(tok) && cJSON_IsNumber(lp) && cJSON_IsArray(bytes));
+    assert_true(lp->valuedouble <= 0 && isfinite(lp->valuedouble));
+    size_t n = strlen(tok->valuestring);
+    assert_int_equal(cJSON_GetArraySize(bytes), (int)n);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(cJSON_GetArrayItem(bytes, (int)i)->valueint,
+                         (unsigned char)tok->valuestring[i]);
+    assert_int_equal(cJSON_GetArraySize(tl), top);
+    double prev = 0;
+    for (int k = 0; k < top; k++) {
+        const cJSON *a = cJSON_GetArrayItem(tl, k);
+        double v = cJSON_GetObjectItem(a, "logprob")->valuedouble;
+        assert_true(v <= prev);
+        prev = v;
+        if (!strcmp(cJSON_GetObjectItem(a, "token")->valuestring, tok->valuestring))
+            assert_true(v == lp->valuedouble);
+    }
+}
+
+static void test_asan_logprobs(void **st) {
+    (void)st;
+    /* Chat, whole: one item per completion token, their text the reply. */
+    const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"Name three colours.\"}],"
+                       "\"max_tokens\":8,\"logprobs\":true,\"top_logprobs\":3%s}";
+    char body[512];
+    snprintf(body, sizeof body, chat, "");
+    reply r = http("POST", CHAT, NULL, body);
+    assert_int_equal(r.status, 200);
+    cJSON *j = body_json(&r);
+    const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    const cJSON *content = cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "logprobs"), "content");
+    const char *text =
+        cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "message"), "content")->valuestring;
+    int n = cJSON_GetArraySize(content);
+    assert_int_equal(
+        n, cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "completion_tokens")->valueint);
+    char joined[512] = "";
+    double whole[64];
+    for (int i = 0; i < n && i < 64; i++) {
+        const cJSON *it = cJSON_GetArrayItem(content, i);
+        check_chat_item(it, 3);
+        strncat(joined, cJSON_GetObjectItem(it, "token")->valuestring,
+                sizeof joined - strlen(joined) - 1);
+        whole[i] = cJSON_GetObjectItem(it, "logprob")->valuedouble;
+    }
+    assert_string_equal(joined, text);
+    cJSON_Delete(j);
+    reply_free(&r);
+
+    /* Streamed: the same items, spread over the chunks. */
+    snprintf(body, sizeof body, chat, ",\"stream\":true");
+    r = http("POST", CHAT, NULL, body);
+    assert_int_equal(r.status, 200);
+    int got = 0;
+    for (char *ev = strstr(r.body, "data: {"); ev; ev = strstr(ev + 1, "data: {")) {
+        char *end = strstr(ev, "\n\n");
+        assert_non_null(end);
+        *end = '\0';
+        cJSON *cj = cJSON_Parse(ev + 6);
+        *end = '\n';
+        assert_non_null(cj);
+        const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(cj, "choices"), 0);
+        const cJSON *lp = cJSON_GetObjectItem(ch, "logprobs");
+        const cJSON *items = cJSON_IsObject(lp) ? cJSON_GetObjectItem(lp, "content") : NULL;
+        for (int i = 0; i < cJSON_GetArraySize(items); i++) {
+            const cJSON *it = cJSON_GetArrayItem(items, i);
+            check_chat_item(it, 3);
+            assert_true(got < n);
+            assert_true(cJSON_GetObjectItem(it, "logprob")->valuedouble == whole[got]);
+            got++;
+        }
+        cJSON_Delete(cj);
+    }
+    assert_int_equal(got, n);
+    reply_free(&r);
+
+    /* Completions with echo, as lm-evaluation-harness asks: the prompt's
+     * tokens (the first without a value) and, with max_tokens 1, one
+     * more; the same prompt as text and as token ids scores the same. */
+    const char *bodies[2] = {
+        "{\"prompt\":\"The capital of France is Paris\",\"max_tokens\":1,\"echo\":true,"
+        "\"logprobs\":1,\"temperature\":0}",
+        "{\"prompt\":[504,3575,282,4649,314,7042],\"max_tokens\":0,\"echo\":true,\"logprobs\":2}",
+    };
+    double lps[2][8];
+    for (int b = 0; b < 2; b++) {
+        r = http("POST", CMPL, NULL, bodies[b]);
+        assert_int_equal(r.status, 200);
+        j = body_json(&r);
+        c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+        const cJSON *lp = cJSON_GetObjectItem(c0, "logprobs");
+        const cJSON *toks = cJSON_GetObjectItem(lp, "tokens"),
+                    *vals = cJSON_GetObjectItem(lp, "token_logprobs");
+        const cJSON *tops = cJSON_GetObjectItem(lp, "top_logprobs"),
+                    *offs = cJSON_GetObjectItem(lp, "text_offset");
+        int nt = cJSON_GetArraySize(toks);
+        assert_int_equal(nt, 6 + (b == 0));
+        assert_int_equal(cJSON_GetArraySize(vals), nt);
+        assert_int_equal(cJSON_GetArraySize(tops), nt);
+        assert_int_equal(cJSON_GetArraySize(offs), nt);
+        assert_string_equal(cJSON_GetArrayItem(toks, 5)->valuestring, " Paris");
+        assert_true(cJSON_IsNull(cJSON_GetArrayItem(vals, 0)));
+        assert_true(cJSON_IsNull(cJSON_GetArrayItem(tops, 0)));
+        size_t off = 0;
+        for (int i = 0; i < nt; i++) {
+            assert_int_equal(cJSON_GetArrayItem(offs, i)->valueint, (int)off);
+            off += strlen(cJSON_GetArrayItem(toks, i)->valuestring);
+            if (i == 0) continue;
+            double v = cJSON_GetArrayItem(vals, i)->valuedouble;
+            assert_true(v <= 0 && isfinite(v));
+            if (i < 6) lps[b][i] = v;
+            const cJSON *d = cJSON_GetArrayItem(tops, i);
+            assert_int_equal(cJSON_GetArraySize(d), b == 0 ? 1 : 2);
+            /* lm-eval's greedy test: the token's value against the dict's best. */
+            assert_true(v <= d->child->valuedouble);
+        }
+        const char *t = cJSON_GetObjectItem(c0, "text")->valuestring;
+        assert_true(!strncmp(t, "The capital of France is Paris", 30));
+        assert_int_equal(
+            cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "completion_tokens")->valueint,
+            b == 0 ? 1 : 0);
+        cJSON_Delete(j);
+        reply_free(&r);
+    }
+    for (int i = 1; i < 6; i++) assert_true(lps[0][i] == lps[1][i]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cli),        cmocka_unit_test(test_endpoints),
-        cmocka_unit_test(test_cors),       cmocka_unit_test(test_hostile),
-        cmocka_unit_test(test_disconnect), cmocka_unit_test(test_load),
-        cmocka_unit_test(test_tsan_serve), cmocka_unit_test(test_spec),
+        cmocka_unit_test(test_cli),           cmocka_unit_test(test_endpoints),
+        cmocka_unit_test(test_cors),          cmocka_unit_test(test_hostile),
+        cmocka_unit_test(test_disconnect),    cmocka_unit_test(test_load),
+        cmocka_unit_test(test_tsan_serve),    cmocka_unit_test(test_spec),
+        cmocka_unit_test(test_asan_logprobs),
     };
     /* test.sh runs only test_tsan_* under ThreadSanitizer. */
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));

@@ -174,6 +174,11 @@ typedef struct serve_req {
     int n_bias;
     int n;
     bool stream, include_usage, echo;
+    /* Log-probabilities: chat's `logprobs: true` with `top_logprobs`, or
+     * the completions' `logprobs: N` (N alternatives); with echo, the
+     * prompt's too. */
+    bool logprobs;
+    int32_t top_logprobs; /* 0..CELLM_MAX_TOP_LOGPROBS */
 } serve_req;
 
 /* Parses and validates body[0..len) (any bytes). True with *r filled, or
@@ -190,6 +195,10 @@ void *serve_json_parse(const char *body, size_t len, size_t *err_at);
 /* True when s[0..len) is valid UTF-8 (no overlongs, surrogates or code
  * points past U+10FFFF). */
 bool serve_utf8_valid(const char *s, size_t len);
+
+/* A new NUL-terminated copy of s[0..n) with every invalid UTF-8 sequence
+ * replaced by U+FFFD (NULL when out of memory); free it with free(). */
+char *serve_utf8_clean(const char *s, size_t n);
 
 /* Adds s[0..n) to the cJSON object `obj` as the string field `name`, any
  * invalid UTF-8 replaced by U+FFFD (JSON text must be UTF-8). */

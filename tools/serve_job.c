@@ -12,6 +12,7 @@
  * blocks at the engine's next step.
  */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +29,14 @@
 
 typedef struct job job;
 
+/* One token's log-probability, as the engine reported it. */
+typedef struct lp_entry {
+    int32_t token;
+    float logprob; /* NAN: the first prompt token */
+    int32_t n_top;
+    cellm_top_logprob top[CELLM_MAX_TOP_LOGPROBS];
+} lp_entry;
+
 typedef struct choice {
     job *j;
     int index;  /* in the reply */
@@ -37,6 +46,9 @@ typedef struct choice {
     size_t len, cap;
     bool done, role_sent, final_sent;
     cellm_result res;
+    lp_entry *lp; /* with logprobs: every token's, in order; lp_sent of them streamed */
+    int n_lp, cap_lp, lp_sent;
+    size_t lp_off; /* completions: text_offset of the next token */
 } choice;
 
 struct job {
@@ -53,6 +65,8 @@ struct job {
     long created;
     bool oom, timed_out;
     cellm_logit_bias bias[SERVE_MAX_BIAS]; /* the request's logit_bias, as the engine takes it */
+    char **echo; /* completions with echo: each prompt's text (token prompts decoded) */
+    size_t *echo_len;
     /* streaming */
     char *out; /* SSE bytes not yet handed to libmicrohttpd */
     size_t out_len, out_off, out_cap;
@@ -99,6 +113,29 @@ static void on_piece(const char *piece, size_t len, void *user) {
     pthread_mutex_unlock(&j->mu);
 }
 
+static void on_logprob(const cellm_token_logprob *lp, void *user) {
+    choice *c = user;
+    job *j = c->j;
+    pthread_mutex_lock(&j->mu);
+    if (c->n_lp == c->cap_lp) {
+        int cap = c->cap_lp ? c->cap_lp * 2 : 64;
+        lp_entry *v = realloc(c->lp, (size_t)cap * sizeof *v);
+        if (!v) {
+            j->oom = true;
+            pthread_mutex_unlock(&j->mu);
+            return;
+        }
+        c->lp = v;
+        c->cap_lp = cap;
+    }
+    lp_entry *x = &c->lp[c->n_lp++];
+    x->token = lp->token;
+    x->logprob = lp->logprob;
+    x->n_top = lp->n_top;
+    memcpy(x->top, lp->top, (size_t)lp->n_top * sizeof x->top[0]);
+    pthread_mutex_unlock(&j->mu);
+}
+
 static void on_done(const cellm_result *res, void *user) {
     choice *c = user;
     job *j = c->j;
@@ -117,7 +154,12 @@ static void job_free(job *j) {
     for (int i = 0; i < j->n_ch; i++) {
         cellm_request_free(j->ch[i].req); /* cancels and waits: no callback after */
         free(j->ch[i].text);
+        free(j->ch[i].lp);
     }
+    int n_prompts = j->rq.kind == SERVE_CHAT ? 1 : j->rq.n_prompts;
+    for (int i = 0; j->echo && i < n_prompts; i++) free(j->echo[i]);
+    free(j->echo);
+    free(j->echo_len);
     atomic_fetch_sub_explicit(&j->s->c.in_flight, j->n_submitted, memory_order_relaxed);
     free(j->ch);
     free(j->out);
@@ -210,6 +252,12 @@ static bool job_submit(job *j, serve_err *e) {
         p.n_stop = rq->n_stop;
         p.sampling.seed = rq->has_seed ? rq->seed + (uint64_t)c->index : serve_random(s);
         p.max_tokens = rq->max_tokens;
+        if (rq->logprobs) {
+            p.logprobs = 1;
+            p.top_logprobs = rq->top_logprobs;
+            p.prompt_logprobs = rq->echo;
+            p.on_logprob = on_logprob;
+        }
         p.on_piece = on_piece;
         p.on_done = on_done;
         p.user = c;
@@ -297,6 +345,99 @@ static void count_finished(job *j) {
     }
 }
 
+/* ------------------------------------------------------------ logprobs */
+
+/* A log-probability as a JSON number, or null (the first prompt token). */
+static void add_logprob(cJSON *o, const char *name, float lp) {
+    if (isnan(lp))
+        cJSON_AddNullToObject(o, name);
+    else
+        cJSON_AddNumberToObject(o, name, (double)lp);
+}
+
+/* The bytes of token `tok` (control tokens as their text) into a new
+ * string, *n bytes; NULL when out of memory. */
+static char *token_bytes(const job *j, int32_t tok, size_t *n) {
+    char *t = NULL;
+    *n = 0;
+    if (cellm_detokenize(j->s->model, &tok, 1, 1, &t, n) != CELLM_OK) return NULL;
+    return t;
+}
+
+/* {"token", "logprob", "bytes"} of chat's content[] and top_logprobs[]. */
+static cJSON *chat_lp_item(const job *j, int32_t tok, float lp) {
+    size_t n;
+    char *t = token_bytes(j, tok, &n);
+    cJSON *o = cJSON_CreateObject();
+    serve_json_add_text(o, "token", t ? t : "", t ? n : 0);
+    add_logprob(o, "logprob", lp);
+    cJSON *b = cJSON_AddArrayToObject(o, "bytes");
+    for (size_t i = 0; t && i < n; i++)
+        cJSON_AddItemToArray(b, cJSON_CreateNumber((double)(unsigned char)t[i]));
+    free(t);
+    return o;
+}
+
+/* Chat's choices[].logprobs for entries v[0..n). */
+static cJSON *chat_logprobs(const job *j, const lp_entry *v, int n) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON *content = cJSON_AddArrayToObject(o, "content");
+    for (int i = 0; i < n; i++) {
+        cJSON *it = chat_lp_item(j, v[i].token, v[i].logprob);
+        cJSON *top = cJSON_AddArrayToObject(it, "top_logprobs");
+        for (int k = 0; k < v[i].n_top; k++)
+            cJSON_AddItemToArray(top, chat_lp_item(j, v[i].top[k].token, v[i].top[k].logprob));
+        cJSON_AddItemToArray(content, it);
+    }
+    cJSON_AddNullToObject(o, "refusal");
+    return o;
+}
+
+/* The token's text for JSON (invalid UTF-8 as U+FFFD): a new string, or
+ * NULL when out of memory; *n gets the token's length in bytes. */
+static char *token_text(const job *j, int32_t tok, size_t *n) {
+    char *t = token_bytes(j, tok, n);
+    char *c = t ? serve_utf8_clean(t, *n) : NULL;
+    free(t);
+    return c;
+}
+
+/* The completions' (legacy) choices[].logprobs for entries v[0..n):
+ * tokens, token_logprobs, top_logprobs (a dict of token text ->
+ * logprob per token) and text_offset (bytes into the choice's text, from
+ * *off, which moves past them). The first prompt token has null for its
+ * logprob and its dict. */
+static cJSON *legacy_logprobs(const job *j, const lp_entry *v, int n, size_t *off) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
+    cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
+    cJSON *offs = cJSON_AddArrayToObject(o, "text_offset");
+    for (int i = 0; i < n; i++) {
+        size_t len;
+        char *t = token_text(j, v[i].token, &len);
+        cJSON_AddItemToArray(toks, cJSON_CreateString(t ? t : ""));
+        free(t);
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*off));
+        *off += len;
+        if (isnan(v[i].logprob)) {
+            cJSON_AddItemToArray(lps, cJSON_CreateNull());
+            cJSON_AddItemToArray(tops, cJSON_CreateNull());
+            continue;
+        }
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber((double)v[i].logprob));
+        cJSON *d = cJSON_CreateObject();
+        for (int k = 0; k < v[i].n_top; k++) {
+            size_t tl;
+            char *tt = token_text(j, v[i].top[k].token, &tl);
+            cJSON_AddNumberToObject(d, tt ? tt : "", (double)v[i].top[k].logprob);
+            free(tt);
+        }
+        cJSON_AddItemToArray(tops, d);
+    }
+    return o;
+}
+
 /* ------------------------------------------------------------ whole replies */
 
 static int reply_whole(job *j) {
@@ -328,8 +469,8 @@ static int reply_whole(job *j) {
             cJSON_AddStringToObject(m, "role", "assistant");
             serve_json_add_text(m, "content", c->text, c->len);
         } else if (j->rq.echo) {
-            const char *pt = j->rq.prompts[c->prompt].text;
-            size_t pn = strlen(pt);
+            const char *pt = j->echo[c->prompt];
+            size_t pn = j->echo_len[c->prompt];
             char *both = malloc(pn + c->len + 1);
             if (both) {
                 memcpy(both, pt, pn);
@@ -340,7 +481,14 @@ static int reply_whole(job *j) {
         } else {
             serve_json_add_text(o, "text", c->text, c->len);
         }
-        cJSON_AddNullToObject(o, "logprobs");
+        if (!j->rq.logprobs) {
+            cJSON_AddNullToObject(o, "logprobs");
+        } else if (chat) {
+            cJSON_AddItemToObject(o, "logprobs", chat_logprobs(j, c->lp, c->n_lp));
+        } else {
+            size_t off = 0;
+            cJSON_AddItemToObject(o, "logprobs", legacy_logprobs(j, c->lp, c->n_lp, &off));
+        }
         cJSON_AddStringToObject(o, "finish_reason", finish_str(c));
         cJSON_AddItemToArray(arr, o);
     }
@@ -378,9 +526,9 @@ static void sse_raw(job *j, const char *s) {
     }
 }
 
-/* One chunk for one choice: text, or the final one with finish_reason. */
-static cJSON *chunk(job *j, const choice *c, const char *text, size_t n, bool role,
-                    const char *finish) {
+/* One chunk for one choice: text (and with logprobs, those of the tokens
+ * reported since the last chunk), or the final one with finish_reason. */
+static cJSON *chunk(job *j, choice *c, const char *text, size_t n, bool role, const char *finish) {
     bool chat = j->rq.kind == SERVE_CHAT;
     cJSON *r = reply_base(j, chat ? "chat.completion.chunk" : "text_completion");
     cJSON *arr = cJSON_AddArrayToObject(r, "choices");
@@ -393,7 +541,15 @@ static cJSON *chunk(job *j, const choice *c, const char *text, size_t n, bool ro
     } else {
         serve_json_add_text(o, "text", text, text ? n : 0);
     }
-    cJSON_AddNullToObject(o, "logprobs");
+    if (j->rq.logprobs && !finish && c->n_lp > c->lp_sent) {
+        const lp_entry *v = c->lp + c->lp_sent;
+        int k = c->n_lp - c->lp_sent;
+        c->lp_sent = c->n_lp;
+        cJSON_AddItemToObject(o, "logprobs",
+                              chat ? chat_logprobs(j, v, k) : legacy_logprobs(j, v, k, &c->lp_off));
+    } else {
+        cJSON_AddNullToObject(o, "logprobs");
+    }
     if (finish)
         cJSON_AddStringToObject(o, "finish_reason", finish);
     else
@@ -411,12 +567,10 @@ static void stream_fill(job *j) {
         if (!c->role_sent) {
             c->role_sent = true;
             if (chat) sse_put(j, chunk(j, c, "", 0, true, NULL));
-            if (!chat && j->rq.echo) {
-                const char *pt = j->rq.prompts[c->prompt].text;
-                sse_put(j, chunk(j, c, pt, strlen(pt), false, NULL));
-            }
+            if (!chat && j->rq.echo)
+                sse_put(j, chunk(j, c, j->echo[c->prompt], j->echo_len[c->prompt], false, NULL));
         }
-        if (c->len) {
+        if (c->len || c->n_lp > c->lp_sent) {
             sse_put(j, chunk(j, c, c->text, c->len, false, NULL));
             c->len = 0;
         }
@@ -530,6 +684,29 @@ static int reply_stream(job *j) {
 
 /* ------------------------------------------------------------ starting */
 
+/* With echo: the text each prompt shows, its own for a text prompt, the
+ * decoded tokens (control tokens as their text) for a token prompt. */
+static bool job_echo_texts(job *j, serve_err *e) {
+    if (j->rq.kind == SERVE_CHAT || !j->rq.echo) return true;
+    int n = j->rq.n_prompts;
+    j->echo = calloc((size_t)n, sizeof *j->echo);
+    j->echo_len = calloc((size_t)n, sizeof *j->echo_len);
+    if (!j->echo || !j->echo_len) return serr(e, 500, NULL, NULL, "out of memory");
+    for (int i = 0; i < n; i++) {
+        const serve_prompt *p = &j->rq.prompts[i];
+        if (p->text) {
+            j->echo_len[i] = strlen(p->text);
+            j->echo[i] = malloc(j->echo_len[i] + 1);
+            if (j->echo[i]) memcpy(j->echo[i], p->text, j->echo_len[i] + 1);
+        } else if (cellm_detokenize(j->s->model, p->tokens, p->n_tokens, 1, &j->echo[i],
+                                    &j->echo_len[i]) != CELLM_OK) {
+            return serr(e, 400, "invalid_value", "prompt", "%s", cellm_last_error());
+        }
+        if (!j->echo[i]) return serr(e, 500, NULL, NULL, "out of memory");
+    }
+    return true;
+}
+
 job *job_start(server *s, struct MHD_Connection *conn, serve_req *rq, serve_err *e) {
     job *j = calloc(1, sizeof *j);
     if (!j) {
@@ -577,6 +754,11 @@ job *job_start(server *s, struct MHD_Connection *conn, serve_req *rq, serve_err 
     }
     for (int i = 0; i < j->rq.n_bias; i++)
         j->bias[i] = (cellm_logit_bias){j->rq.bias_tok[i], j->rq.bias_val[i]};
+    if (!job_echo_texts(j, e)) {
+        atomic_fetch_sub(&s->c.in_flight, j->n_ch);
+        job_free(j);
+        return NULL;
+    }
     /* in_flight now counts all n_ch; job_free gives back n_submitted. */
     bool ok = job_submit(j, e);
     atomic_fetch_sub(&s->c.in_flight, j->n_ch - j->n_submitted);

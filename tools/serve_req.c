@@ -68,8 +68,7 @@ bool serve_utf8_valid(const char *str, size_t len) {
     return true;
 }
 
-/* A copy of s[0..n) with every invalid UTF-8 sequence replaced by U+FFFD. */
-static char *utf8_clean(const char *s, size_t n) {
+char *serve_utf8_clean(const char *s, size_t n) {
     char *out = malloc(n * 3 + 1);
     if (!out) return NULL;
     size_t o = 0;
@@ -92,7 +91,7 @@ static char *utf8_clean(const char *s, size_t n) {
 }
 
 void *serve_json_add_text(void *obj, const char *name, const char *s, size_t n) {
-    char *t = utf8_clean(s ? s : "", s ? n : 0);
+    char *t = serve_utf8_clean(s ? s : "", s ? n : 0);
     cJSON *v = cJSON_AddStringToObject((cJSON *)obj, name, t ? t : "");
     free(t);
     return v;
@@ -362,10 +361,8 @@ static bool parse_bias(const cJSON *root, const serve_limits *lim, serve_req *r,
 /* Options cellm does not have: refused when asked for, so a client never
  * believes it got them. */
 static bool refuse_unsupported(const cJSON *root, serve_kind kind, serve_err *e) {
-    const cJSON *v = field(root, "logprobs");
-    if (v && (kind == SERVE_CHAT ? cJSON_IsTrue(v) : !(cJSON_IsNumber(v) && v->valuedouble == 0)))
-        return serr(e, 400, "unsupported_parameter", "logprobs", "cellm does not return logprobs");
-    v = field(root, "tools");
+    (void)kind;
+    const cJSON *v = field(root, "tools");
     if (v && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
         return serr(e, 400, "unsupported_parameter", "tools", "cellm does not call tools");
     v = field(root, "response_format");
@@ -376,6 +373,26 @@ static bool refuse_unsupported(const cJSON *root, serve_kind kind, serve_err *e)
     v = field(root, "suffix");
     if (v && !(cJSON_IsString(v) && !v->valuestring[0]))
         return serr(e, 400, "unsupported_parameter", "suffix", "cellm does not support 'suffix'");
+    return true;
+}
+
+/* Chat: `logprobs` (boolean) and `top_logprobs` (0..20, with logprobs
+ * only). Completions: `logprobs` as the number of alternatives (0..20), as
+ * OpenAI's legacy API has it. */
+static bool parse_logprobs(const cJSON *root, serve_kind kind, serve_req *r, serve_err *e) {
+    int64_t v = -1;
+    if (kind == SERVE_CHAT) {
+        if (!get_bool(root, "logprobs", &r->logprobs, e) ||
+            !get_int(root, "top_logprobs", 0, CELLM_MAX_TOP_LOGPROBS, &v, e))
+            return false;
+        if (v > 0 && !r->logprobs)
+            return serr(e, 400, "invalid_value", "top_logprobs",
+                        "'top_logprobs' needs 'logprobs' to be true");
+    } else {
+        if (!get_int(root, "logprobs", 0, CELLM_MAX_TOP_LOGPROBS, &v, e)) return false;
+        r->logprobs = v >= 0;
+    }
+    r->top_logprobs = v > 0 ? (int32_t)v : 0;
     return true;
 }
 
@@ -398,7 +415,8 @@ static bool parse_fields(const cJSON *root, serve_kind kind, const serve_limits 
     const char *mt = kind == SERVE_CHAT && field(root, "max_completion_tokens")
                          ? "max_completion_tokens"
                          : "max_tokens";
-    if (!get_int(root, mt, 1, lim->n_ctx, &v, e)) return false;
+    /* 0 on completions: the prompt alone (echo with logprobs scores it). */
+    if (!get_int(root, mt, kind == SERVE_CHAT ? 1 : 0, lim->n_ctx, &v, e)) return false;
     r->max_tokens = (int32_t)v;
     v = 1;
     if (!get_int(root, "n", 1, lim->max_n, &v, e)) return false;
@@ -442,14 +460,8 @@ static bool parse_fields(const cJSON *root, serve_kind kind, const serve_limits 
                         "'stream_options' must be an object");
         if (!get_bool(so, "include_usage", &r->include_usage, e)) return false;
     }
-    if (kind == SERVE_COMPLETION) {
-        if (!get_bool(root, "echo", &r->echo, e)) return false;
-        for (int i = 0; r->echo && i < r->n_prompts; i++)
-            if (!r->prompts[i].text)
-                return serr(e, 400, "unsupported_parameter", "echo",
-                            "'echo' works with text prompts only");
-    }
-    return true;
+    if (kind == SERVE_COMPLETION && !get_bool(root, "echo", &r->echo, e)) return false;
+    return parse_logprobs(root, kind, r, e);
 }
 
 /* cJSON's parser records where the last parse failed in a static, written

@@ -98,6 +98,27 @@ PIECE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_voi
 DONE_FN = ctypes.CFUNCTYPE(None, ctypes.POINTER(Result), ctypes.c_void_p)
 
 
+class TopLogprob(ctypes.Structure):
+    _fields_ = [
+        ("token", ctypes.c_int32),
+        ("logprob", ctypes.c_float),
+    ]
+
+
+class TokenLogprob(ctypes.Structure):
+    _fields_ = [
+        ("token", ctypes.c_int32),
+        ("pos", ctypes.c_int32),
+        ("is_prompt", ctypes.c_int),
+        ("logprob", ctypes.c_float),
+        ("n_top", ctypes.c_int32),
+        ("top", ctypes.POINTER(TopLogprob)),
+    ]
+
+
+LOGPROB_FN = ctypes.CFUNCTYPE(None, ctypes.POINTER(TokenLogprob), ctypes.c_void_p)
+
+
 class RequestParams(ctypes.Structure):
     _fields_ = [
         ("prompt", ctypes.c_char_p),
@@ -115,6 +136,10 @@ class RequestParams(ctypes.Structure):
         ("on_piece", PIECE_FN),
         ("on_done", DONE_FN),
         ("user", ctypes.c_void_p),
+        ("logprobs", ctypes.c_int),
+        ("top_logprobs", ctypes.c_int32),
+        ("prompt_logprobs", ctypes.c_int),
+        ("on_logprob", LOGPROB_FN),
     ]
 
 

@@ -89,6 +89,8 @@ class TestLibrary(unittest.TestCase):
         self.assertEqual(r.sampling.repeat_penalty, 1.0)
         self.assertEqual((r.n_stop, r.priority, r.n_messages), (0, 0, 0))
         self.assertIsNone(r.prompt)
+        self.assertEqual((r.logprobs, r.top_logprobs, r.prompt_logprobs), (0, 0, 0))
+        self.assertFalse(r.on_logprob)
         e = lib.cellm_engine_default_params()
         self.assertEqual(e.mem_budget_bytes, 256 << 20)
         self.assertEqual((e.max_batch_tokens, e.max_seqs, e.manual_steps), (256, 16, 0))
