@@ -1,0 +1,289 @@
+/*
+ * test_grammar.c — structured output: the GBNF parser (what it accepts,
+ * what it refuses and how it says so), matching text, the token mask
+ * against a brute-force check on a small vocabulary (every token tried
+ * from a fresh state), the JSON grammar and the JSON-Schema compiler; and
+ * on SmolLM2, constrained generation whose every output is valid JSON.
+ *
+ * The unit cases are cheap and carry sanitizer names (test_tsan_*,
+ * test_asan_*); the real-model case runs in release builds only.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cellm.h"
+#include "grammar.h"
+#include "schema.h"
+#include "test_common.h"
+
+static grammar *compile(const char *text) {
+    grammar *g = NULL;
+    cellm_error err;
+    err_clear(&err);
+    cellm_status st = grammar_parse(text, strlen(text), &g, &err);
+    if (st != CELLM_OK) fail_msg("grammar refused: %s\n%s", err.msg, text);
+    return g;
+}
+
+/* The vocabulary of single bytes 1..127, for matching whole strings. */
+static grammar_vocab *byte_vocab(void) {
+    static char bytes[128];
+    const char *pieces[128];
+    size_t lens[128];
+    for (int i = 0; i < 128; i++) {
+        bytes[i] = (char)i;
+        pieces[i] = &bytes[i];
+        lens[i] = i > 0;
+    }
+    grammar_vocab *v = NULL;
+    assert_int_equal(grammar_vocab_create(pieces, lens, 128, &v, NULL), CELLM_OK);
+    return v;
+}
+
+/* 1: text is a whole sentence; 0: a prefix only; -1: not even a prefix. */
+static int match(const grammar *g, const grammar_vocab *v, const char *text) {
+    grammar_state *s = NULL;
+    assert_int_equal(grammar_state_create(g, v, &s, NULL), CELLM_OK);
+    int r = grammar_state_accept(s, text, strlen(text)) ? grammar_state_complete(s) : -1;
+    grammar_state_free(s);
+    return r;
+}
+
+static void test_tsan_parse_and_match(void **state) {
+    (void)state;
+    grammar_vocab *v = byte_vocab();
+    struct {
+        const char *gbnf, *text;
+        int want;
+    } cases[] = {
+        {"root ::= \"ab\" | \"c\"", "ab", 1},
+        {"root ::= \"ab\" | \"c\"", "a", 0},
+        {"root ::= \"ab\" | \"c\"", "ac", -1},
+        {"root ::= [a-c]+ \"!\"", "abcab!", 1},
+        {"root ::= [a-c]+ \"!\"", "!", -1},
+        {"root ::= [^a-c]*", "xyz", 1},
+        {"root ::= [^a-c]*", "xaz", -1},
+        {"root ::= x{2,3}\nx ::= \"q\"", "qq", 1},
+        {"root ::= x{2,3}\nx ::= \"q\"", "qqq", 1},
+        {"root ::= x{2,3}\nx ::= \"q\"", "qqqq", -1},
+        {"root ::= \"a\"{2,}", "aaaaa", 1},
+        {"root ::= \"a\"{2,}", "a", 0},
+        {"root ::= (\"x\" | \"y\")? \"z\"", "z", 1},
+        {"root ::= (\"x\" | \"y\")? \"z\"", "yz", 1},
+        {"root ::= . \"\\n\" [\\x41-\\x42]", "\x7f\nB", 1},
+        {"# comment\nroot ::= a b # trailing\na ::= \"1\"\nb ::= \"2\"\n  | \"3\"", "13", 1},
+        {"root ::= (\n  \"(\" root \")\"\n  | \"\"\n)", "((()))", 1},
+        {"root ::= (\n  \"(\" root \")\"\n  | \"\"\n)", "(()", 0},
+        {"root ::= \"\\u00e9\" [\\u0100-\\u017f]", "\xc3\xa9\xc5\x81", 1},
+        {"root ::= \"\\\"\\\\\"", "\"\\", 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        grammar *g = compile(cases[i].gbnf);
+        int got = match(g, v, cases[i].text);
+        if (got != cases[i].want)
+            fail_msg("case %zu: '%s' on %s: got %d, want %d", i, cases[i].text, cases[i].gbnf, got,
+                     cases[i].want);
+        grammar_free(g);
+    }
+    grammar_vocab_free(v);
+}
+
+static void test_asan_refusals(void **state) {
+    (void)state;
+    struct {
+        const char *gbnf, *says;
+    } cases[] = {
+        {"root ::= root \"a\" | \"b\"", "left-recursive"},
+        {"root ::= a\na ::= b \"x\"\nb ::= \"\" | a", "left-recursive"},
+        {"root ::= x? root \"a\" | \"b\"\nx ::= \"y\"", "left-recursive"},
+        {"root ::= \"a\" loop\nloop ::= \"b\" loop", "never finish"},
+        {"root ::= [^\\x00-\\U0010FFFF]", "never finish"},
+        {"root ::= undefined", "'undefined' is used but not defined"},
+        {"other ::= \"a\"", "no rule named 'root'"},
+        {"root ::= \"abc", "unterminated string"},
+        {"root ::= [abc", "unterminated character class"},
+        {"root ::= [z-a]", "out of order"},
+        {"root ::= \"a\"{3,1}", "n < m"},
+        {"root ::= \"a\"{99999}", "too large"},
+        {"root ::= * \"a\"", "nothing to repeat"},
+        {"root ::= (\"a\"", "expected ')'"},
+        {"root = \"a\"", "expected '::='"},
+        {"root ::= \"\\q\"", "unknown escape"},
+        {"root ::= \"a\"\nroot ::= \"b\"", "defined twice"},
+        {"root ::= \"\xff\"", "invalid UTF-8"},
+        {"root ::= \"a\"{1000}{1000}", "too large"},
+        {"", "no rule named 'root'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        grammar *g = NULL;
+        cellm_error err;
+        err_clear(&err);
+        cellm_status st = grammar_parse(cases[i].gbnf, strlen(cases[i].gbnf), &g, &err);
+        if (st != CELLM_ERR_FORMAT || g || !strstr(err.msg, cases[i].says))
+            fail_msg("case %zu (%s): status %d, message '%s', want '%s'", i, cases[i].gbnf, st,
+                     err.msg, cases[i].says);
+    }
+    /* Deep groups are refused, not a stack overflow. */
+    char deep[4096] = "root ::= ";
+    for (int i = 0; i < 1000; i++) strcat(deep, "(");
+    grammar *g = NULL;
+    assert_int_equal(grammar_parse(deep, strlen(deep), &g, NULL), CELLM_ERR_FORMAT);
+    /* The error names the place. */
+    cellm_error err;
+    err_clear(&err);
+    assert_int_equal(grammar_parse("root ::= \"a\"\nx ::= )", 20, &g, &err), CELLM_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "line 2"));
+}
+
+/* Deep nesting at run time stops at the stack bound: the state never
+ * grows past it, and text deeper than it is simply not allowed. */
+static void test_asan_depth_bound(void **state) {
+    (void)state;
+    grammar_vocab *v = byte_vocab();
+    grammar *g = compile("root ::= \"(\" root \")\" | \"x\"");
+    grammar_state *s = NULL;
+    assert_int_equal(grammar_state_create(g, v, &s, NULL), CELLM_OK);
+    int depth = 0;
+    while (depth < 4 * GRAMMAR_MAX_DEPTH && grammar_state_accept(s, "(", 1)) depth++;
+    assert_true(depth > 100);
+    assert_true(depth < 2 * GRAMMAR_MAX_DEPTH);
+    grammar_state_free(s);
+    grammar_free(g);
+    grammar_vocab_free(v);
+}
+
+/* ------------------------------------------------- mask vs brute force */
+
+#define SV_MAX 400
+
+typedef struct small_vocab {
+    char text[SV_MAX][8];
+    const char *pieces[SV_MAX];
+    size_t lens[SV_MAX];
+    int32_t n;
+} small_vocab;
+
+static void sv_add(small_vocab *sv, const char *s, size_t n) {
+    if (sv->n >= SV_MAX) return;
+    memcpy(sv->text[sv->n], s, n);
+    sv->pieces[sv->n] = sv->text[sv->n];
+    sv->lens[sv->n] = n;
+    sv->n++;
+}
+
+/* Every string of 1 and 2 characters over a small alphabet, some of 3,
+ * an empty token, a duplicate, and the bytes of 'é' and '€' alone and
+ * split across tokens. */
+static void sv_build(small_vocab *sv) {
+    memset(sv, 0, sizeof *sv);
+    const char *alpha = "ab1{}\":, [-.]e";
+    size_t na = strlen(alpha);
+    for (size_t i = 0; i < na; i++) sv_add(sv, alpha + i, 1);
+    for (size_t i = 0; i < na; i++)
+        for (size_t j = 0; j < na; j++) {
+            char t[2] = {alpha[i], alpha[j]};
+            sv_add(sv, t, 2);
+        }
+    const char *more[] = {"abc",  "\"a\"",    "{\"",      "\":",  "111",
+                          "aa",   "\xc3\xa9", "\xc3",     "\xa9", "\xe2\x82\xac",
+                          "\xe2", "\x82\xac", "\xe2\x82", "a\xc3"};
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) sv_add(sv, more[i], strlen(more[i]));
+    sv_add(sv, "", 0);
+}
+
+static bool brute_allows(const grammar *g, const grammar_vocab *v, const char *prefix, size_t np,
+                         const char *tok, size_t nt) {
+    if (nt == 0) return false;
+    grammar_state *s = NULL;
+    assert_int_equal(grammar_state_create(g, v, &s, NULL), CELLM_OK);
+    assert_true(grammar_state_accept(s, prefix, np));
+    bool ok = grammar_state_accept(s, tok, nt);
+    grammar_state_free(s);
+    return ok;
+}
+
+static void check_masks(const char *gbnf, uint32_t seed, int steps) {
+    small_vocab *sv = malloc(sizeof *sv);
+    sv_build(sv);
+    grammar_vocab *v = NULL;
+    assert_int_equal(grammar_vocab_create(sv->pieces, sv->lens, sv->n, &v, NULL), CELLM_OK);
+    grammar *g = compile(gbnf);
+    grammar_state *s = NULL;
+    assert_int_equal(grammar_state_create(g, v, &s, NULL), CELLM_OK);
+    char text[512];
+    size_t nt = 0;
+    for (int step = 0; step < steps; step++) {
+        const uint32_t *bits = grammar_state_mask(s);
+        int32_t allowed[SV_MAX], na = 0;
+        for (int32_t t = 0; t < sv->n; t++) {
+            bool m = (bits[t / 32] >> (t % 32)) & 1;
+            bool b = brute_allows(g, v, text, nt, sv->pieces[t], sv->lens[t]);
+            if (m != b)
+                fail_msg("%s after '%.*s': token '%.*s' mask %d brute %d", gbnf, (int)nt, text,
+                         (int)sv->lens[t], sv->pieces[t], m, b);
+            if (m) allowed[na++] = t;
+        }
+        if (na == 0 || nt + 8 >= sizeof text) break;
+        seed = seed * 1664525u + 1013904223u;
+        int32_t t = allowed[(seed >> 8) % (uint32_t)na];
+        assert_true(grammar_state_accept(s, sv->pieces[t], sv->lens[t]));
+        memcpy(text + nt, sv->pieces[t], sv->lens[t]);
+        nt += sv->lens[t];
+    }
+    grammar_state_free(s);
+    grammar_free(g);
+    grammar_vocab_free(v);
+    free(sv);
+}
+
+static void test_tsan_mask_brute_force(void **state) {
+    (void)state;
+    const char *grammars[] = {
+        "root ::= \"{\" ( pair ( \",\" pair )* )? \"}\"\npair ::= \"\\\"\" [ab]* \"\\\":\" "
+        "[0-9]+",
+        "root ::= ( [a-b] | \"1\" )+ ( \"\\u00e9\" | \"\\u20ac\" )* \"]\"",
+        "root ::= [^{}]{1,6} \"}\"",
+        "root ::= x+\nx ::= \"ab\" | \"a\" | \"b1\" | [\\u00e0-\\u00ff]",
+        "root ::= \"[\" ( v ( \", \" v )* )? \"]\"\nv ::= \"1\" | \"\\\"a\\\"\" | root",
+    };
+    for (size_t i = 0; i < sizeof grammars / sizeof grammars[0]; i++)
+        for (uint32_t seed = 1; seed <= 3; seed++) check_masks(grammars[i], seed * 77u + 5u, 30);
+}
+
+static void test_asan_json_object(void **state) {
+    (void)state;
+    grammar_vocab *v = byte_vocab();
+    grammar *g = compile(grammar_json_object_gbnf);
+    const char *good[] = {
+        "{}",
+        "{\"a\": 1}",
+        "{\"a\":[1, -2.5e3, true, null, \"x\\n\\u00e9\"], \"b\": {\"c\": {}}}",
+        "{ \"k\" : \"v\" }",
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+        assert_int_equal(match(g, v, good[i]), 1);
+    const char *bad[] = {"[]",       "{a:1}", "{\"a\":01}", "{\"a\":1,}", "{\"a\":\"\x01\"}",
+                         "{\"a\" 1}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(match(g, v, bad[i]), -1);
+    assert_int_equal(match(g, v, "{\"a\": [1,"), 0);
+    grammar_free(g);
+    grammar_vocab_free(v);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tsan_parse_and_match), cmocka_unit_test(test_asan_refusals),
+        cmocka_unit_test(test_asan_depth_bound),     cmocka_unit_test(test_tsan_mask_brute_force),
+        cmocka_unit_test(test_asan_json_object),
+    };
+    if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
