@@ -352,6 +352,11 @@ typedef struct cellm_stats {
      * and the tokens so chosen. */
     double grammar_seconds;
     uint64_t n_grammar_tokens;
+    /* Of those, the tokens the grammar refused at first draw, for which
+     * the whole vocabulary was masked (and the time that took, part of
+     * grammar_seconds). */
+    uint64_t n_grammar_masks;
+    double grammar_mask_seconds;
 } cellm_stats;
 
 /* Fills *out. Thread-safe; a consistent snapshot as of the last step. */

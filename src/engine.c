@@ -154,6 +154,8 @@ static void publish_locked(cellm_engine *e) {
     s->sample_seconds = e->t_sample;
     s->grammar_seconds = e->t_grammar;
     s->n_grammar_tokens = e->n_grammar;
+    s->n_grammar_masks = e->n_grammar_mask;
+    s->grammar_mask_seconds = e->t_grammar_mask;
     s->bytes_kv_resident = kv_cache_resident_bytes(e->kv);
     s->bytes_released = e->bytes_released;
     s->n_trims = e->n_trims;
@@ -338,8 +340,15 @@ static void finish_taken(cellm_engine *e, cellm_request *r, int why) {
 
 static int32_t sample_timed(cellm_engine *e, cellm_request *r, const float *row) {
     double t0 = now_s();
-    if (r->gst) row = engine_grammar_mask(e, r, row);
     int32_t t = sampler_sample(r->smp, row);
+    /* With a grammar: the token drawn from the whole distribution stands
+     * when the grammar allows it; only otherwise is the vocabulary masked
+     * and the token drawn again from what the grammar allows. (As
+     * rejection sampling this draws from the masked distribution; with
+     * truncation the pool of the first draw is the unmasked one.) The
+     * draws use only the request's own generator and state. */
+    if (r->gst && !engine_grammar_allows(e, r, t))
+        t = sampler_sample(r->smp, engine_grammar_mask(e, r, row));
     e->t_sample += now_s() - t0;
     e->n_sampled++;
     return t;

@@ -190,7 +190,8 @@ struct cellm_engine {
     uint64_t n_sampled;
     double t_sample;  /* seconds in sampler_sample */
     double t_grammar; /* seconds masking and advancing grammars (part of t_sample) */
-    uint64_t n_grammar;
+    uint64_t n_grammar, n_grammar_mask;
+    double t_grammar_mask;
     double win_t0; /* tokens/s window */
     uint64_t win_prompt, win_gen;
     double rate_prompt, rate_gen;
@@ -398,6 +399,9 @@ cellm_status engine_grammar_attach(cellm_engine *e, cellm_request *r, const cell
 /* Engine thread: the logits of `row` with every token the grammar does not
  * allow at -inf (the stop tokens allowed only where the text is whole). */
 const float *engine_grammar_mask(cellm_engine *e, cellm_request *r, const float *row);
+/* Engine thread: whether the grammar allows token t now (a stop token
+ * where the text is whole; another token whose bytes continue it). */
+bool engine_grammar_allows(cellm_engine *e, cellm_request *r, int32_t t);
 /* Engine thread: advances r's grammar over token t (not a stop token);
  * false when t cannot continue the text. */
 bool engine_grammar_take(cellm_engine *e, cellm_request *r, int32_t t);

@@ -132,8 +132,27 @@ const float *engine_grammar_mask(cellm_engine *e, cellm_request *r, const float 
         int32_t t = r->stop[i];
         if (t >= 0 && t < n) out[t] = whole ? row[t] : -INFINITY;
     }
-    e->t_grammar += now_s() - t0;
+    double dt = now_s() - t0;
+    e->t_grammar += dt;
+    e->t_grammar_mask += dt;
+    e->n_grammar_mask++;
     return out;
+}
+
+bool engine_grammar_allows(cellm_engine *e, cellm_request *r, int32_t t) {
+    double t0 = now_s();
+    bool ok;
+    bool stop = false;
+    for (int32_t i = 0; i < r->n_stop; i++) stop = stop || r->stop[i] == t;
+    if (stop) {
+        ok = grammar_state_complete(r->gst);
+    } else {
+        size_t len = 0;
+        const char *p = tokenizer_piece(e->model->tok, t, 0, &len);
+        ok = p && len > 0 && grammar_state_allows(r->gst, p, len);
+    }
+    e->t_grammar += now_s() - t0;
+    return ok;
 }
 
 bool engine_grammar_take(cellm_engine *e, cellm_request *r, int32_t t) {

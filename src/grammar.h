@@ -76,6 +76,10 @@ bool grammar_state_dead_end(const grammar_state *s);
  * continue the text. */
 bool grammar_state_accept(grammar_state *s, const char *bytes, size_t n);
 
+/* True when the n bytes (n > 0) can continue the text; the state does
+ * not change. */
+bool grammar_state_allows(grammar_state *s, const char *bytes, size_t n);
+
 /* The JSON grammar of json_object mode: one JSON object, any members. */
 extern const char grammar_json_object_gbnf[];
 

@@ -475,7 +475,10 @@ static void compact(grammar_state *s) {
     free(map);
 }
 
-bool grammar_state_accept(grammar_state *s, const char *bytes, size_t n) {
+/* Runs the bytes over the state into s->buf; the resulting set is
+ * buf[*off .. + *len), the partial character in *val, *rem. */
+static bool run_bytes(grammar_state *s, const char *bytes, size_t n, size_t *off_out,
+                      size_t *len_out, uint32_t *val_out, int32_t *rem_out) {
     if (!grow((void **)&s->buf, &s->cap_buf, s->n_cur * 2 + 2, sizeof(int32_t))) return false;
     memcpy(s->buf, s->cur, s->n_cur * sizeof(int32_t));
     size_t off = 0, len = s->n_cur;
@@ -490,6 +493,25 @@ bool grammar_state_accept(grammar_state *s, const char *bytes, size_t n) {
             len = (size_t)m;
         }
     }
+    *off_out = off;
+    *len_out = len;
+    *val_out = val;
+    *rem_out = rem;
+    return true;
+}
+
+bool grammar_state_allows(grammar_state *s, const char *bytes, size_t n) {
+    size_t off, len;
+    uint32_t val;
+    int32_t rem;
+    return n > 0 && run_bytes(s, bytes, n, &off, &len, &val, &rem);
+}
+
+bool grammar_state_accept(grammar_state *s, const char *bytes, size_t n) {
+    size_t off, len;
+    uint32_t val;
+    int32_t rem;
+    if (!run_bytes(s, bytes, n, &off, &len, &val, &rem)) return false;
     if (!grow((void **)&s->cur, &s->cap_cur, len + 1, sizeof(int32_t))) return false;
     memcpy(s->cur, s->buf + off, len * sizeof(int32_t));
     s->n_cur = len;

@@ -380,11 +380,167 @@ static void test_asan_schema(void **state) {
     assert_non_null(strstr(cellm_last_error(), "left-recursive"));
 }
 
+/* ------------------------------------------------- a real model, JSON */
+
+/* A JSON syntax check of its own (not the grammar's): 1 valid, 0 not. */
+static const char *jv_value(const char *p, int depth);
+
+static const char *jv_ws(const char *p) {
+    while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') p++;
+    return p;
+}
+
+static const char *jv_string(const char *p) {
+    if (*p++ != '"') return NULL;
+    while (*p && *p != '"') {
+        if ((unsigned char)*p < 0x20) return NULL;
+        if (*p == '\\') {
+            p++;
+            if (!*p || !strchr("\"\\/bfnrtu", *p)) return NULL;
+        }
+        p++;
+    }
+    return *p == '"' ? p + 1 : NULL;
+}
+
+static const char *jv_value(const char *p, int depth) {
+    if (depth > 100) return NULL;
+    p = jv_ws(p);
+    if (*p == '{' || *p == '[') {
+        char close = *p == '{' ? '}' : ']';
+        bool obj = *p == '{';
+        p = jv_ws(p + 1);
+        if (*p == close) return p + 1;
+        for (;;) {
+            if (obj) {
+                p = jv_string(jv_ws(p));
+                if (!p) return NULL;
+                p = jv_ws(p);
+                if (*p++ != ':') return NULL;
+            }
+            p = jv_value(p, depth + 1);
+            if (!p) return NULL;
+            p = jv_ws(p);
+            if (*p == ',') {
+                p++;
+                continue;
+            }
+            return *p == close ? p + 1 : NULL;
+        }
+    }
+    if (*p == '"') return jv_string(p);
+    if (!strncmp(p, "true", 4) || !strncmp(p, "null", 4)) return p + 4;
+    if (!strncmp(p, "false", 5)) return p + 5;
+    const char *b = p;
+    if (*p == '-') p++;
+    while ((*p >= '0' && *p <= '9') || *p == '.' || *p == 'e' || *p == 'E' || *p == '+' ||
+           *p == '-')
+        p++;
+    return p > b ? p : NULL;
+}
+
+static bool json_valid(const char *s) {
+    const char *e = jv_value(s, 0);
+    return e && *jv_ws(e) == '\0';
+}
+
+typedef struct gen_out {
+    char text[4096];
+    size_t n;
+} gen_out;
+
+static void on_piece(const char *piece, size_t len, void *user) {
+    gen_out *o = user;
+    if (o->n + len < sizeof o->text) {
+        memcpy(o->text + o->n, piece, len);
+        o->n += len;
+        o->text[o->n] = '\0';
+    }
+}
+
+#define PERSON_SCHEMA                                                                              \
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":24},"        \
+    "\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":120},\"city\":{\"enum\":[\"Paris\","  \
+    "\"Oslo\",\"Lima\"]},\"pets\":{\"type\":\"array\",\"items\":{\"type\":\"string\","             \
+    "\"maxLength\":12},\"maxItems\":3}},\"required\":[\"name\",\"age\",\"city\",\"pets\"],"        \
+    "\"additionalProperties\":false}"
+
+/* SmolLM2 under json_object mode and under a schema, three seeds each:
+ * every reply that ends by itself is valid JSON with the schema's keys;
+ * and the same request among others gives the same text. */
+static void test_smollm2_json(void **state) {
+    (void)state;
+    char path[1024];
+    test_model_path("smollm2-135m", path, sizeof path);
+    cellm_model *m = NULL;
+    assert_int_equal(cellm_model_load(path, NULL, &m), CELLM_OK);
+    cellm_engine_params ep = cellm_engine_default_params();
+    ep.n_threads = 2;
+    ep.max_seqs = 4;
+    ep.max_ctx = 512;
+    ep.mem_budget_bytes = (size_t)96 << 20;
+    cellm_engine *e = NULL;
+    assert_int_equal(cellm_engine_create(m, &ep, &e), CELLM_OK);
+    cellm_grammar *gs[2] = {NULL, NULL};
+    assert_int_equal(cellm_grammar_json_object(&gs[0]), CELLM_OK);
+    assert_int_equal(cellm_grammar_from_json_schema(PERSON_SCHEMA, strlen(PERSON_SCHEMA), &gs[1]),
+                     CELLM_OK);
+    cellm_chat_message msg[1] = {
+        {"user", "Describe a person as JSON with name, age, city and pets."}};
+    gen_out *alone = calloc(6, sizeof(gen_out)), *together = calloc(6, sizeof(gen_out));
+    for (int pass = 0; pass < 2; pass++) {
+        gen_out *outs = pass ? together : alone;
+        cellm_request *rq[6] = {0};
+        for (int k = 0; k < 6; k++) {
+            cellm_request_params rp = cellm_request_default_params();
+            rp.messages = msg;
+            rp.n_messages = 1;
+            rp.max_tokens = 96;
+            rp.sampling.temperature = 0.8f;
+            rp.sampling.seed = (uint64_t)(k % 3) + 1;
+            rp.grammar = gs[k / 3];
+            rp.on_piece = on_piece;
+            rp.user = &outs[k];
+            assert_int_equal(cellm_submit(e, &rp, &rq[k]), CELLM_OK);
+            if (pass == 0) { /* alone: one at a time */
+                assert_int_equal(cellm_wait(rq[k], NULL), CELLM_OK);
+            }
+        }
+        for (int k = 0; k < 6; k++) {
+            cellm_result res;
+            assert_int_equal(cellm_wait(rq[k], &res), CELLM_OK);
+            assert_int_equal(res.status, CELLM_OK);
+            if (pass == 0)
+                printf("  %s seed %d: %s\n", k < 3 ? "json_object" : "schema", k % 3 + 1,
+                       outs[k].text);
+            if (res.finish_reason == CELLM_FINISH_STOP) {
+                if (!json_valid(outs[k].text)) fail_msg("not JSON: %s", outs[k].text);
+                if (k >= 3)
+                    for (int q = 0; q < 4; q++) {
+                        const char *keys[] = {"\"name\"", "\"age\"", "\"city\"", "\"pets\""};
+                        assert_non_null(strstr(outs[k].text, keys[q]));
+                    }
+            }
+            cellm_request_free(rq[k]);
+        }
+    }
+    for (int k = 0; k < 6; k++) assert_string_equal(alone[k].text, together[k].text);
+    /* The grammar's references are the requests' own: freeing ours now
+     * while another request runs is safe. */
+    cellm_grammar_free(gs[0]);
+    cellm_grammar_free(gs[1]);
+    free(alone);
+    free(together);
+    cellm_engine_free(e);
+    cellm_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tsan_parse_and_match), cmocka_unit_test(test_asan_refusals),
         cmocka_unit_test(test_asan_depth_bound),     cmocka_unit_test(test_tsan_mask_brute_force),
         cmocka_unit_test(test_asan_json_object),     cmocka_unit_test(test_asan_schema),
+        cmocka_unit_test(test_smollm2_json),
     };
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
