@@ -314,6 +314,12 @@ static bool char_overlaps(const int32_t *el, int32_t lo, int32_t hi) {
 static void part_range(uint32_t val, int32_t rem, int32_t *lo, int32_t *hi) {
     *lo = (int32_t)(val << (6 * rem));
     *hi = *lo | ((1 << (6 * rem)) - 1);
+    /* Just after a lead byte of 3 or 4: the shortest form's bounds. */
+    if (rem == 2 && val < 0x10 && *lo < 0x800) *lo = 0x800;
+    if (rem == 3) {
+        if (*lo < 0x10000) *lo = 0x10000;
+        if (*hi > 0x10FFFF) *hi = 0x10FFFF;
+    }
 }
 
 /* Steps a set (src[0..n)) over one byte: the next set goes to dst (room
@@ -340,7 +346,12 @@ static long step_byte(grammar_state *s, size_t src_off, size_t n, size_t dst_off
         }
     } else {
         if ((b & 0xC0) != 0x80) return -1;
+        uint32_t was = *val;
         *val = (*val << 6) | (b & 0x3F);
+        /* No overlong forms, surrogates or code points past U+10FFFF: a
+         * token of stray bytes must not spell an ASCII character. */
+        if (*rem == 3 && (*val < 0x10 || *val > 0x10F)) return -1;
+        if (*rem == 2 && was < 0x10 && (*val < 0x20 || (*val >= 0x360 && *val <= 0x37F))) return -1;
         if (--*rem == 0) cp = (int32_t)*val;
     }
     const int32_t *code = s->g->code;

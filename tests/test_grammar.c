@@ -83,6 +83,12 @@ static void test_tsan_parse_and_match(void **state) {
         {"root ::= (\n  \"(\" root \")\"\n  | \"\"\n)", "(()", 0},
         {"root ::= \"\\u00e9\" [\\u0100-\\u017f]", "\xc3\xa9\xc5\x81", 1},
         {"root ::= \"\\\"\\\\\"", "\"\\", 1},
+        /* No overlong forms: E0 81 AE would spell 'n'. */
+        {"root ::= \"n\"", "\xe0\x81\xae", -1},
+        {"root ::= \"n\"", "\xe0", -1},
+        {"root ::= [^a]", "\xed\xa0\x80", -1},
+        {"root ::= [^a]", "\xf4\x90", -1},
+        {"root ::= [^a]", "\xf0\x9f\x98\x80", 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         grammar *g = compile(cases[i].gbnf);
@@ -191,9 +197,9 @@ static void sv_build(small_vocab *sv) {
             char t[2] = {alpha[i], alpha[j]};
             sv_add(sv, t, 2);
         }
-    const char *more[] = {"abc",  "\"a\"",    "{\"",      "\":",  "111",
-                          "aa",   "\xc3\xa9", "\xc3",     "\xa9", "\xe2\x82\xac",
-                          "\xe2", "\x82\xac", "\xe2\x82", "a\xc3"};
+    const char *more[] = {"abc",      "\"a\"", "{\"",  "\":",          "111",          "aa",
+                          "\xc3\xa9", "\xc3",  "\xa9", "\xe2\x82\xac", "\xe2",         "\x82\xac",
+                          "\xe2\x82", "a\xc3", "\xe0", "\x81\xae",     "\xe0\x81\xae", "\xed\xa0"};
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) sv_add(sv, more[i], strlen(more[i]));
     sv_add(sv, "", 0);
 }
