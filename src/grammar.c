@@ -338,7 +338,7 @@ static bool parse_postfix(gparser *p, int32_t rule, ivec *a, size_t start) {
     size_t n = a->n - start;
     int32_t *sub = malloc(n * sizeof(int32_t) + 1);
     if (!sub) return perr(p, "out of memory");
-    memcpy(sub, a->v + start, n * sizeof(int32_t));
+    if (n > 0) memcpy(sub, a->v + start, n * sizeof(int32_t));
     a->n = start;
     p->total -= n;
     int32_t origin = p->rules[rule].origin;
@@ -642,7 +642,8 @@ cellm_status grammar_parse(const char *text, size_t len, grammar **out, cellm_er
         g->rule_alt[k] = na;
         for (size_t j = 0; j < p.rules[k].n_alts; j++) {
             g->alt_start[na++] = c;
-            memcpy(g->code + c, p.rules[k].alts[j].v, p.rules[k].alts[j].n * sizeof(int32_t));
+            if (p.rules[k].alts[j].n > 0) /* an empty alternative has no buffer */
+                memcpy(g->code + c, p.rules[k].alts[j].v, p.rules[k].alts[j].n * sizeof(int32_t));
             c += (int32_t)p.rules[k].alts[j].n;
             g->code[c++] = G_END;
         }

@@ -30,7 +30,7 @@
 #include "util.h"
 
 #define GRAMMAR_MAX_DEPTH 512      /* stack frames of one stack */
-#define GRAMMAR_MAX_STACKS 1024    /* stacks in one state */
+#define GRAMMAR_MAX_STACKS 256     /* stacks in one state */
 #define GRAMMAR_MAX_CODE (1 << 20) /* program size, in int32 */
 #define GRAMMAR_MAX_RULES 65536
 #define GRAMMAR_MAX_REPEAT 1000 /* m and n of x{m,n} */

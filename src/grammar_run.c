@@ -17,7 +17,9 @@
 
 #define NODE_CAP (1 << 20)      /* nodes of one state, at most */
 #define NODE_COMPACT (1 << 16)  /* rebuild the store past this many after a token */
-#define SETTLE_BUDGET (1 << 16) /* nodes one expansion may visit */
+#define SETTLE_BUDGET (1 << 12) /* nodes one expansion may visit */
+#define CALL_BUDGET (1 << 18)   /* nodes all expansions of one call may visit */
+#define WALK_BUDGET (1L << 24)  /* stack ids one call may step (about 50 ms at worst) */
 #define N_CACHE 8               /* masks remembered per state */
 #define TRIE_MAX_DEPTH 1024     /* longer tokens are never allowed */
 
@@ -152,6 +154,8 @@ struct grammar_state {
     int32_t *work; /* settle's worklist */
     size_t cap_work;
     uint32_t stamp;
+    long budget; /* expansion steps left in this call (mask, allows, accept) */
+    long walk;   /* stack steps left in this call */
 
     int32_t *cur; /* the state: sorted stack ids */
     size_t n_cur, cap_cur;
@@ -231,7 +235,10 @@ static void settle(grammar_state *s, int32_t id) {
     size_t nw = 0;
     int budget = SETTLE_BUDGET;
     if (!add_work(s, &nw, id)) return;
-    while (nw > 0 && budget-- > 0) {
+    /* An ambiguous grammar can make expansions costly: past the budgets
+     * the paths not yet expanded are dropped (the same ones on every run
+     * of the same text). */
+    while (nw > 0 && budget-- > 0 && s->budget-- > 0) {
         int32_t x = s->work[--nw];
         gnode *nd = &s->nodes[x];
         if (nd->stamp == s->stamp) continue;
@@ -258,8 +265,16 @@ static void settle(grammar_state *s, int32_t id) {
     }
 }
 
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Sorts v[0..*n), drops repeats, and keeps at most GRAMMAR_MAX_STACKS
+ * (the lowest ids: the same ones on every run). */
 static void sort_unique(int32_t *v, size_t *n) {
-    for (size_t i = 1; i < *n; i++) {
+    if (*n > 16) qsort(v, *n, sizeof(int32_t), cmp_i32);
+    for (size_t i = 1; *n <= 16 && i < *n; i++) {
         int32_t x = v[i];
         size_t j = i;
         while (j > 0 && v[j - 1] > x) {
@@ -329,6 +344,10 @@ static long step_byte(grammar_state *s, size_t src_off, size_t n, size_t dst_off
                       uint32_t *val, int32_t *rem, bool *shared) {
     int32_t cp = -1;
     *shared = false;
+    /* A hostile grammar with hundreds of stacks in every state would make
+     * a mask cost seconds: past the budget, nothing more is allowed. */
+    s->walk -= (long)n + 1;
+    if (s->walk < 0) return -1;
     if (*rem == 0) {
         if (b < 0x80) {
             cp = b;
@@ -375,8 +394,11 @@ static long step_byte(grammar_state *s, size_t src_off, size_t n, size_t dst_off
         advance(s, id, &off, &na);
         if (!grow((void **)&s->buf, &s->cap_buf, dst_off + m + (size_t)na + 1, sizeof(int32_t)))
             return -1;
-        memcpy(s->buf + dst_off + m, s->adv + off, (size_t)na * sizeof(int32_t));
+        if (na > 0) memcpy(s->buf + dst_off + m, s->adv + off, (size_t)na * sizeof(int32_t));
         m += (size_t)na;
+        s->walk -= na;
+        if (m > 4 * GRAMMAR_MAX_STACKS)
+            sort_unique(s->buf + dst_off, &m); /* an ambiguous grammar */
     }
     if (m == 0) return -1;
     if (m > 1) sort_unique(s->buf + dst_off, &m);
@@ -409,6 +431,8 @@ cellm_status grammar_state_create(const grammar *g, const grammar_vocab *v, gram
         if (!s->cache[k].bits) goto oom;
     }
     state_reset_store(s);
+    s->budget = CALL_BUDGET;
+    s->walk = WALK_BUDGET;
     /* The start: every alternative of root. */
     for (int32_t a = g->rule_alt[g->root]; a < g->rule_alt[g->root + 1]; a++) {
         int32_t id = intern(s, g->alt_start[a], -1);
@@ -417,7 +441,7 @@ cellm_status grammar_state_create(const grammar *g, const grammar_vocab *v, gram
     size_t m = s->n_adv;
     sort_unique(s->adv, &m);
     if (!grow((void **)&s->cur, &s->cap_cur, m + 1, sizeof(int32_t))) goto oom;
-    memcpy(s->cur, s->adv, m * sizeof(int32_t));
+    if (m > 0) memcpy(s->cur, s->adv, m * sizeof(int32_t));
     s->n_cur = m;
     s->n_adv = 0;
     *out = s;
@@ -490,6 +514,8 @@ static void compact(grammar_state *s) {
  * buf[*off .. + *len), the partial character in *val, *rem. */
 static bool run_bytes(grammar_state *s, const char *bytes, size_t n, size_t *off_out,
                       size_t *len_out, uint32_t *val_out, int32_t *rem_out) {
+    s->budget = CALL_BUDGET;
+    s->walk = WALK_BUDGET;
     if (!grow((void **)&s->buf, &s->cap_buf, s->n_cur * 2 + 2, sizeof(int32_t))) return false;
     memcpy(s->buf, s->cur, s->n_cur * sizeof(int32_t));
     size_t off = 0, len = s->n_cur;
@@ -577,6 +603,8 @@ const uint32_t *grammar_state_mask(grammar_state *s) {
         return c->bits;
     }
     memset(s->mask, 0, s->n_words * sizeof(uint32_t));
+    s->budget = CALL_BUDGET;
+    s->walk = WALK_BUDGET;
     /* Per depth of the walk: where its set lies in s->buf, how long it is,
      * and its partial character. Depth 0 is the state itself. */
     int32_t depth_max = v->max_depth + 1;

@@ -8,7 +8,7 @@
  */
 #include "schema.h"
 
-#include "grammar.h"
+#include "grammar_internal.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -867,6 +867,11 @@ cellm_status schema_to_gbnf(const char *schema, size_t len, char **out, size_t *
                             cellm_error *err) {
     *out = NULL;
     *out_len = 0;
+    for (size_t i = 0; i < len;) {
+        size_t at = i;
+        if (grammar_utf8_next(schema, len, &i) < 0)
+            return err_set(err, CELLM_ERR_FORMAT, "json schema: invalid UTF-8 at byte %zu", at);
+    }
     jreader r = {.s = schema, .n = len, .err = err};
     jnode *root = jvalue(&r, 0);
     if (!root) return err ? err->code : CELLM_ERR_FORMAT;
