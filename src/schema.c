@@ -16,10 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SCHEMA_MAX_DEPTH 64       /* nesting of the schema's JSON */
-#define SCHEMA_MAX_OUT (1 << 20)  /* bytes of GBNF */
-#define SCHEMA_MAX_REF_DEPTH 32   /* $ref chains followed while compiling */
-#define SCHEMA_MAX_ENUM_RANGE 256 /* integer ranges this small are exact */
+#define SCHEMA_MAX_DEPTH 64      /* nesting of the schema's JSON */
+#define SCHEMA_MAX_OUT (1 << 20) /* bytes of GBNF */
+#define SCHEMA_MAX_REF_DEPTH 32  /* $ref chains followed while compiling */
 
 /* ------------------------------------------------------------ JSON tree */
 
@@ -417,40 +416,100 @@ static int rule_open(sc *c) {
     return id;
 }
 
-static int digits_of(double v) {
-    int d = 1;
-    for (double x = fabs(v); x >= 10 && d < 20; x /= 10) d++;
-    return d;
+#define INT_LIMIT 999999999999999.0 /* integers beyond 15 digits are not generated */
+
+/* Same-length decimal strings x..y (x <= y, n digits each) as GBNF. */
+static void same_len(sbuf *b, const char *x, const char *y, int n) {
+    if (n == 0) return;
+    if (!memcmp(x, y, (size_t)n)) {
+        sb_printf(b, " \"%.*s\"", n, x);
+        return;
+    }
+    if (x[0] == y[0]) {
+        sb_printf(b, " \"%c\"", x[0]);
+        same_len(b, x + 1, y + 1, n - 1);
+        return;
+    }
+    char nines[20], zeros[20];
+    memset(nines, '9', sizeof nines);
+    memset(zeros, '0', sizeof zeros);
+    /* A rest of all zeros (nines) needs no branch of its own: it joins the
+     * middle, so the text grows with n squared, not 2^n. */
+    bool low_full = !memcmp(x + 1, zeros, (size_t)n - 1);
+    bool high_full = !memcmp(y + 1, nines, (size_t)n - 1);
+    char from = low_full ? x[0] : (char)(x[0] + 1), to = high_full ? y[0] : (char)(y[0] - 1);
+    const char *sep = " (";
+    if (!low_full) {
+        sb_printf(b, "%s \"%c\"", sep, x[0]);
+        same_len(b, x + 1, nines, n - 1);
+        sep = " |";
+    }
+    if (from <= to) {
+        sb_printf(b, "%s [%c-%c]", sep, from, to);
+        if (n > 1) sb_printf(b, " [0-9]{%d}", n - 1);
+        sep = " |";
+    }
+    if (!high_full) {
+        sb_printf(b, "%s \"%c\"", sep, y[0]);
+        same_len(b, zeros, y + 1, n - 1);
+    }
+    sb_str(b, " )");
 }
 
-/* An integer rule for [lo, hi] (either bound may be absent). */
-static void emit_integer(sc *c, sbuf *b, const jnode *min, const jnode *max, const jnode *xmin,
+/* The decimal integers a..b (0 <= a <= b <= INT_LIMIT), no leading zeros. */
+static void uint_range(sbuf *b, double a, double hi) {
+    char xs[24], ys[24];
+    int la = snprintf(xs, sizeof xs, "%.0f", a), lb = snprintf(ys, sizeof ys, "%.0f", hi);
+    sb_str(b, " (");
+    for (int len = la; len <= lb; len++) {
+        double from = len == 1 ? 0 : pow(10, len - 1), to = pow(10, len) - 1;
+        if (from < a) from = a;
+        if (to > hi) to = hi;
+        snprintf(xs, sizeof xs, "%.0f", from);
+        snprintf(ys, sizeof ys, "%.0f", to);
+        if (len > la) sb_str(b, " |");
+        same_len(b, xs, ys, len);
+    }
+    sb_str(b, " )");
+}
+
+/* The integers lo..hi exactly (bounds clamped to 15 digits). */
+static void int_range(sbuf *b, double lo, double hi) {
+    if (lo < -INT_LIMIT) lo = -INT_LIMIT;
+    if (hi > INT_LIMIT) hi = INT_LIMIT;
+    sb_str(b, "(");
+    bool any = false;
+    if (hi >= 0) {
+        uint_range(b, lo > 0 ? lo : 0, hi);
+        any = true;
+    }
+    if (lo < 0) {
+        if (any) sb_str(b, " |");
+        sb_str(b, " \"-\"");
+        uint_range(b, hi < 0 ? -hi : 1, -lo);
+    }
+    sb_str(b, " )");
+}
+
+/* An integer rule for the bounds given (either may be absent): exact. */
+static bool emit_integer(sc *c, sbuf *b, const jnode *min, const jnode *max, const jnode *xmin,
                          const jnode *xmax) {
     double lo = -INFINITY, hi = INFINITY;
     if (min && min->type == J_NUM) lo = ceil(min->num);
     if (xmin && xmin->type == J_NUM) lo = fmax(lo, floor(xmin->num) + 1);
     if (max && max->type == J_NUM) hi = floor(max->num);
     if (xmax && xmax->type == J_NUM) hi = fmin(hi, ceil(xmax->num) - 1);
-    (void)c;
-    if (isfinite(lo) && isfinite(hi) && hi >= lo && hi - lo < SCHEMA_MAX_ENUM_RANGE) {
-        /* Small ranges exactly: every value. */
-        sb_str(b, "(");
-        for (double v = lo; v <= hi; v++) sb_printf(b, "%s\"%.0f\"", v > lo ? " | " : " ", v);
-        sb_str(b, " )");
-        return;
+    if (lo > INT_LIMIT || hi < -INT_LIMIT || hi < lo) {
+        fail_s(c, "%s", "integer bounds that no 15-digit integer meets");
+        return false;
     }
-    /* Larger ranges: the sign and the number of digits follow the bounds
-     * (no sign when lo >= 0; at most as many digits as the larger bound),
-     * which keeps every value within a factor of ten of them. */
-    int dmax = 15;
-    if (isfinite(hi) && isfinite(lo)) dmax = digits_of(fmax(fabs(hi), fabs(lo)));
-    if (isfinite(hi) && hi >= 0 && !isfinite(lo)) dmax = digits_of(hi);
-    bool neg = !(isfinite(lo) && lo >= 0);
-    bool pos = !(isfinite(hi) && hi < 0);
-    sb_str(b, "(");
-    if (pos) sb_printf(b, " \"0\" | [1-9] [0-9]{0,%d}", dmax - 1);
-    if (neg) sb_printf(b, "%s\"-\" [1-9] [0-9]{0,%d}", pos ? " | " : " ", dmax - 1);
-    sb_str(b, " )");
+    if (lo <= -INT_LIMIT && hi >= INT_LIMIT)
+        sb_str(b, "( \"-\"? ( \"0\" | [1-9] [0-9]{0,14} ) )");
+    else if (lo == 0 && hi >= INT_LIMIT)
+        sb_str(b, "( \"0\" | [1-9] [0-9]{0,14} )");
+    else
+        int_range(b, lo, hi);
+    return true;
 }
 
 /* A regular expression (a subset: literals, escapes \d \w \s and escaped
@@ -723,8 +782,9 @@ static int compile_type(sc *c, const jnode *s, const char *type, int depth) {
     }
     if (!strcmp(type, "integer")) {
         int id = rule_open(c);
-        emit_integer(c, &c->out, jget(s, "minimum"), jget(s, "maximum"),
-                     jget(s, "exclusiveMinimum"), jget(s, "exclusiveMaximum"));
+        if (!emit_integer(c, &c->out, jget(s, "minimum"), jget(s, "maximum"),
+                          jget(s, "exclusiveMinimum"), jget(s, "exclusiveMaximum")))
+            return -1;
         sb_str(&c->out, "\n");
         return id;
     }
@@ -732,24 +792,30 @@ static int compile_type(sc *c, const jnode *s, const char *type, int depth) {
         int id = rule_open(c);
         const jnode *mn = jget(s, "minimum"), *mx = jget(s, "maximum");
         if ((mn && mn->type == J_NUM) || (mx && mx->type == J_NUM)) {
-            /* The integer part follows the bounds as for integers; the
-             * fraction is free (documented: bounds are approximate). */
-            sbuf ib = {0};
-            emit_integer(c, &ib,
-                         mn && mn->type == J_NUM ? &(jnode){.type = J_NUM, .num = ceil(mn->num)}
-                                                 : NULL,
-                         mx && mx->type == J_NUM
-                             ? &(jnode){.type = J_NUM,
-                                        .num = floor(mx->num) - (floor(mx->num) == mx->num ? 1 : 0)}
-                             : NULL,
-                         NULL, NULL);
-            sb_printf(&c->out, "%s ( \".\" [0-9]{1,6} )?", ib.s ? ib.s : "number");
-            if (mx && mx->type == J_NUM && floor(mx->num) == mx->num) {
-                /* The maximum itself, exactly. */
-                sb_printf(&c->out, " | \"%.0f\"", mx->num);
+            /* Integers within the bounds, or a decimal whose integer part
+             * keeps it within them whatever its fraction: exact for
+             * integral bounds; a value between a fractional bound and the
+             * nearest integer inside is never made. */
+            double lo = mn && mn->type == J_NUM ? ceil(mn->num) : -INT_LIMIT;
+            double hi = mx && mx->type == J_NUM ? floor(mx->num) : INT_LIMIT;
+            if (!emit_integer(c, &c->out, &(jnode){.type = J_NUM, .num = lo},
+                              &(jnode){.type = J_NUM, .num = hi}, NULL, NULL))
+                return -1;
+            if (lo < -INT_LIMIT) lo = -INT_LIMIT;
+            if (hi > INT_LIMIT) hi = INT_LIMIT;
+            double p0 = lo > 0 ? lo : 0; /* i.f with p0 <= i <= hi - 1 */
+            if (hi - 1 >= p0) {
+                sb_str(&c->out, " |");
+                uint_range(&c->out, p0, hi - 1);
+                sb_str(&c->out, " \".\" [0-9]{1,6}");
+            }
+            double n0 = hi < 0 ? -hi : 0; /* -i.f with n0 <= i <= -lo - 1 */
+            if (lo <= -1 && -lo - 1 >= n0) {
+                sb_str(&c->out, " | \"-\"");
+                uint_range(&c->out, n0, -lo - 1);
+                sb_str(&c->out, " \".\" [0-9]{1,6}");
             }
             sb_str(&c->out, "\n");
-            free(ib.s);
         } else {
             sb_str(&c->out, "number\n");
         }

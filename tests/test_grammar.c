@@ -353,6 +353,20 @@ static void test_asan_schema(void **state) {
                      got, cases[i].want);
         grammar_free(g);
     }
+    /* Integer bounds are exact: every integer near and between them. */
+    const int bounds[][2] = {{-23, 1000}, {0, 9}, {7, 7}, {-120, -95}, {99, 1001}, {-5, 5}};
+    for (size_t i = 0; i < sizeof bounds / sizeof bounds[0]; i++) {
+        char schema[128], num[32];
+        snprintf(schema, sizeof schema, "{\"type\":\"integer\",\"minimum\":%d,\"maximum\":%d}",
+                 bounds[i][0], bounds[i][1]);
+        grammar *g = from_schema(schema);
+        for (int x = bounds[i][0] - 30; x <= bounds[i][1] + 30; x++) {
+            snprintf(num, sizeof num, "%d", x);
+            int want = x >= bounds[i][0] && x <= bounds[i][1];
+            if ((match(g, v, num) == 1) != want) fail_msg("%s: %d", schema, x);
+        }
+        grammar_free(g);
+    }
     grammar_vocab_free(v);
     /* Refusals name the problem. */
     struct {
