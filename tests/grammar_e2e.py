@@ -98,7 +98,17 @@ def test_asan_refusals(client):
             (dict(response_format={"type": "json_schema",
                                    "json_schema": {"name": "x", "schema": {"type": "thing"}}}),
              "unknown type 'thing'"),
-            (dict(extra_body={"grammar": "root ::= root \"a\""}), "left-recursive")]:
+            (dict(extra_body={"grammar": "root ::= root \"a\""}), "left-recursive"),
+            (dict(extra_body={"grammar": "root ::= \"a\" x\nx ::= \"b\" x"}), "never finish"),
+            (dict(extra_body={"grammar": "root ::= (("}), "expected ')'"),
+            (dict(extra_body={"grammar": "root ::= \"a\"",
+                              "response_format": {"type": "json_object"}}), "not both"),
+            (dict(response_format={"type": "xml"}), "not one of"),
+            (dict(response_format={"type": "json_schema"}), "needs 'json_schema'"),
+            (dict(response_format={"type": "json_schema", "json_schema": {"schema": {
+                "$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}}}), "left-recursive"),
+            (dict(response_format={"type": "json_schema", "json_schema": {"schema": {
+                "$ref": "#/$defs/missing"}}}), "does not resolve")]:
         try:
             client.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=4, **kw)
             check(False, f"{kw} was accepted")
