@@ -347,6 +347,16 @@ typedef struct cellm_stats {
      * acceptance rate. */
     uint64_t n_draft_tokens, n_draft_accepted, n_spec_passes;
     uint64_t n_draft_steps; /* forward passes of the draft model */
+    /* Structured output: engine-thread time spent masking the vocabulary
+     * with grammars and advancing their states (part of sample_seconds),
+     * and the tokens so chosen. */
+    double grammar_seconds;
+    uint64_t n_grammar_tokens;
+    /* Of those, the tokens the grammar refused at first draw, for which
+     * the whole vocabulary was masked (and the time that took, part of
+     * grammar_seconds). */
+    uint64_t n_grammar_masks;
+    double grammar_mask_seconds;
 } cellm_stats;
 
 /* Fills *out. Thread-safe; a consistent snapshot as of the last step. */
@@ -482,6 +492,35 @@ typedef struct cellm_token_logprob {
  * the call. Same rules as cellm_piece_fn. */
 typedef void (*cellm_logprob_fn)(const cellm_token_logprob *lp, void *user);
 
+/* ------------------------------------------------------ structured output */
+
+/* A compiled grammar that constrains what a request may generate
+ * (cellm_request_params.grammar): every completion token keeps the text a
+ * prefix of a sentence of the grammar, and the end of text (EOS, end of
+ * turn, stop_tokens) comes only where the sentence is whole. Immutable and
+ * thread-safe once made; a request holds its own reference, so the caller
+ * may free the grammar right after cellm_submit. docs/grammar.md gives the
+ * dialect and the limits. */
+typedef struct cellm_grammar cellm_grammar;
+
+/* Compiles GBNF text (llama.cpp's dialect; the start rule is `root`).
+ * CELLM_ERR_FORMAT, with cellm_last_error() naming the line and column or
+ * the rule: a syntax error, an undefined rule, a left-recursive rule, a
+ * rule that can never finish (an empty language), a grammar too large. */
+cellm_status cellm_grammar_from_gbnf(const char *text, size_t len, cellm_grammar **out);
+
+/* The grammar of OpenAI's json_object mode: one JSON object. */
+cellm_status cellm_grammar_json_object(cellm_grammar **out);
+
+/* Compiles a JSON Schema (UTF-8 JSON text) to a grammar of the JSON texts
+ * that validate against it; docs/grammar.md lists the keywords honoured.
+ * CELLM_ERR_FORMAT naming the problem (bad JSON, an unsupported keyword
+ * value, an unresolvable $ref, a schema too large). */
+cellm_status cellm_grammar_from_json_schema(const char *schema, size_t len, cellm_grammar **out);
+
+/* Drops the caller's reference. */
+void cellm_grammar_free(cellm_grammar *g);
+
 #define CELLM_MAX_STOP_STRINGS 16 /* entries of cellm_request_params.stop */
 #define CELLM_MAX_STOP_LEN 256    /* bytes of one stop string */
 
@@ -530,6 +569,10 @@ typedef struct cellm_request_params {
     int32_t top_logprobs;
     int prompt_logprobs;
     cellm_logprob_fn on_logprob;
+
+    /* Structured output: NULL, or a grammar the completion must follow
+     * (see cellm_grammar). The request takes its own reference. */
+    const cellm_grammar *grammar;
 } cellm_request_params;
 
 cellm_request_params cellm_request_default_params(void);

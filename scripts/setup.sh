@@ -57,7 +57,7 @@ cellm_install_packages() {
 # package registry, when missing.
 cellm_install_python_packages() {
     # module=package where the two names differ
-    local mods=(openai numpy llama_cpp=llama-cpp-python==0.3.36) missing=()
+    local mods=(openai numpy jsonschema llama_cpp=llama-cpp-python==0.3.36) missing=()
     for m in "${mods[@]}"; do
         python3 -c "import ${m%%=*}" >/dev/null 2>&1 || missing+=("${m#*=}")
     done

@@ -79,6 +79,7 @@ cellm_status cellm_model_load(const char *path, const cellm_model_params *params
     err_clear(&err);
     cellm_model *cm = calloc(1, sizeof *cm);
     if (!cm) return fail_msg(CELLM_ERR_NO_MEMORY, "out of memory");
+    pthread_mutex_init(&cm->gv_mu, NULL);
     if (model_load(path, &cm->m, &err) || tokenizer_load(cm->m->file, &cm->tok, &err)) {
         cellm_model_free(cm);
         return fail(&err);
@@ -104,6 +105,8 @@ cellm_status cellm_model_load(const char *path, const cellm_model_params *params
 void cellm_model_free(cellm_model *cm) {
     if (!cm) return;
     if (cm->has_chat) chat_tpl_free(&cm->chat);
+    engine_grammar_model_free(cm);
+    pthread_mutex_destroy(&cm->gv_mu);
     tokenizer_free(cm->tok);
     model_free(cm->m);
     free(cm);
@@ -149,6 +152,10 @@ static void publish_locked(cellm_engine *e) {
     s->completion_tokens_per_s = e->rate_gen;
     s->n_sampled = e->n_sampled;
     s->sample_seconds = e->t_sample;
+    s->grammar_seconds = e->t_grammar;
+    s->n_grammar_tokens = e->n_grammar;
+    s->n_grammar_masks = e->n_grammar_mask;
+    s->grammar_mask_seconds = e->t_grammar_mask;
     s->bytes_kv_resident = kv_cache_resident_bytes(e->kv);
     s->bytes_released = e->bytes_released;
     s->n_trims = e->n_trims;
@@ -197,6 +204,7 @@ static bool deliver(cellm_request *r, const char *piece, size_t n) {
 
 static void request_release(cellm_request *r) {
     sampler_free(r->smp);
+    engine_grammar_release(r);
     stop_free(r->stops);
     free(r->tokens);
     free(r->piece);
@@ -305,6 +313,7 @@ static int take_token(cellm_engine *e, cellm_request *r, int32_t t, const float 
         r->stop_token = t;
         return CELLM_FINISH_STOP;
     }
+    if (r->gst && !engine_grammar_take(e, r, t)) return CELLM_FINISH_ERROR;
     if (r->lp_gen) report_logprob(e, r, row, t, r->n_tokens, false);
     r->tokens[r->n_tokens++] = t;
     sampler_accept(r->smp, t, NULL); /* t is in the vocabulary: cannot fail */
@@ -320,9 +329,26 @@ static int take_token(cellm_engine *e, cellm_request *r, int32_t t, const float 
     return -1;
 }
 
+/* Finishes r for the reason take_token gave. */
+static void finish_taken(cellm_engine *e, cellm_request *r, int why) {
+    if (why == CELLM_FINISH_ERROR)
+        engine_finish(e, r, CELLM_FINISH_ERROR, CELLM_ERR_FORMAT,
+                      "grammar: no token can continue the text (a grammar limit was reached)");
+    else
+        engine_finish(e, r, (cellm_finish_reason)why, CELLM_OK, NULL);
+}
+
 static int32_t sample_timed(cellm_engine *e, cellm_request *r, const float *row) {
     double t0 = now_s();
     int32_t t = sampler_sample(r->smp, row);
+    /* With a grammar: the token drawn from the whole distribution stands
+     * when the grammar allows it; only otherwise is the vocabulary masked
+     * and the token drawn again from what the grammar allows. (As
+     * rejection sampling this draws from the masked distribution; with
+     * truncation the pool of the first draw is the unmasked one.) The
+     * draws use only the request's own generator and state. */
+    if (r->gst && !engine_grammar_allows(e, r, t))
+        t = sampler_sample(r->smp, engine_grammar_mask(e, r, row));
     e->t_sample += now_s() - t0;
     e->n_sampled++;
     return t;
@@ -358,7 +384,7 @@ static void verify(cellm_engine *e, cellm_request *r, const float *rows, int32_t
     int32_t k = r->spec_k > 0 ? r->spec_k : e->p.draft_max;
     r->spec_k = spec_next_k(k, nd, kept, e->p.draft_max);
     if (why >= 0) {
-        engine_finish(e, r, (cellm_finish_reason)why, CELLM_OK, NULL);
+        finish_taken(e, r, why);
         return;
     }
     spec_after(e, r);
@@ -404,7 +430,7 @@ static void step_outputs(cellm_engine *e, const float *logits, double t_now) {
             continue;
         }
         int why = take_token(e, r, sample_timed(e, r, row), row, t_now);
-        if (why >= 0) engine_finish(e, r, (cellm_finish_reason)why, CELLM_OK, NULL);
+        if (why >= 0) finish_taken(e, r, why);
     }
 }
 
@@ -1181,7 +1207,8 @@ cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm
         request_discard(e, r);
         return fail(&err);
     }
-    if (request_sampler(e, r, &p->sampling, &err) || kv_seq_init(e->kv, &r->seq, &err)) {
+    if (request_sampler(e, r, &p->sampling, &err) || kv_seq_init(e->kv, &r->seq, &err) ||
+        (p->grammar && engine_grammar_attach(e, r, p->grammar, &err))) {
         request_discard(e, r);
         return fail(&err);
     }

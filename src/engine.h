@@ -28,6 +28,7 @@
 #include "cellm.h"
 #include "chat.h"
 #include "forward.h"
+#include "grammar.h"
 #include "sampler.h"
 #include "stop.h"
 #include "tokenizer.h"
@@ -38,6 +39,16 @@ struct cellm_model {
     bool has_chat; /* false: chat_err says why messages cannot be served */
     chat_tpl chat; /* owned; valid when has_chat */
     char chat_err[CELLM_ERR_MSG_MAX];
+    /* The prefix tree of the token bytes, for grammars: built by the
+     * first request with a grammar (engine_grammar.c), under gv_mu. */
+    pthread_mutex_t gv_mu;
+    grammar_vocab *gv;
+};
+
+/* A grammar handle: the compiled grammar and its references. */
+struct cellm_grammar {
+    grammar *g;
+    atomic_int refs;
 };
 
 #define REQ_MAX_STOP 16
@@ -104,6 +115,11 @@ struct cellm_request {
     bool lp_gen, lp_prompt;
     int32_t lp_top;
     cellm_logprob_fn on_logprob;
+    /* Structured output: the grammar (a reference of the request's own),
+     * its state (engine thread only) and the masked logits, n_vocab. */
+    cellm_grammar *grammar;
+    grammar_state *gst;
+    float *grammar_row;
 
     /* Engine thread only (and the owner after `done`, read-only). */
     cellm_request *next; /* incoming list (under mu) or waiting queue */
@@ -172,8 +188,11 @@ struct cellm_engine {
     int32_t n_fed;
     uint64_t n_steps, n_preempt, n_prompt_tok, n_gen_tok;
     uint64_t n_sampled;
-    double t_sample; /* seconds in sampler_sample */
-    double win_t0;   /* tokens/s window */
+    double t_sample;  /* seconds in sampler_sample */
+    double t_grammar; /* seconds masking and advancing grammars (part of t_sample) */
+    uint64_t n_grammar, n_grammar_mask;
+    double t_grammar_mask;
+    double win_t0; /* tokens/s window */
     uint64_t win_prompt, win_gen;
     double rate_prompt, rate_gen;
     cellm_qos qos_now;                  /* the policy of this step */
@@ -371,5 +390,24 @@ void engine_run_job(cellm_engine *e, void (*fn)(cellm_engine *e, void *arg), voi
 
 /* Records a message as the calling thread's last error; returns `code`. */
 cellm_status engine_fail(cellm_status code, const char *msg);
+
+/* Structured output (engine_grammar.c). At submit: gives r its own
+ * reference to g, a state, and the masked-row buffer (the model's token
+ * trie is built by the first such request). */
+cellm_status engine_grammar_attach(cellm_engine *e, cellm_request *r, const cellm_grammar *g,
+                                   cellm_error *err);
+/* Engine thread: the logits of `row` with every token the grammar does not
+ * allow at -inf (the stop tokens allowed only where the text is whole). */
+const float *engine_grammar_mask(cellm_engine *e, cellm_request *r, const float *row);
+/* Engine thread: whether the grammar allows token t now (a stop token
+ * where the text is whole; another token whose bytes continue it). */
+bool engine_grammar_allows(cellm_engine *e, cellm_request *r, int32_t t);
+/* Engine thread: advances r's grammar over token t (not a stop token);
+ * false when t cannot continue the text. */
+bool engine_grammar_take(cellm_engine *e, cellm_request *r, int32_t t);
+/* Frees what attach made. */
+void engine_grammar_release(cellm_request *r);
+/* Frees the model's token trie (cellm_model_free). */
+void engine_grammar_model_free(cellm_model *cm);
 
 #endif /* CELLM_ENGINE_H */

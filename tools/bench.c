@@ -244,7 +244,8 @@ static int bench_round(const cellm_model *model, const cellm_engine_params *ep, 
  * time per token against the decode step (the time per token after the
  * first, which includes the sampling). */
 static int bench_sampling_round(const cellm_model *model, const cellm_engine_params *ep,
-                                const char *name, const cellm_sampling *sp, int32_t n_predict) {
+                                const char *name, const cellm_sampling *sp, int32_t n_predict,
+                                const cellm_grammar *grammar) {
     cellm_engine *e = NULL;
     if (cellm_engine_create(model, ep, &e) != CELLM_OK) {
         cli_error("%s", cellm_last_error());
@@ -254,6 +255,13 @@ static int bench_sampling_round(const cellm_model *model, const cellm_engine_par
     rp.prompt = "Once upon a time there was a lighthouse keeper who";
     rp.max_tokens = n_predict;
     rp.sampling = *sp;
+    rp.grammar = grammar;
+    cellm_chat_message msg = {"user", "Describe a product of our shop as JSON."};
+    if (grammar) { /* a chat turn, so the model writes JSON willingly */
+        rp.prompt = NULL;
+        rp.messages = &msg;
+        rp.n_messages = 1;
+    }
     cellm_request *r = NULL;
     cellm_result res;
     int rc = 0;
@@ -274,9 +282,40 @@ static int bench_sampling_round(const cellm_model *model, const cellm_engine_par
     double step_ms = (res.total_ms - res.first_token_ms) / (res.n_completion_tokens - 1);
     printf("%-28s %10.3f %14.2f %8.1f%% %8d\n", name, sample_ms, step_ms, 100 * sample_ms / step_ms,
            res.n_completion_tokens);
+    if (grammar && st.n_grammar_tokens > 0) {
+        /* The grammar's part: the mask before each token and the advance
+         * after it, over the tokens it constrained. */
+        double g_ms = st.grammar_seconds * 1e3 / (double)st.n_sampled;
+        printf("%-28s %10.3f %14.2f %8.1f%% %8d\n", "  of which the grammar", g_ms, step_ms,
+               100 * g_ms / step_ms, res.n_completion_tokens);
+        if (st.n_grammar_masks > 0) {
+            double m_ms = st.grammar_mask_seconds * 1e3 / (double)st.n_grammar_masks;
+            printf("%-28s %10.3f %14.2f %8.1f%% %8d\n", "  a whole-vocabulary mask", m_ms, step_ms,
+                   100 * m_ms / step_ms, (int)st.n_grammar_masks);
+        }
+    }
     fflush(stdout);
     return 0;
 }
+
+/* Ten properties of the usual kinds: strings, bounded integers, a number,
+ * an enum, a boolean, an array of strings and a nested object. */
+#define BENCH_SCHEMA                                                                               \
+    "{\"type\":\"object\",\"properties\":{"                                                        \
+    "\"id\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":99999},"                               \
+    "\"name\":{\"type\":\"string\",\"maxLength\":40},"                                             \
+    "\"description\":{\"type\":\"string\",\"maxLength\":200},"                                     \
+    "\"price\":{\"type\":\"number\",\"minimum\":0,\"maximum\":10000},"                             \
+    "\"currency\":{\"enum\":[\"EUR\",\"USD\",\"GBP\"]},"                                           \
+    "\"in_stock\":{\"type\":\"boolean\"},"                                                         \
+    "\"quantity\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":1000},"                          \
+    "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":20},"               \
+    "\"maxItems\":5},"                                                                             \
+    "\"category\":{\"type\":\"string\",\"maxLength\":30},"                                         \
+    "\"dimensions\":{\"type\":\"object\",\"properties\":{\"width\":{\"type\":\"number\"},"         \
+    "\"height\":{\"type\":\"number\"}},\"required\":[\"width\",\"height\"]}},"                     \
+    "\"required\":[\"id\",\"name\",\"description\",\"price\",\"currency\",\"in_stock\","           \
+    "\"quantity\",\"tags\",\"category\",\"dimensions\"],\"additionalProperties\":false}"
 
 static int bench_sampling(const cellm_model *model, const cellm_engine_params *ep,
                           int32_t n_predict) {
@@ -285,11 +324,20 @@ static int bench_sampling(const cellm_model *model, const cellm_engine_params *e
     printf("\n%-28s %10s %14s %9s %8s\n", "sampling", "ms/token", "decode step ms", "share",
            "tokens");
     cellm_sampling sp = cellm_request_default_params().sampling;
-    int rc = bench_sampling_round(model, &p, "greedy", &sp, n_predict);
+    int rc = bench_sampling_round(model, &p, "greedy", &sp, n_predict, NULL);
     sp.temperature = 0.8f;
     sp.top_p = 0.9f;
     sp.seed = 1;
-    if (!rc) rc = bench_sampling_round(model, &p, "top-p 0.9, temperature 0.8", &sp, n_predict);
+    if (!rc)
+        rc = bench_sampling_round(model, &p, "top-p 0.9, temperature 0.8", &sp, n_predict, NULL);
+    /* Structured output: a 10-property JSON schema (docs/benchmarks.md). */
+    cellm_grammar *g = NULL;
+    if (!rc && cellm_grammar_from_json_schema(BENCH_SCHEMA, strlen(BENCH_SCHEMA), &g) != CELLM_OK) {
+        cli_error("%s", cellm_last_error());
+        rc = 1;
+    }
+    if (!rc) rc = bench_sampling_round(model, &p, "json schema, 10 properties", &sp, n_predict, g);
+    cellm_grammar_free(g);
     return rc;
 }
 

@@ -24,10 +24,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <math.h>
+
 #include "cli.h"
+#include "grammar.h"
 #include "rt.h"
 #include "run.h"
 #include "sampler.h"
+#include "schema.h"
 #include "stop.h"
 
 #define RUN_DEFAULT_MODEL "smollm2-135m"
@@ -53,6 +57,11 @@ typedef struct chat {
     bool raw, verbose, ignore_eos;
     float *logits;
     rt_spec spec; /* guesses checked in each pass (on with a draft or lookup) */
+    /* --grammar-file / --json-schema: every answer follows the grammar. */
+    grammar *gram;
+    grammar_vocab *gv;
+    grammar_state *gst; /* the answer's; made anew for each */
+    float *masked;
     /* speed, for --verbose */
     double t_prompt, t_gen;
     long n_prompt, n_gen;
@@ -75,6 +84,9 @@ static void usage(FILE *out) {
             "  --raw                 no chat format: continue the prompt as plain text (greedy\n"
             "                        unless sampling flags say otherwise)\n"
             "  --ignore-eos          keep generating past end-of-text (for benchmarks)\n"
+            "  --grammar-file FILE   answers follow the GBNF grammar in FILE (docs/grammar.md)\n"
+            "  --json-schema S       answers are JSON valid against the schema S: JSON text, or\n"
+            "                        a file holding it\n"
             "  -v, --verbose         print the sampling settings, prompt and generation "
             "speed,\n"
             "                        and how many guesses were kept\n\n" RT_SPEC_USAGE
@@ -171,9 +183,46 @@ typedef struct reply {
  * it and its text is shown. False when the answer ends here: at an
  * end-of-text token (not taken), a reverse prompt, the token limit, or a
  * context with no room for t. */
+static bool is_end(const chat *c, int32_t t) {
+    if (c->ignore_eos) return false;
+    return c->raw ? t == tokenizer_eos(c->r.tok) : chat_is_stop(&c->tpl, c->r.tok, t);
+}
+
+/* With a grammar: whether it allows t now (an end token where the text is
+ * whole). */
+static bool grammar_allows(chat *c, int32_t t) {
+    if (is_end(c, t)) return grammar_state_complete(c->gst);
+    size_t len = 0;
+    const char *p = tokenizer_piece(c->r.tok, t, 0, &len);
+    return p && grammar_state_allows(c->gst, p, len);
+}
+
+/* The next token from `row`: drawn from the whole distribution, and drawn
+ * again from what the grammar allows when it refuses that one (as the
+ * engine does, src/engine.c). */
+static int32_t draw(chat *c, const float *row) {
+    int32_t t = sampler_sample(c->smp, row);
+    if (!c->gst || grammar_allows(c, t)) return t;
+    int32_t n = c->r.m->n_vocab;
+    const uint32_t *bits = grammar_state_mask(c->gst);
+    for (int32_t i = 0; i < n; i++)
+        c->masked[i] = (bits[i >> 5] >> (i & 31)) & 1 ? row[i] : -INFINITY;
+    bool whole = grammar_state_complete(c->gst);
+    for (int32_t i = 0; i < n; i++)
+        if (is_end(c, i)) c->masked[i] = whole ? row[i] : -INFINITY;
+    return sampler_sample(c->smp, c->masked);
+}
+
 static bool take(chat *c, reply *a, int32_t t, cellm_error *err) {
-    if (!c->ignore_eos && !c->raw && chat_is_stop(&c->tpl, c->r.tok, t)) return false;
-    if (!c->ignore_eos && c->raw && t == tokenizer_eos(c->r.tok)) return false;
+    if (is_end(c, t)) return false;
+    if (c->gst) {
+        size_t len = 0;
+        const char *p = tokenizer_piece(c->r.tok, t, 0, &len);
+        if (!p || !grammar_state_accept(c->gst, p, len)) {
+            err_set(err, CELLM_ERR_FORMAT, "grammar: no token can continue the answer");
+            return false;
+        }
+    }
     sampler_accept(c->smp, t, NULL);
     size_t n = 0;
     if (tok_stream_push(&a->ts, t, a->piece, a->cap, &n, err) != CELLM_OK) return false;
@@ -231,6 +280,15 @@ static char *generate(chat *c, cellm_error *err) {
         return NULL;
     }
     if (c->stops) stop_reset(c->stops);
+    if (c->gram) {
+        grammar_state_free(c->gst);
+        c->gst = NULL;
+        if (grammar_state_create(c->gram, c->gv, &c->gst, err) != CELLM_OK) {
+            free(a.piece);
+            free(a.out.p);
+            return NULL;
+        }
+    }
     /* The penalty window: the conversation's last tokens. */
     sampler_reset_history(c->smp);
     for (size_t i = c->hist.n > c->window ? c->hist.n - c->window : 0; i < c->hist.n; i++)
@@ -241,7 +299,7 @@ static char *generate(chat *c, cellm_error *err) {
      * (guess[1 .. n_guess]); kept: those drawn so far. */
     int32_t guess[RT_SPEC_MAX + 1], n_guess = 0, kept = 0;
     while (c->max_tokens != 0) {
-        int32_t t = sampler_sample(c->smp, row);
+        int32_t t = draw(c, row);
         if (!take(c, &a, t, err)) break;
         if (kept < n_guess && t == guess[kept + 1]) {
             /* Guessed: its KV is in, and its logits are the next row. */
@@ -375,8 +433,68 @@ static int repl(chat *c) {
     return 0;
 }
 
+/* The prefix tree of the model's token bytes, for the grammar. */
+static cellm_status grammar_vocab_for(const tokenizer *tok, grammar_vocab **out, cellm_error *err) {
+    int32_t n = tokenizer_n_vocab(tok);
+    const char **pieces = malloc(sizeof(char *) * (size_t)n);
+    size_t *lens = malloc(sizeof(size_t) * (size_t)n);
+    cellm_status st = CELLM_ERR_NO_MEMORY;
+    if (pieces && lens) {
+        for (int32_t t = 0; t < n; t++) {
+            pieces[t] = tokenizer_piece(tok, t, 0, &lens[t]);
+            if (!pieces[t]) lens[t] = 0;
+        }
+        st = grammar_vocab_create(pieces, lens, n, out, err);
+    } else {
+        err_set(err, st, "out of memory");
+    }
+    free(pieces);
+    free(lens);
+    return st;
+}
+
+/* --grammar-file FILE or --json-schema (JSON text or a file of it) into a
+ * compiled grammar; 0, or 2 with the reason printed. */
+static int load_grammar(const char *file, const char *schema, grammar **out) {
+    if (file && schema) {
+        cli_error("run: give --grammar-file or --json-schema, not both");
+        return 2;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    bool inline_json = schema && (schema[0] == '{' || !strcmp(schema, "true"));
+    if (inline_json) {
+        len = strlen(schema);
+    } else {
+        text = cli_read_file(file ? file : schema, &len);
+        if (!text) {
+            cli_error("run: cannot read '%s'", file ? file : schema);
+            return 2;
+        }
+    }
+    cellm_error err;
+    err_clear(&err);
+    char *gbnf = NULL;
+    size_t n = 0;
+    cellm_status st = CELLM_OK;
+    if (schema) {
+        st = schema_to_gbnf(inline_json ? schema : text, len, &gbnf, &n, &err);
+        free(text);
+        text = gbnf;
+        len = n;
+    }
+    if (st == CELLM_OK) st = grammar_parse(text, len, out, &err);
+    free(text);
+    if (st != CELLM_OK) {
+        cli_error("run: %s", err.msg);
+        return 2;
+    }
+    return 0;
+}
+
 int cmd_run(int argc, char **argv) {
     const char *model_name = NULL, *prompt = NULL, *system = NULL, *tpl = NULL, *tpl_file = NULL;
+    const char *grammar_file = NULL, *json_schema = NULL;
     rt_opts o = {0};
     static rt_sampling rs; /* its bias table is 8 KiB */
     rt_sampling_init(&rs);
@@ -440,6 +558,12 @@ int cmd_run(int argc, char **argv) {
         } else if (!strcmp(a, "--chat-template-file")) {
             NEED_ARG();
             tpl_file = v;
+        } else if (!strcmp(a, "--grammar-file")) {
+            NEED_ARG();
+            grammar_file = v;
+        } else if (!strcmp(a, "--json-schema")) {
+            NEED_ARG();
+            json_schema = v;
         } else if (!strcmp(a, "--raw")) {
             c.raw = true;
         } else if (!strcmp(a, "--ignore-eos")) {
@@ -482,6 +606,12 @@ int cmd_run(int argc, char **argv) {
     cellm_error err;
     err_clear(&err);
     int rc = 1;
+    if (grammar_file || json_schema) {
+        if (load_grammar(grammar_file, json_schema, &c.gram) != 0) {
+            free(tpl_text);
+            return 2;
+        }
+    }
     if (rt_open(model_name, &o, &c.r, &err) != CELLM_OK) {
         cli_error("%s", err.msg);
         free(tpl_text);
@@ -507,6 +637,13 @@ int cmd_run(int argc, char **argv) {
         goto done;
     }
     c.logits = malloc(sizeof(float) * (size_t)c.r.m->n_vocab);
+    if (c.gram) {
+        c.masked = malloc(sizeof(float) * (size_t)c.r.m->n_vocab);
+        if (!c.masked || grammar_vocab_for(c.r.tok, &c.gv, &err) != CELLM_OK) {
+            cli_error("%s", err.msg[0] ? err.msg : "out of memory");
+            goto done;
+        }
+    }
     if (!c.logits) {
         cli_error("out of memory");
         goto done;
@@ -523,6 +660,10 @@ done:
     free_msgs(&c, 0);
     chat_tpl_free(&c.tpl);
     free(c.logits);
+    free(c.masked);
+    grammar_state_free(c.gst);
+    grammar_vocab_free(c.gv);
+    grammar_free(c.gram);
     tok_ids_free(&c.hist);
     if (c.seq.table[0]) kv_seq_free(c.r.kv, &c.seq);
     sampler_free(c.smp);

@@ -179,6 +179,9 @@ typedef struct serve_req {
      * prompt's too. */
     bool logprobs;
     int32_t top_logprobs; /* 0..CELLM_MAX_TOP_LOGPROBS */
+    /* Structured output (response_format json_object or json_schema, or
+     * `grammar`): the compiled grammar, NULL for text. */
+    cellm_grammar *grammar;
 } serve_req;
 
 /* Parses and validates body[0..len) (any bytes). True with *r filled, or

@@ -252,6 +252,7 @@ static bool job_submit(job *j, serve_err *e) {
         p.n_stop = rq->n_stop;
         p.sampling.seed = rq->has_seed ? rq->seed + (uint64_t)c->index : serve_random(s);
         p.max_tokens = rq->max_tokens;
+        p.grammar = rq->grammar;
         if (rq->logprobs) {
             p.logprobs = 1;
             p.top_logprobs = rq->top_logprobs;

@@ -8,7 +8,7 @@
  * hostile: any bytes, any types, any sizes. Absent and null fields take
  * their defaults, as in OpenAI's API; unknown fields are ignored, so that
  * clients sending extra options still work; known options cellm cannot
- * honour (logprobs, tools) are refused rather than silently dropped.
+ * honour (tools) are refused rather than silently dropped.
  */
 #include <math.h>
 #include <pthread.h>
@@ -365,14 +365,55 @@ static bool refuse_unsupported(const cJSON *root, serve_kind kind, serve_err *e)
     const cJSON *v = field(root, "tools");
     if (v && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
         return serr(e, 400, "unsupported_parameter", "tools", "cellm does not call tools");
-    v = field(root, "response_format");
-    const cJSON *t = v ? field(v, "type") : NULL;
-    if (v && !(cJSON_IsString(t) && !strcmp(t->valuestring, "text")))
-        return serr(e, 400, "unsupported_parameter", "response_format",
-                    "cellm only produces text (response_format type 'text')");
     v = field(root, "suffix");
     if (v && !(cJSON_IsString(v) && !v->valuestring[0]))
         return serr(e, 400, "unsupported_parameter", "suffix", "cellm does not support 'suffix'");
+    return true;
+}
+
+/* Structured output: OpenAI's response_format (text, json_object,
+ * json_schema with its schema) and llama-server's `grammar` (GBNF text),
+ * compiled here so that a bad schema or grammar is a 400 that names the
+ * problem. */
+static bool parse_format(const cJSON *root, serve_req *r, serve_err *e) {
+    const cJSON *rf = field(root, "response_format"), *gr = field(root, "grammar");
+    if (gr && !cJSON_IsNull(gr)) {
+        if (!cJSON_IsString(gr))
+            return serr(e, 400, "invalid_type", "grammar", "'grammar' must be a string of GBNF");
+        if (gr->valuestring[0]) {
+            if (cellm_grammar_from_gbnf(gr->valuestring, strlen(gr->valuestring), &r->grammar))
+                return serr(e, 400, "invalid_value", "grammar", "%s", cellm_last_error());
+        }
+    }
+    if (!rf || cJSON_IsNull(rf)) return true;
+    const cJSON *t = cJSON_IsObject(rf) ? field(rf, "type") : NULL;
+    if (!cJSON_IsString(t))
+        return serr(e, 400, "invalid_type", "response_format",
+                    "'response_format' must be an object with a string 'type'");
+    const char *type = t->valuestring;
+    if (!strcmp(type, "text")) return true;
+    if (r->grammar)
+        return serr(e, 400, "invalid_value", "response_format",
+                    "give 'grammar' or a JSON 'response_format', not both");
+    if (!strcmp(type, "json_object")) {
+        if (cellm_grammar_json_object(&r->grammar))
+            return serr(e, 500, NULL, NULL, "%s", cellm_last_error());
+        return true;
+    }
+    if (strcmp(type, "json_schema") != 0)
+        return serr(e, 400, "invalid_value", "response_format",
+                    "response_format type '%s' is not one of text, json_object, json_schema", type);
+    const cJSON *js = field(rf, "json_schema");
+    const cJSON *schema = cJSON_IsObject(js) ? field(js, "schema") : NULL;
+    if (!schema)
+        return serr(e, 400, "invalid_value", "response_format",
+                    "response_format json_schema needs 'json_schema': {'schema': ...}");
+    char *text = cJSON_PrintUnformatted(schema);
+    if (!text) return serr(e, 500, NULL, NULL, "out of memory");
+    cellm_status st = cellm_grammar_from_json_schema(text, strlen(text), &r->grammar);
+    cJSON_free(text);
+    if (st != CELLM_OK)
+        return serr(e, 400, "invalid_value", "response_format", "%s", cellm_last_error());
     return true;
 }
 
@@ -461,7 +502,7 @@ static bool parse_fields(const cJSON *root, serve_kind kind, const serve_limits 
         if (!get_bool(so, "include_usage", &r->include_usage, e)) return false;
     }
     if (kind == SERVE_COMPLETION && !get_bool(root, "echo", &r->echo, e)) return false;
-    return parse_logprobs(root, kind, r, e);
+    return parse_logprobs(root, kind, r, e) && parse_format(root, r, e);
 }
 
 /* cJSON's parser records where the last parse failed in a static, written
@@ -524,5 +565,6 @@ void serve_req_free(serve_req *r) {
     }
     free(r->prompts);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    cellm_grammar_free(r->grammar);
     memset(r, 0, sizeof *r);
 }
