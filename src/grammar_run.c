@@ -386,10 +386,11 @@ static long step_byte(grammar_state *s, size_t src_off, size_t n, size_t dst_off
         }
         return -1;
     }
-    size_t m = 0;
+    size_t m = 0, matched = 0;
     for (size_t k = 0; k < n; k++) {
         int32_t id = s->buf[src_off + k];
         if (id == 0 || !char_match(code + s->nodes[id].pos, cp)) continue;
+        matched++;
         int32_t off, na;
         advance(s, id, &off, &na);
         if (!grow((void **)&s->buf, &s->cap_buf, dst_off + m + (size_t)na + 1, sizeof(int32_t)))
@@ -401,7 +402,7 @@ static long step_byte(grammar_state *s, size_t src_off, size_t n, size_t dst_off
             sort_unique(s->buf + dst_off, &m); /* an ambiguous grammar */
     }
     if (m == 0) return -1;
-    if (m > 1) sort_unique(s->buf + dst_off, &m);
+    if (matched > 1) sort_unique(s->buf + dst_off, &m); /* one adv list is sorted already */
     return (long)m;
 }
 

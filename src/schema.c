@@ -108,7 +108,10 @@ static size_t put_utf8(char *o, uint32_t cp) {
 /* A JSON string at r->i (the opening quote) into a new buffer. */
 static char *jstring(jreader *r, size_t *len) {
     r->i++;
-    char *o = malloc(r->n - r->i + 1);
+    /* Room for the raw text up to the closing quote: escapes only shrink. */
+    size_t end = r->i;
+    while (end < r->n && r->s[end] != '"') end += r->s[end] == '\\' ? 2 : 1;
+    char *o = malloc((end < r->n ? end : r->n) - r->i + 1);
     if (!o) return jerr(r, "out of memory"), NULL;
     size_t m = 0;
     while (r->i < r->n && r->s[r->i] != '"') {
