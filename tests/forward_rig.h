@@ -253,7 +253,7 @@ static inline void check_invariance(const char *name, cellm_kv_type kv_type) {
     fixture fx;
     load_fixture(name, &fx);
     const fx_case *c = &fx.c[0];
-    int n = 48;
+    int n = test_small() ? 24 : 48; /* past one KV block either way */
     rig r1, r2;
     rig_open_kv(&r1, name, 1, 128, 128, kv_type);
     rig_open_kv(&r2, name, 2, 128, 128, kv_type);
@@ -286,7 +286,7 @@ static inline void check_invariance(const char *name, cellm_kv_type kv_type) {
     }
     /* Rows of one sequence must come in position order, which they do. */
     const float *lg;
-    assert_int_equal(forward_run(r2.f, rows, 96, &lg, &e), CELLM_OK);
+    assert_int_equal(forward_run(r2.f, rows, 2 * n, &lg, &e), CELLM_OK);
     for (int i = 0; i < n; i++) {
         memcpy(b + (size_t)i * V, lg + (size_t)(2 * i) * V, sizeof(float) * (size_t)V);
         memcpy(c2 + (size_t)i * V, lg + (size_t)(2 * i + 1) * V, sizeof(float) * (size_t)V);

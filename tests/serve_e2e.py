@@ -339,7 +339,7 @@ def main():
                          ("test_seed", lambda: test_seed(client)),
                          ("test_penalties", lambda: test_penalties(client, base)),
                          ("test_logprobs", lambda: test_logprobs(client)),
-                         ("test_errors", lambda: test_errors(client, base))]:
+                         ("test_asan_errors", lambda: test_errors(client, base))]:
             if only and not fnmatch.fnmatch(name, only):
                 continue
             t = time.time()

@@ -17,6 +17,26 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* True where the real models run several times slower than in a release
+ * build: under a sanitizer (3-5x under ASan, 10-20x under TSan), or where
+ * $CELLM_TEST_SMALL is set (test.sh sets it for the aarch64 build under
+ * qemu, 30-100x). The real-model cases those runs take (test_tsan_*,
+ * test_asan_*) then check the same things on a smaller sample: fewer
+ * tokens or prompts. The release build always runs the whole sample. */
+static inline int test_small(void) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    return 1;
+#else
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+    return 1;
+#endif
+#endif
+    const char *env = getenv("CELLM_TEST_SMALL");
+    return env && *env && strcmp(env, "0") != 0;
+#endif
+}
+
 /* Path of a real model by store name ("smollm2-135m", "gemma3-270m") into
  * `buf`; calls fail() when it is not there. */
 static inline const char *test_model_path(const char *name, char *buf, size_t cap) {

@@ -435,7 +435,7 @@ static void test_small_budget(void **state) {
     cellm_engine_free(e);
 }
 
-static void test_errors(void **state) {
+static void test_asan_errors(void **state) {
     (void)state;
     cellm_model *m = NULL;
     assert_int_equal(cellm_model_load("/nonexistent.gguf", NULL, &m), CELLM_ERR_IO);
@@ -598,7 +598,7 @@ static void run_one(cellm_engine *e, const cellm_request_params *base, sink *s) 
     cellm_request_free(r);
 }
 
-static void test_stop_strings(void **state) {
+static void test_asan_stop_strings(void **state) {
     (void)state;
     cellm_engine *e = engine_new(1, 0);
     cellm_request_params p = cellm_request_default_params();
@@ -727,7 +727,7 @@ static void test_tsan_seed_determinism(void **state) {
     cellm_engine_free(e2);
 }
 
-static void test_bias_and_penalties(void **state) {
+static void test_asan_bias_and_penalties(void **state) {
     (void)state;
     cellm_engine *e = engine_new(1, 0);
     static sink plain, biased;
@@ -802,7 +802,7 @@ static void chat_once(cellm_model *m, const cellm_chat_message *msgs, int n, sin
     cellm_engine_free(e);
 }
 
-static void test_chat_templates(void **state) {
+static void test_asan_chat_templates(void **state) {
     (void)state;
     char path[4096];
     test_model_path("smollm2-135m", path, sizeof path);
@@ -875,16 +875,16 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_asan_errors),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_small_budget),
         cmocka_unit_test(test_kv_types),
         cmocka_unit_test(test_manual_steps),
         cmocka_unit_test(test_tsan_manual_steppers),
-        cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_asan_stop_strings),
         cmocka_unit_test(test_tsan_seed_determinism),
-        cmocka_unit_test(test_bias_and_penalties),
-        cmocka_unit_test(test_chat_templates),
+        cmocka_unit_test(test_asan_bias_and_penalties),
+        cmocka_unit_test(test_asan_chat_templates),
         cmocka_unit_test(test_tsan_engine_stress),
     };
     /* test.sh runs only test_tsan_* under ThreadSanitizer. */

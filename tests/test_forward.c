@@ -196,11 +196,11 @@ static void check_logits_bits(const char *name) {
     free(fx.c);
 }
 
-static void test_logits_fixture_bits_smollm2(void **st) {
+static void test_asan_logits_fixture_bits_smollm2(void **st) {
     (void)st;
     check_logits_bits("smollm2-135m");
 }
-static void test_logits_fixture_bits_gemma3(void **st) {
+static void test_asan_logits_fixture_bits_gemma3(void **st) {
     (void)st;
     check_logits_bits("gemma3-270m");
 }
@@ -238,8 +238,8 @@ static void test_invariance_gemma3(void **st) {
 }
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_logits_fixture_bits_smollm2),
-        cmocka_unit_test(test_logits_fixture_bits_gemma3),
+        cmocka_unit_test(test_asan_logits_fixture_bits_smollm2),
+        cmocka_unit_test(test_asan_logits_fixture_bits_gemma3),
         cmocka_unit_test(test_tsan_invariance_smollm2),
         cmocka_unit_test(test_invariance_gemma3),
         cmocka_unit_test(test_logits_smollm2),

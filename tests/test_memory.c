@@ -188,7 +188,7 @@ static cellm_status try_create(cellm_model *m, size_t cap, int seqs, int ctx, ce
     return cellm_engine_create(m, &ep, e);
 }
 
-static void test_refusals(void **state) {
+static void test_asan_refusals(void **state) {
     (void)state;
     char path[4096];
     test_model_path("gemma3-270m", path, sizeof path);
@@ -225,7 +225,7 @@ static void test_refusals(void **state) {
 int main(void) {
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_asan_refusals),
         cmocka_unit_test(test_smollm2_four_sessions),
         cmocka_unit_test(test_gemma3_two_sessions),
     };

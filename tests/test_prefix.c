@@ -231,7 +231,7 @@ static void test_session_shares_system_prompt(void **state) {
     cellm_engine_free(e);
 }
 
-static void test_session_fork(void **state) {
+static void test_asan_session_fork(void **state) {
     (void)state;
     cellm_engine *e = engine_on(g_model, 64, 1);
     cellm_session *s = session_on(e, "You are a helpful assistant.");
@@ -306,7 +306,7 @@ static void assert_refused(cellm_engine *e, const char *path, cellm_status code,
     assert_non_null(strstr(cellm_last_error(), what));
 }
 
-static void test_session_save_restore(void **state) {
+static void test_asan_session_save_restore(void **state) {
     (void)state;
     char path[4096], file[512], bad[512];
     tmp_path("session.bin", file, sizeof file);
@@ -428,7 +428,7 @@ static void test_session_save_restore(void **state) {
 }
 
 /* The save in another process that then exits; the restore here. */
-static void test_session_restore_across_processes(void **state) {
+static void test_asan_session_restore_across_processes(void **state) {
     (void)state;
     char file[512];
     tmp_path("child-session.bin", file, sizeof file);
@@ -527,9 +527,9 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefix_smollm2),
         cmocka_unit_test(test_session_shares_system_prompt),
-        cmocka_unit_test(test_session_fork),
-        cmocka_unit_test(test_session_save_restore),
-        cmocka_unit_test(test_session_restore_across_processes),
+        cmocka_unit_test(test_asan_session_fork),
+        cmocka_unit_test(test_asan_session_save_restore),
+        cmocka_unit_test(test_asan_session_restore_across_processes),
         cmocka_unit_test(test_tsan_shared_prompt),
         cmocka_unit_test(test_prefix_gemma),
     };

@@ -132,7 +132,7 @@ static void check_prompts(const char *name, const char *const *args, size_t n) {
     for (size_t i = 0; i < n; i++) check_same(model, draft, args[i]);
 }
 
-static void test_run_spec_smollm2(void **st) {
+static void test_asan_run_spec_smollm2(void **st) {
     (void)st;
     static const char *const args[] = {
         "--raw " COLORS " -n 48 --temp 0",
@@ -179,7 +179,7 @@ static void test_run_spec_chat(void **st) {
 
 /* A draft of another family, and flags out of range, are refused with a
  * message that names them. */
-static void test_run_spec_errors(void **st) {
+static void test_asan_run_spec_errors(void **st) {
     (void)st;
     char model[1024], other[1024], cmd[4096], *out;
     test_model_path("gemma3-270m", model, sizeof model);
@@ -211,8 +211,8 @@ static void test_run_spec_errors(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_run_spec_errors),
-        cmocka_unit_test(test_run_spec_smollm2),
+        cmocka_unit_test(test_asan_run_spec_errors),
+        cmocka_unit_test(test_asan_run_spec_smollm2),
         cmocka_unit_test(test_run_spec_gemma3),
         cmocka_unit_test(test_run_spec_chat),
     };

@@ -219,7 +219,7 @@ static int teardown(void **st) {
 
 /* ------------------------------------------------------------ endpoints */
 
-static void test_endpoints(void **st) {
+static void test_asan_endpoints(void **st) {
     (void)st;
     reply r = http("GET", "/health", "", NULL);
     assert_int_equal(r.status, 200);
@@ -301,7 +301,7 @@ static const char *draft_path(char *buf, size_t cap) {
 }
 
 /* The command line refuses bad flags before loading anything. */
-static void test_cli(void **st) {
+static void test_asan_cli(void **st) {
     (void)st;
     static const struct {
         const char *args;
@@ -355,7 +355,7 @@ static void test_cli(void **st) {
 }
 
 /* CORS headers only for the origins the operator named. */
-static void test_cors(void **st) {
+static void test_asan_cors(void **st) {
     (void)st;
     const char *pre = "Origin: http://allowed.example\r\nAccess-Control-Request-Method: POST\r\n"
                       "Access-Control-Request-Headers: authorization, content-type\r\n";
@@ -669,7 +669,7 @@ static void slow_loris(void) {
     expect_true("slow-loris closed in time", waited < IDLE_S + 3);
 }
 
-static void test_hostile(void **st) {
+static void test_asan_hostile(void **st) {
     (void)st;
     bystander by = {0};
     atomic_init(&by.stop, false);
@@ -731,7 +731,7 @@ static void hang_up(bool stream) {
     assert_true(metric("cellm_client_disconnects_total") >= before + 1);
 }
 
-static void test_disconnect(void **st) {
+static void test_asan_disconnect(void **st) {
     (void)st;
     hang_up(true);
     hang_up(false);
@@ -1075,10 +1075,10 @@ static void test_asan_logprobs(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cli),           cmocka_unit_test(test_endpoints),
-        cmocka_unit_test(test_cors),          cmocka_unit_test(test_hostile),
-        cmocka_unit_test(test_disconnect),    cmocka_unit_test(test_load),
-        cmocka_unit_test(test_tsan_serve),    cmocka_unit_test(test_spec),
+        cmocka_unit_test(test_asan_cli),        cmocka_unit_test(test_asan_endpoints),
+        cmocka_unit_test(test_asan_cors),       cmocka_unit_test(test_asan_hostile),
+        cmocka_unit_test(test_asan_disconnect), cmocka_unit_test(test_load),
+        cmocka_unit_test(test_tsan_serve),      cmocka_unit_test(test_spec),
         cmocka_unit_test(test_asan_logprobs),
     };
     /* test.sh runs only test_tsan_* under ThreadSanitizer. */

@@ -352,7 +352,7 @@ static void run_prompt(cellm_engine *e, const char *prompt, int32_t max_tokens, 
 }
 
 /* Kept blocks count against the budget and give way first. */
-static void test_session_pressure(void **state) {
+static void test_asan_session_pressure(void **state) {
     (void)state;
     cellm_engine *probe = engine_new(2, 0);
     cellm_stats st = stats_of(probe);
@@ -771,7 +771,7 @@ static void free_in_done(const cellm_result *res, void *user) {
     cellm_session_free(user); /* from a callback: freed after the turn */
 }
 
-static void test_session_errors(void **state) {
+static void test_asan_session_errors(void **state) {
     (void)state;
     cellm_engine_params ep = cellm_engine_default_params();
     ep.n_threads = 2;
@@ -862,10 +862,10 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_session_errors),     cmocka_unit_test(test_session_turns),
-        cmocka_unit_test(test_session_divergence), cmocka_unit_test(test_session_pressure),
-        cmocka_unit_test(test_trim_levels),        cmocka_unit_test(test_session_gemma),
-        cmocka_unit_test(test_tsan_qos_changes),   cmocka_unit_test(test_tsan_sessions),
+        cmocka_unit_test(test_asan_session_errors), cmocka_unit_test(test_session_turns),
+        cmocka_unit_test(test_session_divergence),  cmocka_unit_test(test_asan_session_pressure),
+        cmocka_unit_test(test_trim_levels),         cmocka_unit_test(test_session_gemma),
+        cmocka_unit_test(test_tsan_qos_changes),    cmocka_unit_test(test_tsan_sessions),
     };
     /* test.sh runs only test_tsan_* under ThreadSanitizer. */
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));

@@ -35,7 +35,7 @@
 #define N_PROMPTS 50
 #endif
 #define MAX_NEW 16
-#define N_BUDGET (N_PROMPTS < 8 ? N_PROMPTS : 8) /* prompts of test_budget */
+#define N_BUDGET (N_PROMPTS < 8 ? N_PROMPTS : 8) /* prompts of test_asan_budget */
 
 static double now_s(void) {
     struct timespec ts;
@@ -100,7 +100,7 @@ static const char *const prompts[50] = {
 
 /* ------------------------------------------------------------- lookup */
 
-static void test_lookup(void **state) {
+static void test_asan_lookup(void **state) {
     (void)state;
     int32_t out[8];
     /* "a b c d a b" -> after the earlier "a b": "c d a b" (bounded by k). */
@@ -295,7 +295,7 @@ static void test_exact_gemma3(void **state) {
 /* The phone mode: a 512 MiB process budget holds SmolLM2 with its draft,
  * and the text is still the plain run's; a budget too small for the draft
  * is refused with the figures. */
-static void test_budget(void **state) {
+static void test_asan_budget(void **state) {
     (void)state;
     char buf[1024], dbuf[1024];
     cellm_model *m = load(test_model_path("smollm2-135m", buf, sizeof buf));
@@ -327,7 +327,7 @@ static void test_budget(void **state) {
 }
 
 /* Drafts that cannot serve are refused, saying why. */
-static void test_refused(void **state) {
+static void test_asan_refused(void **state) {
     (void)state;
     char buf[1024], gbuf[1024];
     cellm_model *m = load(test_model_path("smollm2-135m", buf, sizeof buf));
@@ -449,8 +449,8 @@ static void test_tsan_spec(void **state) {
 int main(void) {
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_lookup),        cmocka_unit_test(test_refused),
-        cmocka_unit_test(test_exact_smollm2), cmocka_unit_test(test_budget),
+        cmocka_unit_test(test_asan_lookup),   cmocka_unit_test(test_asan_refused),
+        cmocka_unit_test(test_exact_smollm2), cmocka_unit_test(test_asan_budget),
         cmocka_unit_test(test_exact_gemma3),  cmocka_unit_test(test_tsan_spec),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
