@@ -264,9 +264,11 @@ if suite tsan "TSan (build, ctest)"; then
     # with 1 and 2 threads, test_engine's 16-thread stress run, test_session's
     # live QoS changes and concurrent sessions under trims), and
     # test_commands is left out (the same code runs in its release and ASan
-    # runs; test_threadpool covers the pool under TSan).
+    # runs; test_threadpool covers the pool under TSan), and so are the
+    # sampler's, the tokenizer's and the KV cache's tests, which start no
+    # thread (TSan has nothing to watch there; they take minutes under it).
     TSAN_OPTIONS=halt_on_error=1 CELLM_TEST_FILTER="test_tsan_*" \
-        run_ctest build-tsan "TSan" -E '^test_commands$'
+        run_ctest build-tsan "TSan" -E '^(test_commands|test_sampler|test_sampler_plain|test_tokenizer|test_kv_cache)$'
 fi
 
 if suite fuzz "fuzzers"; then
