@@ -140,6 +140,7 @@ class RequestParams(ctypes.Structure):
         ("top_logprobs", ctypes.c_int32),
         ("prompt_logprobs", ctypes.c_int),
         ("on_logprob", LOGPROB_FN),
+        ("grammar", ctypes.c_void_p),
     ]
 
 

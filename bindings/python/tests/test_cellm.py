@@ -10,6 +10,7 @@ test time on the same prompts with greedy decoding. A missing model or
 command fails the tests: they never skip.
 """
 
+import ctypes
 import gc
 import os
 import subprocess
@@ -102,6 +103,43 @@ class TestLibrary(unittest.TestCase):
         s = lib.cellm_session_default_params()
         self.assertEqual(s.max_tokens, 256)
         self.assertEqual(s.sampling.repeat_last_n, 64)
+
+    def test_struct_layout_matches_header(self):
+        # Every ctypes struct against the C compiler's own sizeof and
+        # offsetof from include/cellm.h: a field missing at a struct's end
+        # passes the defaults check above, and then the library writes and
+        # reads past the ctypes buffer (a grammar pointer from stray bytes).
+        header = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                              "..", "..", "..", "include", "cellm.h")
+        self.assertTrue(os.path.exists(header), header)
+        structs = {"cellm_model_params": _native.ModelParams, "cellm_qos": _native.Qos,
+                   "cellm_engine_params": _native.EngineParams,
+                   "cellm_result": _native.Result, "cellm_chat_message": _native.ChatMessage,
+                   "cellm_logit_bias": _native.LogitBias, "cellm_sampling": _native.Sampling,
+                   "cellm_top_logprob": _native.TopLogprob,
+                   "cellm_token_logprob": _native.TokenLogprob,
+                   "cellm_request_params": _native.RequestParams,
+                   "cellm_model_info": _native.ModelInfo,
+                   "cellm_session_params": _native.SessionParams}
+        lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "cellm.h"',
+                 "int main(void) {"]
+        expected = []
+        for cname, cls in structs.items():
+            lines.append(f'printf("%zu\\n", sizeof({cname}));')
+            expected.append(f"{cname} size {ctypes.sizeof(cls)}")
+            for name, _type in cls._fields_:
+                lines.append(f'printf("%zu\\n", offsetof({cname}, {name}));')
+                expected.append(f"{cname}.{name} at {getattr(cls, name).offset}")
+        lines.append("return 0; }")
+        with tempfile.TemporaryDirectory() as d:
+            src, exe = os.path.join(d, "layout.c"), os.path.join(d, "layout")
+            with open(src, "w") as f:
+                f.write("\n".join(lines) + "\n")
+            subprocess.run([os.environ.get("CC", "cc"), "-I", os.path.dirname(header), "-o", exe,
+                            src], check=True)
+            got = subprocess.run([exe], check=True, capture_output=True, text=True).stdout.split()
+        actual = [e.rsplit(" ", 1)[0] + " " + g for e, g in zip(expected, got)]
+        self.assertEqual(actual, expected)
 
 
 class TestErrors(unittest.TestCase):
