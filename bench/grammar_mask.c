@@ -17,28 +17,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "../tools/bench_schema.h"
 #include "engine.h"
 #include "grammar.h"
 #include "schema.h"
 #include "tokenizer.h"
-
-/* The schema of tools/bench.c. */
-#define SCHEMA                                                                                     \
-    "{\"type\":\"object\",\"properties\":{"                                                        \
-    "\"id\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":99999},"                               \
-    "\"name\":{\"type\":\"string\",\"maxLength\":40},"                                             \
-    "\"description\":{\"type\":\"string\",\"maxLength\":200},"                                     \
-    "\"price\":{\"type\":\"number\",\"minimum\":0,\"maximum\":10000},"                             \
-    "\"currency\":{\"enum\":[\"EUR\",\"USD\",\"GBP\"]},"                                           \
-    "\"in_stock\":{\"type\":\"boolean\"},"                                                         \
-    "\"quantity\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":1000},"                          \
-    "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":20},"               \
-    "\"maxItems\":5},"                                                                             \
-    "\"category\":{\"type\":\"string\",\"maxLength\":30},"                                         \
-    "\"dimensions\":{\"type\":\"object\",\"properties\":{\"width\":{\"type\":\"number\"},"         \
-    "\"height\":{\"type\":\"number\"}},\"required\":[\"width\",\"height\"]}},"                     \
-    "\"required\":[\"id\",\"name\",\"description\",\"price\",\"currency\",\"in_stock\","           \
-    "\"quantity\",\"tags\",\"category\",\"dimensions\"],\"additionalProperties\":false}"
 
 static const char REPLY[] =
     "{\"id\": 4021, \"name\": \"Trail Runner 2\", \"description\": \"A light running shoe for "
@@ -77,7 +60,7 @@ int main(int argc, char **argv) {
     tok_ids ids = {0};
     if (grammar_vocab_create(pieces, lens, n, &v, &err) ||
         (printf("token trie: %.1f ms\n", (now_s() - t0) * 1e3), 0) ||
-        schema_to_gbnf(SCHEMA, strlen(SCHEMA), &gbnf, &gn, &err) ||
+        schema_to_gbnf(BENCH_SCHEMA, strlen(BENCH_SCHEMA), &gbnf, &gn, &err) ||
         grammar_parse(gbnf, gn, &g, &err) ||
         tokenizer_encode(m->tok, REPLY, strlen(REPLY), 0, &ids, &err)) {
         fprintf(stderr, "%s\n", err.msg);
