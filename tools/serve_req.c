@@ -566,5 +566,6 @@ void serve_req_free(serve_req *r) {
     free(r->prompts);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     cellm_grammar_free(r->grammar);
+    if (r->api) r->api->free(r->api_ctx);
     memset(r, 0, sizeof *r);
 }
