@@ -305,10 +305,12 @@ bool responses_parse(const char *body, size_t len, const serve_limits *lim, cons
         return serr(e, 400, "invalid_json", NULL, "the request body must be a UTF-8 JSON object");
     size_t at = 0;
     cJSON *root = serve_json_parse(body, len, &at);
+    if (!root)
+        return serr(e, 400, "invalid_json", NULL,
+                    "the request body is not valid JSON (error near byte %zu)", at);
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return serr(e, 400, "invalid_json", NULL,
-                    "the request body must be a JSON object (error near byte %zu)", at);
+        return serr(e, 400, "invalid_json", NULL, "the request body must be a JSON object");
     }
     resp_state *x = calloc(1, sizeof *x);
     cJSON *chat = cJSON_CreateObject(), *echo = cJSON_CreateObject();
