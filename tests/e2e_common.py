@@ -22,8 +22,7 @@ import urllib.request
 try:
     import openai
 except ImportError:
-    sys.exit("e2e: the `openai` package is missing: pip install openai "
-             "(scripts/setup.sh --test installs it)")
+    openai = None  # run() says so; serve_page_e2e.py needs only the server
 
 KEY = "e2e-key"
 MODEL_ID = "smollm2"
@@ -50,13 +49,15 @@ def model_path(who):
     return p
 
 
-def start_server(who, extra=()):
-    """Starts `cellm serve`; returns (process, base URL)."""
+SERVER_ARGS = ["--api-key", KEY, "--alias", MODEL_ID, "-c", "1024", "-t", "2", "--temp", "0"]
+
+
+def start_server(who, args=SERVER_ARGS):
+    """Starts `cellm serve MODEL --port 0 ARGS`; returns (process, base URL)."""
     binary = os.environ.get("CELLM_BIN")
     if not binary:
         sys.exit(f"{who}: CELLM_BIN is not set (ctest sets it)")
-    cmd = [binary, "serve", model_path(who), "--port", "0", "--api-key", KEY, "--alias",
-           MODEL_ID, "-c", "1024", "-t", "2", "--temp", "0", *extra]
+    cmd = [binary, "serve", model_path(who), "--port", "0", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if not line.startswith("listening on "):
@@ -91,16 +92,36 @@ def post(base, path, body):
     return reply
 
 
+def stop_server(proc, who):
+    """SIGTERM; exits the test unless the server ends cleanly."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = "killed after 60 s"
+    if rc != 0:
+        sys.exit(f"{who}: the server exited with {rc} on SIGTERM")
+
+
+def selected(name):
+    """Whether $CELLM_TEST_FILTER (a glob) selects the test `name`."""
+    only = os.environ.get("CELLM_TEST_FILTER")
+    return not only or fnmatch.fnmatch(name, only)
+
+
 def run(who, tests, after=None):
     """Starts the server, runs tests [(name, fn(client, base))], then
     after(client, base) when given, and stops the server."""
+    if openai is None:
+        sys.exit(f"{who}: the `openai` package is missing: pip install openai "
+                 "(scripts/setup.sh --test installs it)")
     proc, base = start_server(who)
     try:
         client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0, timeout=300)
         t0 = time.time()
-        only = os.environ.get("CELLM_TEST_FILTER")
         for name, fn in tests:
-            if only and not fnmatch.fnmatch(name, only):
+            if not selected(name):
                 continue
             t = time.time()
             fn(client, base)
@@ -110,11 +131,4 @@ def run(who, tests, after=None):
         print(f"{who}: {checks} checks passed in {time.time() - t0:.1f} s "
               f"(openai {openai.__version__})")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            rc = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = "killed after 60 s"
-    if rc != 0:
-        sys.exit(f"{who}: the server exited with {rc} on SIGTERM")
+        stop_server(proc, who)
