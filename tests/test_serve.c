@@ -1196,6 +1196,16 @@ static void test_asan_responses(void **st) {
     assert_non_null(strstr(sse[3], "\"code\":\"timeout\""));
     free(sse[3]);
     serve_req_free(&r);
+    /* An empty reply still ends with its (empty) text part. */
+    assert_true(responses_parse(one, strlen(one), &lim, "m", 1, &r, &e));
+    serve_out se = {NULL, 0, true, {0}, NULL};
+    se.res.finish_reason = CELLM_FINISH_STOP;
+    sse[3] = r.api->stream(r.api_ctx, &se);
+    assert_int_equal(responses_events(sse[3], types, 16), 8);
+    assert_string_equal(types[7], "response.completed");
+    assert_non_null(strstr(sse[3], "\"content\":[{\"type\":\"output_text\",\"text\":\"\""));
+    free(sse[3]);
+    serve_req_free(&r);
 
     /* Hostile or refused bodies: a 400 naming the field, nothing to free. */
     static const struct {

@@ -226,6 +226,10 @@ typedef struct job job;
  * (too long for the context, ...). */
 job *job_start(server *s, struct MHD_Connection *conn, serve_req *rq, serve_err *e);
 
+/* Makes *p (a malloc'd buffer of *cap bytes, or NULL and 0) hold at least
+ * `need` bytes, reallocating; false when out of memory (*p unchanged). */
+bool serve_grow(char **p, size_t *cap, size_t need);
+
 /* Replies with the job's result, whole (waiting for it here) or streamed
  * (the job then lives as long as the response), and frees the job.
  * libmicrohttpd's MHD_YES / MHD_NO. */

@@ -90,6 +90,10 @@ static bool grow(char **p, size_t *cap, size_t need) {
     return true;
 }
 
+bool serve_grow(char **p, size_t *cap, size_t need) {
+    return grow(p, cap, need);
+}
+
 /* ------------------------------------------------------------ callbacks */
 
 /* Engine thread, j->mu held. */

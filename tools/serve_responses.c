@@ -353,16 +353,17 @@ static cJSON *text_part(const char *text, size_t len) {
     return p;
 }
 
-/* The output message item; its content is one text part, or none yet
- * (text NULL). */
-static cJSON *message_item(const resp_state *x, const char *status, const char *text, size_t len) {
+/* The output message item; its content is one text part (text[0..len),
+ * text may be NULL when len is 0), or none yet (!part). */
+static cJSON *message_item(const resp_state *x, const char *status, bool part, const char *text,
+                           size_t len) {
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", x->msg_id);
     cJSON_AddStringToObject(m, "type", "message");
     cJSON_AddStringToObject(m, "status", status);
     cJSON_AddStringToObject(m, "role", "assistant");
     cJSON *c = cJSON_AddArrayToObject(m, "content");
-    if (text) cJSON_AddItemToArray(c, text_part(text, len));
+    if (part) cJSON_AddItemToArray(c, text_part(text, len));
     return m;
 }
 
@@ -396,7 +397,7 @@ static cJSON *response_json(const resp_state *x, const serve_out *o, const char 
         cJSON_AddNullToObject(r, "incomplete_details");
     cJSON_AddStringToObject(r, "model", x->model);
     cJSON *out = cJSON_AddArrayToObject(r, "output");
-    if (ended) cJSON_AddItemToArray(out, message_item(x, status, text, len));
+    if (ended) cJSON_AddItemToArray(out, message_item(x, status, true, text, len));
     cJSON_AddTrueToObject(r, "parallel_tool_calls");
     cJSON_AddNullToObject(r, "previous_response_id");
     cJSON *reasoning = cJSON_AddObjectToObject(r, "reasoning");
@@ -438,15 +439,9 @@ typedef struct sse_buf {
 
 static void buf_put(sse_buf *b, const char *s, size_t n) {
     if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = (b->len + n + 1) * 2;
-        char *q = realloc(b->p, cap);
-        if (!q) {
-            b->oom = true;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
+    if (!serve_grow(&b->p, &b->cap, b->len + n + 1)) {
+        b->oom = true;
+        return;
     }
     memcpy(b->p + b->len, s, n);
     b->len += n;
@@ -504,22 +499,16 @@ static char *resp_stream(void *ctx, const serve_out *o) {
         response_event(&b, x, "response.in_progress", NULL);
         ev = event_new(x, "response.output_item.added");
         cJSON_AddNumberToObject(ev, "output_index", 0);
-        cJSON_AddItemToObject(ev, "item", message_item(x, "in_progress", NULL, 0));
+        cJSON_AddItemToObject(ev, "item", message_item(x, "in_progress", false, NULL, 0));
         event_put(&b, ev);
         ev = part_event(x, "response.content_part.added");
         cJSON_AddItemToObject(ev, "part", text_part("", 0));
         event_put(&b, ev);
     }
     if (o->len) {
-        if (x->len + o->len + 1 > x->cap) {
-            size_t cap = (x->len + o->len + 1) * 2;
-            char *q = realloc(x->text, cap);
-            if (!q) {
-                free(b.p);
-                return NULL;
-            }
-            x->text = q;
-            x->cap = cap;
+        if (!serve_grow(&x->text, &x->cap, x->len + o->len)) {
+            free(b.p);
+            return NULL;
         }
         memcpy(x->text + x->len, o->text, o->len);
         x->len += o->len;
@@ -541,7 +530,7 @@ static char *resp_stream(void *ctx, const serve_out *o) {
         event_put(&b, ev);
         ev = event_new(x, "response.output_item.done");
         cJSON_AddNumberToObject(ev, "output_index", 0);
-        cJSON_AddItemToObject(ev, "item", message_item(x, status, x->text, x->len));
+        cJSON_AddItemToObject(ev, "item", message_item(x, status, true, x->text, x->len));
         event_put(&b, ev);
         response_event(
             &b, x, strcmp(status, "completed") ? "response.incomplete" : "response.completed", o);
