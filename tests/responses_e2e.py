@@ -185,6 +185,7 @@ def test_json(client, base):
     jsonschema.validate(json.loads(r.output_text), SCHEMA)
     check(r.text.format.type == "json_schema" and r.text.format.name == "person",
           f"text.format echoed: {r.text.format}")
+    check(r.temperature == 0.8 and r.top_p == 1, f"sampling echoed: {r.temperature} {r.top_p}")
     # JSON mode: the chat endpoint's response_format json_object, token for token.
     ask = "Describe a cat as JSON."
     r = client.responses.create(model=MODEL_ID, input=ask, text={"format": {"type": "json_object"}},

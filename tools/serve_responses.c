@@ -328,9 +328,10 @@ bool responses_parse(const char *body, size_t len, const serve_limits *lim, cons
         rename_param(e);
         return false;
     }
-    /* The sampling values the request got, defaults included. */
-    cJSON_AddNumberToObject(echo, "temperature", r->temperature);
-    cJSON_AddNumberToObject(echo, "top_p", r->top_p);
+    /* The sampling values the request got, defaults included (floats:
+     * rounded, so that 0.7 reads 0.7 and not 0.699999988). */
+    cJSON_AddNumberToObject(echo, "temperature", round(r->temperature * 1e6) / 1e6);
+    cJSON_AddNumberToObject(echo, "top_p", round(r->top_p * 1e6) / 1e6);
     snprintf(x->id, sizeof x->id, "resp_%016llx", (unsigned long long)id);
     snprintf(x->msg_id, sizeof x->msg_id, "msg_%016llx", (unsigned long long)id);
     snprintf(x->model, sizeof x->model, "%s", model_id);
