@@ -215,6 +215,10 @@ char *serve_utf8_clean(const char *s, size_t n);
  * invalid UTF-8 replaced by U+FFFD (JSON text must be UTF-8). */
 void *serve_json_add_text(void *obj, const char *name, const char *s, size_t n);
 
+/* Makes *p (a malloc'd buffer of *cap bytes, or NULL and 0) hold at least
+ * `need` bytes, reallocating; false when out of memory (*p unchanged). */
+bool serve_grow(char **p, size_t *cap, size_t need);
+
 /* ------------------------------------------------------------ serve_job.c */
 
 struct MHD_Connection;
@@ -225,10 +229,6 @@ typedef struct job job;
  * cannot: 503 when the queue is full, 400 for a prompt the engine refuses
  * (too long for the context, ...). */
 job *job_start(server *s, struct MHD_Connection *conn, serve_req *rq, serve_err *e);
-
-/* Makes *p (a malloc'd buffer of *cap bytes, or NULL and 0) hold at least
- * `need` bytes, reallocating; false when out of memory (*p unchanged). */
-bool serve_grow(char **p, size_t *cap, size_t need);
 
 /* Replies with the job's result, whole (waiting for it here) or streamed
  * (the job then lives as long as the response), and frees the job.
@@ -244,6 +244,8 @@ int oai_completions(server *s, struct MHD_Connection *conn, serve_kind kind, con
 int oai_models(server *s, struct MHD_Connection *conn, const char *id);
 int oai_tokenize(server *s, struct MHD_Connection *conn, const char *body, size_t len);
 int oai_detokenize(server *s, struct MHD_Connection *conn, const char *body, size_t len);
+/* POST /v1/responses: parsed by serve_responses.c, run as a chat job. */
+int oai_responses(server *s, struct MHD_Connection *conn, const char *body, size_t len);
 
 /* ------------------------------------------------------------ serve_responses.c */
 
@@ -275,8 +277,9 @@ typedef struct serve_api {
 bool responses_parse(const char *body, size_t len, const serve_limits *lim, const char *model_id,
                      uint64_t id, serve_req *r, serve_err *e);
 
-/* POST /v1/responses (body[0..len)); libmicrohttpd's MHD_YES / MHD_NO. */
-int oai_responses(server *s, struct MHD_Connection *conn, const char *body, size_t len);
+/* Renames the field of an error about the chat request a Responses body
+ * became (messages, response_format) as the Responses API names it. */
+void responses_err_param(serve_err *e);
 
 /* ------------------------------------------------------------ replies */
 

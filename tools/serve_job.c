@@ -81,17 +81,7 @@ static double now_s(void) {
 }
 
 static bool grow(char **p, size_t *cap, size_t need) {
-    if (need <= *cap) return true;
-    size_t c = need * 2 < 256 ? 256 : need * 2;
-    char *q = realloc(*p, c);
-    if (!q) return false;
-    *p = q;
-    *cap = c;
-    return true;
-}
-
-bool serve_grow(char **p, size_t *cap, size_t need) {
-    return grow(p, cap, need);
+    return serve_grow(p, cap, need);
 }
 
 /* ------------------------------------------------------------ callbacks */

@@ -8,7 +8,9 @@
  * runs it, and this file's serve_api shapes the reply: the response
  * object whole, or streamed as typed server-sent events (response.created,
  * response.output_text.delta, ..., response.completed), each with its
- * sequence_number.
+ * sequence_number. The endpoint itself (oai_responses, serve_oai.c) only
+ * hands the parsed request to a job: nothing here needs the engine or
+ * HTTP, so the fuzz target (fuzz/fuzz_serve_req.c) drives it alone.
  *
  * cellm stores no responses: options that would change what a response
  * means and that it cannot honour (previous_response_id, conversation,
@@ -23,7 +25,6 @@
 #include <time.h>
 
 #include <cjson/cJSON.h>
-#include <microhttpd.h>
 
 #include "serve.h"
 
@@ -278,8 +279,7 @@ static bool to_chat(const cJSON *root, const serve_limits *lim, cJSON *chat, cJS
     return true;
 }
 
-/* Chat's names for the offending field, as the Responses API names it. */
-static void rename_param(serve_err *e) {
+void responses_err_param(serve_err *e) {
     if (!strncmp(e->param, "messages", 8))
         snprintf(e->param, sizeof e->param, "input");
     else if (!strcmp(e->param, "response_format"))
@@ -325,7 +325,7 @@ bool responses_parse(const char *body, size_t len, const serve_limits *lim, cons
     if (!ok) {
         cJSON_Delete(echo);
         free(x);
-        rename_param(e);
+        responses_err_param(e);
         return false;
     }
     /* The sampling values the request got, defaults included (floats:
@@ -541,24 +541,4 @@ static char *resp_stream(void *ctx, const serve_out *o) {
         return NULL;
     }
     return b.p;
-}
-
-/* ------------------------------------------------------------ the endpoint */
-
-int oai_responses(server *s, struct MHD_Connection *conn, const char *body, size_t len) {
-    serve_limits lim = {s->info.n_vocab, s->n_ctx, s->o.max_n, s->o.n_predict, s->o.temperature};
-    serve_err e;
-    serve_req rq;
-    bool ok = responses_parse(body, len, &lim, s->model_id, serve_random(s), &rq, &e);
-    if (ok && rq.model && strcmp(rq.model, s->model_id)) {
-        ok = serr(&e, 404, "model_not_found", "model",
-                  "the model '%s' does not exist; this server has '%s'", rq.model, s->model_id);
-        serve_req_free(&rq);
-    }
-    job *j = ok ? job_start(s, conn, &rq, &e) : NULL;
-    if (!j) {
-        rename_param(&e);
-        return http_reply_error(s, conn, &e);
-    }
-    return job_reply(j);
 }
