@@ -19,61 +19,17 @@ Run by ctest (tests/*_e2e.py); by hand:
     CELLM_BIN=build/cellm python3 tests/grammar_e2e.py
 """
 import concurrent.futures
-import fnmatch
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 
-try:
-    import openai
-except ImportError:
-    sys.exit("grammar_e2e: the `openai` package is missing: pip install openai "
-             "(scripts/setup.sh --test installs it)")
+from e2e_common import HERE, MODEL_ID, check, openai, run
+
 try:
     import jsonschema
 except ImportError:
     sys.exit("grammar_e2e: the `jsonschema` package is missing: pip install jsonschema "
              "(scripts/setup.sh --test installs it)")
-
-KEY = "grammar-e2e"
-MODEL_ID = "smollm2"
-HERE = os.path.dirname(os.path.abspath(__file__))
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        raise AssertionError(what)
-    checks += 1
-
-
-def model_path():
-    p = os.environ.get("CELLM_TEST_SMOLLM2")
-    if p:
-        return p
-    home = os.environ.get("CELLM_HOME") or os.path.join(os.environ["HOME"], ".cache", "cellm")
-    p = os.path.join(home, "models", "smollm2-135m.gguf")
-    if not os.path.exists(p):
-        sys.exit(f"grammar_e2e: real model missing at {p}: run `cellm pull smollm2-135m`")
-    return p
-
-
-def start_server():
-    binary = os.environ.get("CELLM_BIN")
-    if not binary:
-        sys.exit("grammar_e2e: CELLM_BIN is not set (ctest sets it)")
-    cmd = [binary, "serve", model_path(), "--port", "0", "--api-key", KEY, "--alias", MODEL_ID,
-           "-c", "1024", "-t", "2", "--temp", "0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if not line.startswith("listening on "):
-        proc.kill()
-        sys.exit(f"grammar_e2e: the server did not start ({line!r})")
-    return proc, line.split()[-1]
 
 
 def test_json_mode(client):
@@ -146,32 +102,7 @@ def test_json_schemas(client):
                 check(False, f"{what} does not validate: {e.message}")
 
 
-def main():
-    proc, base = start_server()
-    try:
-        client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0, timeout=300)
-        t0 = time.time()
-        only = os.environ.get("CELLM_TEST_FILTER")
-        for name, fn in [("test_asan_refusals", lambda: test_asan_refusals(client)),
-                         ("test_json_mode", lambda: test_json_mode(client)),
-                         ("test_json_schemas", lambda: test_json_schemas(client))]:
-            if only and not fnmatch.fnmatch(name, only):
-                continue
-            t = time.time()
-            fn()
-            print(f"ok   {name} ({time.time() - t:.1f} s)", flush=True)
-        print(f"grammar_e2e: {checks} checks passed in {time.time() - t0:.1f} s "
-              f"(openai {openai.__version__})")
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            rc = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = "killed after 60 s"
-    if rc != 0:
-        sys.exit(f"grammar_e2e: the server exited with {rc} on SIGTERM")
-
-
 if __name__ == "__main__":
-    main()
+    run("grammar_e2e", [("test_asan_refusals", lambda c, b: test_asan_refusals(c)),
+                        ("test_json_mode", lambda c, b: test_json_mode(c)),
+                        ("test_json_schemas", lambda c, b: test_json_schemas(c))])

@@ -14,64 +14,9 @@ Run by ctest (registered in CMakeLists.txt as serve_e2e); by hand:
     CELLM_BIN=build/cellm python3 tests/serve_e2e.py
 """
 import concurrent.futures
-import fnmatch
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
 import urllib.request
 
-try:
-    import openai
-except ImportError:
-    sys.exit("serve_e2e: the `openai` package is missing: pip install openai "
-             "(scripts/setup.sh --test installs it)")
-
-KEY = "e2e-key"
-MODEL_ID = "smollm2"
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        raise AssertionError(what)
-    checks += 1
-
-
-def model_path():
-    p = os.environ.get("CELLM_TEST_SMOLLM2")
-    if p:
-        return p
-    home = os.environ.get("CELLM_HOME") or os.path.join(os.environ["HOME"], ".cache", "cellm")
-    p = os.path.join(home, "models", "smollm2-135m.gguf")
-    if not os.path.exists(p):
-        sys.exit(f"serve_e2e: real model missing at {p}: run `cellm pull smollm2-135m`")
-    return p
-
-
-def start_server():
-    binary = os.environ.get("CELLM_BIN")
-    if not binary:
-        sys.exit("serve_e2e: CELLM_BIN is not set (ctest sets it)")
-    cmd = [binary, "serve", model_path(), "--port", "0", "--api-key", KEY, "--alias", MODEL_ID,
-           "-c", "1024", "-t", "2", "--temp", "0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if not line.startswith("listening on "):
-        proc.kill()
-        sys.exit(f"serve_e2e: the server did not start ({line!r})")
-    return proc, line.split()[-1]
-
-
-def post(base, path, body):
-    req = urllib.request.Request(base + path, data=json.dumps(body).encode(),
-                                 headers={"Authorization": "Bearer " + KEY,
-                                          "Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.load(r)
+from e2e_common import KEY, MODEL_ID, check, openai, post, run
 
 
 def n_tokens(base, text, add_special):
@@ -323,44 +268,23 @@ def test_errors(client, base):
         check(e.code == "context_length_exceeded", f"context error code {e.code}")
 
 
-def main():
-    proc, base = start_server()
-    try:
-        client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0, timeout=300)
-        t0 = time.time()
-        # CELLM_TEST_FILTER (a glob, as for the cmocka tests) runs a subset:
-        # under TSan, test.sh runs only test_tsan_*.
-        only = os.environ.get("CELLM_TEST_FILTER")
-        for name, fn in [("test_models", lambda: test_models(client)),
-                         ("test_tsan_chat", lambda: test_chat(client, base)),
-                         ("test_completions", lambda: test_completions(client, base)),
-                         ("test_n", lambda: test_n(client)),
-                         ("test_stop", lambda: test_stop(client)),
-                         ("test_seed", lambda: test_seed(client)),
-                         ("test_penalties", lambda: test_penalties(client, base)),
-                         ("test_logprobs", lambda: test_logprobs(client)),
-                         ("test_asan_errors", lambda: test_errors(client, base))]:
-            if only and not fnmatch.fnmatch(name, only):
-                continue
-            t = time.time()
-            fn()
-            print(f"ok   {name} ({time.time() - t:.1f} s)", flush=True)
-        metrics = urllib.request.urlopen(urllib.request.Request(
-            base + "/metrics", headers={"Authorization": "Bearer " + KEY})).read().decode()
-        used = [l for l in metrics.splitlines() if l.startswith("cellm_kv_blocks_used ")]
-        check(used == ["cellm_kv_blocks_used 0"], f"blocks after the tests: {used}")
-        print(f"serve_e2e: {checks} checks passed in {time.time() - t0:.1f} s "
-              f"(openai {openai.__version__})")
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            rc = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = "killed after 60 s"
-    if rc != 0:
-        sys.exit(f"serve_e2e: the server exited with {rc} on SIGTERM")
+def check_blocks_free(client, base):
+    metrics = urllib.request.urlopen(urllib.request.Request(
+        base + "/metrics", headers={"Authorization": "Bearer " + KEY})).read().decode()
+    used = [l for l in metrics.splitlines() if l.startswith("cellm_kv_blocks_used ")]
+    check(used == ["cellm_kv_blocks_used 0"], f"blocks after the tests: {used}")
 
 
 if __name__ == "__main__":
-    main()
+    # CELLM_TEST_FILTER (a glob, as for the cmocka tests) runs a subset:
+    # under TSan, test.sh runs only test_tsan_*.
+    run("serve_e2e", [("test_models", lambda c, b: test_models(c)),
+                      ("test_tsan_chat", test_chat),
+                      ("test_completions", test_completions),
+                      ("test_n", lambda c, b: test_n(c)),
+                      ("test_stop", lambda c, b: test_stop(c)),
+                      ("test_seed", lambda c, b: test_seed(c)),
+                      ("test_penalties", test_penalties),
+                      ("test_logprobs", lambda c, b: test_logprobs(c)),
+                      ("test_asan_errors", test_errors)],
+        after=check_blocks_free)

@@ -14,28 +14,17 @@ Chromium is driven through the DevTools protocol over a pipe
 no package beyond the browser is needed.
 """
 import base64
-import fnmatch
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 
+from e2e_common import selected, start_server, stop_server
+
 QUESTION = "What is the capital of France?"
-
-
-def model_path():
-    p = os.environ.get("CELLM_TEST_SMOLLM2")
-    if p:
-        return p
-    home = os.environ.get("CELLM_HOME") or os.path.join(os.environ["HOME"], ".cache", "cellm")
-    p = os.path.join(home, "models", "smollm2-135m.gguf")
-    if not os.path.exists(p):
-        sys.exit(f"serve_page_e2e: real model missing at {p}: run `cellm pull smollm2-135m`")
-    return p
 
 
 class Browser:
@@ -168,35 +157,18 @@ def test_page(base, exe):
 
 
 def main():
-    binary = os.environ.get("CELLM_BIN")
-    if not binary:
-        sys.exit("serve_page_e2e: CELLM_BIN is not set (ctest sets it)")
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if not exe:
         sys.exit("serve_page_e2e: chromium is missing: apt-get install chromium "
                  "(scripts/setup.sh --test installs it)")
-    proc = subprocess.Popen([binary, "serve", model_path(), "--port", "0", "--alias", "smollm2",
-                             "-t", "2"], stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if not line.startswith("listening on "):
-        proc.kill()
-        sys.exit(f"serve_page_e2e: the server did not start ({line!r})")
-    base = line.split()[-1]
+    proc, base = start_server("serve_page_e2e", ["--alias", "smollm2", "-t", "2"])
     try:
         # CELLM_TEST_FILTER: as for the other tests (TSan runs test_tsan_* only).
-        only = os.environ.get("CELLM_TEST_FILTER")
-        if not only or fnmatch.fnmatch("test_page", only):
+        if selected("test_page"):
             test_page(base, exe)
             print("serve_page_e2e: the page loaded, sent a message and streamed the answer")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            rc = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = "killed after 60 s"
-    if rc != 0:
-        sys.exit(f"serve_page_e2e: the server exited with {rc} on SIGTERM")
+        stop_server(proc, "serve_page_e2e")
 
 
 if __name__ == "__main__":

@@ -1073,13 +1073,213 @@ static void test_asan_logprobs(void **st) {
     for (int i = 1; i < 6; i++) assert_true(lps[0][i] == lps[1][i]);
 }
 
+/* ------------------------------------------------------------ /v1/responses */
+
+/* A string field of a cJSON object ("" when absent). */
+static const char *jstr(const cJSON *o, const char *name) {
+    const cJSON *v = cJSON_GetObjectItem(o, name);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+/* The events of a Responses stream: checks "event: T" names the data's
+ * type and that sequence numbers count from 0; returns their count and
+ * writes their types (up to cap) into types[]. */
+static int responses_events(const char *sse, char types[][48], int cap) {
+    int n = 0;
+    for (const char *p = strstr(sse, "event: "); p; p = strstr(p + 1, "event: ")) {
+        const char *nl = strchr(p, '\n'), *end = strstr(p, "\n\n");
+        assert_non_null(nl);
+        assert_non_null(end);
+        assert_true(!strncmp(nl, "\ndata: ", 7));
+        cJSON *ev = cJSON_ParseWithLength(nl + 7, (size_t)(end - nl - 7));
+        assert_non_null(ev);
+        const char *type = jstr(ev, "type");
+        assert_int_equal((size_t)(nl - p - 7), strlen(type));
+        assert_true(!strncmp(p + 7, type, strlen(type)));
+        assert_int_equal(cJSON_GetObjectItem(ev, "sequence_number")->valueint, n);
+        if (n < cap) snprintf(types[n], sizeof types[n], "%s", type);
+        n++;
+        cJSON_Delete(ev);
+    }
+    return n;
+}
+
+static void test_asan_responses(void **st) {
+    (void)st;
+    serve_limits lim = {srv->info.n_vocab, srv->n_ctx, 4, -1, 0};
+    serve_req r;
+    serve_err e;
+    /* The body as a chat request: instructions first, items in order. */
+    const char *ok = "{\"instructions\":\"Be brief.\",\"input\":[{\"role\":\"developer\","
+                     "\"content\":\"A\"},{\"type\":\"message\",\"role\":\"user\",\"content\":["
+                     "{\"type\":\"input_text\",\"text\":\"B\"},{\"type\":\"input_text\","
+                     "\"text\":\"C\"}]},{\"role\":\"assistant\",\"content\":[{\"type\":"
+                     "\"output_text\",\"text\":\"D\"}]}],\"max_output_tokens\":7,\"stream\":true,"
+                     "\"store\":true,\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"n\","
+                     "\"schema\":{\"type\":\"object\"},\"strict\":true}}}";
+    assert_true(responses_parse(ok, strlen(ok), &lim, "m", 0xabc, &r, &e));
+    assert_int_equal(r.kind, SERVE_CHAT);
+    assert_int_equal(r.n_messages, 4);
+    const char *want[4][2] = {
+        {"system", "Be brief."}, {"system", "A"}, {"user", "BC"}, {"assistant", "D"}};
+    for (int i = 0; i < 4; i++) {
+        assert_string_equal(r.messages[i].role, want[i][0]);
+        assert_string_equal(r.messages[i].content, want[i][1]);
+    }
+    assert_int_equal(r.max_tokens, 7);
+    assert_true(r.stream && r.grammar && r.api);
+
+    /* The whole reply of a choice cut at its limit. */
+    serve_out o = {"Hi!", 3, true, {0}, NULL};
+    o.res.finish_reason = CELLM_FINISH_LENGTH;
+    o.res.n_prompt_tokens = 11;
+    o.res.n_completion_tokens = 7;
+    o.res.n_cached_tokens = 2;
+    cJSON *w = r.api->whole(r.api_ctx, &o);
+    assert_string_equal(jstr(w, "id"), "resp_0000000000000abc");
+    assert_string_equal(jstr(w, "object"), "response");
+    assert_string_equal(jstr(w, "status"), "incomplete");
+    assert_string_equal(jstr(cJSON_GetObjectItem(w, "incomplete_details"), "reason"),
+                        "max_output_tokens");
+    assert_string_equal(jstr(w, "instructions"), "Be brief.");
+    const cJSON *item = cJSON_GetArrayItem(cJSON_GetObjectItem(w, "output"), 0);
+    assert_string_equal(jstr(item, "type"), "message");
+    assert_string_equal(jstr(item, "id"), "msg_0000000000000abc");
+    const cJSON *part = cJSON_GetArrayItem(cJSON_GetObjectItem(item, "content"), 0);
+    assert_string_equal(jstr(part, "type"), "output_text");
+    assert_string_equal(jstr(part, "text"), "Hi!");
+    const cJSON *u = cJSON_GetObjectItem(w, "usage");
+    assert_int_equal(cJSON_GetObjectItem(u, "input_tokens")->valueint, 11);
+    assert_int_equal(cJSON_GetObjectItem(u, "output_tokens")->valueint, 7);
+    assert_int_equal(cJSON_GetObjectItem(u, "total_tokens")->valueint, 18);
+    assert_int_equal(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(u, "input_tokens_details"), "cached_tokens")
+            ->valueint,
+        2);
+    cJSON_Delete(w);
+
+    /* A stream: opening events, a delta per piece, closing events; a
+     * failure ends it with response.failed. */
+    char *sse[4];
+    serve_out s0 = {"", 0, false, {0}, NULL}, s1 = {"Hel", 3, false, {0}, NULL},
+              s2 = {"lo", 2, true, {0}, NULL};
+    s2.res.finish_reason = CELLM_FINISH_STOP;
+    sse[0] = r.api->stream(r.api_ctx, &s0);
+    sse[1] = r.api->stream(r.api_ctx, &s1);
+    sse[2] = r.api->stream(r.api_ctx, &s2);
+    size_t total = 1;
+    for (int i = 0; i < 3; i++) total += strlen(sse[i]);
+    char *all = malloc(total);
+    assert_non_null(all);
+    all[0] = '\0';
+    for (int i = 0; i < 3; i++) strcat(all, sse[i]), free(sse[i]);
+    char types[16][48];
+    static const char *const order[] = {"response.created",           "response.in_progress",
+                                        "response.output_item.added", "response.content_part.added",
+                                        "response.output_text.delta", "response.output_text.delta",
+                                        "response.output_text.done",  "response.content_part.done",
+                                        "response.output_item.done",  "response.completed"};
+    assert_int_equal(responses_events(all, types, 16), 10);
+    for (int i = 0; i < 10; i++) assert_string_equal(types[i], order[i]);
+    assert_non_null(strstr(all, "\"text\":\"Hello\""));
+    free(all);
+    serve_req_free(&r);
+
+    const char *one = "{\"input\":\"x\",\"stream\":true}";
+    assert_true(responses_parse(one, strlen(one), &lim, "m", 1, &r, &e));
+    serve_err fail;
+    serr(&fail, 504, "timeout", NULL, "too slow");
+    serve_out sf = {"", 0, true, {0}, &fail};
+    sse[3] = r.api->stream(r.api_ctx, &sf);
+    assert_int_equal(responses_events(sse[3], types, 16), 5);
+    assert_string_equal(types[4], "response.failed");
+    assert_non_null(strstr(sse[3], "\"code\":\"timeout\""));
+    free(sse[3]);
+    serve_req_free(&r);
+    /* An empty reply still ends with its (empty) text part. */
+    assert_true(responses_parse(one, strlen(one), &lim, "m", 1, &r, &e));
+    serve_out se = {NULL, 0, true, {0}, NULL};
+    se.res.finish_reason = CELLM_FINISH_STOP;
+    sse[3] = r.api->stream(r.api_ctx, &se);
+    assert_int_equal(responses_events(sse[3], types, 16), 8);
+    assert_string_equal(types[7], "response.completed");
+    assert_non_null(strstr(sse[3], "\"content\":[{\"type\":\"output_text\",\"text\":\"\""));
+    free(sse[3]);
+    serve_req_free(&r);
+
+    /* Hostile or refused bodies: a 400 naming the field, nothing to free. */
+    static const struct {
+        const char *body, *param;
+    } bad[] = {
+        {"", ""},
+        {"{\"input\":\"x\"", ""},
+        {"[\"input\"]", ""},
+        {"{\"input\":\"\xc3\x28\"}", ""},
+        {"{}", "input"},
+        {"{\"input\":null}", "input"},
+        {"{\"input\":{}}", "input"},
+        {"{\"input\":[]}", "input"},
+        {"{\"input\":[1]}", "input[0]"},
+        {"{\"input\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "input[0].role"},
+        {"{\"input\":[{\"role\":\"user\"}]}", "input[0].content"},
+        {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\"}]}]}",
+         "input[0].content[0]"},
+        {"{\"input\":[{\"type\":\"reasoning\",\"summary\":[]}]}", "input[0]"},
+        {"{\"input\":\"x\",\"instructions\":5}", "instructions"},
+        {"{\"input\":\"x\",\"max_output_tokens\":1.5}", "max_output_tokens"},
+        {"{\"input\":\"x\",\"max_output_tokens\":1e300}", "max_output_tokens"},
+        {"{\"input\":\"x\",\"top_p\":2}", "top_p"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}", "tools"},
+        {"{\"input\":\"x\",\"previous_response_id\":\"resp_1\"}", "previous_response_id"},
+        {"{\"input\":\"x\",\"background\":true}", "background"},
+        {"{\"input\":\"x\",\"truncation\":\"auto\"}", "truncation"},
+        {"{\"input\":\"x\",\"top_logprobs\":3}", "top_logprobs"},
+        {"{\"input\":\"x\",\"metadata\":{\"a\":1}}", "metadata"},
+        {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"xml\"}}}", "text.format.type"},
+        {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\"}}}",
+         "text.format.schema"},
+        {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\",\"schema\":{\"$ref\":"
+         "\"#\"}}}}",
+         "text.format"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        memset(&e, 0, sizeof e);
+        bool got = responses_parse(bad[i].body, strlen(bad[i].body), &lim, "m", 1, &r, &e);
+        if (got || e.status != 400 || strcmp(e.param, bad[i].param))
+            fail_msg("%s: %s %d param '%s' (%s)", bad[i].body, got ? "accepted" : "refused",
+                     e.status, e.param, e.msg);
+        assert_true(e.msg[0]);
+    }
+
+    /* Over HTTP, whole and streamed. */
+    reply h = http("POST", "/v1/responses", NULL, "{\"input\":\"Hi\",\"max_output_tokens\":3}");
+    assert_int_equal(h.status, 200);
+    w = body_json(&h);
+    assert_string_equal(jstr(w, "object"), "response");
+    assert_string_equal(jstr(w, "model"), "smollm2");
+    cJSON_Delete(w);
+    reply_free(&h);
+    h = http("POST", "/v1/responses", NULL,
+             "{\"input\":\"Hi\",\"max_output_tokens\":3,\"stream\":true}");
+    assert_int_equal(h.status, 200);
+    assert_non_null(strstr(h.raw, "text/event-stream"));
+    int n = responses_events(h.body, types, 16);
+    assert_true(n >= 9 && n <= 16);
+    assert_string_equal(types[n - 1], "response.incomplete");
+    reply_free(&h);
+    h = http("POST", "/v1/responses", NULL, "{\"input\":\"Hi\",\"model\":\"other\"}");
+    assert_int_equal(h.status, 404);
+    reply_free(&h);
+    assert_true(metric("cellm_requests_total{endpoint=\"responses\"}") >= 3);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_asan_cli),        cmocka_unit_test(test_asan_endpoints),
         cmocka_unit_test(test_asan_cors),       cmocka_unit_test(test_asan_hostile),
         cmocka_unit_test(test_asan_disconnect), cmocka_unit_test(test_load),
         cmocka_unit_test(test_tsan_serve),      cmocka_unit_test(test_spec),
-        cmocka_unit_test(test_asan_logprobs),
+        cmocka_unit_test(test_asan_logprobs),   cmocka_unit_test(test_asan_responses),
     };
     /* test.sh runs only test_tsan_* under ThreadSanitizer. */
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));

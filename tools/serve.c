@@ -163,8 +163,8 @@ static void usage(FILE *out) {
         out,
         "usage: cellm serve [MODEL] [options]\n\n"
         "Serves MODEL (a GGUF path or a model store name; default %s) over an\n"
-        "OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions, /v1/models,\n"
-        "/health, /metrics, /tokenize, /detokenize, and a chat page at /.\n\n"
+        "OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions, /v1/responses,\n"
+        "/v1/models, /health, /metrics, /tokenize, /detokenize, and a chat page at /.\n\n"
         "  --host H              address to listen on (default 127.0.0.1)\n"
         "  --port N              port (default 8080; 0: any free port)\n"
         "  --alias NAME          the model's id in the API (default: its store or file name)\n"

@@ -12,6 +12,8 @@
  *                    job), models, tokenize, detokenize
  *   serve_job.c      a job: the engine requests of one completion request
  *                    and their reply, whole or streamed as server-sent events
+ *   serve_responses.c  the Responses API (/v1/responses): its body turned
+ *                    into a chat request, its reply shaped by a serve_api
  *   serve_metrics.c  counters and the Prometheus text of /metrics
  *   serve_page.c     the web chat page served at /
  *
@@ -64,6 +66,7 @@ serve_opts serve_default_opts(void);
 typedef struct serve_counters {
     atomic_ullong http_2xx, http_4xx, http_5xx, http_other;
     atomic_ullong chat, completions, other_routes;
+    atomic_ullong responses;
     atomic_ullong prompt_tokens, completion_tokens;
     atomic_ullong finished_stop, finished_length, cancelled, errors;
     atomic_ullong disconnects, timeouts, rejected_busy;
@@ -182,6 +185,11 @@ typedef struct serve_req {
     /* Structured output (response_format json_object or json_schema, or
      * `grammar`): the compiled grammar, NULL for text. */
     cellm_grammar *grammar;
+    /* Another API's reply shape for a chat request (the Responses API),
+     * NULL for chat's and completions' own; api_ctx is its state, owned
+     * by the request (freed by serve_req_free through api->free). */
+    const struct serve_api *api;
+    void *api_ctx;
 } serve_req;
 
 /* Parses and validates body[0..len) (any bytes). True with *r filled, or
@@ -206,6 +214,10 @@ char *serve_utf8_clean(const char *s, size_t n);
 /* Adds s[0..n) to the cJSON object `obj` as the string field `name`, any
  * invalid UTF-8 replaced by U+FFFD (JSON text must be UTF-8). */
 void *serve_json_add_text(void *obj, const char *name, const char *s, size_t n);
+
+/* Makes *p (a malloc'd buffer of *cap bytes, or NULL and 0) hold at least
+ * `need` bytes, reallocating; false when out of memory (*p unchanged). */
+bool serve_grow(char **p, size_t *cap, size_t need);
 
 /* ------------------------------------------------------------ serve_job.c */
 
@@ -232,6 +244,42 @@ int oai_completions(server *s, struct MHD_Connection *conn, serve_kind kind, con
 int oai_models(server *s, struct MHD_Connection *conn, const char *id);
 int oai_tokenize(server *s, struct MHD_Connection *conn, const char *body, size_t len);
 int oai_detokenize(server *s, struct MHD_Connection *conn, const char *body, size_t len);
+/* POST /v1/responses: parsed by serve_responses.c, run as a chat job. */
+int oai_responses(server *s, struct MHD_Connection *conn, const char *body, size_t len);
+
+/* ------------------------------------------------------------ serve_responses.c */
+
+/* What a job tells another API's reply (serve_api) about its one choice. */
+typedef struct serve_out {
+    const char *text; /* whole reply: all the text; stream: the text new since the last call */
+    size_t len;
+    bool done;            /* the choice has finished and res is set */
+    cellm_result res;     /* when done */
+    const serve_err *err; /* stream, when done: the error that ends it (engine, timeout), or NULL */
+} serve_out;
+
+/* A reply shape besides chat's and completions', for a request the job
+ * runs as a chat (one choice). Called on the connection's thread. */
+typedef struct serve_api {
+    /* The whole reply: a new cJSON * (NULL when out of memory). */
+    void *(*whole)(void *ctx, const serve_out *o);
+    /* A stream's server-sent events for what `o` brings: called first
+     * with no text, then with each new text, last once with o->done. A
+     * new string (NULL when out of memory). */
+    char *(*stream)(void *ctx, const serve_out *o);
+    void (*free)(void *ctx);
+} serve_api;
+
+/* Parses and validates a /v1/responses body (any bytes) into a chat
+ * request *r whose api is the Responses API's, with `model_id` and `id`
+ * (random, for the response's ids) in its state. True with *r filled, or
+ * false with *e set (params named as the Responses API names them). */
+bool responses_parse(const char *body, size_t len, const serve_limits *lim, const char *model_id,
+                     uint64_t id, serve_req *r, serve_err *e);
+
+/* Renames the field of an error about the chat request a Responses body
+ * became (messages, response_format) as the Responses API names it. */
+void responses_err_param(serve_err *e);
 
 /* ------------------------------------------------------------ replies */
 

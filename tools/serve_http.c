@@ -36,7 +36,8 @@ typedef enum route_id {
     R_COMPLETIONS,
     R_METRICS,
     R_TOKENIZE,
-    R_DETOKENIZE
+    R_DETOKENIZE,
+    R_RESPONSES
 } route_id;
 
 typedef struct route {
@@ -60,6 +61,8 @@ static const route routes[] = {
     {"/metrics", "GET", R_METRICS, false},
     {"/tokenize", "POST", R_TOKENIZE, false},
     {"/detokenize", "POST", R_DETOKENIZE, false},
+    {"/v1/responses", "POST", R_RESPONSES, false},
+    {"/responses", "POST", R_RESPONSES, false},
 };
 
 /* Per request: the body as it arrives. */
@@ -287,6 +290,9 @@ static int dispatch(server *s, struct MHD_Connection *conn, const char *url, con
     }
     case R_TOKENIZE: return oai_tokenize(s, conn, cx->body, cx->len);
     case R_DETOKENIZE: return oai_detokenize(s, conn, cx->body, cx->len);
+    case R_RESPONSES:
+        atomic_fetch_add_explicit(&s->c.responses, 1, memory_order_relaxed);
+        return oai_responses(s, conn, cx->body, cx->len);
     }
     return MHD_NO;
 }

@@ -81,13 +81,7 @@ static double now_s(void) {
 }
 
 static bool grow(char **p, size_t *cap, size_t need) {
-    if (need <= *cap) return true;
-    size_t c = need * 2 < 256 ? 256 : need * 2;
-    char *q = realloc(*p, c);
-    if (!q) return false;
-    *p = q;
-    *cap = c;
-    return true;
+    return serve_grow(p, cap, need);
 }
 
 /* ------------------------------------------------------------ callbacks */
@@ -458,6 +452,10 @@ static int reply_whole(job *j) {
         serr(&e, 500, NULL, NULL, "out of memory");
         return http_reply_error(s, j->conn, &e);
     }
+    if (j->rq.api) { /* another API's shape, of the one choice */
+        serve_out o = {j->ch[0].text, j->ch[0].len, true, j->ch[0].res, NULL};
+        return http_reply_json(s, j->conn, 200, j->rq.api->whole(j->rq.api_ctx, &o));
+    }
     bool chat = j->rq.kind == SERVE_CHAT;
     cJSON *r = reply_base(j, chat ? "chat.completion" : "text_completion");
     cJSON *arr = cJSON_AddArrayToObject(r, "choices");
@@ -560,8 +558,48 @@ static cJSON *chunk(job *j, choice *c, const char *text, size_t n, bool role, co
     return r;
 }
 
+/* The error that ends a finished stream (an engine failure or the
+ * deadline) into *e; e->status 0 when there is none. */
+static void stream_end_error(const job *j, serve_err *e) {
+    const choice *bad = failed_choice(j);
+    memset(e, 0, sizeof *e);
+    if (bad)
+        serr(e, 500, NULL, NULL, "generation failed: %s", cellm_request_error(bad->req));
+    else if (j->timed_out)
+        serr(e, 504, "timeout", NULL, "the request took longer than the server's --timeout (%us)",
+             j->s->o.timeout_s);
+}
+
+/* stream_fill for another API's shape (serve_api): its events for the one
+ * choice's new text, the last once it is done. j->mu held. */
+static void api_stream_fill(job *j) {
+    choice *c = &j->ch[0];
+    if (j->ended || (c->role_sent && !c->len && !c->done)) return;
+    c->role_sent = true; /* the first call opens the stream, text or not */
+    serve_err e;
+    e.status = 0;
+    if (c->done) stream_end_error(j, &e);
+    serve_out o = {c->text, c->len, c->done, c->res, e.status ? &e : NULL};
+    char *t = j->rq.api->stream(j->rq.api_ctx, &o);
+    c->len = 0;
+    if (!t) {
+        j->oom = true;
+        return;
+    }
+    sse_raw(j, t);
+    free(t);
+    if (c->done) {
+        j->ended = true;
+        count_finished(j);
+    }
+}
+
 /* Turns what the callbacks left into SSE events. j->mu held. */
 static void stream_fill(job *j) {
+    if (j->rq.api) {
+        api_stream_fill(j);
+        return;
+    }
     bool chat = j->rq.kind == SERVE_CHAT, all_final = true;
     for (int i = 0; i < j->n_ch; i++) {
         choice *c = &j->ch[i];
@@ -583,14 +621,8 @@ static void stream_fill(job *j) {
         all_final &= c->final_sent;
     }
     if (!all_final || j->ended) return;
-    const choice *bad = failed_choice(j);
     serve_err e;
-    memset(&e, 0, sizeof e);
-    if (bad)
-        serr(&e, 500, NULL, NULL, "generation failed: %s", cellm_request_error(bad->req));
-    else if (j->timed_out)
-        serr(&e, 504, "timeout", NULL, "the request took longer than the server's --timeout (%us)",
-             j->s->o.timeout_s);
+    stream_end_error(j, &e);
     if (e.status) {
         cJSON *r = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(r, "error");
         cJSON_AddStringToObject(err, "message", e.msg);

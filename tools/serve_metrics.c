@@ -108,6 +108,7 @@ char *metrics_text(server *s) {
             "# TYPE cellm_requests_total counter\n");
     put(&b, "cellm_requests_total{endpoint=\"chat_completions\"} %.0f\n", load(&c->chat));
     put(&b, "cellm_requests_total{endpoint=\"completions\"} %.0f\n", load(&c->completions));
+    put(&b, "cellm_requests_total{endpoint=\"responses\"} %.0f\n", load(&c->responses));
     put(&b, "cellm_requests_total{endpoint=\"other\"} %.0f\n", load(&c->other_routes));
     put(&b, "# HELP cellm_choices_finished_total Generations (choices), by how they ended.\n"
             "# TYPE cellm_choices_finished_total counter\n");

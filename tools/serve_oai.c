@@ -1,7 +1,8 @@
 /*
  * serve_oai.c — the endpoints of `cellm serve` besides the page and the
  * health check: chat completions and completions (checked here, run by a
- * job, serve_job.c), the model list, and llama-server's /tokenize and
+ * job, serve_job.c), the Responses API (parsed by serve_responses.c, run
+ * as a chat job), the model list, and llama-server's /tokenize and
  * /detokenize.
  */
 #include <math.h>
@@ -24,20 +25,36 @@ static serve_limits limits(const server *s) {
     return l;
 }
 
+/* A parsed request (ok) for another model is a 404; then *rq is freed. */
+static bool model_known(const server *s, bool ok, serve_req *rq, serve_err *e) {
+    if (!ok || !rq->model || !strcmp(rq->model, s->model_id)) return ok;
+    serr(e, 404, "model_not_found", "model", "the model '%s' does not exist; this server has '%s'",
+         rq->model, s->model_id);
+    serve_req_free(rq);
+    return false;
+}
+
 int oai_completions(server *s, struct MHD_Connection *conn, serve_kind kind, const char *body,
                     size_t len) {
     serve_err e;
     serve_limits lim = limits(s);
     serve_req rq;
-    bool ok = serve_req_parse(body, len, kind, &lim, &rq, &e);
-    if (ok && rq.model && strcmp(rq.model, s->model_id)) {
-        serr(&e, 404, "model_not_found", "model",
-             "the model '%s' does not exist; this server has '%s'", rq.model, s->model_id);
-        serve_req_free(&rq);
-        ok = false;
-    }
+    bool ok = model_known(s, serve_req_parse(body, len, kind, &lim, &rq, &e), &rq, &e);
     job *j = ok ? job_start(s, conn, &rq, &e) : NULL;
     if (!j) return http_reply_error(s, conn, &e);
+    return job_reply(j);
+}
+
+int oai_responses(server *s, struct MHD_Connection *conn, const char *body, size_t len) {
+    serve_err e;
+    serve_limits lim = limits(s);
+    serve_req rq;
+    bool ok = responses_parse(body, len, &lim, s->model_id, serve_random(s), &rq, &e);
+    job *j = model_known(s, ok, &rq, &e) ? job_start(s, conn, &rq, &e) : NULL;
+    if (!j) {
+        responses_err_param(&e); /* the engine's refusals name chat's messages */
+        return http_reply_error(s, conn, &e);
+    }
     return job_reply(j);
 }
 

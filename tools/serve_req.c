@@ -97,6 +97,16 @@ void *serve_json_add_text(void *obj, const char *name, const char *s, size_t n) 
     return v;
 }
 
+bool serve_grow(char **p, size_t *cap, size_t need) {
+    if (need <= *cap) return true;
+    size_t c = need * 2 < 256 ? 256 : need * 2;
+    char *q = realloc(*p, c);
+    if (!q) return false;
+    *p = q;
+    *cap = c;
+    return true;
+}
+
 static char *dup_str(const char *s) {
     size_t n = strlen(s) + 1;
     char *p = malloc(n);
@@ -566,5 +576,6 @@ void serve_req_free(serve_req *r) {
     free(r->prompts);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     cellm_grammar_free(r->grammar);
+    if (r->api) r->api->free(r->api_ctx);
     memset(r, 0, sizeof *r);
 }

@@ -1,0 +1,544 @@
+/*
+ * serve_responses.c — OpenAI's Responses API, POST /v1/responses, on the
+ * chat machinery. The body (`input` as a string or a list of message
+ * items, `instructions`, `max_output_tokens`, `text.format`, sampling
+ * options) is checked here and rewritten as a chat completions body, which
+ * serve_req.c then parses like any other, so sampling and structured
+ * output behave exactly as on /v1/chat/completions. The job (serve_job.c)
+ * runs it, and this file's serve_api shapes the reply: the response
+ * object whole, or streamed as typed server-sent events (response.created,
+ * response.output_text.delta, ..., response.completed), each with its
+ * sequence_number. The endpoint itself (oai_responses, serve_oai.c) only
+ * hands the parsed request to a job: nothing here needs the engine or
+ * HTTP, so the fuzz target (fuzz/fuzz_serve_req.c) drives it alone.
+ *
+ * cellm stores no responses: options that would change what a response
+ * means and that it cannot honour (previous_response_id, conversation,
+ * background, tools, prompt templates, logprobs) are refused with a 400
+ * that says so; options that change nothing here (store, include,
+ * reasoning, service_tier, ...) are accepted and ignored (docs/serve.md).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+
+#include "serve.h"
+
+/* One response being made: what the response object repeats of the
+ * request, and while streaming, the text so far and the next event's
+ * sequence number. */
+typedef struct resp_state {
+    char id[40];     /* resp_... */
+    char msg_id[40]; /* msg_...: the one output item */
+    char model[256];
+    long created;
+    cJSON *echo; /* instructions, max_output_tokens, temperature, text, ... */
+    bool opened; /* stream: the opening events are sent */
+    long seq;    /* stream: the next sequence_number */
+    char *text;  /* stream: the text so far */
+    size_t len, cap;
+} resp_state;
+
+/* The field `name` of `obj`, or NULL when it is absent or null. */
+static const cJSON *opt(const cJSON *obj, const char *name) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+/* ------------------------------------------------------------ the request */
+
+/* A message item's content as chat's: a string, or its input_text and
+ * output_text parts as chat's text parts (joined by serve_req.c). */
+static cJSON *chat_content(const cJSON *c, int i, serve_err *e) {
+    char param[64];
+    snprintf(param, sizeof param, "input[%d].content", i);
+    if (!c) {
+        serr(e, 400, "missing_required_parameter", param, "'%s' is missing", param);
+        return NULL;
+    }
+    if (cJSON_IsString(c)) return cJSON_CreateString(c->valuestring);
+    if (!cJSON_IsArray(c)) {
+        serr(e, 400, "invalid_type", param, "'%s' must be a string or an array of content parts",
+             param);
+        return NULL;
+    }
+    cJSON *parts = cJSON_CreateArray();
+    const cJSON *p;
+    int k = 0;
+    cJSON_ArrayForEach(p, c) {
+        const cJSON *type = opt(p, "type"), *text = opt(p, "text");
+        bool is_text = cJSON_IsString(type) && (!strcmp(type->valuestring, "input_text") ||
+                                                !strcmp(type->valuestring, "output_text"));
+        if (!cJSON_IsObject(p) || !is_text || !cJSON_IsString(text)) {
+            snprintf(param, sizeof param, "input[%d].content[%d]", i, k);
+            serr(e, 400, "invalid_value", param,
+                 "'%s' must be {\"type\": \"input_text\" or \"output_text\", \"text\": string}%s",
+                 param,
+                 cJSON_IsString(type) && !is_text ? "; cellm reads text only, no images or files"
+                                                  : "");
+            cJSON_Delete(parts);
+            return NULL;
+        }
+        cJSON *q = cJSON_CreateObject();
+        cJSON_AddStringToObject(q, "type", "text");
+        cJSON_AddStringToObject(q, "text", text->valuestring);
+        cJSON_AddItemToArray(parts, q);
+        k++;
+    }
+    return parts;
+}
+
+/* Adds {"role", "content"} to chat's messages. */
+static void add_message(cJSON *msgs, const char *role, cJSON *content) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", role);
+    cJSON_AddItemToObject(m, "content", content);
+    cJSON_AddItemToArray(msgs, m);
+}
+
+/* `input` (a string, or a list of message items) into chat's messages. */
+static bool input_messages(const cJSON *input, cJSON *msgs, serve_err *e) {
+    if (!input) return serr(e, 400, "missing_required_parameter", "input", "'input' is missing");
+    if (cJSON_IsString(input)) {
+        add_message(msgs, "user", cJSON_CreateString(input->valuestring));
+        return true;
+    }
+    if (!cJSON_IsArray(input))
+        return serr(e, 400, "invalid_type", "input",
+                    "'input' must be a string or an array of message items");
+    if (!cJSON_GetArraySize(input))
+        return serr(e, 400, "invalid_value", "input", "'input' must not be empty");
+    static const char *const roles[] = {"user", "assistant", "system", "developer"};
+    const cJSON *it;
+    int i = 0;
+    cJSON_ArrayForEach(it, input) {
+        char param[64];
+        snprintf(param, sizeof param, "input[%d]", i);
+        if (!cJSON_IsObject(it))
+            return serr(e, 400, "invalid_type", param, "'%s' must be an object (a message item)",
+                        param);
+        const cJSON *type = opt(it, "type"), *role = opt(it, "role");
+        if (type && !cJSON_IsString(type))
+            return serr(e, 400, "invalid_type", param, "'%s.type' must be a string", param);
+        if (type && strcmp(type->valuestring, "message"))
+            return serr(e, 400, "invalid_value", param,
+                        "'%s' is an item of type '%s'; cellm's /v1/responses takes message items "
+                        "only (no tool calls, reasoning or item references)",
+                        param, type->valuestring);
+        const char *rl = NULL;
+        for (size_t k = 0; cJSON_IsString(role) && k < sizeof roles / sizeof *roles; k++)
+            if (!strcmp(role->valuestring, roles[k])) rl = roles[k];
+        if (!rl) {
+            snprintf(param, sizeof param, "input[%d].role", i);
+            return serr(e, 400, role ? "invalid_value" : "missing_required_parameter", param,
+                        "'%s' must be user, assistant, system or developer", param);
+        }
+        cJSON *content = chat_content(opt(it, "content"), i, e);
+        if (!content) return false;
+        add_message(msgs, rl, content);
+        i++;
+    }
+    return true;
+}
+
+/* `text.format` as chat's response_format (also kept for the echo). */
+static bool text_format(const cJSON *text, cJSON *chat, cJSON *echo, serve_err *e) {
+    const cJSON *f = text ? opt(text, "format") : NULL;
+    if (text && !cJSON_IsObject(text))
+        return serr(e, 400, "invalid_type", "text", "'text' must be an object");
+    cJSON *out = cJSON_AddObjectToObject(echo, "text");
+    if (!f) {
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(out, "format"), "type", "text");
+        return true;
+    }
+    const cJSON *type = cJSON_IsObject(f) ? opt(f, "type") : NULL;
+    if (!cJSON_IsString(type))
+        return serr(e, 400, "invalid_type", "text.format",
+                    "'text.format' must be an object with a string 'type'");
+    const char *t = type->valuestring;
+    cJSON *rf = cJSON_CreateObject();
+    cJSON_AddStringToObject(rf, "type", t);
+    cJSON_AddItemToObject(chat, "response_format", rf);
+    cJSON_AddItemToObject(out, "format", cJSON_Duplicate(f, true));
+    if (!strcmp(t, "text") || !strcmp(t, "json_object")) return true;
+    if (strcmp(t, "json_schema"))
+        return serr(e, 400, "invalid_value", "text.format.type",
+                    "'text.format.type' must be text, json_object or json_schema, not '%s'", t);
+    const cJSON *name = opt(f, "name"), *schema = opt(f, "schema"), *strict = opt(f, "strict");
+    if (name && !cJSON_IsString(name))
+        return serr(e, 400, "invalid_type", "text.format.name",
+                    "'text.format.name' must be a string");
+    if (!cJSON_IsObject(schema))
+        return serr(e, 400, schema ? "invalid_type" : "missing_required_parameter",
+                    "text.format.schema", "'text.format.schema' must be a JSON Schema object");
+    if (strict && !cJSON_IsBool(strict))
+        return serr(e, 400, "invalid_type", "text.format.strict",
+                    "'text.format.strict' must be a boolean");
+    cJSON *js = cJSON_AddObjectToObject(rf, "json_schema");
+    cJSON_AddStringToObject(js, "name", name ? name->valuestring : "response");
+    cJSON_AddItemToObject(js, "schema", cJSON_Duplicate(schema, true));
+    cJSON_AddBoolToObject(js, "strict", strict && cJSON_IsTrue(strict));
+    return true;
+}
+
+/* Refuses what cellm cannot honour and would change the response's
+ * meaning; the rest of the Responses API's options are ignored. */
+static bool refuse_unsupported(const cJSON *root, serve_err *e) {
+    static const char *const stored[] = {"previous_response_id", "conversation", "prompt"};
+    for (size_t k = 0; k < sizeof stored / sizeof *stored; k++)
+        if (opt(root, stored[k]))
+            return serr(e, 400, "unsupported_parameter", stored[k],
+                        "cellm stores no responses, conversations or prompts: '%s' cannot be "
+                        "used; send the whole conversation in 'input'",
+                        stored[k]);
+    const cJSON *v = opt(root, "background");
+    if (v && !cJSON_IsFalse(v))
+        return serr(e, 400, "unsupported_parameter", "background",
+                    "cellm does not run responses in the background");
+    v = opt(root, "tools");
+    if (v && !cJSON_IsArray(v))
+        return serr(e, 400, "invalid_type", "tools", "'tools' must be an array");
+    if (v && cJSON_GetArraySize(v))
+        return serr(e, 400, "unsupported_parameter", "tools",
+                    "cellm's /v1/responses does not call tools yet");
+    v = opt(root, "tool_choice");
+    if (v && !(cJSON_IsString(v) &&
+               (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto"))))
+        return serr(e, 400, "unsupported_parameter", "tool_choice",
+                    "'tool_choice' can only be \"auto\" or \"none\": cellm's /v1/responses does "
+                    "not call tools yet");
+    v = opt(root, "top_logprobs");
+    if (v && !(cJSON_IsNumber(v) && v->valuedouble == 0))
+        return serr(e, 400, "unsupported_parameter", "top_logprobs",
+                    "cellm's /v1/responses has no log-probabilities yet (chat completions has)");
+    v = opt(root, "truncation");
+    if (v && !(cJSON_IsString(v) && !strcmp(v->valuestring, "disabled")))
+        return serr(e, 400, "unsupported_parameter", "truncation",
+                    "'truncation' can only be \"disabled\": cellm never drops input; an input "
+                    "longer than the context is refused");
+    v = opt(root, "metadata");
+    if (v && !cJSON_IsObject(v))
+        return serr(e, 400, "invalid_type", "metadata", "'metadata' must be an object");
+    const cJSON *kv;
+    if (v) cJSON_ArrayForEach(kv, v) {
+            if (!cJSON_IsString(kv))
+                return serr(e, 400, "invalid_type", "metadata",
+                            "the values of 'metadata' must be strings");
+        }
+    v = opt(root, "store");
+    if (v && !cJSON_IsBool(v))
+        return serr(e, 400, "invalid_type", "store", "'store' must be a boolean");
+    return true;
+}
+
+/* Copies root's field `name` to `dst` when it is there (checked later). */
+static void copy_field(const cJSON *root, const char *name, cJSON *dst, const char *as) {
+    const cJSON *v = opt(root, name);
+    if (v) cJSON_AddItemToObject(dst, as ? as : name, cJSON_Duplicate(v, true));
+}
+
+/* The Responses body `root` as a chat completions body *chat (a new
+ * cJSON object), with what the response repeats in *echo. */
+static bool to_chat(const cJSON *root, const serve_limits *lim, cJSON *chat, cJSON *echo,
+                    serve_err *e) {
+    if (!refuse_unsupported(root, e)) return false;
+    const cJSON *instr = opt(root, "instructions");
+    if (instr && !cJSON_IsString(instr))
+        return serr(e, 400, "invalid_type", "instructions", "'instructions' must be a string");
+    cJSON *msgs = cJSON_AddArrayToObject(chat, "messages");
+    if (instr) add_message(msgs, "system", cJSON_CreateString(instr->valuestring));
+    if (!input_messages(opt(root, "input"), msgs, e)) return false;
+    const cJSON *mt = opt(root, "max_output_tokens");
+    if (mt && !(cJSON_IsNumber(mt) && mt->valuedouble >= 1 && mt->valuedouble <= lim->n_ctx &&
+                mt->valuedouble == floor(mt->valuedouble)))
+        return serr(e, 400, "invalid_value", "max_output_tokens",
+                    "'max_output_tokens' must be an integer from 1 to %d (the context)",
+                    lim->n_ctx);
+    copy_field(root, "max_output_tokens", chat, "max_completion_tokens");
+    static const char *const same[] = {"model", "temperature", "top_p", "seed", "stream", "user"};
+    for (size_t k = 0; k < sizeof same / sizeof *same; k++) copy_field(root, same[k], chat, NULL);
+    if (!text_format(opt(root, "text"), chat, echo, e)) return false;
+
+    /* What the response object repeats (sampling values once parsed). */
+    if (instr)
+        cJSON_AddStringToObject(echo, "instructions", instr->valuestring);
+    else
+        cJSON_AddNullToObject(echo, "instructions");
+    if (mt)
+        cJSON_AddNumberToObject(echo, "max_output_tokens", mt->valuedouble);
+    else
+        cJSON_AddNullToObject(echo, "max_output_tokens");
+    const cJSON *md = opt(root, "metadata"), *tc = opt(root, "tool_choice");
+    cJSON_AddItemToObject(echo, "metadata", md ? cJSON_Duplicate(md, true) : cJSON_CreateObject());
+    cJSON_AddStringToObject(echo, "tool_choice", tc ? tc->valuestring : "auto");
+    copy_field(root, "user", echo, NULL);
+    return true;
+}
+
+void responses_err_param(serve_err *e) {
+    if (!strncmp(e->param, "messages", 8))
+        snprintf(e->param, sizeof e->param, "input");
+    else if (!strcmp(e->param, "response_format"))
+        snprintf(e->param, sizeof e->param, "text.format");
+}
+
+static void state_free(void *ctx) {
+    resp_state *x = ctx;
+    if (!x) return;
+    cJSON_Delete(x->echo);
+    free(x->text);
+    free(x);
+}
+
+static void *resp_whole(void *ctx, const serve_out *o);
+static char *resp_stream(void *ctx, const serve_out *o);
+static const serve_api responses_api = {resp_whole, resp_stream, state_free};
+
+bool responses_parse(const char *body, size_t len, const serve_limits *lim, const char *model_id,
+                     uint64_t id, serve_req *r, serve_err *e) {
+    memset(r, 0, sizeof *r);
+    if (!len || memchr(body, '\0', len) || !serve_utf8_valid(body, len))
+        return serr(e, 400, "invalid_json", NULL, "the request body must be a UTF-8 JSON object");
+    size_t at = 0;
+    cJSON *root = serve_json_parse(body, len, &at);
+    if (!root)
+        return serr(e, 400, "invalid_json", NULL,
+                    "the request body is not valid JSON (error near byte %zu)", at);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return serr(e, 400, "invalid_json", NULL, "the request body must be a JSON object");
+    }
+    resp_state *x = calloc(1, sizeof *x);
+    cJSON *chat = cJSON_CreateObject(), *echo = cJSON_CreateObject();
+    bool ok = x && chat && echo && to_chat(root, lim, chat, echo, e);
+    if (!ok && (!x || !chat || !echo)) serr(e, 500, NULL, NULL, "out of memory");
+    cJSON_Delete(root);
+    char *text = ok ? cJSON_PrintUnformatted(chat) : NULL;
+    cJSON_Delete(chat);
+    if (ok && !text) ok = serr(e, 500, NULL, NULL, "out of memory");
+    ok = ok && serve_req_parse(text, strlen(text), SERVE_CHAT, lim, r, e);
+    cJSON_free(text);
+    if (!ok) {
+        cJSON_Delete(echo);
+        free(x);
+        responses_err_param(e);
+        return false;
+    }
+    /* The sampling values the request got, defaults included (floats:
+     * rounded, so that 0.7 reads 0.7 and not 0.699999988). */
+    cJSON_AddNumberToObject(echo, "temperature", round(r->temperature * 1e6) / 1e6);
+    cJSON_AddNumberToObject(echo, "top_p", round(r->top_p * 1e6) / 1e6);
+    snprintf(x->id, sizeof x->id, "resp_%016llx", (unsigned long long)id);
+    snprintf(x->msg_id, sizeof x->msg_id, "msg_%016llx", (unsigned long long)id);
+    snprintf(x->model, sizeof x->model, "%s", model_id);
+    x->created = (long)time(NULL);
+    x->echo = echo;
+    r->api = &responses_api;
+    r->api_ctx = x;
+    return true;
+}
+
+/* ------------------------------------------------------------ the reply */
+
+/* {"type": "output_text", "text", "annotations": [], "logprobs": []} */
+static cJSON *text_part(const char *text, size_t len) {
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddStringToObject(p, "type", "output_text");
+    serve_json_add_text(p, "text", text, len);
+    cJSON_AddArrayToObject(p, "annotations");
+    cJSON_AddArrayToObject(p, "logprobs");
+    return p;
+}
+
+/* The output message item; its content is one text part (text[0..len),
+ * text may be NULL when len is 0), or none yet (!part). */
+static cJSON *message_item(const resp_state *x, const char *status, bool part, const char *text,
+                           size_t len) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", x->msg_id);
+    cJSON_AddStringToObject(m, "type", "message");
+    cJSON_AddStringToObject(m, "status", status);
+    cJSON_AddStringToObject(m, "role", "assistant");
+    cJSON *c = cJSON_AddArrayToObject(m, "content");
+    if (part) cJSON_AddItemToArray(c, text_part(text, len));
+    return m;
+}
+
+/* "completed", or "incomplete" when the output was cut at its limit. */
+static const char *final_status(const serve_out *o) {
+    return o->res.finish_reason == CELLM_FINISH_STOP ? "completed" : "incomplete";
+}
+
+/* The response object. `o` NULL: in progress (no output, no usage); with
+ * o->err: failed. */
+static cJSON *response_json(const resp_state *x, const serve_out *o, const char *text, size_t len) {
+    const char *status = !o ? "in_progress" : o->err ? "failed" : final_status(o);
+    bool ended = o && !o->err;
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "id", x->id);
+    cJSON_AddStringToObject(r, "object", "response");
+    cJSON_AddNumberToObject(r, "created_at", (double)x->created);
+    cJSON_AddStringToObject(r, "status", status);
+    cJSON_AddFalseToObject(r, "background");
+    if (o && o->err) {
+        cJSON *err = cJSON_AddObjectToObject(r, "error");
+        cJSON_AddStringToObject(err, "code", o->err->code ? o->err->code : "server_error");
+        cJSON_AddStringToObject(err, "message", o->err->msg);
+    } else {
+        cJSON_AddNullToObject(r, "error");
+    }
+    if (ended && !strcmp(status, "incomplete"))
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(r, "incomplete_details"), "reason",
+                                "max_output_tokens");
+    else
+        cJSON_AddNullToObject(r, "incomplete_details");
+    cJSON_AddStringToObject(r, "model", x->model);
+    cJSON *out = cJSON_AddArrayToObject(r, "output");
+    if (ended) cJSON_AddItemToArray(out, message_item(x, status, true, text, len));
+    cJSON_AddTrueToObject(r, "parallel_tool_calls");
+    cJSON_AddNullToObject(r, "previous_response_id");
+    cJSON *reasoning = cJSON_AddObjectToObject(r, "reasoning");
+    cJSON_AddNullToObject(reasoning, "effort");
+    cJSON_AddNullToObject(reasoning, "summary");
+    cJSON_AddFalseToObject(r, "store"); /* nothing is kept */
+    cJSON_AddArrayToObject(r, "tools");
+    cJSON_AddNumberToObject(r, "top_logprobs", 0);
+    cJSON_AddStringToObject(r, "truncation", "disabled");
+    const cJSON *v;
+    cJSON_ArrayForEach(v, x->echo) cJSON_AddItemToObject(r, v->string, cJSON_Duplicate(v, true));
+    if (!cJSON_GetObjectItemCaseSensitive(r, "user")) cJSON_AddNullToObject(r, "user");
+    if (!ended) {
+        cJSON_AddNullToObject(r, "usage");
+        return r;
+    }
+    cJSON *u = cJSON_AddObjectToObject(r, "usage");
+    cJSON_AddNumberToObject(u, "input_tokens", o->res.n_prompt_tokens);
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "input_tokens_details"), "cached_tokens",
+                            o->res.n_cached_tokens);
+    cJSON_AddNumberToObject(u, "output_tokens", o->res.n_completion_tokens);
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "output_tokens_details"), "reasoning_tokens",
+                            0);
+    cJSON_AddNumberToObject(u, "total_tokens",
+                            (double)o->res.n_prompt_tokens + o->res.n_completion_tokens);
+    return r;
+}
+
+static void *resp_whole(void *ctx, const serve_out *o) {
+    return response_json(ctx, o, o->text, o->len);
+}
+
+/* A stream's text, growing: events for one call of resp_stream. */
+typedef struct sse_buf {
+    char *p;
+    size_t len, cap;
+    bool oom;
+} sse_buf;
+
+static void buf_put(sse_buf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (!serve_grow(&b->p, &b->cap, b->len + n + 1)) {
+        b->oom = true;
+        return;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+/* A new event object {"type", "sequence_number"}. */
+static cJSON *event_new(resp_state *x, const char *type) {
+    cJSON *ev = cJSON_CreateObject();
+    cJSON_AddStringToObject(ev, "type", type);
+    cJSON_AddNumberToObject(ev, "sequence_number", (double)x->seq++);
+    return ev;
+}
+
+/* The part events' place: item_id, output_index, content_index. */
+static cJSON *part_event(resp_state *x, const char *type) {
+    cJSON *ev = event_new(x, type);
+    cJSON_AddStringToObject(ev, "item_id", x->msg_id);
+    cJSON_AddNumberToObject(ev, "output_index", 0);
+    cJSON_AddNumberToObject(ev, "content_index", 0);
+    return ev;
+}
+
+/* Appends "event: TYPE\ndata: JSON\n\n" and frees ev. */
+static void event_put(sse_buf *b, cJSON *ev) {
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(ev, "type");
+    char *t = cJSON_PrintUnformatted(ev);
+    if (!t || !cJSON_IsString(type)) {
+        b->oom = true;
+    } else {
+        buf_put(b, "event: ", 7);
+        buf_put(b, type->valuestring, strlen(type->valuestring));
+        buf_put(b, "\ndata: ", 7);
+        buf_put(b, t, strlen(t));
+        buf_put(b, "\n\n", 2);
+    }
+    cJSON_free(t);
+    cJSON_Delete(ev);
+}
+
+/* An event carrying the response object. */
+static void response_event(sse_buf *b, resp_state *x, const char *type, const serve_out *o) {
+    cJSON *ev = event_new(x, type);
+    cJSON_AddItemToObject(ev, "response", response_json(x, o, x->text, x->len));
+    event_put(b, ev);
+}
+
+static char *resp_stream(void *ctx, const serve_out *o) {
+    resp_state *x = ctx;
+    sse_buf b = {NULL, 0, 0, false};
+    cJSON *ev;
+    if (!x->opened) {
+        x->opened = true;
+        response_event(&b, x, "response.created", NULL);
+        response_event(&b, x, "response.in_progress", NULL);
+        ev = event_new(x, "response.output_item.added");
+        cJSON_AddNumberToObject(ev, "output_index", 0);
+        cJSON_AddItemToObject(ev, "item", message_item(x, "in_progress", false, NULL, 0));
+        event_put(&b, ev);
+        ev = part_event(x, "response.content_part.added");
+        cJSON_AddItemToObject(ev, "part", text_part("", 0));
+        event_put(&b, ev);
+    }
+    if (o->len) {
+        if (!serve_grow(&x->text, &x->cap, x->len + o->len)) {
+            free(b.p);
+            return NULL;
+        }
+        memcpy(x->text + x->len, o->text, o->len);
+        x->len += o->len;
+        ev = part_event(x, "response.output_text.delta");
+        serve_json_add_text(ev, "delta", o->text, o->len);
+        cJSON_AddArrayToObject(ev, "logprobs");
+        event_put(&b, ev);
+    }
+    if (o->done && o->err) {
+        response_event(&b, x, "response.failed", o);
+    } else if (o->done) {
+        const char *status = final_status(o);
+        ev = part_event(x, "response.output_text.done");
+        serve_json_add_text(ev, "text", x->text, x->len);
+        cJSON_AddArrayToObject(ev, "logprobs");
+        event_put(&b, ev);
+        ev = part_event(x, "response.content_part.done");
+        cJSON_AddItemToObject(ev, "part", text_part(x->text, x->len));
+        event_put(&b, ev);
+        ev = event_new(x, "response.output_item.done");
+        cJSON_AddNumberToObject(ev, "output_index", 0);
+        cJSON_AddItemToObject(ev, "item", message_item(x, status, true, x->text, x->len));
+        event_put(&b, ev);
+        response_event(
+            &b, x, strcmp(status, "completed") ? "response.incomplete" : "response.completed", o);
+    }
+    if (b.oom || !b.p) {
+        free(b.p);
+        return NULL;
+    }
+    return b.p;
+}
