@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "jinja.h"
+#include "toolcall.h"
 
 static const char *const builtin_names[] = {"chatml", "gemma", "llama3"};
 static const chat_format builtin_formats[] = {CHAT_CHATML, CHAT_GEMMA, CHAT_LLAMA3};
@@ -43,22 +44,12 @@ static void add_stop(chat_tpl *t, const tokenizer *tok, int32_t id) {
     }
 }
 
-/* A NUL-terminated copy of s[0..n), or NULL when out of memory. */
-static char *dup_n(const char *s, size_t n) {
-    char *p = malloc(n + 1);
-    if (p) {
-        memcpy(p, s, n);
-        p[n] = '\0';
-    }
-    return p;
-}
-
 /* The text of token `id`, copied; NULL for no token (and when out of
  * memory, which then only leaves the variable undefined). */
 static char *token_text(const tokenizer *tok, int32_t id) {
     size_t n = 0;
     const char *s = id >= 0 ? tokenizer_token_text(tok, id, &n) : NULL;
-    return s ? dup_n(s, n) : NULL;
+    return s ? str_dup_n(s, n) : NULL;
 }
 
 void chat_tpl_free(chat_tpl *t) {
@@ -88,12 +79,12 @@ cellm_status chat_tpl_init(const model *m, const tokenizer *tok, const char *nam
     } else if (given) {
         t->format = CHAT_JINJA;
         t->jinja_len = strlen(name);
-        t->jinja = dup_n(name, t->jinja_len);
+        t->jinja = str_dup_n(name, t->jinja_len);
     } else if (has_own) {
         t->format = CHAT_JINJA;
         t->from_model = true;
         t->jinja_len = (size_t)own.len;
-        t->jinja = dup_n(own.ptr, t->jinja_len);
+        t->jinja = str_dup_n(own.ptr, t->jinja_len);
     } else if (!strncmp(m->arch, "gemma", 5)) {
         t->format = CHAT_GEMMA;
     } else {
@@ -119,6 +110,7 @@ cellm_status chat_tpl_init(const model *m, const tokenizer *tok, const char *nam
             return err_set(err, given ? CELLM_ERR_INVALID_ARG : CELLM_ERR_UNSUPPORTED, "%s",
                            perr.msg);
         }
+        t->tool_fmt = (int)tool_format_of_template(t->jinja, &t->tools_native);
         for (size_t i = 0; i < sizeof eot_texts / sizeof *eot_texts; i++)
             if (strstr(t->jinja, eot_texts[i])) add_stop(t, tok, special_id(tok, eot_texts[i]));
     } else {
@@ -134,7 +126,7 @@ cellm_status chat_tpl_init(const model *m, const tokenizer *tok, const char *nam
     /* A default system prompt written into a ChatML template (SmolLM2's),
      * for the built-in format: the Jinja template writes it itself. */
     if (t->format == CHAT_CHATML && own.len > 0) {
-        char *text = dup_n(own.ptr, (size_t)own.len);
+        char *text = str_dup_n(own.ptr, (size_t)own.len);
         if (!text) goto oom;
         const char *sys = strstr(text, "<|im_start|>system\n");
         if (sys) {
@@ -233,8 +225,10 @@ static void render_builtin(const chat_tpl *t, const chat_msg *msgs, int n, bool 
     }
 }
 
-cellm_status chat_render(const chat_tpl *t, const chat_msg *msgs, int n, bool add_generation,
-                         char **out, cellm_error *err) {
+/* Renders msgs, or for a Jinja template the variables in vars (a JSON
+ * object, vars_len bytes) when not NULL. */
+static cellm_status render(const chat_tpl *t, const chat_msg *msgs, int n, const char *vars,
+                           size_t vars_len, bool add_generation, char **out, cellm_error *err) {
     *out = NULL;
     if (t->format != CHAT_JINJA) {
         sbuf b = {0};
@@ -257,6 +251,8 @@ cellm_status chat_render(const chat_tpl *t, const chat_msg *msgs, int n, bool ad
     ctx.add_generation_prompt = add_generation;
     ctx.bos_token = t->bos;
     ctx.eos_token = t->eos;
+    ctx.vars_json = vars;
+    ctx.vars_json_len = vars_len;
     size_t len = 0;
     cellm_error jerr;
     err_clear(&jerr);
@@ -274,17 +270,39 @@ cellm_status chat_render(const chat_tpl *t, const chat_msg *msgs, int n, bool ad
     return err_set(err, st, "the chat template cannot be rendered: %.400s", jerr.msg);
 }
 
-cellm_status chat_encode(const chat_tpl *t, const tokenizer *tok, const chat_msg *msgs, int n,
-                         bool add_generation, tok_ids *ids, cellm_error *err) {
-    char *text = NULL;
-    cellm_status st = chat_render(t, msgs, n, add_generation, &text, err);
+cellm_status chat_render(const chat_tpl *t, const chat_msg *msgs, int n, bool add_generation,
+                         char **out, cellm_error *err) {
+    return render(t, msgs, n, NULL, 0, add_generation, out, err);
+}
+
+cellm_status chat_render_json(const chat_tpl *t, const char *messages_json, const char *tools_json,
+                              bool add_generation, char **out, cellm_error *err) {
+    *out = NULL;
+    tool_chat tc;
+    cellm_status st = tool_chat_prepare(messages_json, tools_json,
+                                        t->format == CHAT_JINJA && t->tools_native, &tc, err);
     if (st) return st;
+    chat_msg *msgs = malloc(sizeof *msgs * (size_t)(tc.n_msgs > 0 ? tc.n_msgs : 1));
+    if (!msgs) {
+        tool_chat_free(&tc);
+        return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    }
+    for (int i = 0; i < tc.n_msgs; i++) msgs[i] = (chat_msg){tc.msgs[i].role, tc.msgs[i].content};
+    st = render(t, msgs, tc.n_msgs, tc.vars_json, tc.vars_len, add_generation, out, err);
+    free(msgs);
+    tool_chat_free(&tc);
+    return st;
+}
+
+/* Tokenizes a rendered prompt (and frees it). */
+static cellm_status encode_text(const chat_tpl *t, const tokenizer *tok, char *text, tok_ids *ids,
+                                cellm_error *err) {
     size_t first = ids->n;
     if (t->bos_id >= 0 && !tok_ids_push(ids, t->bos_id)) {
         free(text);
         return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
     }
-    st = tokenizer_encode(tok, text, strlen(text), TOK_PARSE_SPECIAL, ids, err);
+    cellm_status st = tokenizer_encode(tok, text, strlen(text), TOK_PARSE_SPECIAL, ids, err);
     free(text);
     if (st) return st;
     /* The template wrote BOS itself (Gemma's, Llama's): keep one. */
@@ -293,6 +311,21 @@ cellm_status chat_encode(const chat_tpl *t, const tokenizer *tok, const chat_msg
         ids->n--;
     }
     return CELLM_OK;
+}
+
+cellm_status chat_encode(const chat_tpl *t, const tokenizer *tok, const chat_msg *msgs, int n,
+                         bool add_generation, tok_ids *ids, cellm_error *err) {
+    char *text = NULL;
+    cellm_status st = chat_render(t, msgs, n, add_generation, &text, err);
+    return st ? st : encode_text(t, tok, text, ids, err);
+}
+
+cellm_status chat_encode_json(const chat_tpl *t, const tokenizer *tok, const char *messages_json,
+                              const char *tools_json, bool add_generation, tok_ids *ids,
+                              cellm_error *err) {
+    char *text = NULL;
+    cellm_status st = chat_render_json(t, messages_json, tools_json, add_generation, &text, err);
+    return st ? st : encode_text(t, tok, text, ids, err);
 }
 
 bool chat_is_stop(const chat_tpl *t, const tokenizer *tok, int32_t id) {
