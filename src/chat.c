@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "jinja.h"
+#include "json.h"
 #include "toolcall.h"
 
 static const char *const builtin_names[] = {"chatml", "gemma", "llama3"};
@@ -146,33 +147,9 @@ oom:
     return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
 }
 
-/* A growing string; `failed` once an allocation failed. */
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    bool failed;
-} sbuf;
-
-static void put(sbuf *b, const char *s) {
-    size_t n = strlen(s);
-    if (b->failed) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = (b->n + n + 1) * 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->failed = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n + 1);
-    b->n += n;
-}
-
 /* The built-in formats. */
 static void render_builtin(const chat_tpl *t, const chat_msg *msgs, int n, bool add_generation,
-                           sbuf *b) {
+                           json_buf *b) {
     const char *system = NULL;
     int first = 0;
     if (n > 0 && !strcmp(msgs[0].role, "system")) {
@@ -184,43 +161,43 @@ static void render_builtin(const chat_tpl *t, const chat_msg *msgs, int n, bool 
     case CHAT_CHATML:
         if (!system && t->default_system[0]) system = t->default_system;
         if (system) {
-            put(b, "<|im_start|>system\n");
-            put(b, system);
-            put(b, "<|im_end|>\n");
+            json_buf_str(b, "<|im_start|>system\n");
+            json_buf_str(b, system);
+            json_buf_str(b, "<|im_end|>\n");
         }
         for (int i = first; i < n; i++) {
-            put(b, "<|im_start|>");
-            put(b, msgs[i].role);
-            put(b, "\n");
-            put(b, msgs[i].content);
-            put(b, "<|im_end|>\n");
+            json_buf_str(b, "<|im_start|>");
+            json_buf_str(b, msgs[i].role);
+            json_buf_str(b, "\n");
+            json_buf_str(b, msgs[i].content);
+            json_buf_str(b, "<|im_end|>\n");
         }
-        if (add_generation) put(b, "<|im_start|>assistant\n");
+        if (add_generation) json_buf_str(b, "<|im_start|>assistant\n");
         break;
     case CHAT_GEMMA:
         /* Gemma has no system role: the system text opens the first user
          * turn. */
         for (int i = first; i < n; i++) {
             bool user = strcmp(msgs[i].role, "assistant") != 0;
-            put(b, user ? "<start_of_turn>user\n" : "<start_of_turn>model\n");
+            json_buf_str(b, user ? "<start_of_turn>user\n" : "<start_of_turn>model\n");
             if (system && i == first) {
-                put(b, system);
-                put(b, "\n\n");
+                json_buf_str(b, system);
+                json_buf_str(b, "\n\n");
             }
-            put(b, msgs[i].content);
-            put(b, "<end_of_turn>\n");
+            json_buf_str(b, msgs[i].content);
+            json_buf_str(b, "<end_of_turn>\n");
         }
-        if (add_generation) put(b, "<start_of_turn>model\n");
+        if (add_generation) json_buf_str(b, "<start_of_turn>model\n");
         break;
     case CHAT_LLAMA3:
         for (int i = 0; i < n; i++) {
-            put(b, "<|start_header_id|>");
-            put(b, msgs[i].role);
-            put(b, "<|end_header_id|>\n\n");
-            put(b, msgs[i].content);
-            put(b, "<|eot_id|>");
+            json_buf_str(b, "<|start_header_id|>");
+            json_buf_str(b, msgs[i].role);
+            json_buf_str(b, "<|end_header_id|>\n\n");
+            json_buf_str(b, msgs[i].content);
+            json_buf_str(b, "<|eot_id|>");
         }
-        if (add_generation) put(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        if (add_generation) json_buf_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
         break;
     }
 }
@@ -231,14 +208,14 @@ static cellm_status render(const chat_tpl *t, const chat_msg *msgs, int n, const
                            size_t vars_len, bool add_generation, char **out, cellm_error *err) {
     *out = NULL;
     if (t->format != CHAT_JINJA) {
-        sbuf b = {0};
-        put(&b, "");
+        json_buf b = {0};
+        json_buf_str(&b, "");
         render_builtin(t, msgs, n, add_generation, &b);
-        if (b.failed) {
-            free(b.p);
+        if (b.full) {
+            free(b.s);
             return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
         }
-        *out = b.p;
+        *out = b.s;
         return CELLM_OK;
     }
     jinja_message *jm = malloc(sizeof *jm * (size_t)(n > 0 ? n : 1));

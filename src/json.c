@@ -3,6 +3,8 @@
  */
 #include "json.h"
 
+#include "unicode.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -56,29 +58,6 @@ static int hex4(const char *s) {
     return v;
 }
 
-static size_t put_utf8(char *o, uint32_t cp) {
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (char)(0xC0 | (cp >> 6));
-        o[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | (cp >> 12));
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | (cp >> 18));
-    o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    o[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 /* A JSON string at r->i (the opening quote) into a new buffer. */
 static char *jstring(jreader *r, size_t *len) {
     r->i++;
@@ -122,7 +101,7 @@ static char *jstring(jreader *r, size_t *len) {
         } else if (cp >= 0xD800 && cp < 0xE000) {
             cp = 0xFFFD;
         }
-        m += put_utf8(o + m, cp); /* \uXXXX is 6 bytes: never more out than in */
+        m += utf8_encode(cp, (uint8_t *)o + m); /* \uXXXX is 6 bytes: never more out than in */
     }
     if (r->i >= r->n) {
         free(o);
