@@ -521,6 +521,37 @@ cellm_status cellm_grammar_from_json_schema(const char *schema, size_t len, cell
 /* Drops the caller's reference. */
 void cellm_grammar_free(cellm_grammar *g);
 
+/* ------------------------------------------------------------ tool calls */
+
+#define CELLM_MAX_TOOLS 128 /* functions in one tools_json */
+
+/* The grammar of a reply that is nothing but tool calls, in the format of
+ * the model's family (read from its chat template: Hermes/Qwen
+ * <tool_call> blocks, Llama 3 JSON, Mistral [TOOL_CALLS], else a bare
+ * JSON call; the generic <tool_call> blocks for a template without tool
+ * support): calls of the function `name` (NULL: of any tool in
+ * tools_json), each with arguments valid for the function's `parameters`
+ * JSON Schema; one call, or with `parallel` one or more. For OpenAI's
+ * tool_choice "required" and a named function. CELLM_ERR_INVALID_ARG,
+ * cellm_last_error() naming the tool: malformed tools, an unknown name,
+ * a schema the compiler refuses. */
+cellm_status cellm_grammar_tool_calls(const cellm_model *model, const char *tools_json,
+                                      const char *name, int parallel, cellm_grammar **out);
+
+/* Finds the tool calls in a model's reply text[0..len): Hermes/Qwen
+ * <tool_call>{json}</tool_call> blocks, Llama 3 {"name", "parameters"}
+ * (after <|python_tag|> or alone), Mistral [TOOL_CALLS][...], or a bare
+ * JSON call or array of calls. *out gets a new NUL-terminated JSON
+ * object (free it with free()): {"content": the text outside the calls
+ * or null, "tool_calls": [{"name": "...", "arguments": "<JSON object as
+ * a string>"}, ...]}. A reply with no call, a malformed call, or (with
+ * tools_json, which may be NULL) a call of a function not among the
+ * tools has "tool_calls": [] and all its text as content. Errors:
+ * CELLM_ERR_INVALID_ARG (malformed tools_json), CELLM_ERR_NO_MEMORY.
+ * Thread-safe. */
+cellm_status cellm_tool_calls_parse(const char *text, size_t len, const char *tools_json,
+                                    char **out);
+
 #define CELLM_MAX_STOP_STRINGS 16 /* entries of cellm_request_params.stop */
 #define CELLM_MAX_STOP_LEN 256    /* bytes of one stop string */
 
@@ -573,6 +604,21 @@ typedef struct cellm_request_params {
     /* Structured output: NULL, or a grammar the completion must follow
      * (see cellm_grammar). The request takes its own reference. */
     const cellm_grammar *grammar;
+
+    /* Tool calls (docs/serve.md, "Tool calls"). messages_json: instead of
+     * `messages`, the conversation as a JSON array of OpenAI chat
+     * messages, which may hold assistant messages with `tool_calls` and
+     * `role: "tool"` results (with `tool_call_id` and `name`); content a
+     * string or null. tools_json: NULL, or a JSON array of OpenAI tool
+     * objects ({"type": "function", "function": {"name", "description",
+     * "parameters"}}, at most CELLM_MAX_TOOLS), for `messages` or
+     * messages_json. The model's chat template renders both when it reads
+     * `tools`; for one that does not, the tools go into a generic system
+     * prompt that asks for <tool_call> blocks. Read at submit. Force a
+     * call with cellm_grammar_tool_calls; find the calls in the reply with
+     * cellm_tool_calls_parse. */
+    const char *messages_json;
+    const char *tools_json;
 } cellm_request_params;
 
 cellm_request_params cellm_request_default_params(void);

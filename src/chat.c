@@ -8,6 +8,8 @@
 #include <string.h>
 
 #include "jinja.h"
+#include "json.h"
+#include "toolcall.h"
 
 static const char *const builtin_names[] = {"chatml", "gemma", "llama3"};
 static const chat_format builtin_formats[] = {CHAT_CHATML, CHAT_GEMMA, CHAT_LLAMA3};
@@ -43,22 +45,12 @@ static void add_stop(chat_tpl *t, const tokenizer *tok, int32_t id) {
     }
 }
 
-/* A NUL-terminated copy of s[0..n), or NULL when out of memory. */
-static char *dup_n(const char *s, size_t n) {
-    char *p = malloc(n + 1);
-    if (p) {
-        memcpy(p, s, n);
-        p[n] = '\0';
-    }
-    return p;
-}
-
 /* The text of token `id`, copied; NULL for no token (and when out of
  * memory, which then only leaves the variable undefined). */
 static char *token_text(const tokenizer *tok, int32_t id) {
     size_t n = 0;
     const char *s = id >= 0 ? tokenizer_token_text(tok, id, &n) : NULL;
-    return s ? dup_n(s, n) : NULL;
+    return s ? str_dup_n(s, n) : NULL;
 }
 
 void chat_tpl_free(chat_tpl *t) {
@@ -88,12 +80,12 @@ cellm_status chat_tpl_init(const model *m, const tokenizer *tok, const char *nam
     } else if (given) {
         t->format = CHAT_JINJA;
         t->jinja_len = strlen(name);
-        t->jinja = dup_n(name, t->jinja_len);
+        t->jinja = str_dup_n(name, t->jinja_len);
     } else if (has_own) {
         t->format = CHAT_JINJA;
         t->from_model = true;
         t->jinja_len = (size_t)own.len;
-        t->jinja = dup_n(own.ptr, t->jinja_len);
+        t->jinja = str_dup_n(own.ptr, t->jinja_len);
     } else if (!strncmp(m->arch, "gemma", 5)) {
         t->format = CHAT_GEMMA;
     } else {
@@ -119,6 +111,7 @@ cellm_status chat_tpl_init(const model *m, const tokenizer *tok, const char *nam
             return err_set(err, given ? CELLM_ERR_INVALID_ARG : CELLM_ERR_UNSUPPORTED, "%s",
                            perr.msg);
         }
+        t->tool_fmt = (int)tool_format_of_template(t->jinja, &t->tools_native);
         for (size_t i = 0; i < sizeof eot_texts / sizeof *eot_texts; i++)
             if (strstr(t->jinja, eot_texts[i])) add_stop(t, tok, special_id(tok, eot_texts[i]));
     } else {
@@ -134,7 +127,7 @@ cellm_status chat_tpl_init(const model *m, const tokenizer *tok, const char *nam
     /* A default system prompt written into a ChatML template (SmolLM2's),
      * for the built-in format: the Jinja template writes it itself. */
     if (t->format == CHAT_CHATML && own.len > 0) {
-        char *text = dup_n(own.ptr, (size_t)own.len);
+        char *text = str_dup_n(own.ptr, (size_t)own.len);
         if (!text) goto oom;
         const char *sys = strstr(text, "<|im_start|>system\n");
         if (sys) {
@@ -154,33 +147,9 @@ oom:
     return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
 }
 
-/* A growing string; `failed` once an allocation failed. */
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    bool failed;
-} sbuf;
-
-static void put(sbuf *b, const char *s) {
-    size_t n = strlen(s);
-    if (b->failed) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = (b->n + n + 1) * 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->failed = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n + 1);
-    b->n += n;
-}
-
 /* The built-in formats. */
 static void render_builtin(const chat_tpl *t, const chat_msg *msgs, int n, bool add_generation,
-                           sbuf *b) {
+                           json_buf *b) {
     const char *system = NULL;
     int first = 0;
     if (n > 0 && !strcmp(msgs[0].role, "system")) {
@@ -192,59 +161,61 @@ static void render_builtin(const chat_tpl *t, const chat_msg *msgs, int n, bool 
     case CHAT_CHATML:
         if (!system && t->default_system[0]) system = t->default_system;
         if (system) {
-            put(b, "<|im_start|>system\n");
-            put(b, system);
-            put(b, "<|im_end|>\n");
+            json_buf_str(b, "<|im_start|>system\n");
+            json_buf_str(b, system);
+            json_buf_str(b, "<|im_end|>\n");
         }
         for (int i = first; i < n; i++) {
-            put(b, "<|im_start|>");
-            put(b, msgs[i].role);
-            put(b, "\n");
-            put(b, msgs[i].content);
-            put(b, "<|im_end|>\n");
+            json_buf_str(b, "<|im_start|>");
+            json_buf_str(b, msgs[i].role);
+            json_buf_str(b, "\n");
+            json_buf_str(b, msgs[i].content);
+            json_buf_str(b, "<|im_end|>\n");
         }
-        if (add_generation) put(b, "<|im_start|>assistant\n");
+        if (add_generation) json_buf_str(b, "<|im_start|>assistant\n");
         break;
     case CHAT_GEMMA:
         /* Gemma has no system role: the system text opens the first user
          * turn. */
         for (int i = first; i < n; i++) {
             bool user = strcmp(msgs[i].role, "assistant") != 0;
-            put(b, user ? "<start_of_turn>user\n" : "<start_of_turn>model\n");
+            json_buf_str(b, user ? "<start_of_turn>user\n" : "<start_of_turn>model\n");
             if (system && i == first) {
-                put(b, system);
-                put(b, "\n\n");
+                json_buf_str(b, system);
+                json_buf_str(b, "\n\n");
             }
-            put(b, msgs[i].content);
-            put(b, "<end_of_turn>\n");
+            json_buf_str(b, msgs[i].content);
+            json_buf_str(b, "<end_of_turn>\n");
         }
-        if (add_generation) put(b, "<start_of_turn>model\n");
+        if (add_generation) json_buf_str(b, "<start_of_turn>model\n");
         break;
     case CHAT_LLAMA3:
         for (int i = 0; i < n; i++) {
-            put(b, "<|start_header_id|>");
-            put(b, msgs[i].role);
-            put(b, "<|end_header_id|>\n\n");
-            put(b, msgs[i].content);
-            put(b, "<|eot_id|>");
+            json_buf_str(b, "<|start_header_id|>");
+            json_buf_str(b, msgs[i].role);
+            json_buf_str(b, "<|end_header_id|>\n\n");
+            json_buf_str(b, msgs[i].content);
+            json_buf_str(b, "<|eot_id|>");
         }
-        if (add_generation) put(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        if (add_generation) json_buf_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
         break;
     }
 }
 
-cellm_status chat_render(const chat_tpl *t, const chat_msg *msgs, int n, bool add_generation,
-                         char **out, cellm_error *err) {
+/* Renders msgs, or for a Jinja template the variables in vars (a JSON
+ * object, vars_len bytes) when not NULL. */
+static cellm_status render(const chat_tpl *t, const chat_msg *msgs, int n, const char *vars,
+                           size_t vars_len, bool add_generation, char **out, cellm_error *err) {
     *out = NULL;
     if (t->format != CHAT_JINJA) {
-        sbuf b = {0};
-        put(&b, "");
+        json_buf b = {0};
+        json_buf_str(&b, "");
         render_builtin(t, msgs, n, add_generation, &b);
-        if (b.failed) {
-            free(b.p);
+        if (b.full) {
+            free(b.s);
             return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
         }
-        *out = b.p;
+        *out = b.s;
         return CELLM_OK;
     }
     jinja_message *jm = malloc(sizeof *jm * (size_t)(n > 0 ? n : 1));
@@ -257,6 +228,8 @@ cellm_status chat_render(const chat_tpl *t, const chat_msg *msgs, int n, bool ad
     ctx.add_generation_prompt = add_generation;
     ctx.bos_token = t->bos;
     ctx.eos_token = t->eos;
+    ctx.vars_json = vars;
+    ctx.vars_json_len = vars_len;
     size_t len = 0;
     cellm_error jerr;
     err_clear(&jerr);
@@ -274,17 +247,39 @@ cellm_status chat_render(const chat_tpl *t, const chat_msg *msgs, int n, bool ad
     return err_set(err, st, "the chat template cannot be rendered: %.400s", jerr.msg);
 }
 
-cellm_status chat_encode(const chat_tpl *t, const tokenizer *tok, const chat_msg *msgs, int n,
-                         bool add_generation, tok_ids *ids, cellm_error *err) {
-    char *text = NULL;
-    cellm_status st = chat_render(t, msgs, n, add_generation, &text, err);
+cellm_status chat_render(const chat_tpl *t, const chat_msg *msgs, int n, bool add_generation,
+                         char **out, cellm_error *err) {
+    return render(t, msgs, n, NULL, 0, add_generation, out, err);
+}
+
+cellm_status chat_render_json(const chat_tpl *t, const char *messages_json, const char *tools_json,
+                              bool add_generation, char **out, cellm_error *err) {
+    *out = NULL;
+    tool_chat tc;
+    cellm_status st = tool_chat_prepare(messages_json, tools_json,
+                                        t->format == CHAT_JINJA && t->tools_native, &tc, err);
     if (st) return st;
+    chat_msg *msgs = malloc(sizeof *msgs * (size_t)(tc.n_msgs > 0 ? tc.n_msgs : 1));
+    if (!msgs) {
+        tool_chat_free(&tc);
+        return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    }
+    for (int i = 0; i < tc.n_msgs; i++) msgs[i] = (chat_msg){tc.msgs[i].role, tc.msgs[i].content};
+    st = render(t, msgs, tc.n_msgs, tc.vars_json, tc.vars_len, add_generation, out, err);
+    free(msgs);
+    tool_chat_free(&tc);
+    return st;
+}
+
+/* Tokenizes a rendered prompt (and frees it). */
+static cellm_status encode_text(const chat_tpl *t, const tokenizer *tok, char *text, tok_ids *ids,
+                                cellm_error *err) {
     size_t first = ids->n;
     if (t->bos_id >= 0 && !tok_ids_push(ids, t->bos_id)) {
         free(text);
         return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
     }
-    st = tokenizer_encode(tok, text, strlen(text), TOK_PARSE_SPECIAL, ids, err);
+    cellm_status st = tokenizer_encode(tok, text, strlen(text), TOK_PARSE_SPECIAL, ids, err);
     free(text);
     if (st) return st;
     /* The template wrote BOS itself (Gemma's, Llama's): keep one. */
@@ -293,6 +288,21 @@ cellm_status chat_encode(const chat_tpl *t, const tokenizer *tok, const chat_msg
         ids->n--;
     }
     return CELLM_OK;
+}
+
+cellm_status chat_encode(const chat_tpl *t, const tokenizer *tok, const chat_msg *msgs, int n,
+                         bool add_generation, tok_ids *ids, cellm_error *err) {
+    char *text = NULL;
+    cellm_status st = chat_render(t, msgs, n, add_generation, &text, err);
+    return st ? st : encode_text(t, tok, text, ids, err);
+}
+
+cellm_status chat_encode_json(const chat_tpl *t, const tokenizer *tok, const char *messages_json,
+                              const char *tools_json, bool add_generation, tok_ids *ids,
+                              cellm_error *err) {
+    char *text = NULL;
+    cellm_status st = chat_render_json(t, messages_json, tools_json, add_generation, &text, err);
+    return st ? st : encode_text(t, tok, text, ids, err);
 }
 
 bool chat_is_stop(const chat_tpl *t, const tokenizer *tok, int32_t id) {

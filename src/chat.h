@@ -37,6 +37,8 @@ typedef struct chat_tpl {
     int32_t bos_id;              /* prepended to the prompt when the model adds BOS; -1: no */
     char default_system[512];    /* built-in ChatML: used when there is no system message */
     int32_t stop[CHAT_MAX_STOP]; /* end-of-turn token ids besides EOS, -1 padded */
+    bool tools_native;           /* the Jinja template renders `tools` itself */
+    int tool_fmt;                /* the tool_format (toolcall.h) the model writes calls in */
 } chat_tpl;
 
 /* Chooses how model `m` (tokenizer `tok`) lays out chats. `name` is NULL
@@ -65,6 +67,18 @@ cellm_status chat_render(const chat_tpl *t, const chat_msg *msgs, int n, bool ad
  * text does not already start with it). */
 cellm_status chat_encode(const chat_tpl *t, const tokenizer *tok, const chat_msg *msgs, int n,
                          bool add_generation, tok_ids *ids, cellm_error *err);
+
+/* Renders (and tokenizes) a conversation given as JSON: messages_json an
+ * array of OpenAI chat messages (with tool_calls and role "tool"),
+ * tools_json NULL or an array of OpenAI tools. A template that renders
+ * tools gets both as its variables; any other gets the generic rendering
+ * of toolcall.h. Errors: CELLM_ERR_INVALID_ARG for malformed JSON (the
+ * message names the message or tool), and chat_render's. */
+cellm_status chat_render_json(const chat_tpl *t, const char *messages_json, const char *tools_json,
+                              bool add_generation, char **out, cellm_error *err);
+cellm_status chat_encode_json(const chat_tpl *t, const tokenizer *tok, const char *messages_json,
+                              const char *tools_json, bool add_generation, tok_ids *ids,
+                              cellm_error *err);
 
 /* True for EOS and the end-of-turn tokens. */
 bool chat_is_stop(const chat_tpl *t, const tokenizer *tok, int32_t id);

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "json.h"
 
 #define DEFAULT_BUDGET ((size_t)256 << 20)
 
@@ -982,15 +983,47 @@ cellm_request_params cellm_request_default_params(void) {
 static cellm_status request_input(const cellm_engine *e, const cellm_request_params *p,
                                   tok_ids *ids, cellm_error *err) {
     const cellm_model *cm = e->model;
-    int n_inputs = (p->prompt != NULL) + (p->messages != NULL) + (p->tokens != NULL);
+    int n_inputs = (p->prompt != NULL) + (p->messages != NULL) + (p->tokens != NULL) +
+                   (p->messages_json != NULL);
     if (n_inputs != 1)
         return err_set(err, CELLM_ERR_INVALID_ARG,
-                       "a request needs exactly one of prompt, messages and tokens (it has %d)",
+                       "a request needs exactly one of prompt, messages, messages_json and tokens "
+                       "(it has %d)",
                        n_inputs);
+    if (p->tools_json && !p->messages && !p->messages_json)
+        return err_set(err, CELLM_ERR_INVALID_ARG, "tools_json needs messages or messages_json");
     unsigned flags = TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL;
     if (p->prompt) return tokenizer_encode(cm->tok, p->prompt, strlen(p->prompt), flags, ids, err);
+    if ((p->messages || p->messages_json) && !cm->has_chat)
+        return err_set(err, CELLM_ERR_UNSUPPORTED, "%s", cm->chat_err);
+    if (p->messages_json)
+        return chat_encode_json(&cm->chat, cm->tok, p->messages_json, p->tools_json, true, ids,
+                                err);
+    if (p->messages && p->tools_json) {
+        if (p->n_messages < 1 || p->n_messages > 65536)
+            return err_set(err, CELLM_ERR_INVALID_ARG, "n_messages must be 1..65536");
+        json_buf b = {0};
+        json_buf_str(&b, "[");
+        for (int32_t i = 0; i < p->n_messages; i++) {
+            const cellm_chat_message *m = &p->messages[i];
+            if (!m->role || !m->content) {
+                free(b.s);
+                return err_set(err, CELLM_ERR_INVALID_ARG, "message %d has no role or content", i);
+            }
+            json_buf_str(&b, i ? ",{\"role\":" : "{\"role\":");
+            json_buf_quote(&b, m->role, strlen(m->role));
+            json_buf_str(&b, ",\"content\":");
+            json_buf_quote(&b, m->content, strlen(m->content));
+            json_buf_str(&b, "}");
+        }
+        json_buf_str(&b, "]");
+        cellm_status st =
+            b.full ? err_set(err, CELLM_ERR_NO_MEMORY, "out of memory")
+                   : chat_encode_json(&cm->chat, cm->tok, b.s, p->tools_json, true, ids, err);
+        free(b.s);
+        return st;
+    }
     if (p->messages) {
-        if (!cm->has_chat) return err_set(err, CELLM_ERR_UNSUPPORTED, "%s", cm->chat_err);
         if (p->n_messages < 1 || p->n_messages > 65536)
             return err_set(err, CELLM_ERR_INVALID_ARG, "n_messages must be 1..65536");
         chat_msg *msgs = malloc((size_t)p->n_messages * sizeof *msgs);
@@ -1199,7 +1232,7 @@ cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm
     r->on_logprob = p->on_logprob;
     r->stop[r->n_stop++] = tokenizer_eos(cm->tok);
     for (int32_t i = 0; i < p->n_stop_tokens; i++) r->stop[r->n_stop++] = p->stop_tokens[i];
-    if (p->messages)
+    if (p->messages || p->messages_json)
         for (int i = 0; i < CHAT_MAX_STOP; i++)
             if (cm->chat.stop[i] >= 0) r->stop[r->n_stop++] = cm->chat.stop[i];
     if (p->n_stop > 0 && (stop_create(p->stop, (size_t)p->n_stop, &r->stops, &err) ||

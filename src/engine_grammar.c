@@ -13,6 +13,7 @@
 
 #include "engine.h"
 #include "schema.h"
+#include "toolcall.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -61,6 +62,34 @@ cellm_status cellm_grammar_from_json_schema(const char *schema, size_t len, cell
     st = grammar_parse(gbnf, n, &g, &err);
     free(gbnf);
     return wrap(g, st, &err, out);
+}
+
+cellm_status cellm_grammar_tool_calls(const cellm_model *cm, const char *tools_json,
+                                      const char *name, int parallel, cellm_grammar **out) {
+    if (!out || !cm || !tools_json)
+        return engine_fail(CELLM_ERR_INVALID_ARG, "cellm_grammar_tool_calls: NULL");
+    *out = NULL;
+    cellm_error err;
+    err_clear(&err);
+    char *gbnf = NULL;
+    size_t n = 0;
+    tool_format fmt = cm->has_chat ? (tool_format)cm->chat.tool_fmt : TOOL_FMT_HERMES;
+    cellm_status st = tool_grammar_gbnf(tools_json, name, fmt, parallel != 0, &gbnf, &n, &err);
+    if (st != CELLM_OK) return engine_fail(st, err.msg);
+    grammar *g = NULL;
+    st = grammar_parse(gbnf, n, &g, &err);
+    free(gbnf);
+    return wrap(g, st, &err, out);
+}
+
+cellm_status cellm_tool_calls_parse(const char *text, size_t len, const char *tools_json,
+                                    char **out) {
+    if (!out || (!text && len))
+        return engine_fail(CELLM_ERR_INVALID_ARG, "cellm_tool_calls_parse: NULL");
+    cellm_error err;
+    err_clear(&err);
+    cellm_status st = tool_calls_parse(text ? text : "", len, tools_json, out, &err);
+    return st == CELLM_OK ? CELLM_OK : engine_fail(st, err.msg);
 }
 
 void cellm_grammar_free(cellm_grammar *h) {

@@ -242,10 +242,10 @@ cellm_status cellm_session_send(cellm_session *s, const char *content,
         return engine_fail(CELLM_ERR_INVALID_ARG, "cellm_session_send: a NULL argument");
     cellm_engine *e = s->e;
     cellm_request_params p = params ? *params : cellm_session_request_params(s);
-    if (p.prompt || p.messages || p.tokens)
+    if (p.prompt || p.messages || p.tokens || p.messages_json || p.tools_json)
         return engine_fail(CELLM_ERR_INVALID_ARG,
-                           "a session's turn takes no prompt, messages or tokens: the session "
-                           "supplies the conversation");
+                           "a session's turn takes no prompt, messages, messages_json, tools_json "
+                           "or tokens: the session supplies the conversation");
     pthread_mutex_lock(&e->mu);
     bool busy = s->turn != NULL || s->free_pending;
     pthread_mutex_unlock(&e->mu);

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 cellm_status err_set(cellm_error *err, cellm_status code, const char *fmt, ...) {
@@ -17,6 +18,15 @@ cellm_status err_set(cellm_error *err, cellm_status code, const char *fmt, ...) 
         err->code = code;
     }
     return code;
+}
+
+char *str_dup_n(const char *s, size_t n) {
+    char *p = malloc(n + 1);
+    if (p) {
+        if (n) memcpy(p, s, n);
+        p[n] = '\0';
+    }
+    return p;
 }
 
 void err_clear(cellm_error *err) {

@@ -35,6 +35,9 @@ cellm_status err_set(cellm_error *err, cellm_status code, const char *fmt, ...) 
 /* Clears an error record to CELLM_OK and an empty message. */
 void err_clear(cellm_error *err);
 
+/* A NUL-terminated malloc'd copy of s[0..n), or NULL when out of memory. */
+char *str_dup_n(const char *s, size_t n);
+
 /* Logs through the application's callback, if one is set. */
 void cellm_log(cellm_log_level level, const char *fmt, ...) CELLM_PRINTF(2, 3);
 

@@ -52,12 +52,17 @@ def model_path(who):
 SERVER_ARGS = ["--api-key", KEY, "--alias", MODEL_ID, "-c", "1024", "-t", "2", "--temp", "0"]
 
 
-def start_server(who, args=SERVER_ARGS):
-    """Starts `cellm serve MODEL --port 0 ARGS`; returns (process, base URL)."""
+def cellm_bin(who):
     binary = os.environ.get("CELLM_BIN")
     if not binary:
         sys.exit(f"{who}: CELLM_BIN is not set (ctest sets it)")
-    cmd = [binary, "serve", model_path(who), "--port", "0", *args]
+    return binary
+
+
+def start_server(who, args=SERVER_ARGS, model=None):
+    """Starts `cellm serve MODEL --port 0 ARGS` (MODEL: SmolLM2 unless
+    given); returns (process, base URL)."""
+    cmd = [cellm_bin(who), "serve", model or model_path(who), "--port", "0", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if not line.startswith("listening on "):

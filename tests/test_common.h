@@ -37,6 +37,25 @@ static inline int test_small(void) {
 #endif
 }
 
+/* The whole file at `path` into a new NUL-terminated buffer (*len bytes;
+ * len may be NULL), or NULL when it cannot be read. free() it. */
+static inline char *test_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *p = NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (p = malloc((size_t)n + 1)) &&
+        fread(p, 1, (size_t)n, f) == (size_t)n) {
+        p[n] = '\0';
+        if (len) *len = (size_t)n;
+    } else {
+        free(p);
+        p = NULL;
+    }
+    fclose(f);
+    return p;
+}
+
 /* Path of a real model by store name ("smollm2-135m", "gemma3-270m") into
  * `buf`; calls fail() when it is not there. */
 static inline const char *test_model_path(const char *name, char *buf, size_t cap) {

@@ -21,6 +21,7 @@
 #include "cellm.h"
 #include "grammar.h"
 #include "schema.h"
+#include "grammar_rig.h"
 #include "test_common.h"
 
 static grammar *compile(const char *text) {
@@ -30,30 +31,6 @@ static grammar *compile(const char *text) {
     cellm_status st = grammar_parse(text, strlen(text), &g, &err);
     if (st != CELLM_OK) fail_msg("grammar refused: %s\n%s", err.msg, text);
     return g;
-}
-
-/* The vocabulary of single bytes 1..127, for matching whole strings. */
-static grammar_vocab *byte_vocab(void) {
-    static char bytes[128];
-    const char *pieces[128];
-    size_t lens[128];
-    for (int i = 0; i < 128; i++) {
-        bytes[i] = (char)i;
-        pieces[i] = &bytes[i];
-        lens[i] = i > 0;
-    }
-    grammar_vocab *v = NULL;
-    assert_int_equal(grammar_vocab_create(pieces, lens, 128, &v, NULL), CELLM_OK);
-    return v;
-}
-
-/* 1: text is a whole sentence; 0: a prefix only; -1: not even a prefix. */
-static int match(const grammar *g, const grammar_vocab *v, const char *text) {
-    grammar_state *s = NULL;
-    assert_int_equal(grammar_state_create(g, v, &s, NULL), CELLM_OK);
-    int r = grammar_state_accept(s, text, strlen(text)) ? grammar_state_complete(s) : -1;
-    grammar_state_free(s);
-    return r;
 }
 
 static void test_tsan_parse_and_match(void **state) {

@@ -20,17 +20,8 @@
 #define TPL_DIR CELLM_SOURCE_DIR "/tests/data/templates"
 
 static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = malloc((size_t)n + 1);
+    char *p = test_read_file(path, len);
     assert_non_null(p);
-    assert_int_equal(fread(p, 1, (size_t)n, f), (size_t)n);
-    p[n] = '\0';
-    fclose(f);
-    *len = (size_t)n;
     return p;
 }
 

@@ -10,6 +10,8 @@
  *                    fuzz target drives it alone)
  *   serve_oai.c      the endpoints: completions (checked, then run as a
  *                    job), models, tokenize, detokenize
+ *   serve_tools.c    tool calls: tools and tool_choice checked, tool
+ *                    turns kept as JSON, replies turned into tool_calls
  *   serve_job.c      a job: the engine requests of one completion request
  *                    and their reply, whole or streamed as server-sent events
  *   serve_responses.c  the Responses API (/v1/responses): its body turned
@@ -135,6 +137,14 @@ bool serr(serve_err *e, int status, const char *code, const char *param, const c
 
 typedef enum serve_kind { SERVE_CHAT, SERVE_COMPLETION } serve_kind;
 
+/* OpenAI's tool_choice (NONE also when there are no tools). */
+typedef enum serve_tool_choice {
+    SERVE_TOOLS_NONE,
+    SERVE_TOOLS_AUTO,
+    SERVE_TOOLS_REQUIRED,
+    SERVE_TOOLS_NAMED,
+} serve_tool_choice;
+
 #define SERVE_MAX_STOP 4
 #define SERVE_MAX_BIAS 300
 
@@ -190,6 +200,15 @@ typedef struct serve_req {
      * by the request (freed by serve_req_free through api->free). */
     const struct serve_api *api;
     void *api_ctx;
+    /* Tool calls (chat): the tools as JSON text (NULL: none), the
+     * conversation as JSON when it has tools or tool turns (then used
+     * instead of `messages`), tool_choice, its function's name when
+     * NAMED, and parallel_tool_calls (default true). */
+    char *tools_json;
+    char *messages_json;
+    serve_tool_choice tool_choice;
+    char *tool_name;
+    bool parallel_tool_calls;
 } serve_req;
 
 /* Parses and validates body[0..len) (any bytes). True with *r filled, or
@@ -218,6 +237,28 @@ void *serve_json_add_text(void *obj, const char *name, const char *s, size_t n);
 /* Makes *p (a malloc'd buffer of *cap bytes, or NULL and 0) hold at least
  * `need` bytes, reallocating; false when out of memory (*p unchanged). */
 bool serve_grow(char **p, size_t *cap, size_t need);
+
+/* ------------------------------------------------------------ serve_tools.c */
+
+/* Reads `tools`, `tool_choice` and `parallel_tool_calls` of a chat body
+ * (a cJSON object whose messages parse_messages has read into r), and
+ * keeps the conversation as JSON when tools or tool turns need it. */
+bool serve_tools_parse(const void *root, serve_req *r, serve_err *e);
+void serve_tools_free(serve_req *r);
+
+/* The tool calls in a reply text[0..len) as OpenAI's `tool_calls` array
+ * (a cJSON *: [{"id", "type": "function", "function": {"name",
+ * "arguments"}}], ids made from id_seed), or NULL when it holds none (the
+ * text is then plain content). *content gets the text outside the calls
+ * (a new string, or NULL when there is none). Calls of functions not in
+ * tools_json do not count. */
+void *serve_tool_calls(const char *text, size_t len, const char *tools_json, uint64_t id_seed,
+                       char **content);
+
+/* How much of a reply streamed so far (text[0..len)) may go out as
+ * content while tools may be called: the bytes before anything that is,
+ * or may grow into, a tool call. */
+size_t serve_tool_hold(const char *text, size_t len);
 
 /* ------------------------------------------------------------ serve_job.c */
 

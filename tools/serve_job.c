@@ -45,6 +45,8 @@ typedef struct choice {
     char *text; /* the whole text (whole reply) or what is not yet sent (stream) */
     size_t len, cap;
     bool done, role_sent, final_sent;
+    bool called; /* the reply was tool calls */
+    size_t sent; /* with tools, streaming: bytes of text sent (text is kept whole) */
     cellm_result res;
     lp_entry *lp; /* with logprobs: every token's, in order; lp_sent of them streamed */
     int n_lp, cap_lp, lp_sent;
@@ -64,6 +66,7 @@ struct job {
     char id[40];
     long created;
     bool oom, timed_out;
+    bool tools; /* the model may call tools: replies are parsed for calls */
     cellm_logit_bias bias[SERVE_MAX_BIAS]; /* the request's logit_bias, as the engine takes it */
     char **echo; /* completions with echo: each prompt's text (token prompts decoded) */
     size_t *echo_len;
@@ -222,7 +225,10 @@ static bool job_submit(job *j, serve_err *e) {
     for (int i = 0; i < j->n_ch; i++) {
         choice *c = &j->ch[i];
         cellm_request_params p = cellm_request_default_params();
-        if (rq->kind == SERVE_CHAT) {
+        if (rq->kind == SERVE_CHAT && rq->messages_json) {
+            p.messages_json = rq->messages_json;
+            p.tools_json = rq->tools_json; /* also with tool_choice none: the same prefix */
+        } else if (rq->kind == SERVE_CHAT) {
             p.messages = rq->messages;
             p.n_messages = rq->n_messages;
         } else if (rq->prompts[c->prompt].text) {
@@ -271,6 +277,7 @@ static bool job_submit(job *j, serve_err *e) {
 /* ------------------------------------------------------------ JSON */
 
 static const char *finish_str(const choice *c) {
+    if (c->called) return "tool_calls";
     switch (c->res.finish_reason) {
     case CELLM_FINISH_STOP: return "stop";
     case CELLM_FINISH_LENGTH: return "length";
@@ -466,7 +473,21 @@ static int reply_whole(job *j) {
         if (chat) {
             cJSON *m = cJSON_AddObjectToObject(o, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
-            serve_json_add_text(m, "content", c->text, c->len);
+            char *content = NULL;
+            cJSON *calls = j->tools ? serve_tool_calls(c->text, c->len, j->rq.tools_json,
+                                                       serve_random(s), &content)
+                                    : NULL;
+            if (calls) {
+                j->ch[i].called = true;
+                if (content)
+                    serve_json_add_text(m, "content", content, strlen(content));
+                else
+                    cJSON_AddNullToObject(m, "content");
+                cJSON_AddItemToObject(m, "tool_calls", calls);
+                free(content);
+            } else {
+                serve_json_add_text(m, "content", c->text, c->len);
+            }
         } else if (j->rq.echo) {
             const char *pt = j->echo[c->prompt];
             size_t pn = j->echo_len[c->prompt];
@@ -594,6 +615,75 @@ static void api_stream_fill(job *j) {
     }
 }
 
+/* A chunk whose delta holds one tool call's piece: the first has its
+ * index, id, type and name with empty arguments, the next ones pieces of
+ * the arguments, as OpenAI streams them. */
+static cJSON *tool_chunk(job *j, choice *c, int index, const cJSON *call, const char *args,
+                         size_t n) {
+    cJSON *r = chunk(j, c, NULL, 0, false, NULL);
+    cJSON *d =
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "delta");
+    cJSON *t = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), t);
+    cJSON_AddNumberToObject(t, "index", index);
+    if (call) {
+        cJSON_AddStringToObject(t, "id", cJSON_GetObjectItem(call, "id")->valuestring);
+        cJSON_AddStringToObject(t, "type", "function");
+    }
+    cJSON *f = cJSON_AddObjectToObject(t, "function");
+    if (call)
+        cJSON_AddStringToObject(
+            f, "name",
+            cJSON_GetObjectItem(cJSON_GetObjectItem(call, "function"), "name")->valuestring);
+    serve_json_add_text(f, "arguments", args, n);
+    return r;
+}
+
+#define TOOL_ARGS_PIECE 48 /* bytes of arguments per streamed chunk */
+
+/* Streaming while tools may be called: text goes out as content up to
+ * where a call may begin (serve_tool_hold); the rest waits for the end,
+ * when it is parsed and sent as tool_calls deltas, or as content when it
+ * holds no call. j->mu held. */
+static void stream_tools(job *j, choice *c) {
+    size_t hold = c->done ? c->sent : serve_tool_hold(c->text ? c->text : "", c->len);
+    if (hold > c->sent) {
+        sse_put(j, chunk(j, c, c->text + c->sent, hold - c->sent, false, NULL));
+        c->sent = hold;
+    } else if (!c->done && c->n_lp > c->lp_sent) {
+        sse_put(j, chunk(j, c, "", 0, false, NULL));
+    }
+    if (!c->done || c->final_sent || c->res.finish_reason == CELLM_FINISH_ERROR) return;
+    char *content = NULL;
+    cJSON *calls = serve_tool_calls(c->text ? c->text : "", c->len, j->rq.tools_json,
+                                    serve_random(j->s), &content);
+    free(content); /* the text before the calls went out already */
+    if (!calls) {
+        if (c->len > c->sent)
+            sse_put(j, chunk(j, c, c->text + c->sent, c->len - c->sent, false, NULL));
+        c->sent = c->len;
+        return;
+    }
+    c->called = true;
+    int index = 0;
+    const cJSON *call;
+    cJSON_ArrayForEach(call, calls) {
+        const char *args =
+            cJSON_GetObjectItem(cJSON_GetObjectItem(call, "function"), "arguments")->valuestring;
+        size_t n = strlen(args);
+        sse_put(j, tool_chunk(j, c, index, call, "", 0));
+        for (size_t at = 0, k; at < n; at += k) {
+            /* Pieces end on whole UTF-8 characters. */
+            k = n - at < TOOL_ARGS_PIECE ? n - at : TOOL_ARGS_PIECE;
+            while (at + k < n && ((unsigned char)args[at + k] & 0xC0) == 0x80) k++;
+            sse_put(j, tool_chunk(j, c, index, NULL, args + at, k));
+        }
+        index++;
+    }
+    cJSON_Delete(calls);
+    c->sent = c->len;
+}
+
 /* Turns what the callbacks left into SSE events. j->mu held. */
 static void stream_fill(job *j) {
     if (j->rq.api) {
@@ -609,7 +699,9 @@ static void stream_fill(job *j) {
             if (!chat && j->rq.echo)
                 sse_put(j, chunk(j, c, j->echo[c->prompt], j->echo_len[c->prompt], false, NULL));
         }
-        if (c->len || c->n_lp > c->lp_sent) {
+        if (j->tools) {
+            stream_tools(j, c);
+        } else if (c->len || c->n_lp > c->lp_sent) {
             sse_put(j, chunk(j, c, c->text, c->len, false, NULL));
             c->len = 0;
         }
@@ -717,6 +809,36 @@ static int reply_stream(job *j) {
 
 /* ------------------------------------------------------------ starting */
 
+/* Tools: checks them by compiling the grammar of a call (a bad schema is
+ * a 400 naming the tool), which constrains the reply when tool_choice is
+ * required or names a function. With tool_choice none the template still
+ * shows the tools (the prompt keeps its prefix, and its cache), but the
+ * reply is not parsed for calls. */
+static bool job_tool_grammar(job *j, serve_err *e) {
+    serve_req *rq = &j->rq;
+    if (rq->kind != SERVE_CHAT || !rq->tools_json) return true;
+    j->tools = rq->tool_choice != SERVE_TOOLS_NONE;
+    bool force = rq->tool_choice == SERVE_TOOLS_REQUIRED || rq->tool_choice == SERVE_TOOLS_NAMED;
+    if (force && rq->grammar)
+        return serr(e, 400, "invalid_value", "tool_choice",
+                    "a required or named tool_choice cannot go with response_format or grammar");
+    cellm_grammar *g = NULL;
+    if (cellm_grammar_tool_calls(j->s->model, rq->tools_json,
+                                 rq->tool_choice == SERVE_TOOLS_NAMED ? rq->tool_name : NULL,
+                                 rq->parallel_tool_calls, &g) != CELLM_OK)
+        return serr(e, 400, "invalid_value",
+                    rq->tool_choice == SERVE_TOOLS_NAMED &&
+                            strstr(cellm_last_error(), "tool_choice")
+                        ? "tool_choice"
+                        : "tools",
+                    "%s", cellm_last_error());
+    if (force)
+        rq->grammar = g;
+    else
+        cellm_grammar_free(g);
+    return true;
+}
+
 /* With echo: the text each prompt shows, its own for a text prompt, the
  * decoded tokens (control tokens as their text) for a token prompt. */
 static bool job_echo_texts(job *j, serve_err *e) {
@@ -787,6 +909,11 @@ job *job_start(server *s, struct MHD_Connection *conn, serve_req *rq, serve_err 
     }
     for (int i = 0; i < j->rq.n_bias; i++)
         j->bias[i] = (cellm_logit_bias){j->rq.bias_tok[i], j->rq.bias_val[i]};
+    if (!job_tool_grammar(j, e)) {
+        atomic_fetch_sub(&s->c.in_flight, j->n_ch);
+        job_free(j);
+        return NULL;
+    }
     if (!job_echo_texts(j, e)) {
         atomic_fetch_sub(&s->c.in_flight, j->n_ch);
         job_free(j);

@@ -8,7 +8,8 @@
  * hostile: any bytes, any types, any sizes. Absent and null fields take
  * their defaults, as in OpenAI's API; unknown fields are ignored, so that
  * clients sending extra options still work; known options cellm cannot
- * honour (tools) are refused rather than silently dropped.
+ * honour (tools on text completions, suffix) are refused rather than
+ * silently dropped. Tools on chat are read by serve_tools.c.
  */
 #include <math.h>
 #include <pthread.h>
@@ -228,7 +229,7 @@ static bool parse_messages(const cJSON *root, serve_req *r, serve_err *e) {
                     MAX_MESSAGES);
     r->messages = calloc((size_t)n, sizeof *r->messages);
     if (!r->messages) return serr(e, 500, NULL, NULL, "out of memory");
-    static const char *const roles[] = {"system", "developer", "user", "assistant"};
+    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
     const cJSON *m;
     int i = 0;
     cJSON_ArrayForEach(m, msgs) {
@@ -247,8 +248,7 @@ static bool parse_messages(const cJSON *root, serve_req *r, serve_err *e) {
             if (!strcmp(role->valuestring, roles[k])) rl = roles[k];
         if (!rl)
             return serr(e, 400, "invalid_value", param,
-                        "'%s' must be system, developer, user or assistant (cellm has no tools)",
-                        param);
+                        "'%s' must be system, developer, user, assistant or tool", param);
         if (!strcmp(rl, "developer")) rl = "system";
         char *text = content_text(field(m, "content"), rl, i, e);
         if (!text) return false;
@@ -371,10 +371,10 @@ static bool parse_bias(const cJSON *root, const serve_limits *lim, serve_req *r,
 /* Options cellm does not have: refused when asked for, so a client never
  * believes it got them. */
 static bool refuse_unsupported(const cJSON *root, serve_kind kind, serve_err *e) {
-    (void)kind;
     const cJSON *v = field(root, "tools");
-    if (v && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
-        return serr(e, 400, "unsupported_parameter", "tools", "cellm does not call tools");
+    if (kind != SERVE_CHAT && v && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
+        return serr(e, 400, "unsupported_parameter", "tools",
+                    "tools are for /v1/chat/completions, not text completions");
     v = field(root, "suffix");
     if (v && !(cJSON_IsString(v) && !v->valuestring[0]))
         return serr(e, 400, "unsupported_parameter", "suffix", "cellm does not support 'suffix'");
@@ -459,7 +459,8 @@ static bool parse_fields(const cJSON *root, serve_kind kind, const serve_limits 
     const cJSON *user = field(root, "user");
     if (user && !cJSON_IsString(user))
         return serr(e, 400, "invalid_type", "user", "'user' must be a string");
-    if (kind == SERVE_CHAT ? !parse_messages(root, r, e) : !parse_prompt(root, lim, r, e))
+    if (kind == SERVE_CHAT ? !parse_messages(root, r, e) || !serve_tools_parse(root, r, e)
+                           : !parse_prompt(root, lim, r, e))
         return false;
 
     int64_t v = lim->n_predict;
@@ -577,5 +578,6 @@ void serve_req_free(serve_req *r) {
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     cellm_grammar_free(r->grammar);
     if (r->api) r->api->free(r->api_ctx);
+    serve_tools_free(r);
     memset(r, 0, sizeof *r);
 }

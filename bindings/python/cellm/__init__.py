@@ -16,13 +16,15 @@ closing an engine or model first closes what was made from it.
 """
 
 import ctypes
+import json
 import queue
 import threading
 import weakref
 
 from . import _native as _n
 
-__all__ = ["CellmError", "Model", "Engine", "Stream", "Session", "Result", "version"]
+__all__ = ["CellmError", "Model", "Engine", "Stream", "Session", "Result", "version",
+           "parse_tool_calls"]
 
 
 class CellmError(Exception):
@@ -146,6 +148,24 @@ class Model(_Owner):
 
 
 
+def parse_tool_calls(text, tools=None):
+    """The tool calls in a model's reply (cellm_tool_calls_parse): a dict
+    {"content": text outside the calls or None, "tool_calls": [{"name",
+    "arguments" (a JSON string)}, ...]}. With `tools` (OpenAI tool dicts),
+    calls of other functions do not count. A reply with no valid call has
+    "tool_calls": [] and all its text as content."""
+    lib = _n.lib()
+    raw = text.encode()
+    out = ctypes.c_void_p()
+    _check(lib.cellm_tool_calls_parse(raw, len(raw),
+                                      json.dumps(tools).encode() if tools else None,
+                                      ctypes.byref(out)))
+    try:
+        return json.loads(ctypes.string_at(out.value).decode("utf-8", "replace"))
+    finally:
+        _n.libc_free(out.value)
+
+
 def _sampling(s, temperature, top_k, top_p, min_p, seed, repeat_penalty):
     if temperature is not None:
         s.temperature = temperature
@@ -181,7 +201,15 @@ class _Args:
             p.stop = ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p))
             p.n_stop = len(stop)
 
-    def messages(self, p, messages):
+    def messages(self, p, messages, tools=None):
+        if tools:
+            self.keep.append(json.dumps(tools).encode())
+            p.tools_json = self.keep[-1]
+        if any("tool_calls" in m or m.get("role") == "tool" for m in messages):
+            # Tool turns go as JSON (cellm_request_params.messages_json).
+            self.keep.append(json.dumps(messages).encode())
+            p.messages_json = self.keep[-1]
+            return
         arr = (_n.ChatMessage * len(messages))()
         for i, m in enumerate(messages):
             arr[i].role = m["role"].encode()
@@ -421,15 +449,18 @@ class Engine(_Owner):
             return "".join(s)
 
     def chat(self, messages, stream=False, max_tokens=None, stop=None, temperature=None,
-             top_k=None, top_p=None, min_p=None, seed=None, repeat_penalty=None):
+             top_k=None, top_p=None, min_p=None, seed=None, repeat_penalty=None, tools=None):
         """The assistant's reply to `messages` (a list of {"role", "content"}
-        dicts, roles "system", "user", "assistant"), laid out with the
-        model's chat template: a str, or a Stream with stream=True."""
+        dicts, roles "system", "user", "assistant"; with tools also
+        assistant messages with "tool_calls" and "tool" results, as OpenAI
+        has them), laid out with the model's chat template: a str, or a
+        Stream with stream=True. `tools`: OpenAI tool dicts the template
+        shows the model; parse_tool_calls() finds the calls in the reply."""
         if not messages:
             raise CellmError("invalid argument", "chat needs at least one message")
 
         def fill(args, p):
-            args.messages(p, messages)
+            args.messages(p, messages, tools)
 
         s = self._submit(fill, max_tokens, stop,
                          (temperature, top_k, top_p, min_p, seed, repeat_penalty))

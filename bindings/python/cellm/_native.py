@@ -141,6 +141,8 @@ class RequestParams(ctypes.Structure):
         ("prompt_logprobs", ctypes.c_int),
         ("on_logprob", LOGPROB_FN),
         ("grammar", ctypes.c_void_p),
+        ("messages_json", ctypes.c_char_p),
+        ("tools_json", ctypes.c_char_p),
     ]
 
 
@@ -218,6 +220,8 @@ def _declare(lib):
             c_int, [c_p, ctypes.POINTER(ctypes.POINTER(ChatMessage)),
                     ctypes.POINTER(ctypes.c_int32)]),
         "cellm_session_free": (None, [c_p]),
+        "cellm_tool_calls_parse": (
+            c_int, [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, c_pp]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

@@ -196,6 +196,33 @@ class TestGenerate(Base):
                                        stream=True))
         self.assertEqual("".join(pieces), want)
 
+    def test_tools(self):
+        # The tools reach the template (the generic system prompt, for
+        # SmolLM2's): the prompt is longer, so the greedy reply differs.
+        tools = [{"type": "function", "function": {
+            "name": "get_weather", "description": "The weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+        ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+        plain = self.engine.chat(ask, max_tokens=8)
+        with_tools = self.engine.chat(ask, max_tokens=8, tools=tools)
+        self.assertNotEqual(plain, with_tools)
+        # A round trip's tool turns render (messages_json).
+        call = {"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        turns = ask + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                       {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}]
+        self.assertIsInstance(self.engine.chat(turns, max_tokens=8, tools=tools), str)
+        with self.assertRaises(cellm.CellmError) as e:
+            self.engine.chat([{"role": "tool", "content": 5}], tools=tools)
+        self.assertIn("messages[0]", e.exception.message)
+        got = cellm.parse_tool_calls(
+            'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+            '</tool_call>', tools)
+        self.assertEqual(got, {"content": "Sure.", "tool_calls": [
+            {"name": "get_weather", "arguments": '{"city":"Paris"}'}]})
+        self.assertEqual(cellm.parse_tool_calls("Hi {there}"),
+                         {"content": "Hi {there}", "tool_calls": []})
+
     def test_stop_string(self):
         full = self.engine.generate(self.PROMPT, max_tokens=24)
         # A stop string from the middle of the text: the text ends before it.
