@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""lmeval_e2e.py — `cellm serve` answers lm-evaluation-harness's
+multiple-choice requests the way the harness reads them.
+
+The harness itself (lm-eval and the datasets/pyarrow/pandas/scikit-learn
+it pulls in, hundreds of MB) is too big for CI's setup; the full runs
+against it and llama.cpp are scripts/lmeval_compare.py's (docs/serve.md,
+docs/benchmarks.md). This test sends the request its `local-completions`
+model sends to score a choice (echo, logprobs 1, max_tokens 1,
+temperature 0, the text of context + continuation) and applies its rule:
+the choice's log-likelihood is the sum of token_logprobs[ctxlen:-1], ctxlen
+the context's token count, the final item being the generated token. On
+questions of tests/data/lmeval/mc.jsonl it checks that:
+
+- the rule gives what cellm itself says of the continuation: the sum of
+  its log-probabilities from a max_tokens 0 echo (no generated item),
+  and of a token-id prompt, bit for bit;
+- the final item is there even when the model's next token is EOS
+  (forced by logit_bias; the values are the model's own, before the bias):
+  without it the harness drops the continuation's last token;
+- with a model that puts a BOS before text (Gemma 3) the echo lists the
+  text's own tokens, as many as /tokenize gives without special tokens
+  (the BOS left out, else every ctxlen is one token off), with the values
+  a token-id prompt starting with the BOS gets.
+
+Run by ctest (tests/*_e2e.py); by hand:
+    CELLM_BIN=build/cellm python3 tests/lmeval_e2e.py
+"""
+import fnmatch
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+checks = 0
+
+
+def check(cond, what):
+    global checks
+    if not cond:
+        raise AssertionError(what)
+    checks += 1
+
+
+def model_path(name, env):
+    p = os.environ.get(env)
+    if p:
+        return p
+    home = os.environ.get("CELLM_HOME") or os.path.join(os.environ["HOME"], ".cache", "cellm")
+    p = os.path.join(home, "models", name + ".gguf")
+    if not os.path.exists(p):
+        sys.exit(f"lmeval_e2e: real model missing at {p}: run `cellm pull {name}`")
+    return p
+
+
+class Server:
+    def __init__(self, path, alias):
+        binary = os.environ.get("CELLM_BIN")
+        if not binary:
+            sys.exit("lmeval_e2e: CELLM_BIN is not set (ctest sets it)")
+        self.alias = alias
+        self.proc = subprocess.Popen([binary, "serve", path, "--port", "0", "--alias", alias,
+                                      "-c", "512", "-t", "2"], stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("listening on "):
+            self.proc.kill()
+            sys.exit(f"lmeval_e2e: the server did not start ({line!r})")
+        self.base = line.split()[-1]
+
+    def post(self, path, body):
+        req = urllib.request.Request(self.base + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return json.loads(r.read())
+
+    def tokenize(self, text):
+        return self.post("/tokenize", {"content": text, "add_special": False})["tokens"]
+
+    def score(self, prompt, **extra):
+        """The harness's request for one choice; returns choices[0]."""
+        body = {"model": self.alias, "prompt": prompt, "temperature": 0, "max_tokens": 1,
+                "logprobs": 1, "seed": 1234, "echo": True}
+        body.update(extra)
+        return self.post("/v1/completions", body)["choices"][0]
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = "killed after 60 s"
+        if rc != 0:
+            sys.exit(f"lmeval_e2e: the server exited with {rc} on SIGTERM")
+
+
+def questions(n):
+    with open(os.path.join(HERE, "data", "lmeval", "mc.jsonl")) as f:
+        docs = [json.loads(line) for line in f]
+    return docs[:n]
+
+
+def harness_ll(choice, ctxlen):
+    """local-completions' parse: the continuation's sum, without the last
+    (generated) item; and whether each token was the likeliest."""
+    lp = choice["logprobs"]
+    vals, tops = lp["token_logprobs"][ctxlen:-1], lp["top_logprobs"][ctxlen:-1]
+    greedy = all(v == max(t.values()) for v, t in zip(vals, tops))
+    return sum(vals), greedy
+
+
+def test_asan_choices(s):
+    """SmolLM2 (no BOS): the harness's sum against cellm's own values."""
+    for d in questions(2):
+        ctx = f"Question: {d['question']}\nAnswer:"
+        ctxlen = len(s.tokenize(ctx))
+        for c in d["choices"][:2]:
+            text = ctx + " " + c
+            ids = s.tokenize(text)
+            check(ids[:ctxlen] == s.tokenize(ctx), f"{text!r}: the context's tokens begin the whole")
+            r = s.score(text)
+            lp = r["logprobs"]["token_logprobs"]
+            check(len(lp) == len(ids) + 1, f"{text!r}: {len(lp)} items for {len(ids)} tokens + 1")
+            check(r["text"].startswith(text), "echo text")
+            ll, _ = harness_ll(r, ctxlen)
+            check(math.isfinite(ll) and ll < 0, f"{text!r}: log-likelihood {ll}")
+            alone = s.score(text, max_tokens=0)["logprobs"]["token_logprobs"]
+            check(len(alone) == len(ids), "max_tokens 0: the prompt's items alone")
+            check(ll == sum(alone[ctxlen:]), f"{text!r}: {ll} != cellm's own {sum(alone[ctxlen:])}")
+            by_ids = s.score(ids)["logprobs"]["token_logprobs"]
+            check(by_ids == lp, f"{text!r}: a token-id prompt scores the same")
+
+
+def test_asan_eos_next(s):
+    """The generated item is there when it is EOS, with the model's value."""
+    info = s.post("/tokenize", {"content": "<|im_end|>", "add_special": False,
+                                "parse_special": True})["tokens"]
+    check(len(info) == 1, "SmolLM2's end of turn is one token")
+    eos = info[0]
+    text = "Question: Which planet do we live on?\nAnswer: Earth"
+    ctxlen = len(s.tokenize("Question: Which planet do we live on?\nAnswer:"))
+    n = len(s.tokenize(text))
+    plain = s.score(text)
+    forced = s.score(text, logit_bias={str(eos): 100})
+    check(forced["finish_reason"] == "stop", "the forced EOS stops the choice")
+    check(forced["text"] == text, "nothing is generated after the echo")
+    lp = forced["logprobs"]
+    check(len(lp["token_logprobs"]) == n + 1, f"{len(lp['token_logprobs'])} items, want {n} + 1")
+    check(lp["tokens"][-1] == "<|im_end|>", f"the last item is the stop token ({lp['tokens'][-1]!r})")
+    v = lp["token_logprobs"][-1]
+    check(math.isfinite(v) and v <= 0, f"the stop token's value {v}")
+    check(harness_ll(forced, ctxlen)[0] == harness_ll(plain, ctxlen)[0],
+          "the bias changes no log-probability")
+    check(lp["text_offset"][-1] == len(text.encode()), "the stop token's offset is the text's end")
+
+
+def test_asan_bos(g):
+    """Gemma 3 (BOS before text): echo lists the text's tokens only."""
+    bos = g.post("/tokenize", {"content": "x", "add_special": True})["tokens"][0]
+    check(g.post("/tokenize", {"content": "x", "add_special": False})["tokens"][0] != bos,
+          "Gemma 3 adds a BOS")
+    for d in questions(2):
+        ctx = f"Question: {d['question']}\nAnswer:"
+        ctxlen = len(g.tokenize(ctx))
+        for c in d["choices"][:2]:
+            text = ctx + " " + c
+            ids = g.tokenize(text)
+            r = g.score(text)
+            lp = r["logprobs"]
+            check(len(lp["token_logprobs"]) == len(ids) + 1,
+                  f"{text!r}: {len(lp['token_logprobs'])} items for {len(ids)} tokens + 1")
+            check(lp["tokens"][0] == "Question", f"the first item is the text's ({lp['tokens'][0]!r})")
+            check(lp["text_offset"][0] == 0, "offsets count from the text's start")
+            with_bos = g.score([bos] + ids)["logprobs"]["token_logprobs"]
+            check(with_bos[0] is None, "a token prompt echoes all of its tokens")
+            check(lp["token_logprobs"] == with_bos[1:], f"{text!r}: the values after the BOS")
+            ll, _ = harness_ll(r, ctxlen)
+            check(ll == sum(with_bos[1 + ctxlen:1 + len(ids)]), f"{text!r}: the continuation's sum")
+
+
+def main():
+    only = os.environ.get("CELLM_TEST_FILTER")
+    t0 = time.time()
+    cases = [("test_asan_choices", "smollm2-135m", test_asan_choices),
+             ("test_asan_eos_next", "smollm2-135m", test_asan_eos_next),
+             ("test_asan_bos", "gemma3-270m", test_asan_bos)]
+    servers = {}
+    try:
+        for name, model, fn in cases:
+            if only and not fnmatch.fnmatch(name, only):
+                continue
+            if model not in servers:
+                env = "CELLM_TEST_SMOLLM2" if model.startswith("smollm2") else "CELLM_TEST_GEMMA3"
+                servers[model] = Server(model_path(model, env), model)
+            t = time.time()
+            fn(servers[model])
+            print(f"ok   {name} ({time.time() - t:.1f} s)", flush=True)
+    finally:
+        for s in servers.values():
+            s.stop()
+    print(f"lmeval_e2e: {checks} checks passed in {time.time() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
