@@ -500,7 +500,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="smollm2,gemma3")
     ap.add_argument("--limit", type=int, default=0, help="first N questions only")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="threads of each server (1: a shared 2-core machine stalls llama.cpp's spinning threads)")
     ap.add_argument("--work", default="/tmp/cellm-lmeval")
     ap.add_argument("--json", help="write the report here too")
     ap.add_argument("--no-probe", action="store_true")
