@@ -99,10 +99,16 @@ class Server:
             sys.exit(f"lmeval_e2e: the server exited with {rc} on SIGTERM")
 
 
-def questions(n):
+def choices(server, n_questions, n_choices):
+    """(context, context + continuation, the context's token count) for
+    the first choices of the first questions, as the task forms them."""
     with open(os.path.join(HERE, "data", "lmeval", "mc.jsonl")) as f:
-        docs = [json.loads(line) for line in f]
-    return docs[:n]
+        docs = [json.loads(line) for line in f][:n_questions]
+    for d in docs:
+        ctx = f"Question: {d['question']}\nAnswer:"
+        ctxlen = len(server.tokenize(ctx))
+        for c in d["choices"][:n_choices]:
+            yield ctx, ctx + " " + c, ctxlen
 
 
 def harness_ll(choice, ctxlen):
@@ -116,24 +122,20 @@ def harness_ll(choice, ctxlen):
 
 def test_asan_choices(s):
     """SmolLM2 (no BOS): the harness's sum against cellm's own values."""
-    for d in questions(2):
-        ctx = f"Question: {d['question']}\nAnswer:"
-        ctxlen = len(s.tokenize(ctx))
-        for c in d["choices"][:2]:
-            text = ctx + " " + c
-            ids = s.tokenize(text)
-            check(ids[:ctxlen] == s.tokenize(ctx), f"{text!r}: the context's tokens begin the whole")
-            r = s.score(text)
-            lp = r["logprobs"]["token_logprobs"]
-            check(len(lp) == len(ids) + 1, f"{text!r}: {len(lp)} items for {len(ids)} tokens + 1")
-            check(r["text"].startswith(text), "echo text")
-            ll, _ = harness_ll(r, ctxlen)
-            check(math.isfinite(ll) and ll < 0, f"{text!r}: log-likelihood {ll}")
-            alone = s.score(text, max_tokens=0)["logprobs"]["token_logprobs"]
-            check(len(alone) == len(ids), "max_tokens 0: the prompt's items alone")
-            check(ll == sum(alone[ctxlen:]), f"{text!r}: {ll} != cellm's own {sum(alone[ctxlen:])}")
-            by_ids = s.score(ids)["logprobs"]["token_logprobs"]
-            check(by_ids == lp, f"{text!r}: a token-id prompt scores the same")
+    for ctx, text, ctxlen in choices(s, 2, 2):
+        ids = s.tokenize(text)
+        check(ids[:ctxlen] == s.tokenize(ctx), f"{text!r}: the context's tokens begin the whole")
+        r = s.score(text)
+        lp = r["logprobs"]["token_logprobs"]
+        check(len(lp) == len(ids) + 1, f"{text!r}: {len(lp)} items for {len(ids)} tokens + 1")
+        check(r["text"].startswith(text), "echo text")
+        ll, _ = harness_ll(r, ctxlen)
+        check(math.isfinite(ll) and ll < 0, f"{text!r}: log-likelihood {ll}")
+        alone = s.score(text, max_tokens=0)["logprobs"]["token_logprobs"]
+        check(len(alone) == len(ids), "max_tokens 0: the prompt's items alone")
+        check(ll == sum(alone[ctxlen:]), f"{text!r}: {ll} != cellm's own {sum(alone[ctxlen:])}")
+        by_ids = s.score(ids)["logprobs"]["token_logprobs"]
+        check(by_ids == lp, f"{text!r}: a token-id prompt scores the same")
 
 
 def test_asan_eos_next(s):
@@ -164,23 +166,19 @@ def test_asan_bos(g):
     bos = g.post("/tokenize", {"content": "x", "add_special": True})["tokens"][0]
     check(g.post("/tokenize", {"content": "x", "add_special": False})["tokens"][0] != bos,
           "Gemma 3 adds a BOS")
-    for d in questions(2):
-        ctx = f"Question: {d['question']}\nAnswer:"
-        ctxlen = len(g.tokenize(ctx))
-        for c in d["choices"][:2]:
-            text = ctx + " " + c
-            ids = g.tokenize(text)
-            r = g.score(text)
-            lp = r["logprobs"]
-            check(len(lp["token_logprobs"]) == len(ids) + 1,
-                  f"{text!r}: {len(lp['token_logprobs'])} items for {len(ids)} tokens + 1")
-            check(lp["tokens"][0] == "Question", f"the first item is the text's ({lp['tokens'][0]!r})")
-            check(lp["text_offset"][0] == 0, "offsets count from the text's start")
-            with_bos = g.score([bos] + ids)["logprobs"]["token_logprobs"]
-            check(with_bos[0] is None, "a token prompt echoes all of its tokens")
-            check(lp["token_logprobs"] == with_bos[1:], f"{text!r}: the values after the BOS")
-            ll, _ = harness_ll(r, ctxlen)
-            check(ll == sum(with_bos[1 + ctxlen:1 + len(ids)]), f"{text!r}: the continuation's sum")
+    for _, text, ctxlen in choices(g, 2, 2):
+        ids = g.tokenize(text)
+        r = g.score(text)
+        lp = r["logprobs"]
+        check(len(lp["token_logprobs"]) == len(ids) + 1,
+              f"{text!r}: {len(lp['token_logprobs'])} items for {len(ids)} tokens + 1")
+        check(lp["tokens"][0] == "Question", f"the first item is the text's ({lp['tokens'][0]!r})")
+        check(lp["text_offset"][0] == 0, "offsets count from the text's start")
+        with_bos = g.score([bos] + ids)["logprobs"]["token_logprobs"]
+        check(with_bos[0] is None, "a token prompt echoes all of its tokens")
+        check(lp["token_logprobs"] == with_bos[1:], f"{text!r}: the values after the BOS")
+        ll, _ = harness_ll(r, ctxlen)
+        check(ll == sum(with_bos[1 + ctxlen:1 + len(ids)]), f"{text!r}: the continuation's sum")
 
 
 def main():
