@@ -23,6 +23,10 @@ questions of tests/data/lmeval/mc.jsonl it checks that:
   (the BOS left out, else every ctxlen is one token off), with the values
   a token-id prompt starting with the BOS gets.
 
+The sanitizer builds (CELLM_TEST_FILTER=test_?san_*) run only the EOS
+case, which goes through the engine's reporting; the others are release
+only.
+
 Run by ctest (tests/*_e2e.py); by hand:
     CELLM_BIN=build/cellm python3 tests/lmeval_e2e.py
 """
@@ -120,7 +124,7 @@ def harness_ll(choice, ctxlen):
     return sum(vals), greedy
 
 
-def test_asan_choices(s):
+def test_choices(s):
     """SmolLM2 (no BOS): the harness's sum against cellm's own values."""
     for ctx, text, ctxlen in choices(s, 2, 2):
         ids = s.tokenize(text)
@@ -161,7 +165,7 @@ def test_asan_eos_next(s):
     check(lp["text_offset"][-1] == len(text.encode()), "the stop token's offset is the text's end")
 
 
-def test_asan_bos(g):
+def test_bos(g):
     """Gemma 3 (BOS before text): echo lists the text's tokens only."""
     bos = g.post("/tokenize", {"content": "x", "add_special": True})["tokens"][0]
     check(g.post("/tokenize", {"content": "x", "add_special": False})["tokens"][0] != bos,
@@ -184,9 +188,9 @@ def test_asan_bos(g):
 def main():
     only = os.environ.get("CELLM_TEST_FILTER")
     t0 = time.time()
-    cases = [("test_asan_choices", "smollm2-135m", test_asan_choices),
+    cases = [("test_choices", "smollm2-135m", test_choices),
              ("test_asan_eos_next", "smollm2-135m", test_asan_eos_next),
-             ("test_asan_bos", "gemma3-270m", test_asan_bos)]
+             ("test_bos", "gemma3-270m", test_bos)]
     servers = {}
     try:
         for name, model, fn in cases:
