@@ -30,57 +30,39 @@ only.
 Run by ctest (tests/*_e2e.py); by hand:
     CELLM_BIN=build/cellm python3 tests/lmeval_e2e.py
 """
-import fnmatch
 import json
 import math
 import os
-import signal
-import subprocess
 import sys
 import time
-import urllib.request
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-checks = 0
+from e2e_common import HERE, KEY, check, post, selected, start_server, stop_server
+import e2e_common
 
-
-def check(cond, what):
-    global checks
-    if not cond:
-        raise AssertionError(what)
-    checks += 1
+WHO = "lmeval_e2e"
 
 
-def model_path(name, env):
-    p = os.environ.get(env)
+def gemma_path():
+    p = os.environ.get("CELLM_TEST_GEMMA3")
     if p:
         return p
     home = os.environ.get("CELLM_HOME") or os.path.join(os.environ["HOME"], ".cache", "cellm")
-    p = os.path.join(home, "models", name + ".gguf")
+    p = os.path.join(home, "models", "gemma3-270m.gguf")
     if not os.path.exists(p):
-        sys.exit(f"lmeval_e2e: real model missing at {p}: run `cellm pull {name}`")
+        sys.exit(f"{WHO}: real model missing at {p}: run `cellm pull gemma3-270m`")
     return p
 
 
 class Server:
-    def __init__(self, path, alias):
-        binary = os.environ.get("CELLM_BIN")
-        if not binary:
-            sys.exit("lmeval_e2e: CELLM_BIN is not set (ctest sets it)")
+    """`cellm serve` on one model (SmolLM2 when model is None), its id alias."""
+
+    def __init__(self, model, alias):
         self.alias = alias
-        self.proc = subprocess.Popen([binary, "serve", path, "--port", "0", "--alias", alias,
-                                      "-c", "512", "-t", "2"], stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        if not line.startswith("listening on "):
-            self.proc.kill()
-            sys.exit(f"lmeval_e2e: the server did not start ({line!r})")
-        self.base = line.split()[-1]
+        self.proc, self.base = start_server(
+            WHO, ["--api-key", KEY, "--alias", alias, "-c", "512", "-t", "2"], model)
 
     def post(self, path, body):
-        req = urllib.request.Request(self.base + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return json.loads(r.read())
+        return post(self.base, path, body)
 
     def tokenize(self, text):
         return self.post("/tokenize", {"content": text, "add_special": False})["tokens"]
@@ -93,14 +75,7 @@ class Server:
         return self.post("/v1/completions", body)["choices"][0]
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = "killed after 60 s"
-        if rc != 0:
-            sys.exit(f"lmeval_e2e: the server exited with {rc} on SIGTERM")
+        stop_server(self.proc, WHO)
 
 
 def choices(server, n_questions, n_choices):
@@ -186,26 +161,24 @@ def test_bos(g):
 
 
 def main():
-    only = os.environ.get("CELLM_TEST_FILTER")
     t0 = time.time()
-    cases = [("test_choices", "smollm2-135m", test_choices),
-             ("test_asan_eos_next", "smollm2-135m", test_asan_eos_next),
-             ("test_bos", "gemma3-270m", test_bos)]
+    cases = [("test_choices", "smollm2", test_choices),
+             ("test_asan_eos_next", "smollm2", test_asan_eos_next),
+             ("test_bos", "gemma3", test_bos)]
     servers = {}
     try:
         for name, model, fn in cases:
-            if only and not fnmatch.fnmatch(name, only):
+            if not selected(name):
                 continue
             if model not in servers:
-                env = "CELLM_TEST_SMOLLM2" if model.startswith("smollm2") else "CELLM_TEST_GEMMA3"
-                servers[model] = Server(model_path(model, env), model)
+                servers[model] = Server(gemma_path() if model == "gemma3" else None, model)
             t = time.time()
             fn(servers[model])
             print(f"ok   {name} ({time.time() - t:.1f} s)", flush=True)
     finally:
         for s in servers.values():
             s.stop()
-    print(f"lmeval_e2e: {checks} checks passed in {time.time() - t0:.1f} s")
+    print(f"{WHO}: {e2e_common.checks} checks passed in {time.time() - t0:.1f} s")
 
 
 if __name__ == "__main__":
