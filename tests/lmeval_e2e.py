@@ -33,24 +33,12 @@ Run by ctest (tests/*_e2e.py); by hand:
 import json
 import math
 import os
-import sys
 import time
 
-from e2e_common import HERE, KEY, check, post, selected, start_server, stop_server
+from e2e_common import HERE, KEY, check, model_path, post, selected, start_server, stop_server
 import e2e_common
 
 WHO = "lmeval_e2e"
-
-
-def gemma_path():
-    p = os.environ.get("CELLM_TEST_GEMMA3")
-    if p:
-        return p
-    home = os.environ.get("CELLM_HOME") or os.path.join(os.environ["HOME"], ".cache", "cellm")
-    p = os.path.join(home, "models", "gemma3-270m.gguf")
-    if not os.path.exists(p):
-        sys.exit(f"{WHO}: real model missing at {p}: run `cellm pull gemma3-270m`")
-    return p
 
 
 class Server:
@@ -171,7 +159,8 @@ def main():
             if not selected(name):
                 continue
             if model not in servers:
-                servers[model] = Server(gemma_path() if model == "gemma3" else None, model)
+                path = model_path(WHO, "gemma3-270m", "CELLM_TEST_GEMMA3") if model == "gemma3" else None
+                servers[model] = Server(path, model)
             t = time.time()
             fn(servers[model])
             print(f"ok   {name} ({time.time() - t:.1f} s)", flush=True)
