@@ -487,7 +487,10 @@ typedef struct cellm_token_logprob {
  * order of the tokens: the prompt's (with prompt_logprobs) as their
  * positions are computed, then each completion token just before its text
  * goes to on_piece. A stop token that ends the request (EOS, end of turn,
- * stop_tokens) is not part of the completion and gets none; the tokens of
+ * stop_tokens) is not part of the completion and gets none, except with
+ * prompt_logprobs, where it is the last report (is_prompt 0, pos the
+ * completion's length past the prompt), as OpenAI's legacy completions
+ * list "<|endoftext|>" and lm-evaluation-harness expects; the tokens of
  * a stop string do (their text is withheld). `lp` is valid only during
  * the call. Same rules as cellm_piece_fn. */
 typedef void (*cellm_logprob_fn)(const cellm_token_logprob *lp, void *user);

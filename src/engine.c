@@ -312,6 +312,9 @@ static int take_token(cellm_engine *e, cellm_request *r, int32_t t, const float 
     if (r->t_first_token == 0) r->t_first_token = t_now;
     if (is_stop(r, t)) {
         r->stop_token = t;
+        /* With the prompt's log-probabilities (echo) the stop token gets its
+         * own too, last: harnesses take the final item as the generated one. */
+        if (r->lp_gen && r->lp_prompt) report_logprob(e, r, row, t, r->n_tokens, false);
         return CELLM_FINISH_STOP;
     }
     if (r->gst && !engine_grammar_take(e, r, t)) return CELLM_FINISH_ERROR;

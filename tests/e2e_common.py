@@ -38,14 +38,15 @@ def check(cond, what):
     checks += 1
 
 
-def model_path(who):
-    p = os.environ.get("CELLM_TEST_SMOLLM2")
+def model_path(who, name="smollm2-135m", env="CELLM_TEST_SMOLLM2"):
+    """The real model `name` of the store ($env overrides)."""
+    p = os.environ.get(env)
     if p:
         return p
     home = os.environ.get("CELLM_HOME") or os.path.join(os.environ["HOME"], ".cache", "cellm")
-    p = os.path.join(home, "models", "smollm2-135m.gguf")
+    p = os.path.join(home, "models", name + ".gguf")
     if not os.path.exists(p):
-        sys.exit(f"{who}: real model missing at {p}: run `cellm pull smollm2-135m`")
+        sys.exit(f"{who}: real model missing at {p}: run `cellm pull {name}`")
     return p
 
 

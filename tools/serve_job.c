@@ -70,6 +70,7 @@ struct job {
     cellm_logit_bias bias[SERVE_MAX_BIAS]; /* the request's logit_bias, as the engine takes it */
     char **echo; /* completions with echo: each prompt's text (token prompts decoded) */
     size_t *echo_len;
+    bool echo_drop_bos; /* the model puts a BOS before a text prompt: echo leaves it out */
     /* streaming */
     char *out; /* SSE bytes not yet handed to libmicrohttpd */
     size_t out_len, out_off, out_cap;
@@ -113,6 +114,10 @@ static void on_piece(const char *piece, size_t len, void *user) {
 static void on_logprob(const cellm_token_logprob *lp, void *user) {
     choice *c = user;
     job *j = c->j;
+    /* The BOS the model adds before a text prompt is not in its text: the
+     * echoed tokens are the text's own (as lm-eval counts them), the first
+     * with its log-probability after the BOS. */
+    if (lp->is_prompt && lp->pos == 0 && j->echo_drop_bos && j->rq.prompts[c->prompt].text) return;
     pthread_mutex_lock(&j->mu);
     if (c->n_lp == c->cap_lp) {
         int cap = c->cap_lp ? c->cap_lp * 2 : 64;
@@ -847,6 +852,10 @@ static bool job_echo_texts(job *j, serve_err *e) {
     j->echo = calloc((size_t)n, sizeof *j->echo);
     j->echo_len = calloc((size_t)n, sizeof *j->echo_len);
     if (!j->echo || !j->echo_len) return serr(e, 500, NULL, NULL, "out of memory");
+    int32_t *bos = NULL, n_bos = 0;
+    if (cellm_tokenize_ex(j->s->model, "", 0, CELLM_TOKENIZE_ADD_SPECIAL, &bos, &n_bos) == CELLM_OK)
+        j->echo_drop_bos = n_bos > 0 && j->s->info.bos >= 0 && bos[0] == j->s->info.bos;
+    free(bos);
     for (int i = 0; i < n; i++) {
         const serve_prompt *p = &j->rq.prompts[i];
         if (p->text) {
