@@ -306,7 +306,8 @@ typedef struct serve_api {
     void *(*whole)(void *ctx, const serve_out *o);
     /* A stream's server-sent events for what `o` brings: called first
      * with no text, then with each new text, last once with o->done. A
-     * new string (NULL when out of memory). */
+     * new string, "" when there is nothing to send yet (NULL when out of
+     * memory). */
     char *(*stream)(void *ctx, const serve_out *o);
     void (*free)(void *ctx);
 } serve_api;
