@@ -110,8 +110,8 @@ static const char *item_string(const cJSON *it, int i, const char *name, serve_e
     if (cJSON_IsString(v)) return v->valuestring;
     char param[64];
     snprintf(param, sizeof param, "input[%d].%s", i, name);
-    serr(e, 400, v ? "invalid_type" : "missing_required_parameter", param,
-         "'%s' must be a string", param);
+    serr(e, 400, v ? "invalid_type" : "missing_required_parameter", param, "'%s' must be a string",
+         param);
     return NULL;
 }
 
@@ -183,11 +183,11 @@ static bool tools_to_chat(const cJSON *root, cJSON *chat, cJSON *echo, serve_err
                                                                          : NULL;
         if (bad) {
             snprintf(param, sizeof param, "tools[%d].%s", i, bad);
-            return serr(e, 400, name || strcmp(bad, "name") ? "invalid_type"
-                                                            : "missing_required_parameter",
+            return serr(e, 400,
+                        name || strcmp(bad, "name") ? "invalid_type" : "missing_required_parameter",
                         param, "'%s' must be %s", param,
-                        !strcmp(bad, "name")     ? "a non-empty string"
-                        : !strcmp(bad, "strict") ? "a boolean"
+                        !strcmp(bad, "name")         ? "a non-empty string"
+                        : !strcmp(bad, "strict")     ? "a boolean"
                         : !strcmp(bad, "parameters") ? "a JSON Schema object"
                                                      : "a string");
         }
@@ -204,8 +204,8 @@ static bool tools_to_chat(const cJSON *root, cJSON *chat, cJSON *echo, serve_err
         cJSON_AddItemToObject(o, "parameters",
                               params ? cJSON_Duplicate(params, true) : cJSON_CreateNull());
         if (strict) cJSON_AddBoolToObject(f, "strict", cJSON_IsTrue(strict));
-        cJSON_AddItemToObject(o, "strict", strict ? cJSON_CreateBool(cJSON_IsTrue(strict))
-                                                  : cJSON_CreateNull());
+        cJSON_AddItemToObject(o, "strict",
+                              strict ? cJSON_CreateBool(cJSON_IsTrue(strict)) : cJSON_CreateNull());
         cJSON_AddItemToArray(ct, c);
         cJSON_AddItemToArray(et, o);
         i++;
@@ -216,8 +216,7 @@ static bool tools_to_chat(const cJSON *root, cJSON *chat, cJSON *echo, serve_err
         cJSON_AddStringToObject(echo, "tool_choice", tc->valuestring);
     } else if (tc) {
         const cJSON *type = cJSON_IsObject(tc) ? opt(tc, "type") : NULL, *name = opt(tc, "name");
-        if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") ||
-            !cJSON_IsString(name))
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") || !cJSON_IsString(name))
             return serr(e, 400, "invalid_value", "tool_choice",
                         "'tool_choice' must be none, auto, required or {\"type\": \"function\", "
                         "\"name\": string}; cellm calls only function tools");
@@ -521,8 +520,7 @@ static cJSON *call_item(const cJSON *call, const char *status, bool args) {
     cJSON_AddStringToObject(m, "type", "function_call");
     cJSON_AddStringToObject(m, "status", status);
     cJSON_AddStringToObject(
-        m, "arguments",
-        args ? cJSON_GetObjectItemCaseSensitive(f, "arguments")->valuestring : "");
+        m, "arguments", args ? cJSON_GetObjectItemCaseSensitive(f, "arguments")->valuestring : "");
     cJSON_AddStringToObject(m, "call_id", call_id);
     cJSON_AddStringToObject(m, "name", cJSON_GetObjectItemCaseSensitive(f, "name")->valuestring);
     return m;
@@ -698,8 +696,7 @@ static void item_put(sse_buf *b, resp_state *x, const char *type, int output_ind
 /* Opens the message item (output 0) and its text part. */
 static void message_open(sse_buf *b, resp_state *x) {
     x->msg_open = true;
-    item_put(b, x, "response.output_item.added", 0,
-             message_item(x, "in_progress", false, NULL, 0));
+    item_put(b, x, "response.output_item.added", 0, message_item(x, "in_progress", false, NULL, 0));
     cJSON *ev = part_event(x, "response.content_part.added");
     cJSON_AddItemToObject(ev, "part", text_part("", 0));
     event_put(b, ev);
