@@ -1,20 +1,23 @@
 /*
  * serve_responses.c — OpenAI's Responses API, POST /v1/responses, on the
- * chat machinery. The body (`input` as a string or a list of message
- * items, `instructions`, `max_output_tokens`, `text.format`, sampling
- * options) is checked here and rewritten as a chat completions body, which
- * serve_req.c then parses like any other, so sampling and structured
- * output behave exactly as on /v1/chat/completions. The job (serve_job.c)
- * runs it, and this file's serve_api shapes the reply: the response
- * object whole, or streamed as typed server-sent events (response.created,
- * response.output_text.delta, ..., response.completed), each with its
- * sequence_number. The endpoint itself (oai_responses, serve_oai.c) only
- * hands the parsed request to a job: nothing here needs the engine or
- * HTTP, so the fuzz target (fuzz/fuzz_serve_req.c) drives it alone.
+ * chat machinery. The body (`input` as a string or a list of message,
+ * function_call and function_call_output items, `instructions`,
+ * `max_output_tokens`, `text.format`, function `tools`, `tool_choice`,
+ * sampling options) is checked here and rewritten as a chat completions
+ * body, which serve_req.c then parses like any other, so sampling,
+ * structured output and tool calls behave exactly as on
+ * /v1/chat/completions. The job (serve_job.c) runs it, and this file's
+ * serve_api shapes the reply: the response object whole (a message item,
+ * and function_call items for the calls serve_tool_calls finds), or
+ * streamed as typed server-sent events (response.created,
+ * response.output_text.delta, response.function_call_arguments.delta,
+ * ..., response.completed), each with its sequence_number. The endpoint itself (oai_responses,
+ * serve_oai.c) only hands the parsed request to a job: nothing here needs the engine or HTTP, so
+ * the fuzz target (fuzz/fuzz_serve_req.c) drives it alone.
  *
  * cellm stores no responses: options that would change what a response
  * means and that it cannot honour (previous_response_id, conversation,
- * background, tools, prompt templates, logprobs) are refused with a 400
+ * background, built-in tools, prompt templates, logprobs) are refused with a 400
  * that says so; options that change nothing here (store, include,
  * reasoning, service_tier, ...) are accepted and ignored (docs/serve.md).
  */
