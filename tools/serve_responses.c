@@ -731,8 +731,6 @@ static void message_close(sse_buf *b, resp_state *x, const char *status, cJSON *
     cJSON_AddItemToArray(output, message_item(x, status, true, x->text, x->sent));
 }
 
-#define ARGS_PIECE 48 /* bytes of a call's arguments per delta event */
-
 /* A function_call item's events at output_index k: added (no arguments
  * yet), the arguments in pieces, their end, done. */
 static void call_put(sse_buf *b, resp_state *x, const cJSON *call, int k, cJSON *output) {
@@ -742,9 +740,7 @@ static void call_put(sse_buf *b, resp_state *x, const cJSON *call, int k, cJSON 
     item_put(b, x, "response.output_item.added", k, call_item(call, "in_progress", false));
     size_t n = strlen(args);
     for (size_t at = 0, len; at < n; at += len) {
-        /* Pieces end on whole UTF-8 characters. */
-        len = n - at < ARGS_PIECE ? n - at : ARGS_PIECE;
-        while (at + len < n && ((unsigned char)args[at + len] & 0xC0) == 0x80) len++;
+        len = serve_tool_args_piece(args, n, at);
         cJSON *ev = item_event(x, "response.function_call_arguments.delta", id, k, -1);
         serve_json_add_text(ev, "delta", args + at, len);
         event_put(b, ev);
