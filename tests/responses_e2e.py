@@ -348,8 +348,9 @@ def test_asan_errors(client, base):
     msg = refused("a web_search tool", "tools[0]", tools=[{"type": "web_search"}])
     check("function tools" in msg, f"the built-in tool refusal says why: {msg}")
     refused("a nameless tool", "tools[0].name", tools=[{"type": "function", "parameters": {}}])
-    refused("chat's nested tool shape", "tools[0].name",
-            tools=[{"type": "function", "function": {"name": "f"}}])
+    msg = refused("chat's nested tool shape", "tools[0].name",
+                  tools=[{"type": "function", "function": {"name": "f"}}])
+    check("flat" in msg, f"the nested shape's refusal says why: {msg}")
     refused("parameters not an object", "tools[0].parameters",
             tools=[{"type": "function", "name": "f", "parameters": "x"}])
     refused("a bad tool_choice", "tool_choice", tools=[WEATHER],

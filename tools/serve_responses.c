@@ -188,11 +188,15 @@ static bool tools_to_chat(const cJSON *root, cJSON *chat, cJSON *echo, serve_err
             snprintf(param, sizeof param, "tools[%d].%s", i, bad);
             return serr(e, 400,
                         name || strcmp(bad, "name") ? "invalid_type" : "missing_required_parameter",
-                        param, "'%s' must be %s", param,
+                        param, "'%s' must be %s%s", param,
                         !strcmp(bad, "name")         ? "a non-empty string"
                         : !strcmp(bad, "strict")     ? "a boolean"
                         : !strcmp(bad, "parameters") ? "a JSON Schema object"
-                                                     : "a string");
+                                                     : "a string",
+                        opt(t, "function") ? " (Responses tools are flat: {\"type\": \"function\", "
+                                             "\"name\", \"parameters\"}, not chat's {\"function\": "
+                                             "{...}})"
+                                           : "");
         }
         cJSON *c = cJSON_CreateObject(), *f, *o = cJSON_CreateObject();
         cJSON_AddStringToObject(c, "type", "function");
