@@ -17,7 +17,8 @@
 #include "serve.h"
 
 /* An accepted Responses request: its reply, whole and as a stream of
- * three calls (opening, text, done), from the body's own bytes as text. */
+ * three calls (opening, text, done), from the body's own bytes as text
+ * (with tools, a call may have nothing to send yet: ""). */
 static void render_responses(serve_req *r, const char *text, size_t n) {
     serve_out o = {text, n, true, {0}, NULL};
     o.res.finish_reason = n & 1 ? CELLM_FINISH_STOP : CELLM_FINISH_LENGTH;
@@ -29,7 +30,7 @@ static void render_responses(serve_req *r, const char *text, size_t n) {
                           {text + n / 2, n - n / 2, true, o.res, NULL}};
     for (int i = 0; i < 3; i++) {
         char *ev = r->api->stream(r->api_ctx, &parts[i]);
-        if (!ev || strncmp(ev, "event: response.", 16)) abort();
+        if (!ev || (*ev && strncmp(ev, "event: response.", 16))) abort();
         free(ev);
     }
 }

@@ -53,7 +53,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (int native = 0; native < 2; native++) {
             tool_chat c;
             err.msg[0] = '\0';
-            if (tool_chat_prepare(in, TOOLS, native, &c, &err) == CELLM_OK)
+            if (tool_chat_prepare(in, TOOLS, native, native, &c, &err) == CELLM_OK)
                 tool_chat_free(&c);
             else if (!err.msg[0])
                 abort();

@@ -256,8 +256,9 @@ cellm_status chat_render_json(const chat_tpl *t, const char *messages_json, cons
                               bool add_generation, char **out, cellm_error *err) {
     *out = NULL;
     tool_chat tc;
-    cellm_status st = tool_chat_prepare(messages_json, tools_json,
-                                        t->format == CHAT_JINJA && t->tools_native, &tc, err);
+    cellm_status st =
+        tool_chat_prepare(messages_json, tools_json, t->format == CHAT_JINJA && t->tools_native,
+                          t->tool_fmt == TOOL_FMT_MISTRAL, &tc, err);
     if (st) return st;
     chat_msg *msgs = malloc(sizeof *msgs * (size_t)(tc.n_msgs > 0 ? tc.n_msgs : 1));
     if (!msgs) {

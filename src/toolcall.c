@@ -127,10 +127,32 @@ static void write_arguments(json_buf *b, const json_node *a) {
     json_write(b, a);
 }
 
+/* Writes a tool call id as Mistral's templates require one: 9 letters and
+ * digits. An id that is so already stays; any other becomes 9 base-62
+ * digits of its FNV-1a hash, the same for the call and for its result, so
+ * a client's ids (cellm's own are call_ and 16 hex digits) still pair. */
+static void write_short_id(json_buf *b, const json_node *v) {
+    bool ok = v->str_len == 9;
+    for (size_t i = 0; ok && i < 9; i++)
+        ok = (v->str[i] >= '0' && v->str[i] <= '9') || (v->str[i] >= 'a' && v->str[i] <= 'z') ||
+             (v->str[i] >= 'A' && v->str[i] <= 'Z');
+    if (ok) {
+        json_write(b, v);
+        return;
+    }
+    static const char digits[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < v->str_len; i++) h = (h ^ (unsigned char)v->str[i]) * 0x100000001b3ull;
+    char id[9];
+    for (int i = 0; i < 9; i++, h /= 62) id[i] = digits[h % 62];
+    json_buf_quote(b, id, sizeof id);
+}
+
 /* An object written member by member, `arguments` members of `function`
- * objects of `tool_calls` through write_arguments. level: 0 a message, 1
+ * objects of `tool_calls` through write_arguments, and with short_ids the
+ * ids of calls and results through write_short_id. level: 0 a message, 1
  * a tool call, 2 a function. */
-static void write_message(json_buf *b, const json_node *o, int level) {
+static void write_message(json_buf *b, const json_node *o, int level, bool short_ids) {
     json_buf_str(b, "{");
     for (size_t k = 0; k < o->n; k++) {
         const json_node *v = o->kids[k];
@@ -143,13 +165,17 @@ static void write_message(json_buf *b, const json_node *o, int level) {
             for (size_t i = 0; i < v->n; i++) {
                 if (i) json_buf_str(b, ",");
                 if (v->kids[i]->type == JSON_OBJ)
-                    write_message(b, v->kids[i], 1);
+                    write_message(b, v->kids[i], 1, short_ids);
                 else
                     json_write(b, v->kids[i]);
             }
             json_buf_str(b, "]");
         } else if (level == 1 && !strcmp(key, "function") && v->type == JSON_OBJ) {
-            write_message(b, v, 2);
+            write_message(b, v, 2, short_ids);
+        } else if (short_ids && v->type == JSON_STR &&
+                   ((level == 1 && !strcmp(key, "id")) ||
+                    (level == 0 && !strcmp(key, "tool_call_id")))) {
+            write_short_id(b, v);
         } else if (level == 2 && !strcmp(key, "arguments")) {
             write_arguments(b, v);
         } else {
@@ -275,7 +301,7 @@ static const char *message_problem(const json_node *m) {
 }
 
 cellm_status tool_chat_prepare(const char *messages_json, const char *tools_json, bool native,
-                               tool_chat *out, cellm_error *err) {
+                               bool short_ids, tool_chat *out, cellm_error *err) {
     memset(out, 0, sizeof *out);
     size_t len = strlen(messages_json), end = 0;
     if (len > TOOL_MAX_JSON) return err_set(err, CELLM_ERR_INVALID_ARG, "messages: too large");
@@ -300,7 +326,7 @@ cellm_status tool_chat_prepare(const char *messages_json, const char *tools_json
         json_buf_str(&b, "{\"messages\":[");
         for (size_t k = 0; k < msgs->n; k++) {
             if (k) json_buf_str(&b, ",");
-            write_message(&b, msgs->kids[k], 0);
+            write_message(&b, msgs->kids[k], 0, short_ids);
         }
         json_buf_str(&b, "]");
         if (ts.root) {

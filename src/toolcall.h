@@ -59,11 +59,14 @@ typedef struct tool_chat {
 
 /* Prepares messages_json (an array of OpenAI chat messages: role,
  * content as a string or null, tool_calls, tool_call_id, name) and
- * tools_json (NULL or an array of tool objects). CELLM_ERR_INVALID_ARG
- * naming the message or tool that is malformed. Free with
- * tool_chat_free. */
+ * tools_json (NULL or an array of tool objects). With short_ids (for
+ * Mistral's templates, which refuse any other), the template gets every
+ * tool call id as 9 letters and digits: an id that is so already stays,
+ * others map to one made from their hash, the same for a call and its
+ * result. CELLM_ERR_INVALID_ARG naming the message or tool that is
+ * malformed. Free with tool_chat_free. */
 cellm_status tool_chat_prepare(const char *messages_json, const char *tools_json, bool native,
-                               tool_chat *out, cellm_error *err);
+                               bool short_ids, tool_chat *out, cellm_error *err);
 void tool_chat_free(tool_chat *c);
 
 /* The GBNF of a reply that is only tool calls in format `fmt`: calls of

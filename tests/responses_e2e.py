@@ -15,9 +15,15 @@ and checks:
   "max_output_tokens", whole and streamed (response.incomplete);
 - `text.format` json_schema (strict; replies validated with `jsonschema`)
   and json_object;
+- function tools: a forced call (named, required) as a function_call item,
+  the round trip (the call and its function_call_output back in `input`,
+  then text, as chat reads the same conversation), and a streamed call
+  event by event (output_item.added, function_call_arguments.delta and
+  .done, output_item.done, response.completed);
 - a client that drops a stream has its generation cancelled;
-- the errors a client sees: refused options (tools, previous_response_id,
-  background), bad items, bad schemas, bad bodies, an unknown model.
+- the errors a client sees: refused options (built-in tools,
+  previous_response_id, background), bad tools and items, bad schemas,
+  bad bodies, an unknown model.
 
 Run by ctest (tests/*_e2e.py); by hand:
     CELLM_BIN=build/cellm python3 tests/responses_e2e.py
@@ -227,6 +233,106 @@ def test_asan_disconnect(client, base):
     check(True, "cancelled")
 
 
+WEATHER = {"type": "function", "name": "get_weather", "description": "The current weather of a city",
+           "parameters": {"type": "object",
+                          "properties": {"city": {"type": "string",
+                                                  "enum": ["Paris", "Tokyo", "Lima"]}},
+                          "required": ["city"], "additionalProperties": False},
+           "strict": True}
+TIME = {"type": "function", "name": "get_time", "description": "The local time of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"], "additionalProperties": False}}
+ASK = "What is the weather in Paris?"
+
+
+def check_call(item, name, what):
+    """A completed function_call output item of `name`; its arguments."""
+    check(item.type == "function_call" and item.status == "completed", f"{what}: item {item}")
+    check(item.id.startswith("fc_") and item.call_id.startswith("call_"), f"{what}: ids {item}")
+    check(item.name == name, f"{what}: called {item.name}")
+    args = json.loads(item.arguments)
+    check(args.get("city") in ("Paris", "Tokyo", "Lima"), f"{what}: arguments {args}")
+    return args
+
+
+def test_tools(client, base):
+    """A forced call (named; test_tools_stream forces with required), the round trip (the call and
+    its output back in `input`, then an answer in text), tool_choice none."""
+    r = client.responses.create(model=MODEL_ID, input=ASK, tools=[WEATHER, TIME],
+                                tool_choice={"type": "function", "name": "get_weather"},
+                                parallel_tool_calls=False, max_output_tokens=60)
+    check(r.status == "completed", f"forced call: status {r.status}")
+    calls = [o for o in r.output if o.type == "function_call"]
+    check(len(calls) == 1 and r.output[-1] is calls[0], f"one call, last: {r.output}")
+    args = check_call(calls[0], "get_weather", "named")
+    check(r.tool_choice.type == "function" and r.tool_choice.name == "get_weather"
+          and not r.parallel_tool_calls, f"tool_choice echoed: {r.tool_choice}")
+    check([t.name for t in r.tools] == ["get_weather", "get_time"] and r.tools[0].strict,
+          f"tools echoed: {r.tools}")
+    check(r.usage.output_tokens > 0 and r.output_text == "", f"usage {r.usage}")
+    # The round trip: the reply's items and the function's output as input.
+    result = json.dumps({"city": args["city"], "temperature": 18, "sky": "sunny"})
+    items = [{"role": "user", "content": ASK}] + [o.model_dump(exclude_none=True)
+                                                  for o in r.output]
+    items.append({"type": "function_call_output", "call_id": calls[0].call_id, "output": result})
+    r2 = client.responses.create(model=MODEL_ID, input=items, tools=[WEATHER, TIME],
+                                 tool_choice="none", max_output_tokens=24)
+    check(r2.status in ("completed", "incomplete") and [o.type for o in r2.output] == ["message"],
+          f"answer: {r2.output}")
+    check(r2.output_text.strip(), f"answer text {r2.output_text!r}")
+    check(r2.usage.input_tokens > r.usage.input_tokens + 10,
+          f"the call and its output are in the prompt: {r.usage.input_tokens} -> "
+          f"{r2.usage.input_tokens} tokens")
+    # The same conversation through chat, as chat's messages, reads the same.
+    c = client.chat.completions.create(
+        model=MODEL_ID, max_tokens=24, temperature=0, tools=[{"type": "function", "function": {
+            k: v for k, v in t.items() if k != "type"}} for t in (WEATHER, TIME)],
+        tool_choice="none", messages=[
+            {"role": "user", "content": ASK},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": calls[0].call_id, "type": "function", "function": {
+                    "name": "get_weather", "arguments": calls[0].arguments}}]},
+            {"role": "tool", "tool_call_id": calls[0].call_id, "content": result}])
+    check(c.choices[0].message.content == r2.output_text and
+          c.usage.prompt_tokens == r2.usage.input_tokens,
+          f"as chat's: {c.choices[0].message.content!r} vs {r2.output_text!r}, "
+          f"{c.usage.prompt_tokens} vs {r2.usage.input_tokens} tokens")
+
+
+def test_tools_stream(client, base):
+    """A streamed forced call, event by event, against the whole reply."""
+    kw = dict(input=ASK, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
+              max_output_tokens=60)
+    whole = client.responses.create(model=MODEL_ID, **kw)
+    events = list(client.responses.create(model=MODEL_ID, stream=True, **kw))
+    types = [e.type for e in events]
+    n = len(types)
+    check(types[:3] == ["response.created", "response.in_progress", "response.output_item.added"],
+          f"opening events {types[:3]}")
+    check(types[-3:] == ["response.function_call_arguments.done", "response.output_item.done",
+                         "response.completed"], f"closing events {types[-3:]}")
+    check(n > 6 and all(t == "response.function_call_arguments.delta" for t in types[3:-3]),
+          f"middle events {types}")
+    check([e.sequence_number for e in events] == list(range(n)), "sequence numbers 0..n-1")
+    added, done, item_done, final = events[2], events[-3], events[-2], events[-1].response
+    check(added.item.type == "function_call" and added.item.arguments == "" and
+          added.item.status == "in_progress" and added.output_index == 0,
+          f"output_item.added {added}")
+    deltas = "".join(e.delta for e in events[3:-3])
+    check(all(e.item_id == added.item.id and e.output_index == 0 for e in events[3:-2]),
+          "one item id and index throughout")
+    check(done.arguments == deltas and item_done.item.arguments == deltas,
+          f"arguments.done {done.arguments!r} != deltas {deltas!r}")
+    check_call(item_done.item, "get_weather", "stream")
+    check(item_done.item.call_id == added.item.call_id and item_done.item.name == added.item.name,
+          "added and done describe one call")
+    check(final.status == "completed" and len(final.output) == 1 and
+          final.output[0].arguments == deltas, f"response.completed {final.output}")
+    w = whole.output[0]
+    check(w.arguments == deltas, f"the whole reply's call {w.arguments!r} equals the stream's")
+    check(final.usage.output_tokens == whole.usage.output_tokens, "usage as the whole reply's")
+
+
 def test_asan_errors(client, base):
     def refused(what, param, **kw):
         kw.setdefault("input", "Hi")
@@ -239,14 +345,27 @@ def test_asan_errors(client, base):
             return e.body["message"]
         raise AssertionError(f"{what} was accepted")
 
-    msg = refused("tools", "tools",
-                  tools=[{"type": "function", "name": "f", "parameters": {"type": "object"}}])
-    check("tools" in msg, f"the tools refusal says why: {msg}")
+    msg = refused("a web_search tool", "tools[0]", tools=[{"type": "web_search"}])
+    check("function tools" in msg, f"the built-in tool refusal says why: {msg}")
+    refused("a nameless tool", "tools[0].name", tools=[{"type": "function", "parameters": {}}])
+    msg = refused("chat's nested tool shape", "tools[0].name",
+                  tools=[{"type": "function", "function": {"name": "f"}}])
+    check("flat" in msg, f"the nested shape's refusal says why: {msg}")
+    refused("parameters not an object", "tools[0].parameters",
+            tools=[{"type": "function", "name": "f", "parameters": "x"}])
+    refused("a bad tool_choice", "tool_choice", tools=[WEATHER],
+            tool_choice={"type": "file_search"})
+    msg = refused("an unknown function", "tool_choice", tools=[WEATHER],
+                  tool_choice={"type": "function", "name": "nope"})
+    check("nope" in msg, f"names the function: {msg}")
+    refused("a call output without call_id", "input[1].call_id",
+            input=[{"role": "user", "content": "x"}, {"type": "function_call_output", "output": "x"}])
+    refused("a call without arguments", "input[0].arguments",
+            input=[{"type": "function_call", "call_id": "c", "name": "f"}])
+    refused("a reasoning item", "input[0]", input=[{"type": "reasoning", "summary": []}])
     msg = refused("previous_response_id", "previous_response_id", previous_response_id="resp_1")
     check("stores no responses" in msg, msg)
     refused("background", "background", background=True)
-    refused("a function call output item", "input[0]",
-            input=[{"type": "function_call_output", "call_id": "c", "output": "x"}])
     refused("an image part", "input[0].content[0]",
             input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}])
     refused("a bad role", "input[0].role", input=[{"role": "robot", "content": "x"}])
@@ -286,5 +405,7 @@ if __name__ == "__main__":
                           ("test_instructions", test_instructions),
                           ("test_max_output_tokens", test_max_output_tokens),
                           ("test_json", test_json),
+                          ("test_tools", test_tools),
+                          ("test_tools_stream", test_tools_stream),
                           ("test_asan_disconnect", test_asan_disconnect),
                           ("test_asan_errors", test_asan_errors)])

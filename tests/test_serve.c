@@ -1115,6 +1115,128 @@ static int responses_events(const char *sse, char types[][48], int cap) {
     return n;
 }
 
+/* Function tools on /v1/responses: the body as chat's tools and tool
+ * turns; a reply with text and a call as a message and a function_call
+ * item, whole and streamed (the text before the call streams, the call's
+ * markup never does); tool_choice none leaves the text alone. */
+static void responses_tools(const serve_limits *lim) {
+    serve_req r;
+    serve_err e;
+    const char *body =
+        "{\"input\":[{\"role\":\"user\",\"content\":\"Weather?\"},{\"type\":\"message\","
+        "\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"Looking.\"}]},"
+        "{\"type\":\"function_call\",\"id\":\"fc_1\",\"call_id\":\"call_1\",\"name\":\"f\","
+        "\"arguments\":\"{\\\"a\\\":1}\",\"status\":\"completed\"},{\"type\":\"function_call\","
+        "\"call_id\":\"call_2\",\"name\":\"f\",\"arguments\":\"{}\"},{\"type\":"
+        "\"function_call_output\",\"call_id\":\"call_1\",\"output\":\"18 C\"},{\"type\":"
+        "\"function_call_output\",\"call_id\":\"call_2\",\"output\":\"ok\"}],\"tools\":[{\"type\":"
+        "\"function\",\"name\":\"f\",\"description\":\"d\",\"parameters\":{\"type\":\"object\"},"
+        "\"strict\":true}],\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"},"
+        "\"parallel_tool_calls\":false,\"stream\":true}";
+    if (!responses_parse(body, strlen(body), lim, "m", 0xabc, &r, &e)) fail_msg("%s", e.msg);
+    assert_int_equal(r.tool_choice, SERVE_TOOLS_NAMED);
+    assert_string_equal(r.tool_name, "f");
+    assert_false(r.parallel_tool_calls);
+    assert_string_equal(r.tools_json,
+                        "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":"
+                        "\"d\",\"parameters\":{\"type\":\"object\"},\"strict\":true}}]");
+    /* The calls join the assistant's text as one turn; outputs are tool
+     * messages. */
+    assert_string_equal(
+        r.messages_json,
+        "[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\",\"content\":"
+        "\"Looking.\",\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{"
+        "\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}},{\"id\":\"call_2\",\"type\":"
+        "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},{\"role\":\"tool\","
+        "\"content\":\"18 C\",\"tool_call_id\":\"call_1\"},{\"role\":\"tool\",\"content\":\"ok\","
+        "\"tool_call_id\":\"call_2\"}]");
+
+    const char *text = "Sure. <tool_call>{\"name\":\"f\",\"arguments\":{\"a\":2}}</tool_call>";
+    serve_out o = {text, strlen(text), true, {0}, NULL};
+    o.res.finish_reason = CELLM_FINISH_STOP;
+    cJSON *w = r.api->whole(r.api_ctx, &o);
+    const cJSON *out = cJSON_GetObjectItem(w, "output");
+    assert_int_equal(cJSON_GetArraySize(out), 2);
+    const cJSON *msg = cJSON_GetArrayItem(out, 0), *fc = cJSON_GetArrayItem(out, 1);
+    assert_string_equal(jstr(msg, "type"), "message");
+    assert_string_equal(jstr(cJSON_GetArrayItem(cJSON_GetObjectItem(msg, "content"), 0), "text"),
+                        "Sure.");
+    assert_string_equal(jstr(fc, "type"), "function_call");
+    assert_string_equal(jstr(fc, "name"), "f");
+    assert_string_equal(jstr(fc, "arguments"), "{\"a\":2}");
+    assert_string_equal(jstr(fc, "status"), "completed");
+    const char *call_id = jstr(fc, "call_id");
+    assert_true(!strncmp(call_id, "call_", 5) && strlen(call_id) == 21);
+    assert_true(!strncmp(jstr(fc, "id"), "fc_", 3) && !strcmp(jstr(fc, "id") + 3, call_id + 5));
+    const cJSON *echo = cJSON_GetArrayItem(cJSON_GetObjectItem(w, "tools"), 0);
+    assert_string_equal(jstr(echo, "name"), "f");
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(echo, "strict")));
+    assert_string_equal(jstr(cJSON_GetObjectItem(w, "tool_choice"), "name"), "f");
+    assert_true(cJSON_IsFalse(cJSON_GetObjectItem(w, "parallel_tool_calls")));
+
+    /* Streamed in pieces that split the call's mark. */
+    serve_out s[4] = {{"", 0, false, {0}, NULL},
+                      {text, 8, false, {0}, NULL},
+                      {text + 8, 6, false, {0}, NULL},
+                      {text + 14, strlen(text) - 14, true, o.res, NULL}};
+    char all[8192] = "";
+    for (int i = 0; i < 4; i++) {
+        char *t = r.api->stream(r.api_ctx, &s[i]);
+        assert_non_null(t);
+        assert_true(strlen(all) + strlen(t) < sizeof all);
+        strcat(all, t);
+        free(t);
+    }
+    char types[16][48];
+    static const char *const order[] = {
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    };
+    int n = responses_events(all, types, 16);
+    assert_int_equal(n, 13);
+    for (int i = 0; i < n; i++) assert_string_equal(types[i], order[i]);
+    assert_null(strstr(all, "tool_call>")); /* the mark never went out as text */
+    assert_non_null(strstr(all, "\"delta\":\"Sure. \""));
+    char want[160];
+    snprintf(want, sizeof want,
+             "\"output_index\":1,\"item\":{\"id\":\"fc_%s\",\"type\":\"function_call\","
+             "\"status\":\"in_progress\",\"arguments\":\"\",\"call_id\":\"%s\",\"name\":\"f\"}",
+             call_id + 5, call_id);
+    assert_non_null(strstr(all, want)); /* the same ids as the whole text's */
+    assert_non_null(strstr(all, "\"name\":\"f\",\"arguments\":\"{\\\"a\\\":2}\"}"));
+    const char *last = strstr(all, "event: response.completed");
+    assert_non_null(last);
+    assert_non_null(strstr(last, "\"type\":\"function_call\",\"status\":\"completed\""));
+    cJSON_Delete(w);
+    serve_req_free(&r);
+
+    /* tool_choice none: the tools are shown, the text is text. */
+    const char *none = "{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],"
+                       "\"tool_choice\":\"none\"}";
+    assert_true(responses_parse(none, strlen(none), lim, "m", 1, &r, &e));
+    assert_non_null(r.tools_json);
+    w = r.api->whole(r.api_ctx, &o);
+    out = cJSON_GetObjectItem(w, "output");
+    assert_int_equal(cJSON_GetArraySize(out), 1);
+    assert_string_equal(
+        jstr(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(out, 0), "content"), 0),
+             "text"),
+        text);
+    cJSON_Delete(w);
+    serve_req_free(&r);
+}
+
 static void test_asan_responses(void **st) {
     (void)st;
     serve_limits lim = {srv->info.n_vocab, srv->n_ctx, 4, -1, 0};
@@ -1218,6 +1340,8 @@ static void test_asan_responses(void **st) {
     free(sse[3]);
     serve_req_free(&r);
 
+    responses_tools(&lim);
+
     /* Hostile or refused bodies: a 400 naming the field, nothing to free. */
     static const struct {
         const char *body, *param;
@@ -1240,7 +1364,41 @@ static void test_asan_responses(void **st) {
         {"{\"input\":\"x\",\"max_output_tokens\":1.5}", "max_output_tokens"},
         {"{\"input\":\"x\",\"max_output_tokens\":1e300}", "max_output_tokens"},
         {"{\"input\":\"x\",\"top_p\":2}", "top_p"},
-        {"{\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}", "tools"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}", "tools[0]"},
+        {"{\"input\":\"x\",\"tools\":{}}", "tools"},
+        {"{\"input\":\"x\",\"tools\":[1]}", "tools[0]"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"function\"}]}", "tools[0].name"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}",
+         "tools[0].name"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"parameters\":[]}]}",
+         "tools[0].parameters"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"strict\":1}]}",
+         "tools[0].strict"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"description\":[]}]}",
+         "tools[0].description"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],\"tool_choice\":"
+         "{\"type\":\"function\"}}",
+         "tool_choice"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],\"tool_choice\":"
+         "{\"type\":\"web_search_preview\"}}",
+         "tool_choice"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],\"tool_choice\":"
+         "\"sometimes\"}",
+         "tool_choice"},
+        {"{\"input\":\"x\",\"tool_choice\":\"required\"}", "tool_choice"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],"
+         "\"parallel_tool_calls\":1}",
+         "parallel_tool_calls"},
+        {"{\"input\":[{\"type\":\"function_call\",\"name\":\"f\",\"arguments\":\"{}\"}]}",
+         "input[0].call_id"},
+        {"{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\",\"arguments\":\"{}\"}]}",
+         "input[0].name"},
+        {"{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"f\",\"arguments\":{}"
+         "}]}",
+         "input[0].arguments"},
+        {"{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\"}]}", "input[0].output"},
+        {"{\"input\":[{\"type\":\"function_call_output\",\"call_id\":5,\"output\":\"x\"}]}",
+         "input[0].call_id"},
         {"{\"input\":\"x\",\"previous_response_id\":\"resp_1\"}", "previous_response_id"},
         {"{\"input\":\"x\",\"background\":true}", "background"},
         {"{\"input\":\"x\",\"truncation\":\"auto\"}", "truncation"},

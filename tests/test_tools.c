@@ -5,6 +5,7 @@
  * (tests/data/templates/cases), the generic rendering for a template
  * without tool support, and the grammar of a forced call. No model: fast.
  */
+#include <ctype.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -230,7 +231,7 @@ static void check_case(const char *name, const char *cs, tool_format want_fmt) {
     tool_chat tc;
     cellm_error err;
     err_clear(&err);
-    if (tool_chat_prepare(msgs.s, tools.s, true, &tc, &err))
+    if (tool_chat_prepare(msgs.s, tools.s, true, want_fmt == TOOL_FMT_MISTRAL, &tc, &err))
         fail_msg("%s %s: %s", name, cs, err.msg);
     assert_non_null(tc.vars_json);
     json_buf all = {0};
@@ -272,6 +273,68 @@ static void test_asan_templates(void **st) {
     check_case("qwen25", "tools_gen", TOOL_FMT_HERMES);
 }
 
+/* Renders messages_json with tools by the template file `name` (the
+ * library's preparation, then Jinja); the text, or NULL with *err set. */
+static char *render_tools(const char *name, const char *msgs, bool short_ids, cellm_error *err) {
+    char path[512];
+    size_t tl = 0;
+    snprintf(path, sizeof path, TPL_DIR "/%s.jinja", name);
+    char *tpl = test_read_file(path, &tl);
+    assert_non_null(tpl);
+    tool_chat tc;
+    err_clear(err);
+    assert_int_equal(tool_chat_prepare(msgs, TOOLS, true, short_ids, &tc, err), CELLM_OK);
+    jinja_ctx ctx = {.bos_token = "<s>",
+                     .eos_token = "</s>",
+                     .vars_json = tc.vars_json,
+                     .vars_json_len = tc.vars_len};
+    char *out = NULL;
+    size_t out_len = 0;
+    if (jinja_render(tpl, tl, &ctx, &out, &out_len, err)) out = NULL;
+    tool_chat_free(&tc);
+    free(tpl);
+    return out;
+}
+
+/* Mistral's template takes only 9-character alphanumeric tool call ids;
+ * the server's are call_ and 16 hex digits. With short_ids (what chat.c
+ * asks for a Mistral template) a round trip with such ids renders, the
+ * call and its result carry the same 9-character id, two calls keep
+ * distinct ids, and an id that is 9 alphanumerics already is kept. */
+static void test_asan_mistral_ids(void **st) {
+    (void)st;
+    const char *msgs =
+        "[{\"role\":\"user\",\"content\":\"Weather?\"},"
+        "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":["
+        "{\"id\":\"call_0123456789abcdef\",\"type\":\"function\",\"function\":{\"name\":"
+        "\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}},"
+        "{\"id\":\"Ab3456789\",\"type\":\"function\",\"function\":{\"name\":\"noop\","
+        "\"arguments\":\"{}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"call_0123456789abcdef\",\"content\":\"18 C\"},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"Ab3456789\",\"content\":\"ok\"}]";
+    cellm_error err;
+    char *bad = render_tools("mistral", msgs, false, &err);
+    assert_null(bad); /* the template's own rule, as the server met it */
+    assert_non_null(strstr(err.msg, "length 9"));
+    char *out = render_tools("mistral", msgs, true, &err);
+    if (!out) fail_msg("render: %s", err.msg);
+    const char *at = strstr(out, "\"id\": \"");
+    assert_non_null(at);
+    char id[10];
+    memcpy(id, at + 7, 9);
+    id[9] = '\0';
+    assert_int_equal(at[16], '"');
+    for (int i = 0; i < 9; i++) assert_true(isalnum((unsigned char)id[i]));
+    assert_string_not_equal(id, "Ab3456789");
+    char want[64];
+    snprintf(want, sizeof want, "\"call_id\": \"%s\"", id);
+    assert_non_null(strstr(out, want)); /* the result pairs with its call */
+    assert_non_null(strstr(out, "\"id\": \"Ab3456789\""));
+    assert_non_null(strstr(out, "\"call_id\": \"Ab3456789\""));
+    assert_null(strstr(out, "call_0123456789abcdef"));
+    free(out);
+}
+
 /* SmolLM2's template reads no tools: the generic rendering. */
 static void test_asan_generic(void **st) {
     (void)st;
@@ -291,7 +354,7 @@ static void test_asan_generic(void **st) {
     tool_chat tc;
     cellm_error err;
     err_clear(&err);
-    assert_int_equal(tool_chat_prepare(msgs, TOOLS, false, &tc, &err), CELLM_OK);
+    assert_int_equal(tool_chat_prepare(msgs, TOOLS, false, false, &tc, &err), CELLM_OK);
     assert_null(tc.vars_json);
     assert_int_equal(tc.n_msgs, 4); /* system, user, assistant, one user turn of results */
     assert_string_equal(tc.msgs[0].role, "system");
@@ -308,7 +371,7 @@ static void test_asan_generic(void **st) {
     /* A system message of the caller's keeps its text first. */
     assert_int_equal(tool_chat_prepare("[{\"role\":\"system\",\"content\":\"Be brief.\"},"
                                        "{\"role\":\"user\",\"content\":\"hi\"}]",
-                                       TOOLS, false, &tc, &err),
+                                       TOOLS, false, false, &tc, &err),
                      CELLM_OK);
     assert_int_equal(tc.n_msgs, 2);
     assert_true(!strncmp(tc.msgs[0].content, "Be brief.\n\nYou can call functions", 33));
@@ -325,7 +388,8 @@ static void test_asan_generic(void **st) {
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         err_clear(&err);
-        assert_int_equal(tool_chat_prepare(bad[i], NULL, true, &tc, &err), CELLM_ERR_INVALID_ARG);
+        assert_int_equal(tool_chat_prepare(bad[i], NULL, true, false, &tc, &err),
+                         CELLM_ERR_INVALID_ARG);
         assert_non_null(strstr(err.msg, "messages"));
     }
     free(tpl);
@@ -439,7 +503,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_asan_parse_formats), cmocka_unit_test(test_asan_parse_malformed),
         cmocka_unit_test(test_asan_templates),     cmocka_unit_test(test_asan_generic),
-        cmocka_unit_test(test_asan_grammar),
+        cmocka_unit_test(test_asan_grammar),       cmocka_unit_test(test_asan_mistral_ids),
     };
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -260,6 +260,13 @@ void *serve_tool_calls(const char *text, size_t len, const char *tools_json, uin
  * or may grow into, a tool call. */
 size_t serve_tool_hold(const char *text, size_t len);
 
+#define SERVE_ARGS_PIECE 48 /* bytes of a call's arguments per streamed piece */
+
+/* The length of the streamed piece of a call's arguments args[0..n) that
+ * starts at `at` (< n): about SERVE_ARGS_PIECE bytes, ending on a whole
+ * UTF-8 character. */
+size_t serve_tool_args_piece(const char *args, size_t n, size_t at);
+
 /* ------------------------------------------------------------ serve_job.c */
 
 struct MHD_Connection;
@@ -306,7 +313,8 @@ typedef struct serve_api {
     void *(*whole)(void *ctx, const serve_out *o);
     /* A stream's server-sent events for what `o` brings: called first
      * with no text, then with each new text, last once with o->done. A
-     * new string (NULL when out of memory). */
+     * new string, "" when there is nothing to send yet (NULL when out of
+     * memory). */
     char *(*stream)(void *ctx, const serve_out *o);
     void (*free)(void *ctx);
 } serve_api;

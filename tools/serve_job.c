@@ -644,8 +644,6 @@ static cJSON *tool_chunk(job *j, choice *c, int index, const cJSON *call, const 
     return r;
 }
 
-#define TOOL_ARGS_PIECE 48 /* bytes of arguments per streamed chunk */
-
 /* Streaming while tools may be called: text goes out as content up to
  * where a call may begin (serve_tool_hold); the rest waits for the end,
  * when it is parsed and sent as tool_calls deltas, or as content when it
@@ -678,9 +676,7 @@ static void stream_tools(job *j, choice *c) {
         size_t n = strlen(args);
         sse_put(j, tool_chunk(j, c, index, call, "", 0));
         for (size_t at = 0, k; at < n; at += k) {
-            /* Pieces end on whole UTF-8 characters. */
-            k = n - at < TOOL_ARGS_PIECE ? n - at : TOOL_ARGS_PIECE;
-            while (at + k < n && ((unsigned char)args[at + k] & 0xC0) == 0x80) k++;
+            k = serve_tool_args_piece(args, n, at);
             sse_put(j, tool_chunk(j, c, index, NULL, args + at, k));
         }
         index++;

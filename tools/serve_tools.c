@@ -258,3 +258,9 @@ size_t serve_tool_hold(const char *text, size_t len) {
     }
     return len;
 }
+
+size_t serve_tool_args_piece(const char *args, size_t n, size_t at) {
+    size_t k = n - at < SERVE_ARGS_PIECE ? n - at : SERVE_ARGS_PIECE;
+    while (at + k < n && ((unsigned char)args[at + k] & 0xC0) == 0x80) k++;
+    return k;
+}
