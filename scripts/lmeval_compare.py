@@ -31,13 +31,13 @@ same copy to both engines), and the script shows the misalignment on the
 unchanged file (--no-probe skips that).
 
 Needs the harness and the llama.cpp server, e.g. in a venv:
-    python3 -m venv --system-site-packages /work/lmeval-env
-    /work/lmeval-env/bin/pip install "lm-eval[api]==0.4.13" \\
+    python3 -m venv --system-site-packages ~/lmeval-env
+    ~/lmeval-env/bin/pip install "lm-eval[api]==0.4.13" \\
         "llama-cpp-python[server]==0.3.36" transformers tokenizers gguf
 (no torch: the harness's API models do not import it).
 
 Usage (from anywhere; CELLM_BIN defaults to build/cellm):
-    /work/lmeval-env/bin/python scripts/lmeval_compare.py [--models smollm2,gemma3]
+    ~/lmeval-env/bin/python scripts/lmeval_compare.py [--models smollm2,gemma3]
         [--limit N] [--threads N] [--work DIR] [--json FILE]
 """
 import argparse
