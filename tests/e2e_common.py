@@ -10,6 +10,7 @@ with SIGTERM and requires a clean exit (under ASan that includes no
 leaks). Not a test itself: ctest picks up only tests/*_e2e.py.
 """
 import fnmatch
+import importlib
 import json
 import os
 import signal
@@ -23,6 +24,17 @@ try:
     import openai
 except ImportError:
     openai = None  # run() says so; serve_page_e2e.py needs only the server
+
+
+def require(who, module):
+    """The module `module`, or the test ends with a message saying how to
+    install it (scripts/setup.sh --test does)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        sys.exit(f"{who}: the `{module}` package is missing: pip install {module} "
+                 "(scripts/setup.sh --test installs it)")
+
 
 KEY = "e2e-key"
 MODEL_ID = "smollm2"

@@ -21,15 +21,10 @@ Run by ctest (tests/*_e2e.py); by hand:
 import concurrent.futures
 import json
 import os
-import sys
 
-from e2e_common import HERE, MODEL_ID, check, openai, run
+from e2e_common import HERE, MODEL_ID, check, openai, require, run
 
-try:
-    import jsonschema
-except ImportError:
-    sys.exit("grammar_e2e: the `jsonschema` package is missing: pip install jsonschema "
-             "(scripts/setup.sh --test installs it)")
+jsonschema = require("grammar_e2e", "jsonschema")
 
 
 def test_json_mode(client):

@@ -30,16 +30,11 @@ Run by ctest (tests/*_e2e.py); by hand:
 """
 import concurrent.futures
 import json
-import sys
 import time
 
-from e2e_common import MODEL_ID, check, openai, request, run
+from e2e_common import MODEL_ID, check, openai, request, require, run
 
-try:
-    import jsonschema
-except ImportError:
-    sys.exit("responses_e2e: the `jsonschema` package is missing: pip install jsonschema "
-             "(scripts/setup.sh --test installs it)")
+jsonschema = require("responses_e2e", "jsonschema")
 
 QUESTION = "What is the capital of France? Answer in one sentence."
 
