@@ -1002,9 +1002,9 @@ static cellm_status request_input(const cellm_engine *e, const cellm_request_par
     if (p->messages_json)
         return chat_encode_json(&cm->chat, cm->tok, p->messages_json, p->tools_json, true, ids,
                                 err);
+    if (p->messages && (p->n_messages < 1 || p->n_messages > 65536))
+        return err_set(err, CELLM_ERR_INVALID_ARG, "n_messages must be 1..65536");
     if (p->messages && p->tools_json) {
-        if (p->n_messages < 1 || p->n_messages > 65536)
-            return err_set(err, CELLM_ERR_INVALID_ARG, "n_messages must be 1..65536");
         json_buf b = {0};
         json_buf_str(&b, "[");
         for (int32_t i = 0; i < p->n_messages; i++) {
@@ -1027,8 +1027,6 @@ static cellm_status request_input(const cellm_engine *e, const cellm_request_par
         return st;
     }
     if (p->messages) {
-        if (p->n_messages < 1 || p->n_messages > 65536)
-            return err_set(err, CELLM_ERR_INVALID_ARG, "n_messages must be 1..65536");
         chat_msg *msgs = malloc((size_t)p->n_messages * sizeof *msgs);
         if (!msgs) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
         for (int32_t i = 0; i < p->n_messages; i++) {
