@@ -84,16 +84,12 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static bool grow(char **p, size_t *cap, size_t need) {
-    return serve_grow(p, cap, need);
-}
-
 /* ------------------------------------------------------------ callbacks */
 
 /* Engine thread, j->mu held. */
 static void choice_append(choice *c, const char *s, size_t n) {
     if (!n) return;
-    if (!grow(&c->text, &c->cap, c->len + n + 1)) {
+    if (!serve_grow(&c->text, &c->cap, c->len + n + 1)) {
         c->j->oom = true;
         return;
     }
@@ -532,7 +528,7 @@ static void sse_put(job *j, cJSON *obj) {
         return;
     }
     size_t n = strlen(t);
-    if (grow(&j->out, &j->out_cap, j->out_len + n + 9)) {
+    if (serve_grow(&j->out, &j->out_cap, j->out_len + n + 9)) {
         memcpy(j->out + j->out_len, "data: ", 6);
         memcpy(j->out + j->out_len + 6, t, n);
         memcpy(j->out + j->out_len + 6 + n, "\n\n", 2);
@@ -545,7 +541,7 @@ static void sse_put(job *j, cJSON *obj) {
 
 static void sse_raw(job *j, const char *s) {
     size_t n = strlen(s);
-    if (grow(&j->out, &j->out_cap, j->out_len + n + 1)) {
+    if (serve_grow(&j->out, &j->out_cap, j->out_len + n + 1)) {
         memcpy(j->out + j->out_len, s, n);
         j->out_len += n;
     }
