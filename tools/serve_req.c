@@ -21,6 +21,7 @@
 #include <cjson/cJSON.h>
 
 #include "serve.h"
+#include "serve_json.h"
 
 #define MAX_MESSAGES 4096
 #define MAX_PROMPTS 64
@@ -124,8 +125,7 @@ static const char *type_name(const cJSON *v) {
     return "null";
 }
 
-/* The field `name` of `obj`, or NULL when it is absent or null. */
-static const cJSON *field(const cJSON *obj, const char *name) {
+const cJSON *serve_field(const cJSON *obj, const char *name) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
     return v && !cJSON_IsNull(v) ? v : NULL;
 }
@@ -133,7 +133,7 @@ static const cJSON *field(const cJSON *obj, const char *name) {
 /* A number field in [lo, hi]; *out keeps its default when absent. */
 static bool get_num(const cJSON *obj, const char *name, double lo, double hi, float *out,
                     serve_err *e) {
-    const cJSON *v = field(obj, name);
+    const cJSON *v = serve_field(obj, name);
     if (!v) return true;
     if (!cJSON_IsNumber(v))
         return serr(e, 400, "invalid_type", name, "'%s' must be a number, not %s", name,
@@ -148,7 +148,7 @@ static bool get_num(const cJSON *obj, const char *name, double lo, double hi, fl
 /* An integer field in [lo, hi]; *out keeps its default when absent. */
 static bool get_int(const cJSON *obj, const char *name, double lo, double hi, int64_t *out,
                     serve_err *e) {
-    const cJSON *v = field(obj, name);
+    const cJSON *v = serve_field(obj, name);
     if (!v) return true;
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
         return serr(e, 400, "invalid_type", name, "'%s' must be an integer, not %s", name,
@@ -161,7 +161,7 @@ static bool get_int(const cJSON *obj, const char *name, double lo, double hi, in
 }
 
 static bool get_bool(const cJSON *obj, const char *name, bool *out, serve_err *e) {
-    const cJSON *v = field(obj, name);
+    const cJSON *v = serve_field(obj, name);
     if (!v) return true;
     if (!cJSON_IsBool(v))
         return serr(e, 400, "invalid_type", name, "'%s' must be a boolean, not %s", name,
@@ -189,7 +189,7 @@ static char *content_text(const cJSON *c, const char *role, int i, serve_err *e)
     size_t n = 0;
     const cJSON *part;
     cJSON_ArrayForEach(part, c) {
-        const cJSON *type = field(part, "type"), *text = field(part, "text");
+        const cJSON *type = serve_field(part, "type"), *text = serve_field(part, "text");
         if (!cJSON_IsObject(part) || !cJSON_IsString(type) || strcmp(type->valuestring, "text") ||
             !cJSON_IsString(text)) {
             serr(e, 400, "invalid_value", param,
@@ -207,7 +207,7 @@ static char *content_text(const cJSON *c, const char *role, int i, serve_err *e)
     }
     n = 0;
     cJSON_ArrayForEach(part, c) {
-        const char *t = field(part, "text")->valuestring;
+        const char *t = serve_field(part, "text")->valuestring;
         size_t k = strlen(t);
         memcpy(out + n, t, k);
         n += k;
@@ -217,7 +217,7 @@ static char *content_text(const cJSON *c, const char *role, int i, serve_err *e)
 }
 
 static bool parse_messages(const cJSON *root, serve_req *r, serve_err *e) {
-    const cJSON *msgs = field(root, "messages");
+    const cJSON *msgs = serve_field(root, "messages");
     if (!msgs)
         return serr(e, 400, "missing_required_parameter", "messages", "'messages' is missing");
     if (!cJSON_IsArray(msgs))
@@ -238,7 +238,7 @@ static bool parse_messages(const cJSON *root, serve_req *r, serve_err *e) {
         if (!cJSON_IsObject(m))
             return serr(e, 400, "invalid_type", param, "'%s' must be an object, not %s", param,
                         type_name(m));
-        const cJSON *role = field(m, "role");
+        const cJSON *role = serve_field(m, "role");
         snprintf(param, sizeof param, "messages[%d].role", i);
         if (!cJSON_IsString(role))
             return serr(e, 400, role ? "invalid_type" : "missing_required_parameter", param,
@@ -250,7 +250,7 @@ static bool parse_messages(const cJSON *root, serve_req *r, serve_err *e) {
             return serr(e, 400, "invalid_value", param,
                         "'%s' must be system, developer, user, assistant or tool", param);
         if (!strcmp(rl, "developer")) rl = "system";
-        char *text = content_text(field(m, "content"), rl, i, e);
+        char *text = content_text(serve_field(m, "content"), rl, i, e);
         if (!text) return false;
         r->messages[i].role = rl; /* static storage */
         r->messages[i].content = text;
@@ -277,7 +277,7 @@ static bool token_array(const cJSON *a, const serve_limits *lim, serve_prompt *p
 }
 
 static bool parse_prompt(const cJSON *root, const serve_limits *lim, serve_req *r, serve_err *e) {
-    const cJSON *p = field(root, "prompt");
+    const cJSON *p = serve_field(root, "prompt");
     if (!p) return serr(e, 400, "missing_required_parameter", "prompt", "'prompt' is missing");
     if (cJSON_IsString(p)) {
         r->prompts = calloc(1, sizeof *r->prompts);
@@ -320,7 +320,7 @@ static bool parse_prompt(const cJSON *root, const serve_limits *lim, serve_req *
 }
 
 static bool parse_stop(const cJSON *root, serve_req *r, serve_err *e) {
-    const cJSON *s = field(root, "stop");
+    const cJSON *s = serve_field(root, "stop");
     if (!s) return true;
     const cJSON *one = cJSON_IsString(s) ? s : NULL;
     if (!one && !cJSON_IsArray(s))
@@ -344,7 +344,7 @@ static bool parse_stop(const cJSON *root, serve_req *r, serve_err *e) {
 }
 
 static bool parse_bias(const cJSON *root, const serve_limits *lim, serve_req *r, serve_err *e) {
-    const cJSON *b = field(root, "logit_bias");
+    const cJSON *b = serve_field(root, "logit_bias");
     if (!b) return true;
     if (!cJSON_IsObject(b))
         return serr(e, 400, "invalid_type", "logit_bias",
@@ -371,11 +371,11 @@ static bool parse_bias(const cJSON *root, const serve_limits *lim, serve_req *r,
 /* Options cellm does not have: refused when asked for, so a client never
  * believes it got them. */
 static bool refuse_unsupported(const cJSON *root, serve_kind kind, serve_err *e) {
-    const cJSON *v = field(root, "tools");
+    const cJSON *v = serve_field(root, "tools");
     if (kind != SERVE_CHAT && v && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
         return serr(e, 400, "unsupported_parameter", "tools",
                     "tools are for /v1/chat/completions, not text completions");
-    v = field(root, "suffix");
+    v = serve_field(root, "suffix");
     if (v && !(cJSON_IsString(v) && !v->valuestring[0]))
         return serr(e, 400, "unsupported_parameter", "suffix", "cellm does not support 'suffix'");
     return true;
@@ -386,7 +386,7 @@ static bool refuse_unsupported(const cJSON *root, serve_kind kind, serve_err *e)
  * compiled here so that a bad schema or grammar is a 400 that names the
  * problem. */
 static bool parse_format(const cJSON *root, serve_req *r, serve_err *e) {
-    const cJSON *rf = field(root, "response_format"), *gr = field(root, "grammar");
+    const cJSON *rf = serve_field(root, "response_format"), *gr = serve_field(root, "grammar");
     if (gr && !cJSON_IsNull(gr)) {
         if (!cJSON_IsString(gr))
             return serr(e, 400, "invalid_type", "grammar", "'grammar' must be a string of GBNF");
@@ -396,7 +396,7 @@ static bool parse_format(const cJSON *root, serve_req *r, serve_err *e) {
         }
     }
     if (!rf || cJSON_IsNull(rf)) return true;
-    const cJSON *t = cJSON_IsObject(rf) ? field(rf, "type") : NULL;
+    const cJSON *t = cJSON_IsObject(rf) ? serve_field(rf, "type") : NULL;
     if (!cJSON_IsString(t))
         return serr(e, 400, "invalid_type", "response_format",
                     "'response_format' must be an object with a string 'type'");
@@ -413,8 +413,8 @@ static bool parse_format(const cJSON *root, serve_req *r, serve_err *e) {
     if (strcmp(type, "json_schema") != 0)
         return serr(e, 400, "invalid_value", "response_format",
                     "response_format type '%s' is not one of text, json_object, json_schema", type);
-    const cJSON *js = field(rf, "json_schema");
-    const cJSON *schema = cJSON_IsObject(js) ? field(js, "schema") : NULL;
+    const cJSON *js = serve_field(rf, "json_schema");
+    const cJSON *schema = cJSON_IsObject(js) ? serve_field(js, "schema") : NULL;
     if (!schema)
         return serr(e, 400, "invalid_value", "response_format",
                     "response_format json_schema needs 'json_schema': {'schema': ...}");
@@ -450,13 +450,13 @@ static bool parse_logprobs(const cJSON *root, serve_kind kind, serve_req *r, ser
 static bool parse_fields(const cJSON *root, serve_kind kind, const serve_limits *lim, serve_req *r,
                          serve_err *e) {
     if (!refuse_unsupported(root, kind, e)) return false;
-    const cJSON *model = field(root, "model");
+    const cJSON *model = serve_field(root, "model");
     if (model && !cJSON_IsString(model))
         return serr(e, 400, "invalid_type", "model", "'model' must be a string, not %s",
                     type_name(model));
     if (model && !(r->model = dup_str(model->valuestring)))
         return serr(e, 500, NULL, NULL, "out of memory");
-    const cJSON *user = field(root, "user");
+    const cJSON *user = serve_field(root, "user");
     if (user && !cJSON_IsString(user))
         return serr(e, 400, "invalid_type", "user", "'user' must be a string");
     if (kind == SERVE_CHAT ? !parse_messages(root, r, e) || !serve_tools_parse(root, r, e)
@@ -464,7 +464,7 @@ static bool parse_fields(const cJSON *root, serve_kind kind, const serve_limits 
         return false;
 
     int64_t v = lim->n_predict;
-    const char *mt = kind == SERVE_CHAT && field(root, "max_completion_tokens")
+    const char *mt = kind == SERVE_CHAT && serve_field(root, "max_completion_tokens")
                          ? "max_completion_tokens"
                          : "max_tokens";
     /* 0 on completions: the prompt alone (echo with logprobs scores it). */
@@ -490,7 +490,7 @@ static bool parse_fields(const cJSON *root, serve_kind kind, const serve_limits 
     v = r->repeat_last_n;
     if (!get_int(root, "repeat_last_n", -1, lim->n_ctx, &v, e)) return false;
     r->repeat_last_n = (int32_t)v;
-    const cJSON *seed = field(root, "seed");
+    const cJSON *seed = serve_field(root, "seed");
     if (seed) {
         if (!cJSON_IsNumber(seed) || seed->valuedouble != floor(seed->valuedouble) ||
             !(seed->valuedouble >= -9223372036854775808.0 &&
@@ -502,7 +502,7 @@ static bool parse_fields(const cJSON *root, serve_kind kind, const serve_limits 
     }
     if (!parse_stop(root, r, e) || !parse_bias(root, lim, r, e)) return false;
     if (!get_bool(root, "stream", &r->stream, e)) return false;
-    const cJSON *so = field(root, "stream_options");
+    const cJSON *so = serve_field(root, "stream_options");
     if (so) {
         if (!r->stream)
             return serr(e, 400, "invalid_value", "stream_options",

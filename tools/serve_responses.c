@@ -30,6 +30,7 @@
 #include <cjson/cJSON.h>
 
 #include "serve.h"
+#include "serve_json.h"
 
 /* One response being made: what the response object repeats of the
  * request, and while streaming, the text so far and the next event's
@@ -49,12 +50,6 @@ typedef struct resp_state {
     size_t len, cap;
     size_t sent; /* stream: bytes of text sent as output_text deltas */
 } resp_state;
-
-/* The field `name` of `obj`, or NULL when it is absent or null. */
-static const cJSON *opt(const cJSON *obj, const char *name) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
 
 /* ------------------------------------------------------------ the request */
 
@@ -77,7 +72,7 @@ static cJSON *chat_content(const cJSON *c, int i, serve_err *e) {
     const cJSON *p;
     int k = 0;
     cJSON_ArrayForEach(p, c) {
-        const cJSON *type = opt(p, "type"), *text = opt(p, "text");
+        const cJSON *type = serve_field(p, "type"), *text = serve_field(p, "text");
         bool is_text = cJSON_IsString(type) && (!strcmp(type->valuestring, "input_text") ||
                                                 !strcmp(type->valuestring, "output_text"));
         if (!cJSON_IsObject(p) || !is_text || !cJSON_IsString(text)) {
@@ -109,7 +104,7 @@ static void add_message(cJSON *msgs, const char *role, cJSON *content) {
 
 /* Item i's string field `name` (required), or NULL with *e set. */
 static const char *item_string(const cJSON *it, int i, const char *name, serve_err *e) {
-    const cJSON *v = opt(it, name);
+    const cJSON *v = serve_field(it, name);
     if (cJSON_IsString(v)) return v->valuestring;
     char param[64];
     snprintf(param, sizeof param, "input[%d].%s", i, name);
@@ -124,7 +119,7 @@ static const char *item_string(const cJSON *it, int i, const char *name, serve_e
 static bool tool_item(const cJSON *it, int i, cJSON *msgs, serve_err *e) {
     const char *call_id = item_string(it, i, "call_id", e);
     if (!call_id) return false;
-    if (!strcmp(opt(it, "type")->valuestring, "function_call_output")) {
+    if (!strcmp(serve_field(it, "type")->valuestring, "function_call_output")) {
         const char *out = item_string(it, i, "output", e);
         if (!out) return false;
         cJSON *m = cJSON_CreateObject();
@@ -160,7 +155,7 @@ static bool tool_item(const cJSON *it, int i, cJSON *msgs, serve_err *e) {
 /* `tools` (Responses' flat function tools), `tool_choice` and
  * `parallel_tool_calls` as chat's, and as the response repeats them. */
 static bool tools_to_chat(const cJSON *root, cJSON *chat, cJSON *echo, serve_err *e) {
-    const cJSON *tools = opt(root, "tools"), *t;
+    const cJSON *tools = serve_field(root, "tools"), *t;
     if (tools && !cJSON_IsArray(tools))
         return serr(e, 400, "invalid_type", "tools", "'tools' must be an array of tool objects");
     cJSON *ct = cJSON_AddArrayToObject(chat, "tools"), *et = cJSON_AddArrayToObject(echo, "tools");
@@ -168,7 +163,7 @@ static bool tools_to_chat(const cJSON *root, cJSON *chat, cJSON *echo, serve_err
     cJSON_ArrayForEach(t, tools) {
         char param[48];
         snprintf(param, sizeof param, "tools[%d]", i);
-        const cJSON *type = cJSON_IsObject(t) ? opt(t, "type") : NULL;
+        const cJSON *type = cJSON_IsObject(t) ? serve_field(t, "type") : NULL;
         if (!cJSON_IsString(type))
             return serr(e, 400, "invalid_value", param,
                         "'%s' must be an object with a string 'type'", param);
@@ -177,8 +172,8 @@ static bool tools_to_chat(const cJSON *root, cJSON *chat, cJSON *echo, serve_err
                         "'%s' is a '%s' tool; cellm calls only function tools (no built-in "
                         "tools such as web_search or file_search)",
                         param, type->valuestring);
-        const cJSON *name = opt(t, "name"), *desc = opt(t, "description"),
-                    *params = opt(t, "parameters"), *strict = opt(t, "strict");
+        const cJSON *name = serve_field(t, "name"), *desc = serve_field(t, "description"),
+                    *params = serve_field(t, "parameters"), *strict = serve_field(t, "strict");
         const char *bad = !cJSON_IsString(name) || !name->valuestring[0] ? "name"
                           : desc && !cJSON_IsString(desc)                ? "description"
                           : params && !cJSON_IsObject(params)            ? "parameters"
@@ -186,14 +181,14 @@ static bool tools_to_chat(const cJSON *root, cJSON *chat, cJSON *echo, serve_err
                                                                          : NULL;
         if (bad) {
             snprintf(param, sizeof param, "tools[%d].%s", i, bad);
-            return serr(e, 400,
-                        name || strcmp(bad, "name") ? "invalid_type" : "missing_required_parameter",
-                        param, "'%s' must be %s%s", param,
-                        !strcmp(bad, "name")         ? "a non-empty string"
-                        : !strcmp(bad, "strict")     ? "a boolean"
-                        : !strcmp(bad, "parameters") ? "a JSON Schema object"
-                                                     : "a string",
-                        opt(t, "function") ? " (Responses tools are flat: {\"type\": \"function\", "
+            return serr(
+                e, 400, name || strcmp(bad, "name") ? "invalid_type" : "missing_required_parameter",
+                param, "'%s' must be %s%s", param,
+                !strcmp(bad, "name")         ? "a non-empty string"
+                : !strcmp(bad, "strict")     ? "a boolean"
+                : !strcmp(bad, "parameters") ? "a JSON Schema object"
+                                             : "a string",
+                serve_field(t, "function") ? " (Responses tools are flat: {\"type\": \"function\", "
                                              "\"name\", \"parameters\"}, not chat's {\"function\": "
                                              "{...}})"
                                            : "");
@@ -217,12 +212,13 @@ static bool tools_to_chat(const cJSON *root, cJSON *chat, cJSON *echo, serve_err
         cJSON_AddItemToArray(et, o);
         i++;
     }
-    const cJSON *tc = opt(root, "tool_choice");
+    const cJSON *tc = serve_field(root, "tool_choice");
     if (cJSON_IsString(tc)) {
         cJSON_AddStringToObject(chat, "tool_choice", tc->valuestring); /* chat checks it */
         cJSON_AddStringToObject(echo, "tool_choice", tc->valuestring);
     } else if (tc) {
-        const cJSON *type = cJSON_IsObject(tc) ? opt(tc, "type") : NULL, *name = opt(tc, "name");
+        const cJSON *type = cJSON_IsObject(tc) ? serve_field(tc, "type") : NULL,
+                    *name = serve_field(tc, "name");
         if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") || !cJSON_IsString(name))
             return serr(e, 400, "invalid_value", "tool_choice",
                         "'tool_choice' must be none, auto, required or {\"type\": \"function\", "
@@ -236,7 +232,7 @@ static bool tools_to_chat(const cJSON *root, cJSON *chat, cJSON *echo, serve_err
     } else {
         cJSON_AddStringToObject(echo, "tool_choice", "auto");
     }
-    const cJSON *par = opt(root, "parallel_tool_calls");
+    const cJSON *par = serve_field(root, "parallel_tool_calls");
     if (par) cJSON_AddItemToObject(chat, "parallel_tool_calls", cJSON_Duplicate(par, true));
     cJSON_AddBoolToObject(echo, "parallel_tool_calls", !par || cJSON_IsTrue(par));
     return true;
@@ -263,7 +259,7 @@ static bool input_messages(const cJSON *input, cJSON *msgs, serve_err *e) {
         if (!cJSON_IsObject(it))
             return serr(e, 400, "invalid_type", param, "'%s' must be an object (a message item)",
                         param);
-        const cJSON *type = opt(it, "type"), *role = opt(it, "role");
+        const cJSON *type = serve_field(it, "type"), *role = serve_field(it, "role");
         if (type && !cJSON_IsString(type))
             return serr(e, 400, "invalid_type", param, "'%s.type' must be a string", param);
         if (type && (!strcmp(type->valuestring, "function_call") ||
@@ -286,7 +282,7 @@ static bool input_messages(const cJSON *input, cJSON *msgs, serve_err *e) {
             return serr(e, 400, role ? "invalid_value" : "missing_required_parameter", param,
                         "'%s' must be user, assistant, system or developer", param);
         }
-        cJSON *content = chat_content(opt(it, "content"), i, e);
+        cJSON *content = chat_content(serve_field(it, "content"), i, e);
         if (!content) return false;
         add_message(msgs, rl, content);
         i++;
@@ -296,7 +292,7 @@ static bool input_messages(const cJSON *input, cJSON *msgs, serve_err *e) {
 
 /* `text.format` as chat's response_format (also kept for the echo). */
 static bool text_format(const cJSON *text, cJSON *chat, cJSON *echo, serve_err *e) {
-    const cJSON *f = text ? opt(text, "format") : NULL;
+    const cJSON *f = text ? serve_field(text, "format") : NULL;
     if (text && !cJSON_IsObject(text))
         return serr(e, 400, "invalid_type", "text", "'text' must be an object");
     cJSON *out = cJSON_AddObjectToObject(echo, "text");
@@ -304,7 +300,7 @@ static bool text_format(const cJSON *text, cJSON *chat, cJSON *echo, serve_err *
         cJSON_AddStringToObject(cJSON_AddObjectToObject(out, "format"), "type", "text");
         return true;
     }
-    const cJSON *type = cJSON_IsObject(f) ? opt(f, "type") : NULL;
+    const cJSON *type = cJSON_IsObject(f) ? serve_field(f, "type") : NULL;
     if (!cJSON_IsString(type))
         return serr(e, 400, "invalid_type", "text.format",
                     "'text.format' must be an object with a string 'type'");
@@ -317,7 +313,8 @@ static bool text_format(const cJSON *text, cJSON *chat, cJSON *echo, serve_err *
     if (strcmp(t, "json_schema"))
         return serr(e, 400, "invalid_value", "text.format.type",
                     "'text.format.type' must be text, json_object or json_schema, not '%s'", t);
-    const cJSON *name = opt(f, "name"), *schema = opt(f, "schema"), *strict = opt(f, "strict");
+    const cJSON *name = serve_field(f, "name"), *schema = serve_field(f, "schema"),
+                *strict = serve_field(f, "strict");
     if (name && !cJSON_IsString(name))
         return serr(e, 400, "invalid_type", "text.format.name",
                     "'text.format.name' must be a string");
@@ -339,25 +336,25 @@ static bool text_format(const cJSON *text, cJSON *chat, cJSON *echo, serve_err *
 static bool refuse_unsupported(const cJSON *root, serve_err *e) {
     static const char *const stored[] = {"previous_response_id", "conversation", "prompt"};
     for (size_t k = 0; k < sizeof stored / sizeof *stored; k++)
-        if (opt(root, stored[k]))
+        if (serve_field(root, stored[k]))
             return serr(e, 400, "unsupported_parameter", stored[k],
                         "cellm stores no responses, conversations or prompts: '%s' cannot be "
                         "used; send the whole conversation in 'input'",
                         stored[k]);
-    const cJSON *v = opt(root, "background");
+    const cJSON *v = serve_field(root, "background");
     if (v && !cJSON_IsFalse(v))
         return serr(e, 400, "unsupported_parameter", "background",
                     "cellm does not run responses in the background");
-    v = opt(root, "top_logprobs");
+    v = serve_field(root, "top_logprobs");
     if (v && !(cJSON_IsNumber(v) && v->valuedouble == 0))
         return serr(e, 400, "unsupported_parameter", "top_logprobs",
                     "cellm's /v1/responses has no log-probabilities yet (chat completions has)");
-    v = opt(root, "truncation");
+    v = serve_field(root, "truncation");
     if (v && !(cJSON_IsString(v) && !strcmp(v->valuestring, "disabled")))
         return serr(e, 400, "unsupported_parameter", "truncation",
                     "'truncation' can only be \"disabled\": cellm never drops input; an input "
                     "longer than the context is refused");
-    v = opt(root, "metadata");
+    v = serve_field(root, "metadata");
     if (v && !cJSON_IsObject(v))
         return serr(e, 400, "invalid_type", "metadata", "'metadata' must be an object");
     const cJSON *kv;
@@ -366,7 +363,7 @@ static bool refuse_unsupported(const cJSON *root, serve_err *e) {
                 return serr(e, 400, "invalid_type", "metadata",
                             "the values of 'metadata' must be strings");
         }
-    v = opt(root, "store");
+    v = serve_field(root, "store");
     if (v && !cJSON_IsBool(v))
         return serr(e, 400, "invalid_type", "store", "'store' must be a boolean");
     return true;
@@ -374,7 +371,7 @@ static bool refuse_unsupported(const cJSON *root, serve_err *e) {
 
 /* Copies root's field `name` to `dst` when it is there (checked later). */
 static void copy_field(const cJSON *root, const char *name, cJSON *dst, const char *as) {
-    const cJSON *v = opt(root, name);
+    const cJSON *v = serve_field(root, name);
     if (v) cJSON_AddItemToObject(dst, as ? as : name, cJSON_Duplicate(v, true));
 }
 
@@ -383,13 +380,13 @@ static void copy_field(const cJSON *root, const char *name, cJSON *dst, const ch
 static bool to_chat(const cJSON *root, const serve_limits *lim, cJSON *chat, cJSON *echo,
                     serve_err *e) {
     if (!refuse_unsupported(root, e)) return false;
-    const cJSON *instr = opt(root, "instructions");
+    const cJSON *instr = serve_field(root, "instructions");
     if (instr && !cJSON_IsString(instr))
         return serr(e, 400, "invalid_type", "instructions", "'instructions' must be a string");
     cJSON *msgs = cJSON_AddArrayToObject(chat, "messages");
     if (instr) add_message(msgs, "system", cJSON_CreateString(instr->valuestring));
-    if (!input_messages(opt(root, "input"), msgs, e)) return false;
-    const cJSON *mt = opt(root, "max_output_tokens");
+    if (!input_messages(serve_field(root, "input"), msgs, e)) return false;
+    const cJSON *mt = serve_field(root, "max_output_tokens");
     if (mt && !(cJSON_IsNumber(mt) && mt->valuedouble >= 1 && mt->valuedouble <= lim->n_ctx &&
                 mt->valuedouble == floor(mt->valuedouble)))
         return serr(e, 400, "invalid_value", "max_output_tokens",
@@ -398,7 +395,7 @@ static bool to_chat(const cJSON *root, const serve_limits *lim, cJSON *chat, cJS
     copy_field(root, "max_output_tokens", chat, "max_completion_tokens");
     static const char *const same[] = {"model", "temperature", "top_p", "seed", "stream", "user"};
     for (size_t k = 0; k < sizeof same / sizeof *same; k++) copy_field(root, same[k], chat, NULL);
-    if (!text_format(opt(root, "text"), chat, echo, e)) return false;
+    if (!text_format(serve_field(root, "text"), chat, echo, e)) return false;
     if (!tools_to_chat(root, chat, echo, e)) return false;
 
     /* What the response object repeats (sampling values once parsed). */
@@ -410,7 +407,7 @@ static bool to_chat(const cJSON *root, const serve_limits *lim, cJSON *chat, cJS
         cJSON_AddNumberToObject(echo, "max_output_tokens", mt->valuedouble);
     else
         cJSON_AddNullToObject(echo, "max_output_tokens");
-    const cJSON *md = opt(root, "metadata");
+    const cJSON *md = serve_field(root, "metadata");
     cJSON_AddItemToObject(echo, "metadata", md ? cJSON_Duplicate(md, true) : cJSON_CreateObject());
     copy_field(root, "user", echo, NULL);
     return true;

@@ -18,12 +18,7 @@
 #include <cjson/cJSON.h>
 
 #include "serve.h"
-
-/* The field `name` of `obj`, or NULL when it is absent or null. */
-static const cJSON *field(const cJSON *obj, const char *name) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
+#include "serve_json.h"
 
 static char *print(const cJSON *v, serve_err *e) {
     char *t = cJSON_PrintUnformatted(v);
@@ -45,8 +40,8 @@ static bool parse_tool_list(const cJSON *tools, serve_req *r, serve_err *e) {
     int i = 0;
     const cJSON *t;
     cJSON_ArrayForEach(t, tools) {
-        const cJSON *type = field(t, "type"), *f = field(t, "function");
-        const cJSON *name = f ? field(f, "name") : NULL;
+        const cJSON *type = serve_field(t, "type"), *f = serve_field(t, "function");
+        const cJSON *name = f ? serve_field(f, "name") : NULL;
         char param[48];
         snprintf(param, sizeof param, "tools[%d]", i++);
         if (!cJSON_IsObject(t) ||
@@ -78,8 +73,8 @@ static bool parse_choice(const cJSON *tc, serve_req *r, serve_err *e) {
                         "\"function\": {\"name\": ...}}, not '%s'",
                         v);
     } else {
-        const cJSON *type = field(tc, "type"), *f = field(tc, "function");
-        const cJSON *name = f ? field(f, "name") : NULL;
+        const cJSON *type = serve_field(tc, "type"), *f = serve_field(tc, "function");
+        const cJSON *name = f ? serve_field(f, "name") : NULL;
         if (!cJSON_IsObject(tc) || !cJSON_IsString(type) || strcmp(type->valuestring, "function") ||
             !cJSON_IsString(name))
             return serr(e, 400, "invalid_value", "tool_choice",
@@ -104,8 +99,9 @@ static bool copy_calls(const cJSON *calls, int i, cJSON *out, serve_err *e) {
         return serr(e, 400, "invalid_type", param, "'%s' must be an array", param);
     const cJSON *c;
     cJSON_ArrayForEach(c, calls) {
-        const cJSON *id = field(c, "id"), *f = field(c, "function");
-        const cJSON *name = f ? field(f, "name") : NULL, *args = f ? field(f, "arguments") : NULL;
+        const cJSON *id = serve_field(c, "id"), *f = serve_field(c, "function");
+        const cJSON *name = f ? serve_field(f, "name") : NULL,
+                    *args = f ? serve_field(f, "arguments") : NULL;
         if (!cJSON_IsObject(c) || !cJSON_IsString(name) ||
             (args && !cJSON_IsString(args) && !cJSON_IsObject(args)) || (id && !cJSON_IsString(id)))
             return serr(e, 400, "invalid_value", param,
@@ -139,13 +135,13 @@ static bool messages_json(const cJSON *msgs, serve_req *r, serve_err *e) {
     bool ok = out != NULL;
     cJSON_ArrayForEach(m, msgs) {
         if (!ok) break;
-        const cJSON *calls = field(m, "tool_calls"), *id = field(m, "tool_call_id"),
-                    *name = field(m, "name");
+        const cJSON *calls = serve_field(m, "tool_calls"), *id = serve_field(m, "tool_call_id"),
+                    *name = serve_field(m, "name");
         const char *role = r->messages[i].role;
         cJSON *o = cJSON_CreateObject();
         cJSON_AddItemToArray(out, o);
         cJSON_AddStringToObject(o, "role", role);
-        if (!field(m, "content") && calls)
+        if (!serve_field(m, "content") && calls)
             cJSON_AddNullToObject(o, "content");
         else
             cJSON_AddStringToObject(o, "content", r->messages[i].content);
@@ -180,11 +176,11 @@ static bool messages_json(const cJSON *msgs, serve_req *r, serve_err *e) {
 
 bool serve_tools_parse(const void *json, serve_req *r, serve_err *e) {
     const cJSON *root = json;
-    const cJSON *tools = field(root, "tools");
+    const cJSON *tools = serve_field(root, "tools");
     if (tools && !parse_tool_list(tools, r, e)) return false;
-    if (!parse_choice(field(root, "tool_choice"), r, e)) return false;
+    if (!parse_choice(serve_field(root, "tool_choice"), r, e)) return false;
     r->parallel_tool_calls = true;
-    const cJSON *par = field(root, "parallel_tool_calls");
+    const cJSON *par = serve_field(root, "parallel_tool_calls");
     if (par && !cJSON_IsBool(par))
         return serr(e, 400, "invalid_type", "parallel_tool_calls",
                     "'parallel_tool_calls' must be a boolean");
@@ -192,10 +188,11 @@ bool serve_tools_parse(const void *json, serve_req *r, serve_err *e) {
     /* The JSON form is needed for tools and for tool turns. */
     bool turns = false;
     const cJSON *m;
-    cJSON_ArrayForEach(m, field(root, "messages")) turns |= field(m, "tool_calls") != NULL;
+    cJSON_ArrayForEach(m, serve_field(root, "messages")) turns |=
+        serve_field(m, "tool_calls") != NULL;
     for (int32_t i = 0; i < r->n_messages; i++) turns |= !strcmp(r->messages[i].role, "tool");
     if (!turns && !r->tools_json) return true;
-    return messages_json(field(root, "messages"), r, e);
+    return messages_json(serve_field(root, "messages"), r, e);
 }
 
 void serve_tools_free(serve_req *r) {
@@ -214,12 +211,12 @@ void *serve_tool_calls(const char *text, size_t len, const char *tools_json, uin
     if (cellm_tool_calls_parse(text, len, tools_json, &parsed) != CELLM_OK) return NULL;
     cJSON *p = serve_json_parse(parsed, strlen(parsed), NULL);
     free(parsed);
-    const cJSON *calls = p ? field(p, "tool_calls") : NULL;
+    const cJSON *calls = p ? serve_field(p, "tool_calls") : NULL;
     if (!cJSON_IsArray(calls) || cJSON_GetArraySize(calls) == 0) {
         cJSON_Delete(p);
         return NULL;
     }
-    const cJSON *c = field(p, "content");
+    const cJSON *c = serve_field(p, "content");
     if (cJSON_IsString(c)) *content = strdup(c->valuestring);
     cJSON *out = cJSON_CreateArray();
     const cJSON *it;
@@ -235,8 +232,8 @@ void *serve_tool_calls(const char *text, size_t len, const char *tools_json, uin
         cJSON_AddStringToObject(o, "id", id);
         cJSON_AddStringToObject(o, "type", "function");
         cJSON *f = cJSON_AddObjectToObject(o, "function");
-        cJSON_AddStringToObject(f, "name", field(it, "name")->valuestring);
-        cJSON_AddStringToObject(f, "arguments", field(it, "arguments")->valuestring);
+        cJSON_AddStringToObject(f, "name", serve_field(it, "name")->valuestring);
+        cJSON_AddStringToObject(f, "arguments", serve_field(it, "arguments")->valuestring);
         cJSON_AddItemToArray(out, o);
     }
     cJSON_Delete(p);
