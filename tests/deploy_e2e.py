@@ -19,12 +19,15 @@ concurrent clients having multi-turn chats over 8 shared system prompts:
       client when the error reaches it), nothing hangs;
   drain_sigterm: one instance SIGTERMed mid-run (it drains and exits 0),
       then restarted: no request fails at all.
-DEPLOY_E2E_SECONDS sets each phase's length (default 8).
+DEPLOY_E2E_SECONDS sets each phase's length (default 5: on two cores each
+client then has one chat a phase). Each phase prints the CPU time the
+instances spent, which bounds the test's time on an idle machine.
 """
 import http.client
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -38,10 +41,10 @@ import e2e_common as ec
 
 WHO = "deploy_e2e"
 ROOT = os.path.dirname(ec.HERE)
-PHASE_S = float(os.environ.get("DEPLOY_E2E_SECONDS", "8"))
+PHASE_S = float(os.environ.get("DEPLOY_E2E_SECONDS", "5"))
 CLIENTS = 64
 PROMPTS = 8
-TURNS = 4
+TURNS = 3
 INSTANCE_ARGS = ["-t", "1", "-c", "1024", "-np", "16", "--temp", "0", "--alias", ec.MODEL_ID,
                  "--log-requests", "--drain-timeout", "20"]
 
@@ -141,7 +144,7 @@ def wait_up(port, what, timeout=30):
 
 def system_prompt(tag, i):
     rnd = random.Random(f"{tag}-{i}")
-    body = " ".join(rnd.choice(WORDS) for _ in range(90))
+    body = " ".join(rnd.choice(WORDS) for _ in range(20))
     return (f"[{tag} {i}] You are assistant number {i} of a help desk. Answer in one short "
             f"sentence. Notes for this desk: {body}.")
 
@@ -165,7 +168,7 @@ class Load:
         for attempt in range(6):
             try:
                 st, h, text = call(self.port, "POST", "/v1/chat/completions", body, headers,
-                                   timeout=60)
+                                   timeout=120)
                 if st == 200:
                     return h.get("x-cellm-server", "?"), json.loads(text)
                 err = f"{st} {text[:120]}"
@@ -188,7 +191,7 @@ class Load:
             msgs = [{"role": "system", "content": sysp}]
             servers = []
             for turn in range(TURNS):
-                q = " ".join(rnd.choice(WORDS) for _ in range(25))
+                q = " ".join(rnd.choice(WORDS) for _ in range(30))
                 msgs.append({"role": "user", "content": f"Question {turn + 1}: {q}?"})
                 srv, reply = self.request({"model": ec.MODEL_ID, "messages": msgs,
                                            "max_tokens": 4},
@@ -217,6 +220,19 @@ class Load:
         return self
 
 
+def cpu_seconds(insts):
+    """User + system CPU seconds of the instances running now."""
+    total = 0.0
+    for inst in insts:
+        try:
+            with open(f"/proc/{inst.proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
 def cache_counts(insts):
     """(prompt tokens, cached prompt tokens) summed over the instances."""
     p = c = 0
@@ -229,8 +245,10 @@ def cache_counts(insts):
 
 def hit_rate(insts, port, tag):
     p0, c0 = cache_counts(insts)
+    cpu0 = cpu_seconds(insts)
     load = Load(port, tag, PHASE_S).start().join()
     p1, c1 = cache_counts(insts)
+    load.cpu = cpu_seconds(insts) - cpu0
     ec.check(load.lost == 0 and load.ok > 0,
              f"{tag}: {load.ok} requests served, {load.lost} lost: {load.errors[:3]}")
     return (c1 - c0) / max(1.0, p1 - p0), load
@@ -290,8 +308,13 @@ def test_asan_instance(tmp):
         cached = m1["cellm_prompt_cached_tokens_total"] - m0["cellm_prompt_cached_tokens_total"]
         hits = (m1['cellm_prefix_cache_requests_total{result="hit"}']
                 - m0['cellm_prefix_cache_requests_total{result="hit"}'])
-        ec.check(cached >= 64 and hits >= 1, f"prefix cache counters: cached {cached}, hits {hits}")
+        ec.check(cached >= 32 and hits >= 1, f"prefix cache counters: cached {cached}, hits {hits}")
         ec.check(m1["cellm_ready"] == 1, "cellm_ready")
+        # Every series the alert rules read is one the server exports.
+        with open(os.path.join(ROOT, "deploy", "prometheus", "cellm_alerts.yml")) as f:
+            used = set(re.findall(r"(?<![:\w])(cellm_[a-z_]+)(?![\w.])", f.read()))
+        have = {k.split("{")[0] for k in m1}
+        ec.check(used and used <= have, f"alert rules use unknown series: {used - have}")
         # The drain: a running request finishes, new ones get 503.
         result = {}
 
@@ -369,8 +392,9 @@ def test_affinity_vs_round_robin(cl):
     aff, aff_load = hit_rate(cl.insts, cl.port, "aff")
     sticky = [len(set(s)) == 1 for s in aff_load.chat_servers if len(s) == TURNS]
     rr_sticky = [len(set(s)) == 1 for s in rr_load.chat_servers if len(s) == TURNS]
-    print(f"     prefix-cache hit rate: round robin {rr:.1%} ({rr_load.ok} requests), "
-          f"affinity {aff:.1%} ({aff_load.ok} requests); chats on one instance: "
+    print(f"     prefix-cache hit rate: round robin {rr:.1%} ({rr_load.ok} requests, "
+          f"{rr_load.cpu:.1f} CPU-s), affinity {aff:.1%} ({aff_load.ok} requests, "
+          f"{aff_load.cpu:.1f} CPU-s); chats on one instance: "
           f"round robin {sum(rr_sticky)}/{len(rr_sticky)}, affinity "
           f"{sum(sticky)}/{len(sticky)}", flush=True)
     ec.check(len(sticky) >= 8 and sum(sticky) >= 0.9 * len(sticky),

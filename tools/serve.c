@@ -41,7 +41,7 @@ serve_opts serve_default_opts(void) {
     o.timeout_s = 600;
     o.idle_s = 30;
     o.drain_s = 30;
-    o.affinity_tokens = 256;
+    o.affinity_tokens = 64;
     return o;
 }
 
@@ -217,7 +217,7 @@ static void usage(FILE *out) {
         "                        S seconds to finish before exiting (default 30; 0: at once;\n"
         "                        a second SIGTERM or SIGINT ends the drain)\n"
         "  --affinity-tokens N   the default affinity key hashes the prompt's first N tokens\n"
-        "                        (default 256; X-Session-Id or `user` take precedence)\n"
+        "                        (default 64; X-Session-Id or `user` take precedence)\n"
         "  --log-requests        one line per request on stderr: X-Request-Id, status, time,\n"
         "                        affinity key\n"
         "  -v, --verbose         log refused requests and HTTP errors to stderr (and requests)\n\n"
