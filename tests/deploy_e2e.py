@@ -7,8 +7,8 @@ tokens), the prefix-cache counters of /metrics, and the SIGTERM drain
 (/health and new requests 503, the running request finishes, exit 0).
 
 The others share three instances and HAProxy (deploy/haproxy.cfg plus a
-round-robin frontend for comparison), each phase a bounded time of 64
-concurrent clients having multi-turn chats over 8 shared system prompts:
+round-robin frontend for comparison), each phase a bounded time of
+concurrent clients having 3-turn chats over 8 shared system prompts:
   affinity_vs_round_robin: the prefix-cache hit rate (prompt tokens the
       cache gave over prompt tokens, summed over the instances' /metrics)
       through the round-robin frontend, then through the affine one (new
@@ -19,9 +19,12 @@ concurrent clients having multi-turn chats over 8 shared system prompts:
       client when the error reaches it), nothing hangs;
   drain_sigterm: one instance SIGTERMed mid-run (it drains and exits 0),
       then restarted: no request fails at all.
-DEPLOY_E2E_SECONDS sets each phase's length (default 5: on two cores each
-client then has one chat a phase). Each phase prints the CPU time the
-instances spent, which bounds the test's time on an idle machine.
+DEPLOY_E2E_CLIENTS sets the clients (default 16, so that CI on two cores
+takes about 30 s; the full run of 64, `DEPLOY_E2E_CLIENTS=64`, needs some
+500 CPU-seconds there: docs/deploy.md), DEPLOY_E2E_SECONDS each phase's
+length (default 3: each client then has about one chat a phase). Each phase
+prints the CPU time the instances spent, which bounds its time on an idle
+machine from below (CPU-s / cores).
 """
 import http.client
 import json
@@ -41,8 +44,8 @@ import e2e_common as ec
 
 WHO = "deploy_e2e"
 ROOT = os.path.dirname(ec.HERE)
-PHASE_S = float(os.environ.get("DEPLOY_E2E_SECONDS", "5"))
-CLIENTS = 64
+PHASE_S = float(os.environ.get("DEPLOY_E2E_SECONDS", "3"))
+CLIENTS = int(os.environ.get("DEPLOY_E2E_CLIENTS", "16"))
 PROMPTS = 8
 TURNS = 3
 INSTANCE_ARGS = ["-t", "1", "-c", "1024", "-np", "16", "--temp", "0", "--alias", ec.MODEL_ID,
@@ -108,8 +111,9 @@ class Instance:
             self.proc.wait()
 
 
-def start_haproxy(tmp, insts, bind, rr_bind):
-    """HAProxy with deploy/haproxy.cfg and a round-robin frontend beside it."""
+def start_haproxy(tmp, insts, bind, rr_bind, cfg=None):
+    """HAProxy with deploy/haproxy.cfg (or cfg) and a round-robin frontend
+    beside it."""
     rr = os.path.join(tmp, "rr.cfg")
     with open(rr, "w") as f:
         f.write('frontend cellm_rr\n    bind "${CELLM_RR_BIND}"\n    default_backend cellm_rr\n'
@@ -122,7 +126,7 @@ def start_haproxy(tmp, insts, bind, rr_bind):
     env = dict(os.environ, CELLM_LB_BIND=f"127.0.0.1:{bind}", CELLM_RR_BIND=f"127.0.0.1:{rr_bind}")
     for i, inst in enumerate(insts):
         env[f"CELLM_{i + 1}"] = f"127.0.0.1:{inst.port}"
-    cfg = os.path.join(ROOT, "deploy", "haproxy.cfg")
+    cfg = cfg or os.path.join(ROOT, "deploy", "haproxy.cfg")
     log = open(os.path.join(tmp, "haproxy.log"), "w")
     proc = subprocess.Popen(["haproxy", "-db", "-f", cfg, "-f", rr], env=env, stdout=log,
                             stderr=subprocess.STDOUT)
@@ -144,7 +148,7 @@ def wait_up(port, what, timeout=30):
 
 def system_prompt(tag, i):
     rnd = random.Random(f"{tag}-{i}")
-    body = " ".join(rnd.choice(WORDS) for _ in range(20))
+    body = " ".join(rnd.choice(WORDS) for _ in range(12))
     return (f"[{tag} {i}] You are assistant number {i} of a help desk. Answer in one short "
             f"sentence. Notes for this desk: {body}.")
 
@@ -155,14 +159,14 @@ class Load:
     always finishes the chat it has begun. A failed request (error status,
     reset, timeout) is retried by the client up to 5 times."""
 
-    def __init__(self, port, tag, seconds):
+    def __init__(self, port, tag, seconds, clients=CLIENTS):
         self.port, self.tag, self.end = port, tag, time.time() + seconds
         self.lock = threading.Lock()
-        self.ok = self.client_retries = self.lost = 0
+        self.ok = self.client_retries = self.lost = self.completion_tokens = 0
         self.errors = []
         self.chat_servers = []  # per chat: the X-Cellm-Server of each turn
         self.threads = [threading.Thread(target=self.client, args=(k,), daemon=True)
-                        for k in range(CLIENTS)]
+                        for k in range(clients)]
 
     def request(self, body, headers):
         for attempt in range(6):
@@ -191,7 +195,7 @@ class Load:
             msgs = [{"role": "system", "content": sysp}]
             servers = []
             for turn in range(TURNS):
-                q = " ".join(rnd.choice(WORDS) for _ in range(30))
+                q = " ".join(rnd.choice(WORDS) for _ in range(16))
                 msgs.append({"role": "user", "content": f"Question {turn + 1}: {q}?"})
                 srv, reply = self.request({"model": ec.MODEL_ID, "messages": msgs,
                                            "max_tokens": 4},
@@ -203,6 +207,7 @@ class Load:
                              "content": reply["choices"][0]["message"]["content"]})
                 with self.lock:
                     self.ok += 1
+                    self.completion_tokens += reply["usage"]["completion_tokens"]
             with self.lock:
                 self.chat_servers.append(servers)
             chat += 1
@@ -371,8 +376,7 @@ class Cluster:
         self.haproxy = start_haproxy(self.tmp, self.insts, self.port, self.rr_port)
         wait_up(self.port, "HAProxy")
         wait_up(self.rr_port, "HAProxy (round robin)")
-        time.sleep(2.5)  # every instance seen up by the health checks (rise 2, inter 1 s)
-        return self
+        return self  # HAProxy counts its servers up until checks fail
 
     def __exit__(self, *a):
         if self.haproxy:
@@ -384,7 +388,6 @@ class Cluster:
     def restart(self, inst):
         inst.start()
         wait_up(inst.port, inst.name)
-        time.sleep(2.5)  # HAProxy's checks see it up again
 
 
 def test_affinity_vs_round_robin(cl):
@@ -397,9 +400,11 @@ def test_affinity_vs_round_robin(cl):
           f"{aff_load.cpu:.1f} CPU-s); chats on one instance: "
           f"round robin {sum(rr_sticky)}/{len(rr_sticky)}, affinity "
           f"{sum(sticky)}/{len(sticky)}", flush=True)
-    ec.check(len(sticky) >= 8 and sum(sticky) >= 0.9 * len(sticky),
+    # Not all: hash-balance-factor sends what passes 1.5 times the average
+    # load of an instance to the next one on the ring.
+    ec.check(len(sticky) >= 8 and sum(sticky) >= 0.75 * len(sticky),
              f"affine chats moved between instances: {sum(sticky)}/{len(sticky)}")
-    ec.check(aff > rr + 0.1 and aff > 0.6,
+    ec.check(aff > rr + 0.15,
              f"affinity's hit rate {aff:.1%} is not clearly above round robin's {rr:.1%}")
 
 
@@ -416,7 +421,7 @@ def test_failover_sigkill(cl):
           f"phase ended {time.time() - killed_at:.1f} s after the kill", flush=True)
     ec.check(load.lost == 0, f"requests lost after the SIGKILL: {load.errors[:5]}")
     done = [s for s in load.chat_servers if len(s) == TURNS]
-    ec.check(len(done) == len(load.chat_servers) and len(done) >= CLIENTS,
+    ec.check(len(done) == len(load.chat_servers) and len(done) >= len(load.threads),
              f"unfinished chats: {len(load.chat_servers) - len(done)}")
     cl.restart(victim)
 

@@ -460,12 +460,14 @@ int cmd_serve(int argc, char **argv) {
     int sig = 0;
     sigwait(&set, &sig);
     if (sig == SIGTERM && o.drain_s > 0) {
-        fprintf(stderr, "cellm serve: draining (SIGTERM): %d requests running, up to %us\n",
-                atomic_load(&s->active), o.drain_s);
+        int running = atomic_load(&s->active);
+        if (running > 0)
+            fprintf(stderr, "cellm serve: draining (SIGTERM): %d requests running, up to %us\n",
+                    running, o.drain_s);
         int left = serve_drain(s, &set);
         if (left > 0)
             fprintf(stderr, "cellm serve: drain ended with %d requests still running\n", left);
-        else
+        else if (running > 0)
             fprintf(stderr, "cellm serve: drained\n");
     }
     fprintf(stderr, "cellm serve: stopping (%s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
