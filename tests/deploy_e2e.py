@@ -62,7 +62,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def call(port, method, path, body=None, headers=None, timeout=60):
+def call(port, method, path, body=None, headers=None, timeout=300):
     """One HTTP request: (status, headers dict (lower-case names), text)."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
