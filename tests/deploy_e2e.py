@@ -480,7 +480,7 @@ def test_drain_sigterm(cl):
     ec.check(long.get("r", (0,))[0] == 200 and (cut or long["r"][1] == victim.name),
              f"the request running there: {long}")
     moved = [k for k in keys[1:4] if f"request moved-{k} POST /v1/completions 503" in log]
-    ec.check(f"moved-{keys[1]}" in " ".join(f"moved-{k}" for k in moved),
+    ec.check(keys[1] in moved,
              f"the first request after the SIGTERM was not refused there: {moved}")
     ec.check(rc == 0, f"{victim.name} exited with {rc} after SIGTERM")
     cl.restart(victim)
