@@ -19,9 +19,10 @@ concurrent clients having 3-turn chats over 8 shared system prompts:
       client when the error reaches it), nothing hangs;
   drain_sigterm: one instance SIGTERMed mid-run (it drains and exits 0),
       then restarted: no request fails at all.
-DEPLOY_E2E_CLIENTS sets the clients (default 16, so that CI on two cores
-takes about 30 s; the full run of 64, `DEPLOY_E2E_CLIENTS=64`, needs some
-500 CPU-seconds there: docs/deploy.md), DEPLOY_E2E_SECONDS each phase's
+DEPLOY_E2E_CLIENTS sets the clients (default 64, the issue's load: about
+100 CPU-seconds a phase on two cores, 170 s in all on a quiet machine;
+docs/deploy.md), DEPLOY_E2E_WORDS the words of each question (16),
+DEPLOY_E2E_SECONDS each phase's
 length (default 3: each client then has about one chat a phase). Each phase
 prints the CPU time the instances spent, which bounds its time on an idle
 machine from below (CPU-s / cores).
@@ -45,9 +46,10 @@ import e2e_common as ec
 WHO = "deploy_e2e"
 ROOT = os.path.dirname(ec.HERE)
 PHASE_S = float(os.environ.get("DEPLOY_E2E_SECONDS", "3"))
-CLIENTS = int(os.environ.get("DEPLOY_E2E_CLIENTS", "16"))
+CLIENTS = int(os.environ.get("DEPLOY_E2E_CLIENTS", "64"))
 PROMPTS = 8
 TURNS = 3
+QUESTION_WORDS = int(os.environ.get("DEPLOY_E2E_WORDS", "16"))
 INSTANCE_ARGS = ["-t", "1", "-c", "1024", "-np", "16", "--temp", "0", "--alias", ec.MODEL_ID,
                  "--log-requests", "--drain-timeout", "60"]
 
@@ -195,7 +197,7 @@ class Load:
             msgs = [{"role": "system", "content": sysp}]
             servers = []
             for turn in range(TURNS):
-                q = " ".join(rnd.choice(WORDS) for _ in range(16))
+                q = " ".join(rnd.choice(WORDS) for _ in range(QUESTION_WORDS))
                 msgs.append({"role": "user", "content": f"Question {turn + 1}: {q}?"})
                 srv, reply = self.request({"model": ec.MODEL_ID, "messages": msgs,
                                            "max_tokens": 4},
