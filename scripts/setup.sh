@@ -27,6 +27,8 @@ cellm_install_packages() {
         # serve_page_e2e drives the server's chat page in headless Chromium.
         command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 ||
             pkgs+=(chromium)
+        # deploy_e2e runs three servers behind Debian's HAProxy (deploy/).
+        pkgs+=(haproxy)
     fi
     command -v python3 >/dev/null 2>&1 || pkgs+=(python3 python3-pip)
     local missing=()

@@ -1,9 +1,14 @@
 /*
  * serve.c — `cellm serve [MODEL]`: the command line (llama-server's flag
  * names where they exist), loading the model and creating the engine,
- * starting the HTTP daemon (serve_http.c), and a clean stop on SIGINT or
- * SIGTERM: the daemon ends every connection, which cancels its requests,
- * then the engine and the model are freed.
+ * starting the HTTP daemon (serve_http.c), and the stop: on SIGINT at
+ * once (the daemon ends every connection, which cancels its requests, then
+ * the engine and the model are freed); on SIGTERM after a drain (new
+ * requests get 503 while the running ones finish, for --drain-timeout
+ * seconds at most, or until a second signal), as a load balancer needs.
+ *
+ * The daemon listens before the model loads, so that /health can say
+ * "loading" (503) rather than a balancer seeing a closed port.
  */
 #include <fcntl.h>
 #include <signal.h>
@@ -35,6 +40,8 @@ serve_opts serve_default_opts(void) {
     o.max_n = 16;
     o.timeout_s = 600;
     o.idle_s = 30;
+    o.drain_s = 30;
+    o.affinity_tokens = 64;
     return o;
 }
 
@@ -93,6 +100,16 @@ server *serve_start(const serve_opts *o, char *err, size_t cap) {
         return NULL;
     }
     s->o = *o;
+    atomic_store(&s->state, SERVE_LOADING);
+    s->rng_seed = entropy();
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    s->t_start = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    s->created = (long)time(NULL);
+    if (!http_start(s, err, cap)) {
+        free(s);
+        return NULL;
+    }
     cellm_error cerr;
     err_clear(&cerr);
     bool draft_bad = false;
@@ -100,7 +117,7 @@ server *serve_start(const serve_opts *o, char *err, size_t cap) {
         (o->draft && (draft_bad = cli_resolve_model(o->draft, s->draft_path, sizeof s->draft_path,
                                                     &cerr) != CELLM_OK))) {
         snprintf(err, cap, "%s%s", draft_bad ? "draft model: " : "", cerr.msg);
-        free(s);
+        serve_stop(s);
         return NULL;
     }
     if (o->draft && same_file(s->model_path, s->draft_path)) {
@@ -108,7 +125,7 @@ server *serve_start(const serve_opts *o, char *err, size_t cap) {
                  "the draft model is the model's own file (%s): it would guess right every "
                  "time and save nothing; give a smaller file of the same family",
                  s->draft_path);
-        free(s);
+        serve_stop(s);
         return NULL;
     }
     model_id(o, s->model_path, s->model_id, sizeof s->model_id);
@@ -136,16 +153,25 @@ server *serve_start(const serve_opts *o, char *err, size_t cap) {
         return NULL;
     }
     s->n_ctx = cellm_engine_n_ctx(s->engine);
-    s->rng_seed = entropy();
+    atomic_store(&s->state, SERVE_READY); /* publishes the fields above to the HTTP threads */
+    return s;
+}
+
+static double mono_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    s->t_start = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-    s->created = (long)time(NULL);
-    if (!http_start(s, err, cap)) {
-        serve_stop(s);
-        return NULL;
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int serve_drain(server *s, const void *sigs) {
+    atomic_store(&s->state, SERVE_DRAINING);
+    double deadline = mono_now() + s->o.drain_s;
+    for (;;) {
+        int left = atomic_load(&s->active);
+        if (left == 0 || mono_now() >= deadline) return left;
+        struct timespec slice = {0, 50 * 1000000L};
+        if (sigtimedwait(sigs, NULL, &slice) > 0) return atomic_load(&s->active);
     }
-    return s;
 }
 
 void serve_stop(server *s) {
@@ -187,7 +213,14 @@ static void usage(FILE *out) {
         "  --max-body SIZE       request body limit (default 4M)\n"
         "  --timeout S           seconds one request may take (default 600; 0: none)\n"
         "  --idle-timeout S      close a connection silent this long (default 30)\n"
-        "  -v, --verbose         log refused requests and HTTP errors to stderr\n\n"
+        "  --drain-timeout S     on SIGTERM, refuse new requests (503) and give running ones\n"
+        "                        S seconds to finish before exiting (default 30; 0: at once;\n"
+        "                        a second SIGTERM or SIGINT ends the drain)\n"
+        "  --affinity-tokens N   the default affinity key hashes the prompt's first N tokens\n"
+        "                        (default 64; X-Session-Id or `user` take precedence)\n"
+        "  --log-requests        one line per request on stderr: X-Request-Id, status, time,\n"
+        "                        affinity key\n"
+        "  -v, --verbose         log refused requests and HTTP errors to stderr (and requests)\n\n"
         "Speculative decoding (the same text, token for token; only the speed changes):\n"
         "  -md, --model-draft M  draft model guessing ahead: a smaller GGUF of the same family\n"
         "                        and vocabulary (path, store name or file in the store)\n"
@@ -230,6 +263,8 @@ static const char *const valued[] = {"--host",
                                      "--max-conns",
                                      "--timeout",
                                      "--idle-timeout",
+                                     "--drain-timeout",
+                                     "--affinity-tokens",
                                      "--kv-type",
                                      "-md",
                                      "--model-draft",
@@ -268,6 +303,12 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
             return 0;
         } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
             o->verbose = true;
+        } else if (!strcmp(a, "--log-requests")) {
+            o->log_requests = true;
+        } else if (!strcmp(a, "--drain-timeout")) {
+            UINT_FLAG(o->drain_s, 0, 1u << 20);
+        } else if (!strcmp(a, "--affinity-tokens")) {
+            UINT_FLAG(o->affinity_tokens, 1, 1u << 16);
         } else if (!strcmp(a, "--host")) {
             o->host = v, i++;
         } else if (!strcmp(a, "--port")) {
@@ -418,6 +459,17 @@ int cmd_serve(int argc, char **argv) {
     fflush(stdout);
     int sig = 0;
     sigwait(&set, &sig);
+    if (sig == SIGTERM && o.drain_s > 0) {
+        int running = atomic_load(&s->active);
+        if (running > 0)
+            fprintf(stderr, "cellm serve: draining (SIGTERM): %d requests running, up to %us\n",
+                    running, o.drain_s);
+        int left = serve_drain(s, &set);
+        if (left > 0)
+            fprintf(stderr, "cellm serve: drain ended with %d requests still running\n", left);
+        else if (running > 0)
+            fprintf(stderr, "cellm serve: drained\n");
+    }
     fprintf(stderr, "cellm serve: stopping (%s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     serve_stop(s);
     return 0;

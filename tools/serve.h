@@ -55,6 +55,9 @@ typedef struct serve_opts {
     int max_n;                  /* choices per request (n x prompts) */
     unsigned timeout_s;         /* one request, submit to last byte; 0: none */
     unsigned idle_s;            /* a connection that sends nothing this long is closed */
+    unsigned drain_s;           /* SIGTERM: seconds to finish running requests; 0: stop at once */
+    int affinity_tokens;        /* the prompt tokens the default affinity key hashes */
+    bool log_requests;          /* one line per API request on stderr */
     const char *cors[SERVE_MAX_CORS];
     int n_cors;
     bool verbose;
@@ -70,6 +73,8 @@ typedef struct serve_counters {
     atomic_ullong chat, completions, other_routes;
     atomic_ullong responses;
     atomic_ullong prompt_tokens, completion_tokens;
+    atomic_ullong cached_tokens;              /* prompt tokens the prefix cache gave */
+    atomic_ullong prefix_hits, prefix_misses; /* finished choices with / without any */
     atomic_ullong finished_stop, finished_length, cancelled, errors;
     atomic_ullong disconnects, timeouts, rejected_busy;
     atomic_ullong n_timed, queue_us, total_us; /* over finished choices */
@@ -79,6 +84,10 @@ typedef struct serve_counters {
 } serve_counters;
 
 /* ------------------------------------------------------------ the server */
+
+/* Where an instance is in its life, as a load balancer sees it through
+ * /health: 503 while loading the model and while draining. */
+typedef enum serve_state { SERVE_LOADING, SERVE_READY, SERVE_DRAINING } serve_state;
 
 typedef struct server {
     serve_opts o;
@@ -95,6 +104,8 @@ typedef struct server {
     double t_start; /* monotonic seconds */
     long created;   /* wall-clock seconds, for the model list */
     atomic_bool stopping;
+    atomic_int state;      /* serve_state: what /health says and who is admitted */
+    atomic_int active;     /* API requests admitted and not yet completed (draining waits) */
     atomic_ullong rng_ctr; /* ids and seeds: splitmix64 of rng_seed + counter */
     uint64_t rng_seed;
     serve_counters c;
@@ -107,6 +118,12 @@ server *serve_start(const serve_opts *o, char *err, size_t cap);
 /* Stops listening, ends every connection (cancelling their requests) and
  * frees everything. NULL is fine. */
 void serve_stop(server *s);
+
+/* SIGTERM's drain: new requests get 503 and /health turns 503 while the
+ * running ones finish; returns when none is left, after s->o.drain_s
+ * seconds, or when a signal of `sigs` (blocked by the caller) comes.
+ * Returns how many requests were still running. Then call serve_stop. */
+int serve_drain(server *s, const void *sigs);
 
 /* A random 64-bit number (thread-safe). */
 uint64_t serve_random(server *s);
@@ -209,6 +226,7 @@ typedef struct serve_req {
     serve_tool_choice tool_choice;
     char *tool_name;
     bool parallel_tool_calls;
+    char *user; /* the `user` field, NULL when not given (an affinity key) */
 } serve_req;
 
 /* Parses and validates body[0..len) (any bytes). True with *r filled, or
@@ -329,6 +347,21 @@ bool responses_parse(const char *body, size_t len, const serve_limits *lim, cons
 /* Renames the field of an error about the chat request a Responses body
  * became (messages, response_format) as the Responses API names it. */
 void responses_err_param(serve_err *e);
+
+/* ------------------------------------------------------------ affinity */
+
+#define SERVE_AFFINITY_MAX 160 /* bytes of an affinity key, with its NUL */
+
+/* The key a load balancer may hash to send requests that share a prefix to
+ * one instance (docs/deploy.md): "session:ID" from the X-Session-Id header,
+ * else "user:NAME" from the body's `user`, else "prefix:HEX", a hash of the
+ * first s->o.affinity_tokens tokens of the prompt's text. Into out. */
+void serve_affinity(server *s, struct MHD_Connection *conn, const serve_req *rq,
+                    char out[SERVE_AFFINITY_MAX]);
+
+/* Gives the request being handled on this thread its affinity key, sent
+ * back in the X-Cellm-Affinity header and logged. */
+void http_set_affinity(const char *key);
 
 /* ------------------------------------------------------------ replies */
 

@@ -11,6 +11,12 @@
  * /metrics. Slow or idle clients are cut off by libmicrohttpd's connection
  * timeout (--idle-timeout); the timeout is lifted while a request waits
  * for the engine, which has its own (--timeout).
+ *
+ * For a load balancer (docs/deploy.md): while the model loads and while
+ * the server drains (SIGTERM) every route but /health (and /metrics while
+ * draining) gets 503, and /health says which; each request has an id, the
+ * client's X-Request-Id or a new one, sent back and logged with
+ * --log-requests, as is the affinity key (X-Cellm-Affinity).
  */
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -21,6 +27,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
@@ -65,19 +72,45 @@ static const route routes[] = {
     {"/responses", "POST", R_RESPONSES, false},
 };
 
-/* Per request: the body as it arrives. */
+#define REQUEST_ID_MAX 128 /* bytes of a client's X-Request-Id kept as it is */
+
+/* Per request: the body as it arrives, and what the log line needs. */
 typedef struct conn_ctx {
     const route *rt;
     char *body;
     size_t len, cap;
     bool replied; /* a reply was queued before the body was read */
     bool too_big; /* the body passed the limit: skipped, then refused */
+    bool counted; /* counts in s->active */
     size_t skipped;
+    int status; /* of the reply queued, 0 before */
+    double t0;  /* monotonic seconds at the headers */
+    char method[8];
+    char path[96];
+    char id[REQUEST_ID_MAX + 1];
+    char affinity[SERVE_AFFINITY_MAX];
 } conn_ctx;
+
+/* The request this connection's thread is handling (libmicrohttpd runs each
+ * connection on its own thread, and a reply is queued on that thread while
+ * the request's callback runs), so replies made deep in a handler get its
+ * id and affinity headers. NULL outside a callback. */
+static _Thread_local conn_ctx *current;
+
+void http_set_affinity(const char *key) {
+    if (current) snprintf(current->affinity, sizeof current->affinity, "%s", key);
+}
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 /* ------------------------------------------------------------- replies */
 
 void http_count_status(server *s, int status) {
+    if (current) current->status = status;
     atomic_ullong *c = status >= 200 && status < 300   ? &s->c.http_2xx
                        : status >= 400 && status < 500 ? &s->c.http_4xx
                        : status >= 500                 ? &s->c.http_5xx
@@ -102,6 +135,12 @@ void http_add_headers(server *s, struct MHD_Connection *conn, void *response) {
         MHD_add_response_header(r, "Vary", "Origin");
     }
     MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    if (current && current->id[0]) MHD_add_response_header(r, "X-Request-Id", current->id);
+    if (current && current->affinity[0])
+        MHD_add_response_header(r, "X-Cellm-Affinity", current->affinity);
+    /* A draining server wants no more requests on this connection. */
+    if (atomic_load(&s->state) == SERVE_DRAINING)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
 }
 
 int http_reply(server *s, struct MHD_Connection *conn, int status, const char *ctype,
@@ -219,12 +258,54 @@ static int preflight(server *s, struct MHD_Connection *conn) {
     return ret;
 }
 
+/* The client's X-Request-Id when it is short printable ASCII, else a new
+ * random one, into cx->id. */
+static void request_id(server *s, struct MHD_Connection *conn, conn_ctx *cx) {
+    const char *v = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Request-Id");
+    size_t n = v ? strlen(v) : 0;
+    bool ok = n > 0 && n <= REQUEST_ID_MAX;
+    for (size_t i = 0; ok && i < n; i++) ok = v[i] > 0x20 && v[i] < 0x7f;
+    if (ok)
+        memcpy(cx->id, v, n + 1);
+    else
+        snprintf(cx->id, sizeof cx->id, "%016llx%016llx", (unsigned long long)serve_random(s),
+                 (unsigned long long)serve_random(s));
+}
+
+/* Whether the server's state lets this route in: while loading only
+ * /health, while draining /health and /metrics. A request let in counts in
+ * s->active until it completes; it is counted before the state is read, so
+ * the drain, which sets the state before it reads the count, cannot miss
+ * it. */
+static bool state_admits(server *s, conn_ctx *cx, serve_err *e) {
+    if (cx->rt->id == R_HEALTH) return true;
+    bool api = cx->rt->id != R_METRICS;
+    if (api) {
+        atomic_fetch_add(&s->active, 1);
+        cx->counted = true;
+    }
+    int st = atomic_load(&s->state);
+    if (st == SERVE_READY || (st == SERVE_DRAINING && !api)) return true;
+    if (api) {
+        atomic_fetch_sub(&s->active, 1);
+        cx->counted = false;
+    }
+    if (st == SERVE_LOADING)
+        return serr(e, 503, "loading", NULL, "the server is loading its model; retry shortly");
+    return serr(e, 503, "draining", NULL,
+                "the server is shutting down and takes no new requests; retry on another");
+}
+
 /* The checks that need only the headers. Returns true when the request
  * may go on; otherwise a reply is queued (*ret says how that went). */
 static bool admit(server *s, struct MHD_Connection *conn, const char *url, const char *method,
                   conn_ctx *cx, int *ret) {
     serve_err e;
     bool known;
+    cx->t0 = mono_s();
+    snprintf(cx->method, sizeof cx->method, "%s", method);
+    snprintf(cx->path, sizeof cx->path, "%s", url);
+    request_id(s, conn, cx);
     cx->rt = find_route(url, method, &known);
     if (!cx->rt) {
         if (known && !strcmp(method, "OPTIONS")) {
@@ -242,6 +323,10 @@ static bool admit(server *s, struct MHD_Connection *conn, const char *url, const
         serr(&e, 401, "invalid_api_key", NULL,
              "a valid API key is needed: send the header 'Authorization: Bearer KEY'");
         e.type = "authentication_error";
+        *ret = http_reply_error(s, conn, &e);
+        return false;
+    }
+    if (!state_admits(s, cx, &e)) {
         *ret = http_reply_error(s, conn, &e);
         return false;
     }
@@ -269,8 +354,12 @@ static int dispatch(server *s, struct MHD_Connection *conn, const char *url, con
                           strlen(serve_page_html), 0);
     case R_HEALTH: {
         atomic_fetch_add_explicit(&s->c.other_routes, 1, memory_order_relaxed);
-        static const char ok[] = "{\"status\":\"ok\"}";
-        return http_reply(s, conn, 200, "application/json", ok, sizeof ok - 1, 0);
+        int st = atomic_load(&s->state);
+        const char *text = st == SERVE_READY     ? "{\"status\":\"ok\"}"
+                           : st == SERVE_LOADING ? "{\"status\":\"loading\"}"
+                                                 : "{\"status\":\"draining\"}";
+        return http_reply(s, conn, st == SERVE_READY ? 200 : 503, "application/json", text,
+                          strlen(text), st == SERVE_READY ? 0 : 1);
     }
     case R_MODELS: return oai_models(s, conn, NULL);
     case R_MODEL: return oai_models(s, conn, url + strlen("/v1/models/"));
@@ -308,11 +397,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (!cx) return MHD_NO;
         *req_cls = cx;
         int ret = MHD_YES;
-        if (!admit(s, conn, url, method, cx, &ret)) {
-            cx->replied = true;
-            return (enum MHD_Result)ret;
-        }
-        return MHD_YES;
+        current = cx;
+        if (!admit(s, conn, url, method, cx, &ret)) cx->replied = true;
+        current = NULL;
+        return (enum MHD_Result)ret;
     }
     if (cx->replied) { /* refused early: drop whatever body still comes */
         *upload_size = 0;
@@ -341,24 +429,41 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         cx->body[cx->len] = '\0';
         return MHD_YES;
     }
+    current = cx;
+    int ret;
     if (cx->too_big) {
         serve_err e;
         serr(&e, 413, "request_too_large", NULL, "the request body is over the limit of %zu bytes",
              s->o.max_body);
-        cx->replied = true;
-        return (enum MHD_Result)http_reply_error(s, conn, &e);
+        ret = http_reply_error(s, conn, &e);
+    } else {
+        ret = dispatch(s, conn, url, cx);
     }
     cx->replied = true;
-    return (enum MHD_Result)dispatch(s, conn, url, cx);
+    current = NULL;
+    return (enum MHD_Result)ret;
+}
+
+/* One line per API request (not /health, /metrics): its id, method, path,
+ * status (0: no reply, the client left), time and affinity key. */
+static void log_request(server *s, const conn_ctx *cx, enum MHD_RequestTerminationCode toe) {
+    if (!(s->o.log_requests || s->o.verbose) || !cx->rt || cx->rt->id == R_HEALTH ||
+        cx->rt->id == R_METRICS)
+        return;
+    fprintf(stderr, "cellm serve: request %s %s %s %d %.1f ms%s%s%s\n", cx->id, cx->method,
+            cx->path, cx->status, (mono_s() - cx->t0) * 1e3,
+            toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (cut off)",
+            cx->affinity[0] ? " affinity=" : "", cx->affinity);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
                          enum MHD_RequestTerminationCode toe) {
-    (void)cls;
+    server *s = cls;
     (void)conn;
-    (void)toe;
     conn_ctx *cx = *req_cls;
     if (!cx) return;
+    log_request(s, cx, toe);
+    if (cx->counted) atomic_fetch_sub(&s->active, 1);
     free(cx->body);
     free(cx);
     *req_cls = NULL;

@@ -328,6 +328,12 @@ static void count_finished(job *j) {
         atomic_fetch_add_explicit(&k->completion_tokens,
                                   (unsigned long long)c->res.n_completion_tokens,
                                   memory_order_relaxed);
+        atomic_fetch_add_explicit(&k->cached_tokens, (unsigned long long)c->res.n_cached_tokens,
+                                  memory_order_relaxed);
+        if (c->res.n_prompt_tokens > 0)
+            atomic_fetch_add_explicit(c->res.n_cached_tokens > 0 ? &k->prefix_hits
+                                                                 : &k->prefix_misses,
+                                      1, memory_order_relaxed);
         atomic_ullong *n = c->res.finish_reason == CELLM_FINISH_STOP        ? &k->finished_stop
                            : c->res.finish_reason == CELLM_FINISH_LENGTH    ? &k->finished_length
                            : c->res.finish_reason == CELLM_FINISH_CANCELLED ? &k->cancelled

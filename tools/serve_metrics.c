@@ -120,6 +120,21 @@ char *metrics_text(server *s) {
            load(&c->prompt_tokens));
     metric(&b, "cellm_completion_tokens_total", "counter",
            "Completion tokens of finished requests.", load(&c->completion_tokens));
+    /* The prefix-cache hit rate over a window is
+     * rate(cellm_prompt_cached_tokens_total) / rate(cellm_prompt_tokens_total);
+     * behind a balancer, summed over the instances (docs/deploy.md). */
+    metric(&b, "cellm_prompt_cached_tokens_total", "counter",
+           "Prompt tokens of finished requests the prefix cache gave (not computed).",
+           load(&c->cached_tokens));
+    put(&b, "# HELP cellm_prefix_cache_requests_total Finished choices whose prompt did or did "
+            "not start in the prefix cache.\n"
+            "# TYPE cellm_prefix_cache_requests_total counter\n");
+    put(&b, "cellm_prefix_cache_requests_total{result=\"hit\"} %.0f\n", load(&c->prefix_hits));
+    put(&b, "cellm_prefix_cache_requests_total{result=\"miss\"} %.0f\n", load(&c->prefix_misses));
+    metric(&b, "cellm_ready", "gauge", "1 when serving, 0 while loading or draining (/health).",
+           atomic_load(&s->state) == SERVE_READY);
+    metric(&b, "cellm_max_queue", "gauge", "--max-queue: engine requests before 503.",
+           (double)s->o.max_queue);
     metric(&b, "cellm_client_disconnects_total", "counter",
            "Requests cancelled because the client went away.", load(&c->disconnects));
     metric(&b, "cellm_request_timeouts_total", "counter", "Requests cancelled by --timeout.",

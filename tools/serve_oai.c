@@ -34,12 +34,20 @@ static bool model_known(const server *s, bool ok, serve_req *rq, serve_err *e) {
     return false;
 }
 
+/* The request's affinity key goes back in its reply's headers and log. */
+static void note_affinity(server *s, struct MHD_Connection *conn, const serve_req *rq) {
+    char key[SERVE_AFFINITY_MAX];
+    serve_affinity(s, conn, rq, key);
+    http_set_affinity(key);
+}
+
 int oai_completions(server *s, struct MHD_Connection *conn, serve_kind kind, const char *body,
                     size_t len) {
     serve_err e;
     serve_limits lim = limits(s);
     serve_req rq;
     bool ok = model_known(s, serve_req_parse(body, len, kind, &lim, &rq, &e), &rq, &e);
+    if (ok) note_affinity(s, conn, &rq);
     job *j = ok ? job_start(s, conn, &rq, &e) : NULL;
     if (!j) return http_reply_error(s, conn, &e);
     return job_reply(j);
@@ -49,8 +57,10 @@ int oai_responses(server *s, struct MHD_Connection *conn, const char *body, size
     serve_err e;
     serve_limits lim = limits(s);
     serve_req rq;
-    bool ok = responses_parse(body, len, &lim, s->model_id, serve_random(s), &rq, &e);
-    job *j = model_known(s, ok, &rq, &e) ? job_start(s, conn, &rq, &e) : NULL;
+    bool ok = model_known(
+        s, responses_parse(body, len, &lim, s->model_id, serve_random(s), &rq, &e), &rq, &e);
+    if (ok) note_affinity(s, conn, &rq);
+    job *j = ok ? job_start(s, conn, &rq, &e) : NULL;
     if (!j) {
         responses_err_param(&e); /* the engine's refusals name chat's messages */
         return http_reply_error(s, conn, &e);

@@ -459,6 +459,8 @@ static bool parse_fields(const cJSON *root, serve_kind kind, const serve_limits 
     const cJSON *user = serve_field(root, "user");
     if (user && !cJSON_IsString(user))
         return serr(e, 400, "invalid_type", "user", "'user' must be a string");
+    if (user && !(r->user = dup_str(user->valuestring)))
+        return serr(e, 500, NULL, NULL, "out of memory");
     if (kind == SERVE_CHAT ? !parse_messages(root, r, e) || !serve_tools_parse(root, r, e)
                            : !parse_prompt(root, lim, r, e))
         return false;
@@ -568,6 +570,7 @@ bool serve_req_parse(const char *body, size_t len, serve_kind kind, const serve_
 void serve_req_free(serve_req *r) {
     if (!r) return;
     free(r->model);
+    free(r->user);
     for (int32_t i = 0; i < r->n_messages; i++) free((char *)r->messages[i].content);
     free(r->messages);
     for (int32_t i = 0; i < r->n_prompts; i++) {
