@@ -475,6 +475,34 @@ static void test_arch_fields(void **state) {
     }
 }
 
+/* The number after "key": in `json`. */
+static double json_num(const char *json, const char *key) {
+    char pat[96];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(json, pat);
+    assert_non_null(p);
+    return strtod(p + strlen(pat), NULL);
+}
+
+/* `cellm inspect` on a mixture of experts: the active bytes per token are
+ * the weights less the experts a token is not routed to (6 of 8 experts'
+ * gate, up and down, 32 x 64 F16 values each, in both layers). */
+static void test_inspect_moe_active(void **state) {
+    (void)state;
+    char path[1024], cmd[2048], *out;
+    convert("qwen3moe", "f16", path, sizeof path);
+    snprintf(cmd, sizeof cmd, "'%s' inspect '%s' --json", test_cellm_bin(), path);
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
+    double total = json_num(out, "weights_bytes"), active = json_num(out, "active_bytes_per_token");
+    assert_true(active == total - 2 * 3 * 6 * 32 * 64 * 2);
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' inspect '%s'", test_cellm_bin(), path);
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
+    assert_non_null(strstr(out, "active per token (2 of 8 experts)"));
+    free(out);
+    remove_converted(path);
+}
+
 /* Sets the string key arg[0] to arg[1]. */
 static void set_str_key(gguf_writer *w, const void *arg) {
     const char *const *kv = arg;
@@ -659,6 +687,7 @@ int main(void) {
         cmocka_unit_test(test_olmoe),
         cmocka_unit_test(test_granitemoe),
         cmocka_unit_test(test_invariance_new_families),
+        cmocka_unit_test(test_inspect_moe_active),
         cmocka_unit_test(test_arch_fields),
         cmocka_unit_test(test_rope_scaling_type_key),
         cmocka_unit_test(test_convert_types),
