@@ -17,7 +17,10 @@ tests/data/arch/NAME.txt:
 
 The weights are drawn so activations and logits have a useful spread
 (matrices ~ N(0, 1/fan_in), norm weights near 1, biases nonzero), which
-keeps greedy choices well separated. One family (qwen3) is saved in
+keeps greedy choices well separated. For mixture-of-experts families the
+seed must also keep every router decision clear (the k-th and (k+1)-th
+expert's router logits at least MIN_ROUTE_GAP apart), or F16 weights could
+send a token to another expert. One family (qwen3) is saved in
 bfloat16 to exercise that input type; its reference runs in float32 on the
 bfloat16 values. The tokenizer is a small byte-level BPE trained here on a
 fixed text, so the folders stay small; the real tokenizers are tested
@@ -31,7 +34,10 @@ import math
 import os
 import sys
 
+import importlib
+
 import torch
+import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GraniteConfig, GraniteForCausalLM, LlamaConfig, LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM,
@@ -69,7 +75,9 @@ def make_tokenizer(out_dir):
 
 
 def randomize(model, gen):
-    """Weights with a spread: see the module comment."""
+    """Weights with a spread: see the module comment. The fan-in is the last
+    dimension (also of stacked expert matrices and of depthwise convolution
+    kernels)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1 and "norm" in name:
@@ -81,7 +89,11 @@ def randomize(model, gen):
             elif "lm_head" in name:
                 p.copy_(4.0 * torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
             else:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
+
+
+def is_router(name):
+    return name.endswith("mlp.gate.weight") or "router" in name
 
 
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -89,9 +101,54 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidde
               rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
+def hf(name):
+    """A transformers class by name, or None when this version lacks it."""
+    return getattr(transformers, name, None)
+
+
+MOE = dict(COMMON, intermediate_size=32)
+
+
 def families():
     """NAME -> (config, model class, saved dtype)."""
     f = {}
+    # SmolLM3: no RoPE in every 4th layer (its default no_rope_layers).
+    if hf("SmolLM3Config"):
+        f["smollm3"] = (hf("SmolLM3Config")(**dict(COMMON, num_hidden_layers=4), rope_theta=10000.0,
+                                            tie_word_embeddings=True, use_sliding_window=False,
+                                            no_rope_layer_interval=4),
+                        hf("SmolLM3ForCausalLM"), torch.float32)
+    # Mixture-of-experts: 8 experts of 32, 2 routed per token.
+    if hf("Qwen3MoeConfig"):
+        f["qwen3moe"] = (hf("Qwen3MoeConfig")(**MOE, head_dim=32, rope_theta=1000000.0,
+                                              tie_word_embeddings=False, attention_bias=False,
+                                              num_experts=8, num_experts_per_tok=2,
+                                              moe_intermediate_size=32, norm_topk_prob=True,
+                                              decoder_sparse_step=1, mlp_only_layers=[]),
+                         hf("Qwen3MoeForCausalLM"), torch.float32)
+    if hf("OlmoeConfig"):
+        f["olmoe"] = (hf("OlmoeConfig")(**MOE, rope_theta=10000.0, tie_word_embeddings=False,
+                                        num_experts=8, num_experts_per_tok=2,
+                                        norm_topk_prob=False, clip_qkv=None),
+                      hf("OlmoeForCausalLM"), torch.float32)
+    if hf("GraniteMoeConfig"):
+        f["granitemoe"] = (hf("GraniteMoeConfig")(**MOE, rope_theta=10000.0,
+                                                  tie_word_embeddings=True,
+                                                  num_local_experts=8, num_experts_per_tok=2,
+                                                  embedding_multiplier=12.0,
+                                                  residual_multiplier=0.22,
+                                                  attention_multiplier=0.0078125,
+                                                  logits_scaling=8.0),
+                           hf("GraniteMoeForCausalLM"), torch.float32)
+    # LFM2: short-convolution blocks (kernel 3) and attention blocks.
+    if hf("Lfm2Config"):
+        f["lfm2"] = (hf("Lfm2Config")(**dict(COMMON, num_hidden_layers=4), rope_theta=1000000.0,
+                                      tie_word_embeddings=True, conv_L_cache=3, conv_bias=False,
+                                      block_auto_adjust_ff_dim=False, norm_eps=1e-5,
+                                      layer_types=["conv", "full_attention", "conv",
+                                                   "full_attention"],
+                                      full_attn_idxs=[1, 3]),
+                     hf("Lfm2ForCausalLM"), torch.float32)
     f["llama"] = (LlamaConfig(**COMMON, rope_theta=10000.0, tie_word_embeddings=False),
                   LlamaForCausalLM, torch.float32)
     # Llama 3.1's RoPE scaling, with an original length small enough that
@@ -162,13 +219,36 @@ def gen_family(name, cfg, cls, dtype, root, n_tok):
     """Tries seeds until every greedy step is separated by MIN_GAP (so f16
     weights cannot flip a choice: what the test checks is the forward pass,
     not coin tosses between near-equal logits)."""
-    for seed in range(sum(map(ord, name)), sum(map(ord, name)) + 100):
+    for seed in range(sum(map(ord, name)), sum(map(ord, name)) + 400):
         if gen_seed(name, cfg, cls, dtype, root, n_tok, seed):
             return
     raise SystemExit(f"{name}: no seed gave greedy gaps of {MIN_GAP}")
 
 
 MIN_GAP = 0.1
+MIN_ROUTE_GAP = 0.01  # routers: k-th minus (k+1)-th logit, every token and layer
+
+
+class RouteWatch:
+    """Records the smallest margin between the last chosen and the first
+    left-out expert's router logit over every router call, so a seed whose
+    expert choice F16 rounding could flip is refused like a greedy near-tie."""
+
+    def __init__(self, model, cfg):
+        self.k = getattr(cfg, "num_experts_per_tok", 0)
+        self.gap = math.inf
+        self.hooks = []
+        for name, mod in model.named_modules():
+            w = getattr(mod, "weight", None)
+            if (self.k and isinstance(w, torch.Tensor) and w.dim() == 2
+                    and is_router(name + ".weight")):
+                self.hooks.append(mod.register_forward_hook(self.hook))
+
+    def hook(self, mod, inp, out):
+        x = inp[0].reshape(-1, inp[0].shape[-1]).float()
+        lg = x @ mod.weight.float().t()
+        top = torch.topk(lg, self.k + 1, dim=-1).values
+        self.gap = min(self.gap, float((top[:, self.k - 1] - top[:, self.k]).min()))
 
 
 def gen_seed(name, cfg, cls, dtype, root, n_tok, seed):
@@ -186,6 +266,7 @@ def gen_seed(name, cfg, cls, dtype, root, n_tok, seed):
     model.save_pretrained(out, safe_serialization=True, max_shard_size="200KB")
     make_tokenizer(out)
     model = model.float()  # the reference runs in float32 on the saved values
+    watch = RouteWatch(model, cfg)
     lines = [f"# transformers reference for a random {name} model (seed {seed}); "
              f"made by scripts/gen_arch_fixtures.py", f"vocab {VOCAB}"]
     prompts = [(torch.randint(0, n_tok, (7,), generator=gen).tolist(), 0),
@@ -203,7 +284,7 @@ def gen_seed(name, cfg, cls, dtype, root, n_tok, seed):
         top = torch.topk(last, 2)
         seq.append(int(top.indices[0]))
         gaps.append(float(top.values[0] - top.values[1]))
-    if min(gaps) < MIN_GAP:
+    if min(gaps) < MIN_GAP or watch.gap < MIN_ROUTE_GAP:
         return False
     lines.append(f"greedy {len(ids)} {N_GEN}")
     lines.append("prompt " + " ".join(map(str, ids)))
@@ -213,7 +294,8 @@ def gen_seed(name, cfg, cls, dtype, root, n_tok, seed):
         f.write("\n".join(lines) + "\n")
     size = sum(os.path.getsize(os.path.join(out, fn)) for fn in os.listdir(out))
     print(f"{name}: seed {seed}, {len(os.listdir(out))} files, {size} bytes; "
-          f"min greedy gap {min(gaps):.4f}")
+          f"min greedy gap {min(gaps):.4f}" +
+          (f", min router gap {watch.gap:.4f}" if watch.hooks else ""))
     return True
 
 
@@ -223,9 +305,16 @@ def main():
     torch.manual_seed(0)
     n_tok = make_tokenizer(os.path.join(root, ".tok"))
     only = sys.argv[2:]  # family names to make (default: all)
-    for name, (cfg, cls, dtype) in families().items():
+    fams = families()
+    missing = [n for n in only if n not in fams]
+    if missing:
+        print("not in this transformers:", " ".join(missing))
+    for name, (cfg, cls, dtype) in fams.items():
         if not only or name in only:
-            gen_family(name, cfg, cls, dtype, root, n_tok)
+            try:
+                gen_family(name, cfg, cls, dtype, root, n_tok)
+            except (SystemExit, Exception) as e:  # report it, make the others
+                print(f"{name}: FAILED: {e!r}")
     for fn in os.listdir(os.path.join(root, ".tok")):
         os.remove(os.path.join(root, ".tok", fn))
     os.rmdir(os.path.join(root, ".tok"))

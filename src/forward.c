@@ -4,8 +4,9 @@
  * For every layer, top to bottom:
  *   norm → Q, K, V (+ biases) → (QK-norm) → RoPE → store K, V in the paged cache →
  *   attention through the block table → output → (post-norm) → (× scale) →
- *   residual → norm → gate, up → activation → down → (post-norm) → (× scale)
- *   → residual
+ *   residual → norm → gate, up → activation → down (or, in a mixture of
+ *   experts, the router's top k experts' MLPs, weighted) → (post-norm) →
+ *   (× scale) → residual
  * then the final norm and the classifier, for the rows that want logits.
  * Architecture differences are fields of the model and layer descriptions.
  *
@@ -41,7 +42,16 @@ struct forward_ctx {
     float *hb;     /* [rows][max(n_ff, n_embd)] */
     float *hb2;    /* [rows][n_ff] */
     float *logits; /* [max_logit_rows][n_vocab] */
-    float *acc;    /* [threads][head_dim_v + head_dim + max_ctx] attention scratch */
+    /* Mixture of experts (NULL when dense): */
+    float *router;  /* [rows][n_expert] router logits, then probabilities */
+    int32_t *sel;   /* [rows][n_expert_used] the chosen experts, ascending */
+    float *sel_w;   /* [rows][n_expert_used] their weights */
+    int32_t *grp;   /* [rows] the batch rows routed to one expert */
+    float *grp_w;   /* [rows] their weights for that expert */
+    float *xg;      /* [rows][n_embd] those rows' normed inputs, gathered */
+    float *og;      /* [rows][n_embd] the expert's outputs for them */
+    float *moe_out; /* [rows][n_embd] the weighted sum over each row's experts */
+    float *acc;     /* [threads][head_dim_v + head_dim + max_ctx] attention scratch */
     size_t acc_stride;
     void *scratch; /* quantized activations for matmul */
     int32_t *logit_rows;
@@ -54,6 +64,7 @@ static int32_t max_i32(int32_t a, int32_t b) {
 /* Sizes of each buffer in floats, shared by forward_bytes and create. */
 typedef struct fwd_sizes {
     size_t x, xb, q, k, v, att, hb, hb2, logits, acc, scratch;
+    size_t router, sel, xg; /* mixture of experts: sel and sel_w, xg and og and moe_out */
 } fwd_sizes;
 
 static size_t scratch_for(const weight *w, int32_t rows) {
@@ -75,16 +86,22 @@ static fwd_sizes sizes_for(const model *m, int32_t rows, int32_t logit_rows, int
     s.k = r * (size_t)(m->n_head_kv * m->head_dim);
     s.v = r * (size_t)(m->n_head_kv * m->head_dim_v);
     s.att = r * (size_t)vd;
-    s.hb = r * (size_t)max_i32(m->n_ff, m->n_embd);
-    s.hb2 = r * (size_t)m->n_ff;
+    int32_t ff = max_i32(m->n_ff, m->n_ff_exp);
+    s.hb = r * (size_t)max_i32(ff, m->n_embd);
+    s.hb2 = r * (size_t)ff;
+    s.router = r * (size_t)m->n_expert;
+    s.sel = r * (size_t)m->n_expert_used;
+    s.xg = m->n_expert ? r * (size_t)m->n_embd : 0;
     s.logits = (size_t)logit_rows * (size_t)m->n_vocab;
     s.acc = (size_t)n_threads * acc_per_thread(m, max_ctx);
     /* The largest quantized activation buffer any matmul needs. */
     size_t sc = scratch_for(&m->output, logit_rows);
     for (int32_t il = 0; il < m->n_layer; il++) {
         const layer_desc *L = &m->layers[il];
-        const weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        const weight *ws[] = {&L->wq,   &L->wk,     &L->wv,           &L->wo,      &L->w_gate,
+                              &L->w_up, &L->w_down, &L->ffn_gate_inp, &L->up_exps, &L->down_exps};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+            if (!ws[i]->data) continue;
             size_t b = scratch_for(ws[i], rows);
             if (b > sc) sc = b;
         }
@@ -96,9 +113,11 @@ static fwd_sizes sizes_for(const model *m, int32_t rows, int32_t logit_rows, int
 size_t forward_bytes(const model *m, int32_t max_rows, int32_t max_logit_rows, int n_threads,
                      int32_t max_ctx) {
     fwd_sizes s = sizes_for(m, max_rows, max_logit_rows, n_threads, max_ctx);
-    return (s.x + s.xb + s.q + s.k + s.v + s.att + s.hb + s.hb2 + s.logits + s.acc) *
+    return (s.x + s.xb + s.q + s.k + s.v + s.att + s.hb + s.hb2 + s.logits + s.acc + s.router +
+            2 * s.sel + 3 * s.xg) *
                sizeof(float) +
-           s.scratch + (size_t)max_rows * sizeof(int32_t);
+           s.scratch + (size_t)max_rows * sizeof(int32_t) +
+           (m->n_expert ? (size_t)max_rows * (sizeof(int32_t) + sizeof(float)) : 0);
 }
 
 void forward_free(forward_ctx *f) {
@@ -115,6 +134,14 @@ void forward_free(forward_ctx *f) {
     free(f->acc);
     free(f->scratch);
     free(f->logit_rows);
+    free(f->router);
+    free(f->sel);
+    free(f->sel_w);
+    free(f->grp);
+    free(f->grp_w);
+    free(f->xg);
+    free(f->og);
+    free(f->moe_out);
     free(f);
 }
 
@@ -146,8 +173,21 @@ cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_
     f->acc = malloc(s.acc * sizeof(float));
     f->scratch = malloc(s.scratch ? s.scratch : 1);
     f->logit_rows = malloc((size_t)max_rows * sizeof(int32_t));
+    bool moe_ok = true;
+    if (m->n_expert) {
+        f->router = malloc(s.router * sizeof(float));
+        f->sel = malloc(s.sel * sizeof(int32_t));
+        f->sel_w = malloc(s.sel * sizeof(float));
+        f->grp = malloc((size_t)max_rows * sizeof(int32_t));
+        f->grp_w = malloc((size_t)max_rows * sizeof(float));
+        f->xg = malloc(s.xg * sizeof(float));
+        f->og = malloc(s.xg * sizeof(float));
+        f->moe_out = malloc(s.xg * sizeof(float));
+        moe_ok =
+            f->router && f->sel && f->sel_w && f->grp && f->grp_w && f->xg && f->og && f->moe_out;
+    }
     if (!f->x || !f->xb || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2 || !f->logits ||
-        !f->acc || !f->scratch || !f->logit_rows) {
+        !f->acc || !f->scratch || !f->logit_rows || !moe_ok) {
         forward_free(f);
         return err_set(err, CELLM_ERR_NO_MEMORY, "cannot allocate %zu bytes of activations",
                        forward_bytes(m, max_rows, max_logit_rows, tp_size(tp), kv->max_ctx));
@@ -232,6 +272,7 @@ typedef struct step {
     int32_t n;
     const layer_desc *L;
     int32_t il;
+    int32_t ff; /* width of the MLP's hidden rows (n_ff, or an expert's) */
 } step;
 
 /* xb = norm(x) with the layer's attention (which = 0) or MLP (1) norm, or
@@ -273,14 +314,19 @@ static void task_qk(void *arg, int ith, int nth) {
         if (L->bk.data) add_bias(k, L->bk.data, kd);
         if (L->bv.data) add_bias(v, L->bv.data, vd);
         float cs[512], sn[512]; /* rope_dim <= head_dim <= 1024 (model_load checks) */
-        rope_cache(m, pos, L->rope_base, L->rope_scale, cs, sn);
+        if (!L->nope) rope_cache(m, pos, L->rope_base, L->rope_scale, cs, sn);
+        if (L->qk_norm_full) { /* across all heads at once (olmoe) */
+            rmsnorm(q, q, L->q_norm.data, qd, m->norm_eps);
+            rmsnorm(k, k, L->k_norm.data, kd, m->norm_eps);
+        }
+        bool per_head = L->q_norm.data && !L->qk_norm_full;
         for (int32_t h = 0; h < m->n_head; h++) {
-            if (L->q_norm.data) rmsnorm(q + h * hd, q + h * hd, L->q_norm.data, hd, m->norm_eps);
-            rope_head(m, q + h * hd, cs, sn);
+            if (per_head) rmsnorm(q + h * hd, q + h * hd, L->q_norm.data, hd, m->norm_eps);
+            if (!L->nope) rope_head(m, q + h * hd, cs, sn);
         }
         for (int32_t h = 0; h < m->n_head_kv; h++) {
-            if (L->k_norm.data) rmsnorm(k + h * hd, k + h * hd, L->k_norm.data, hd, m->norm_eps);
-            rope_head(m, k + h * hd, cs, sn);
+            if (per_head) rmsnorm(k + h * hd, k + h * hd, L->k_norm.data, hd, m->norm_eps);
+            if (!L->nope) rope_head(m, k + h * hd, cs, sn);
         }
         /* Into the cache in its KV type, each head on its own (rotated
          * first for the rotated type: k and v are not read again). */
@@ -407,20 +453,21 @@ static void task_ffn_residual(void *arg, int ith, int nth) {
     residual_add(s, s->f->hb, &s->L->post_ffn_norm, ith, nth);
 }
 
-/* hb2 = act(gate) * up, with gate in hb2 and up in hb. */
+/* hb2 = act(gate) * up, with gate in hb2 and up in hb, rows of s->ff. */
 static void task_act(void *arg, int ith, int nth) {
     step *s = arg;
     const model *m = s->f->m;
+    int32_t ff = s->ff;
     long b, e;
     tp_split(s->n, ith, nth, &b, &e);
     for (long r = b; r < e; r++) {
-        float *g = s->f->hb2 + r * m->n_ff;
-        const float *u = s->f->hb + r * m->n_ff;
+        float *g = s->f->hb2 + r * ff;
+        const float *u = s->f->hb + r * ff;
         if (m->act == ACT_GELU_TANH) {
             (void)pthread_once(&gelu_once, gelu_table_fill);
-            for (int32_t i = 0; i < m->n_ff; i++) g[i] = gelu_tanh(g[i]) * u[i];
+            for (int32_t i = 0; i < ff; i++) g[i] = gelu_tanh(g[i]) * u[i];
         } else
-            for (int32_t i = 0; i < m->n_ff; i++) g[i] = silu(g[i]) * u[i];
+            for (int32_t i = 0; i < ff; i++) g[i] = silu(g[i]) * u[i];
     }
 }
 
@@ -448,6 +495,87 @@ static void mm_shared(forward_ctx *f, const weight *const *w, float *const *y, i
     for (int i = 0; i < nw; i++)
         jobs[i] = (matmul_job){.w = w[i]->data, .type = w[i]->type, .n = w[i]->ne1, .y = y[i]};
     matmul_multi(f->tp, jobs, nw, w[0]->ne0, x, rows, f->scratch);
+}
+
+/* The router of one row: softmax over the experts' logits (in place), the
+ * n_used most probable (ties to the lower id), listed in ascending expert
+ * order with their probabilities, renormalised to sum 1 where the family
+ * does so. */
+static void route_row(const model *m, float *p, int32_t *sel, float *w) {
+    int32_t ne = m->n_expert, k = m->n_expert_used;
+    float mx = -INFINITY;
+    for (int32_t e = 0; e < ne; e++)
+        if (p[e] > mx) mx = p[e];
+    double sum = 0;
+    for (int32_t e = 0; e < ne; e++) {
+        p[e] = xm_expf(p[e] - mx);
+        sum += p[e];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int32_t e = 0; e < ne; e++) p[e] *= inv;
+    /* k passes of "the best not yet chosen": k and the expert count are small. */
+    uint8_t chosen[1024] = {0}; /* n_expert <= 1024 (model_load checks) */
+    for (int32_t j = 0; j < k; j++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < ne; e++)
+            if (!chosen[e] && (best < 0 || p[e] > p[best])) best = e;
+        chosen[best] = 1;
+    }
+    int32_t n = 0;
+    float tot = 0;
+    for (int32_t e = 0; e < ne; e++)
+        if (chosen[e]) {
+            sel[n] = e;
+            w[n++] = p[e];
+            tot += p[e];
+        }
+    if (m->moe_norm_topk)
+        for (int32_t j = 0; j < k; j++) w[j] /= tot;
+}
+
+/* The mixture of experts on the normed rows in xb, into hb: the router
+ * picks each row's experts; then, expert by expert, the rows routed to it
+ * are gathered and go through its gate, up and down matrices as one batch
+ * (one read of the expert's weights for all of them), and each row adds
+ * its weighted result. A row's sum runs over its experts in ascending
+ * order and every matmul treats a row alone, so the result does not depend
+ * on the other rows of the batch. Experts no row picked are not read. */
+static void moe(forward_ctx *f, step *s) {
+    const model *m = f->m;
+    const layer_desc *L = s->L;
+    int32_t n = s->n, d = m->n_embd, k = m->n_expert_used, ne = m->n_expert;
+    mm(f, &L->ffn_gate_inp, f->xb, n, f->router);
+    for (int32_t r = 0; r < n; r++)
+        route_row(m, f->router + (size_t)r * ne, f->sel + (size_t)r * k, f->sel_w + (size_t)r * k);
+    memset(f->moe_out, 0, (size_t)n * (size_t)d * sizeof(float));
+    for (int32_t e = 0; e < ne; e++) {
+        int32_t cnt = 0;
+        for (int32_t r = 0; r < n; r++)
+            for (int32_t j = 0; j < k; j++)
+                if (f->sel[(size_t)r * k + j] == e) {
+                    f->grp[cnt] = r;
+                    f->grp_w[cnt++] = f->sel_w[(size_t)r * k + j];
+                }
+        if (!cnt) continue;
+        for (int32_t i = 0; i < cnt; i++)
+            memcpy(f->xg + (size_t)i * d, f->xb + (size_t)f->grp[i] * d, (size_t)d * sizeof(float));
+        weight g = model_expert(&L->gate_exps, ne, e), u = model_expert(&L->up_exps, ne, e),
+               dn = model_expert(&L->down_exps, ne, e);
+        mm_shared(f, (const weight *const[]){&g, &u}, (float *const[]){f->hb2, f->hb}, 2, f->xg,
+                  cnt);
+        step se = *s;
+        se.n = cnt;
+        se.ff = m->n_ff_exp;
+        run_rows(f, task_act, &se);
+        mm(f, &dn, f->hb2, cnt, f->og);
+        for (int32_t i = 0; i < cnt; i++) {
+            float *o = f->moe_out + (size_t)f->grp[i] * d;
+            const float *y = f->og + (size_t)i * d;
+            float w = f->grp_w[i];
+            for (int32_t c = 0; c < d; c++) o[c] += w * y[c];
+        }
+    }
+    memcpy(f->hb, f->moe_out, (size_t)n * (size_t)d * sizeof(float));
 }
 
 /* Checks the batch, reserves KV blocks for its new positions. */
@@ -497,7 +625,7 @@ cellm_status forward_run(forward_ctx *f, const fwd_row *rows, int32_t n, const f
         if (m->emb_scale != 1.0f)
             for (int32_t i = 0; i < d; i++) f->x[(size_t)r * d + i] *= m->emb_scale;
     }
-    step s = {f, rows, n, NULL, 0};
+    step s = {f, rows, n, NULL, 0, m->n_ff};
     for (int32_t il = 0; il < m->n_layer; il++) {
         const layer_desc *L = &m->layers[il];
         s.L = L;
@@ -510,10 +638,14 @@ cellm_status forward_run(forward_ctx *f, const fwd_row *rows, int32_t n, const f
         mm(f, &L->wo, f->att, n, f->hb);
         run_rows(f, task_attn_residual, &s);
         run_rows(f, task_ffn_norm, &s);
-        mm_shared(f, (const weight *const[]){&L->w_gate, &L->w_up}, (float *const[]){f->hb2, f->hb},
-                  2, f->xb, n);
-        run_rows(f, task_act, &s);
-        mm(f, &L->w_down, f->hb2, n, f->hb);
+        if (L->ffn_gate_inp.data) {
+            moe(f, &s);
+        } else {
+            mm_shared(f, (const weight *const[]){&L->w_gate, &L->w_up},
+                      (float *const[]){f->hb2, f->hb}, 2, f->xb, n);
+            run_rows(f, task_act, &s);
+            mm(f, &L->w_down, f->hb2, n, f->hb);
+        }
         run_rows(f, task_ffn_residual, &s);
     }
     /* The classifier, only for rows that want logits: gather their normed

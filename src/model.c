@@ -6,8 +6,9 @@
  * comes from the file's metadata (`ARCH.*` keys: windows, granite's
  * multipliers, LongRoPE's attention factor) and from which tensors are
  * present (Q/K/V biases, QK-norm, post-norms, a separate output matrix,
- * fused QKV or gate/up matrices, RoPE factors), so one forward pass serves
- * every row. Tensor names and keys are those llama.cpp's converter writes.
+ * fused QKV or gate/up matrices, RoPE factors, experts), so one forward
+ * pass serves every row. Tensor names and keys are those llama.cpp's
+ * converter writes.
  */
 #include "model.h"
 
@@ -25,19 +26,29 @@ typedef struct arch_row {
     bool emb_scale_sqrt;   /* embeddings times sqrt(n_embd) */
     int32_t swa_period;    /* with a window: every period-th layer is global */
     float rope_base_local; /* RoPE base of windowed layers; 0: the global base */
+    int32_t nope_period;   /* every period-th layer has no RoPE (smollm3); 0: none */
+    bool moe;              /* a mixture of experts in every layer */
+    bool moe_norm_topk;    /* the chosen experts' softmax weights renormalised */
 } arch_row;
 
 static const arch_row arch_table[] = {
     /* llama also covers Mistral (with ARCH.attention.sliding_window) */
-    {"llama", ROPE_NORM, ACT_SILU, false, 0, 0},
-    {"gemma3", ROPE_NEOX, ACT_GELU_TANH, true, 6, 10000.0f},
-    {"qwen2", ROPE_NEOX, ACT_SILU, false, 0, 0},   /* Q/K/V biases */
-    {"qwen3", ROPE_NEOX, ACT_SILU, false, 0, 0},   /* QK-norm */
-    {"phi3", ROPE_NEOX, ACT_SILU, false, 0, 0},    /* fused QKV and gate/up, LongRoPE */
-    {"granite", ROPE_NORM, ACT_SILU, false, 0, 0}, /* embedding/residual/attention/logit scales */
+    {"llama", ROPE_NORM, ACT_SILU, false, 0, 0, 0, false, false},
+    {"gemma3", ROPE_NEOX, ACT_GELU_TANH, true, 6, 10000.0f, 0, false, false},
+    {"qwen2", ROPE_NEOX, ACT_SILU, false, 0, 0, 0, false, false},   /* Q/K/V biases */
+    {"qwen3", ROPE_NEOX, ACT_SILU, false, 0, 0, 0, false, false},   /* QK-norm */
+    {"phi3", ROPE_NEOX, ACT_SILU, false, 0, 0, 0, false, false},    /* fused QKV and gate/up */
+    {"granite", ROPE_NORM, ACT_SILU, false, 0, 0, 0, false, false}, /* the four scales */
+    {"smollm3", ROPE_NORM, ACT_SILU, false, 0, 0, 4, false, false}, /* NoPE every 4th layer */
+    /* Mixtures of experts: softmax over the router's logits, the top k;
+     * llama.cpp renormalises them for qwen3moe and granitemoe, not olmoe. */
+    {"qwen3moe", ROPE_NEOX, ACT_SILU, false, 0, 0, 0, true, true},   /* QK-norm per head */
+    {"olmoe", ROPE_NEOX, ACT_SILU, false, 0, 0, 0, true, false},     /* QK-norm over all heads */
+    {"granitemoe", ROPE_NORM, ACT_SILU, false, 0, 0, 0, true, true}, /* granite's scales */
 };
 
-#define ARCH_NAMES "llama, gemma3, qwen2, qwen3, phi3, granite"
+#define ARCH_NAMES                                                                                 \
+    "llama, gemma3, qwen2, qwen3, phi3, granite, smollm3, qwen3moe, olmoe, granitemoe"
 
 static const arch_row *arch_find(const char *name) {
     for (size_t i = 0; i < sizeof arch_table / sizeof arch_table[0]; i++)
@@ -63,11 +74,13 @@ static bool meta_f32(const gguf_file *f, const char *arch, const char *suffix, f
     return true;
 }
 
-/* Finds tensor `name` and checks its shape is [ne0, ne1] (ne1 = 0: a
+/* Finds tensor `name` and checks its shape is [ne0, ne1, ne2] (ne1 = 0: a
  * vector) and that it can be used as asked: a matrix needs a vec_dot and a
- * dequantizer, a vector must be F32. Missing and optional: data stays NULL. */
-static cellm_status get_weight(const gguf_file *f, const char *name, int64_t ne0, int64_t ne1,
-                               bool optional, weight *w, cellm_error *err) {
+ * dequantizer, a vector must be F32. A stack of ne2 matrices (experts)
+ * becomes one matrix of ne1 * ne2 rows. Missing and optional: data stays
+ * NULL. */
+static cellm_status get_stack(const gguf_file *f, const char *name, int64_t ne0, int64_t ne1,
+                              int64_t ne2, bool optional, weight *w, cellm_error *err) {
     memset(w, 0, sizeof *w);
     const gguf_tensor *t = gguf_find_tensor(f, name);
     if (!t) {
@@ -76,12 +89,14 @@ static cellm_status get_weight(const gguf_file *f, const char *name, int64_t ne0
     }
     bool vec = ne1 == 0;
     uint64_t want1 = vec ? 1 : (uint64_t)ne1;
-    if (t->ne[0] != (uint64_t)ne0 || t->ne[1] != want1 || t->ne[2] != 1 || t->ne[3] != 1)
-        return err_set(err, CELLM_ERR_FORMAT,
-                       "tensor '%s' has shape [%llu, %llu, %llu, %llu], expected [%lld, %lld]",
-                       name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
-                       (unsigned long long)t->ne[2], (unsigned long long)t->ne[3], (long long)ne0,
-                       (long long)want1);
+    if (t->ne[0] != (uint64_t)ne0 || t->ne[1] != want1 || t->ne[2] != (uint64_t)ne2 ||
+        t->ne[3] != 1)
+        return err_set(
+            err, CELLM_ERR_FORMAT,
+            "tensor '%s' has shape [%llu, %llu, %llu, %llu], expected [%lld, %lld, %lld]", name,
+            (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+            (unsigned long long)t->ne[2], (unsigned long long)t->ne[3], (long long)ne0,
+            (long long)want1, (long long)ne2);
     const quant_type_info *qi = quant_type_get(t->type);
     if (vec) {
         if (t->type != QT_F32)
@@ -101,8 +116,13 @@ static cellm_status get_weight(const gguf_file *f, const char *name, int64_t ne0
     w->data = t->data;
     w->type = t->type;
     w->ne0 = ne0;
-    w->ne1 = vec ? 1 : ne1;
+    w->ne1 = vec ? 1 : ne1 * ne2;
     return CELLM_OK;
+}
+
+static cellm_status get_weight(const gguf_file *f, const char *name, int64_t ne0, int64_t ne1,
+                               bool optional, weight *w, cellm_error *err) {
+    return get_stack(f, name, ne0, ne1, 1, optional, w, err);
 }
 
 /* Rows [row0, row0 + n) of matrix `w`, as a matrix of its own. */
@@ -113,6 +133,11 @@ static weight row_view(const weight *w, int64_t row0, int64_t n) {
     v.data = (const uint8_t *)w->data + (size_t)row0 * row_bytes;
     v.ne1 = n;
     return v;
+}
+
+weight model_expert(const weight *stacked, int32_t n_expert, int32_t e) {
+    int64_t rows = stacked->ne1 / n_expert;
+    return row_view(stacked, (int64_t)e * rows, rows);
 }
 
 static cellm_status load_layer(const gguf_file *f, model *m, int il, cellm_error *err) {
@@ -150,12 +175,28 @@ static cellm_status load_layer(const gguf_file *f, model *m, int il, cellm_error
     B(bv, "attn_v", vd);
 #undef B
     W(wo, "attn_output", qd, d, false);
-    W(q_norm, "attn_q_norm", m->head_dim, 0, true);
-    W(k_norm, "attn_k_norm", m->head_dim, 0, true);
+    snprintf(name, sizeof name, "blk.%d.attn_q_norm.weight", il);
+    const gguf_tensor *qn = gguf_find_tensor(f, name);
+    /* OLMoE normalises Q and K across all heads at once. */
+    L->qk_norm_full = qn && qn->ne[0] == (uint64_t)qd && qd != m->head_dim;
+    W(q_norm, "attn_q_norm", L->qk_norm_full ? qd : m->head_dim, 0, true);
+    W(k_norm, "attn_k_norm", L->qk_norm_full ? kd : m->head_dim, 0, true);
     W(post_attn_norm, "post_attention_norm", d, 0, true);
     W(ffn_norm, "ffn_norm", d, 0, false);
     snprintf(name, sizeof name, "blk.%d.ffn_gate.weight", il);
-    if (gguf_find_tensor(f, name)) {
+    if (m->n_expert) {
+        int64_t ne = m->n_expert, ff = m->n_ff_exp;
+#define X(field, suffix, ne0, ne1)                                                                 \
+    do {                                                                                           \
+        snprintf(name, sizeof name, "blk.%d." suffix ".weight", il);                               \
+        if ((st = get_stack(f, name, ne0, ne1, ne, false, &L->field, err))) return st;             \
+    } while (0)
+        W(ffn_gate_inp, "ffn_gate_inp", d, ne, false);
+        X(gate_exps, "ffn_gate_exps", d, ff);
+        X(up_exps, "ffn_up_exps", d, ff);
+        X(down_exps, "ffn_down_exps", ff, d);
+#undef X
+    } else if (gguf_find_tensor(f, name)) {
         W(w_gate, "ffn_gate", d, m->n_ff, false);
         W(w_up, "ffn_up", d, m->n_ff, false);
     } else {
@@ -166,7 +207,7 @@ static cellm_status load_layer(const gguf_file *f, model *m, int il, cellm_error
         L->w_gate = row_view(&gu, 0, m->n_ff);
         L->w_up = row_view(&gu, m->n_ff, m->n_ff);
     }
-    W(w_down, "ffn_down", m->n_ff, d, false);
+    if (!m->n_expert) W(w_down, "ffn_down", m->n_ff, d, false);
     W(post_ffn_norm, "post_ffw_norm", d, 0, true);
 #undef W
     return CELLM_OK;
@@ -272,6 +313,24 @@ cellm_status model_load(const char *path, model **out, cellm_error *err) {
         goto fail;
     }
     m->act = ar->act;
+    if (ar->moe) {
+        if (!meta_u32(f, a, "expert_count", &m->n_expert) ||
+            !meta_u32(f, a, "expert_used_count", &m->n_expert_used) || m->n_expert < 1 ||
+            m->n_expert > 1024 || m->n_expert_used < 1 || m->n_expert_used > m->n_expert) {
+            st = err_set(err, CELLM_ERR_FORMAT,
+                         "%s: %s.expert_count and expert_used_count are missing or out of range "
+                         "(1 <= used <= count <= 1024)",
+                         path, a);
+            goto fail;
+        }
+        /* qwen3moe keeps the experts' size apart from feed_forward_length. */
+        if (!meta_u32(f, a, "expert_feed_forward_length", &m->n_ff_exp)) m->n_ff_exp = m->n_ff;
+        if (m->n_ff_exp <= 0) {
+            st = err_set(err, CELLM_ERR_FORMAT, "%s: expert size %d", path, m->n_ff_exp);
+            goto fail;
+        }
+        m->moe_norm_topk = ar->moe_norm_topk;
+    }
     m->emb_scale = ar->emb_scale_sqrt ? sqrtf((float)m->n_embd) : 1.0f;
     m->attn_scale = 1.0f / sqrtf((float)m->head_dim);
     /* Granite's multipliers; llama.cpp stores the logit divisor. */
@@ -328,6 +387,7 @@ cellm_status model_load(const char *path, model **out, cellm_error *err) {
         bool local = window > 0 && (ar->swa_period == 0 || (il + 1) % ar->swa_period != 0);
         L->window = local ? window : 0;
         L->rope_base = local && ar->rope_base_local > 0 ? ar->rope_base_local : base;
+        L->nope = ar->nope_period && (il + 1) % ar->nope_period == 0;
         /* Gemma 3's windowed layers keep their own RoPE, unscaled. */
         L->rope_scale = local && ar->rope_base_local > 0 ? 1.0f : m->rope_freq_scale;
         /* Windowed layers keep their own block table, so blocks that left

@@ -33,15 +33,22 @@ typedef struct weight {
 typedef struct layer_desc {
     weight attn_norm, wq, wk, wv, wo;
     weight bq, bk, bv;     /* Q/K/V biases (qwen2); data NULL when absent */
-    weight q_norm, k_norm; /* per-head RMSNorm of Q and K; data NULL when absent */
+    weight q_norm, k_norm; /* RMSNorm of Q and K, per head (or over all heads when
+                            * qk_norm_full); data NULL when absent */
+    bool qk_norm_full;     /* q_norm/k_norm span all heads at once (olmoe) */
+    bool nope;             /* no RoPE in this layer (smollm3's every 4th) */
     weight post_attn_norm; /* norm of the attention output before the residual */
     weight ffn_norm, w_gate, w_up, w_down;
     weight post_ffn_norm; /* norm of the MLP output before the residual */
-    float rope_base;      /* frequency base of this layer */
-    float rope_scale;     /* position scale of this layer (1 / linear scaling factor) */
-    int32_t window;       /* sliding window in tokens; 0: full attention */
-    int32_t kv_group;     /* which KV block table the layer uses */
-    int32_t kv_index;     /* the layer's index within its KV group */
+    /* Mixture of experts (data NULL for a dense MLP): the router, and each
+     * expert's gate, up and down matrices stacked (expert e's rows are
+     * [e * rows, (e + 1) * rows) of a matrix of n_expert * rows rows). */
+    weight ffn_gate_inp, gate_exps, up_exps, down_exps;
+    float rope_base;  /* frequency base of this layer */
+    float rope_scale; /* position scale of this layer (1 / linear scaling factor) */
+    int32_t window;   /* sliding window in tokens; 0: full attention */
+    int32_t kv_group; /* which KV block table the layer uses */
+    int32_t kv_index; /* the layer's index within its KV group */
 } layer_desc;
 
 typedef struct model {
@@ -62,6 +69,9 @@ typedef struct model {
     float attn_softcap;      /* tanh soft-capping of attention scores; 0: none */
     float logit_softcap;     /* tanh soft-capping of the final logits; 0: none */
     mlp_act act;
+    int32_t n_expert, n_expert_used;   /* mixture of experts; 0 when dense */
+    int32_t n_ff_exp;                  /* rows of each expert's gate and up */
+    bool moe_norm_topk;                /* the chosen experts' weights renormalised to sum 1 */
     weight tok_embd, out_norm, output; /* output may be tok_embd (tied) */
     layer_desc *layers;
     int32_t n_kv_groups;        /* 1, or 2 when some layers use a window */
@@ -73,6 +83,10 @@ typedef struct model {
  * or misshapen tensors and unsupported options are errors naming what is
  * wrong. Free with model_free(). */
 cellm_status model_load(const char *path, model **out, cellm_error *err);
+
+/* Expert e's rows of a stacked expert matrix, as a matrix of its own (a
+ * view into the map). */
+weight model_expert(const weight *stacked, int32_t n_expert, int32_t e);
 void model_free(model *m);
 
 #endif /* CELLM_MODEL_H */

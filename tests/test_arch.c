@@ -4,7 +4,9 @@
  * a sliding window shorter than the prompts and with Mistral 7B's 4096,
  * qwen2, qwen3 saved in bf16, phi3 plain and with LongRoPE, granite, gemma3
  * with its 5:1 windowed/global layers, and with Gemma 3 4B's linear RoPE
- * scaling of the global layers), a tiny random-weight model saved by
+ * scaling of the global layers; smollm3 with no RoPE in every 4th layer;
+ * the mixtures of experts qwen3moe, olmoe and granitemoe), a tiny
+ * random-weight model saved by
  * transformers (tests/data/arch/NAME/, made by scripts/gen_arch_fixtures.py)
  * is converted by `cellm convert` to F16 and run: its logits must be within
  * LOGIT_TOL of transformers' float32 logits
@@ -322,6 +324,92 @@ static void test_granite_scales(void **state) {
     (void)state;
     check_family("granite");
 }
+static void test_smollm3_nope(void **state) {
+    (void)state;
+    check_family("smollm3");
+}
+static void test_qwen3moe(void **state) {
+    (void)state;
+    check_family("qwen3moe");
+}
+static void test_olmoe(void **state) {
+    (void)state;
+    check_family("olmoe");
+}
+static void test_granitemoe(void **state) {
+    (void)state;
+    check_family("granitemoe");
+}
+
+/* Batch invariance of a converted family: the long prompt's logits are
+ * the same bits run as one chunk, token by token, and in chunks of 7
+ * beside another sequence's rows in the same batch (for a mixture of
+ * experts, each batch groups other rows under each expert), with 1 and 2
+ * threads. */
+static void check_invariance(const char *name) {
+    fixture fx;
+    load_fixture(name, &fx);
+    const fx_logits *c = &fx.lg[1];
+    int n = c->n_tok, V = fx.vocab;
+    char path[1024];
+    convert(name, "f16", path, sizeof path);
+    float *ref = malloc((size_t)n * V * sizeof(float)),
+          *got = malloc((size_t)n * V * sizeof(float));
+    assert_non_null(ref);
+    assert_non_null(got);
+    for (int threads = 1; threads <= 2; threads++) {
+        rig r;
+        rig_open(&r, path, threads);
+        cellm_error e;
+        kv_seq a, b;
+        for (int mode = 0; mode < 3; mode++) {
+            assert_int_equal(kv_seq_init(r.kv, &a, &e), CELLM_OK);
+            assert_int_equal(kv_seq_init(r.kv, &b, &e), CELLM_OK);
+            float *out = mode == 0 && threads == 1 ? ref : got;
+            if (mode == 0) {
+                memcpy(out, run(&r, &a, c->tok, n), (size_t)n * V * sizeof(float));
+            } else if (mode == 1) {
+                for (int i = 0; i < n; i++)
+                    memcpy(out + (size_t)i * V, run(&r, &a, &c->tok[i], 1),
+                           (size_t)V * sizeof(float));
+            } else {
+                /* Rows of `a` (7 at a time) after 5 of `b`, whose tokens
+                 * are the prompt reversed. */
+                for (int i = 0; i < n; i += 7) {
+                    fwd_row rows[12];
+                    int m = 0;
+                    for (int j = 0; j < 5; j++, m++)
+                        rows[m] = (fwd_row){&b, c->tok[n - 1 - (i + j) % n], b.n_pos + j, true};
+                    int na = n - i < 7 ? n - i : 7;
+                    for (int j = 0; j < na; j++, m++)
+                        rows[m] = (fwd_row){&a, c->tok[i + j], a.n_pos + j, true};
+                    const float *lg;
+                    if (forward_run(r.f, rows, m, &lg, &e)) {
+                        print_error("%s\n", e.msg);
+                        fail();
+                    }
+                    memcpy(out + (size_t)i * V, lg + (size_t)5 * V, (size_t)na * V * sizeof(float));
+                }
+            }
+            if (out == got && memcmp(ref, got, (size_t)n * V * sizeof(float)))
+                print_error("%s: mode %d with %d threads differs\n", name, mode, threads);
+            if (out == got) assert_memory_equal(ref, got, (size_t)n * V * sizeof(float));
+            kv_seq_free(r.kv, &a);
+            kv_seq_free(r.kv, &b);
+        }
+        rig_close(&r);
+    }
+    free(ref);
+    free(got);
+    remove_converted(path);
+    fixture_free(&fx);
+}
+
+static void test_invariance_new_families(void **state) {
+    (void)state;
+    static const char *names[] = {"smollm3", "qwen3moe", "olmoe", "granitemoe"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) check_invariance(names[i]);
+}
 
 /* The description each row yields: the named differences are set. */
 static void test_arch_fields(void **state) {
@@ -340,6 +428,10 @@ static void test_arch_fields(void **state) {
         {"phi3", "phi3", ROPE_NEOX, false, false, 0},
         {"granite", "granite", ROPE_NORM, false, false, 0},
         {"gemma3", "gemma3", ROPE_NEOX, false, true, 16},
+        {"smollm3", "smollm3", ROPE_NORM, false, false, 0},
+        {"qwen3moe", "qwen3moe", ROPE_NEOX, false, true, 0},
+        {"olmoe", "olmoe", ROPE_NEOX, false, true, 0},
+        {"granitemoe", "granitemoe", ROPE_NORM, false, false, 0},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         char path[1024];
@@ -358,7 +450,21 @@ static void test_arch_fields(void **state) {
             assert_non_null(m->layers[0].post_attn_norm.data);
             assert_non_null(m->layers[0].post_ffn_norm.data);
         }
-        if (!strcmp(want[i].name, "granite")) {
+        if (!strcmp(want[i].name, "smollm3")) /* no RoPE in the 4th layer only */
+            for (int il = 0; il < m->n_layer; il++) assert_int_equal(m->layers[il].nope, il == 3);
+        bool moe = strstr(want[i].name, "moe") != NULL;
+        assert_int_equal(m->n_expert, moe ? 8 : 0);
+        assert_int_equal(m->layers[0].ffn_gate_inp.data != NULL, moe);
+        assert_int_equal(m->layers[0].w_down.data == NULL, moe);
+        if (moe) {
+            assert_int_equal(m->n_expert_used, 2);
+            assert_int_equal(m->n_ff_exp, 32);
+            assert_int_equal(m->moe_norm_topk, strcmp(want[i].name, "olmoe") != 0);
+            assert_int_equal(m->layers[0].up_exps.ne1, 8 * 32);
+        }
+        /* OLMoE's QK-norm spans all heads. */
+        assert_int_equal(m->layers[0].qk_norm_full, !strcmp(want[i].name, "olmoe"));
+        if (!strncmp(want[i].name, "granite", 7)) {
             assert_true(fabsf(m->emb_scale - 12.0f) < 1e-6f);
             assert_true(fabsf(m->residual_scale - 0.22f) < 1e-6f);
             assert_true(fabsf(m->attn_scale - 0.0078125f) < 1e-9f);
@@ -367,6 +473,34 @@ static void test_arch_fields(void **state) {
         model_free(m);
         remove_converted(path);
     }
+}
+
+/* The number after "key": in `json`. */
+static double json_num(const char *json, const char *key) {
+    char pat[96];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(json, pat);
+    assert_non_null(p);
+    return strtod(p + strlen(pat), NULL);
+}
+
+/* `cellm inspect` on a mixture of experts: the active bytes per token are
+ * the weights less the experts a token is not routed to (6 of 8 experts'
+ * gate, up and down, 32 x 64 F16 values each, in both layers). */
+static void test_inspect_moe_active(void **state) {
+    (void)state;
+    char path[1024], cmd[2048], *out;
+    convert("qwen3moe", "f16", path, sizeof path);
+    snprintf(cmd, sizeof cmd, "'%s' inspect '%s' --json", test_cellm_bin(), path);
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
+    double total = json_num(out, "weights_bytes"), active = json_num(out, "active_bytes_per_token");
+    assert_true(active == total - 2 * 3 * 6 * 32 * 64 * 2);
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' inspect '%s'", test_cellm_bin(), path);
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
+    assert_non_null(strstr(out, "active per token (2 of 8 experts)"));
+    free(out);
+    remove_converted(path);
 }
 
 /* Sets the string key arg[0] to arg[1]. */
@@ -548,6 +682,12 @@ int main(void) {
         cmocka_unit_test(test_granite_scales),
         cmocka_unit_test(test_gemma3_pattern),
         cmocka_unit_test(test_gemma3_scaled_global),
+        cmocka_unit_test(test_smollm3_nope),
+        cmocka_unit_test(test_qwen3moe),
+        cmocka_unit_test(test_olmoe),
+        cmocka_unit_test(test_granitemoe),
+        cmocka_unit_test(test_invariance_new_families),
+        cmocka_unit_test(test_inspect_moe_active),
         cmocka_unit_test(test_arch_fields),
         cmocka_unit_test(test_rope_scaling_type_key),
         cmocka_unit_test(test_convert_types),

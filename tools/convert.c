@@ -4,7 +4,8 @@
  * The steps: read config.json and pick the family's row (GGUF architecture,
  * whether Q and K rows are permuted for llama's RoPE pairing); open every
  * safetensors file; map each Hugging Face tensor name to its GGUF name and
- * convert its data (permuting Q/K where the row says); write the
+ * convert its data (permuting Q/K where the row says; a mixture of experts'
+ * per-expert matrices stacked into one tensor per layer); write the
  * hyperparameters as ARCH.* keys and the tokenizer as tokenizer.ggml.*
  * keys; write the file and load it back with model_load() as a check.
  */
@@ -37,16 +38,21 @@ typedef struct hf_family {
     bool permute_qk; /* llama's RoPE pairs adjacent dims; HF rotates halves */
     bool window;     /* config's sliding_window applies (every layer, or gemma3's pattern) */
     bool gemma;      /* norms stored as w for (1 + w); Gemma's norm names */
+    bool moe;        /* a mixture of experts in every layer */
 } hf_family;
 
 static const hf_family families[] = {
-    {"LlamaForCausalLM", "llama", true, false, false},
-    {"MistralForCausalLM", "llama", true, true, false},
-    {"Qwen2ForCausalLM", "qwen2", false, false, false},
-    {"Qwen3ForCausalLM", "qwen3", false, false, false},
-    {"Phi3ForCausalLM", "phi3", false, true, false},
-    {"GraniteForCausalLM", "granite", true, false, false},
-    {"Gemma3ForCausalLM", "gemma3", false, true, true},
+    {"LlamaForCausalLM", "llama", true, false, false, false},
+    {"MistralForCausalLM", "llama", true, true, false, false},
+    {"Qwen2ForCausalLM", "qwen2", false, false, false, false},
+    {"Qwen3ForCausalLM", "qwen3", false, false, false, false},
+    {"Phi3ForCausalLM", "phi3", false, true, false, false},
+    {"GraniteForCausalLM", "granite", true, false, false, false},
+    {"Gemma3ForCausalLM", "gemma3", false, true, true, false},
+    {"SmolLM3ForCausalLM", "smollm3", true, false, false, false},
+    {"Qwen3MoeForCausalLM", "qwen3moe", false, false, false, true},
+    {"OlmoeForCausalLM", "olmoe", false, false, false, true},
+    {"GraniteMoeForCausalLM", "granitemoe", true, false, false, true},
 };
 
 /* Gemma's names for its norms around attention and the MLP. */
@@ -78,7 +84,12 @@ static const struct {
     {"mlp.up_proj.weight", "ffn_up.weight"},
     {"mlp.gate_up_proj.weight", "ffn_up.weight"},
     {"mlp.down_proj.weight", "ffn_down.weight"},
+    {"mlp.gate.weight", "ffn_gate_inp.weight"},                      /* qwen3moe, olmoe */
+    {"block_sparse_moe.router.layer.weight", "ffn_gate_inp.weight"}, /* granitemoe */
 };
+
+/* The stacked expert tensors, in the order of a stage's kinds. */
+static const char *const expert_names[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
 
 #define MAX_JSON (512u << 20) /* config and tokenizer files */
 #define MAX_SHARDS 4096
@@ -96,7 +107,13 @@ typedef struct conv {
     size_t n_bufs, cap_bufs;
     /* hyperparameters */
     int64_t n_embd, n_layer, n_ff, n_head, n_head_kv, head_dim, n_vocab, rope_dim;
+    int64_t n_expert, n_expert_used, n_ff_exp; /* mixture of experts */
     bool tied;
+    /* Per-expert matrices gathered per (layer, kind) until all are there:
+     * stage[l * 3 + kind] holds n_expert matrices, have[] marks which. */
+    float **stage;
+    uint8_t *have;
+    int64_t *n_have;
 } conv;
 
 static void conv_free(conv *c) {
@@ -108,6 +125,10 @@ static void conv_free(conv *c) {
     free(c->shards);
     for (size_t i = 0; i < c->n_bufs; i++) free(c->bufs[i]);
     free(c->bufs);
+    for (int64_t i = 0; c->stage && i < c->n_layer * 3; i++) free(c->stage[i]);
+    free(c->stage);
+    free(c->have);
+    free(c->n_have);
     gguf_writer_free(c->w);
 }
 
@@ -208,6 +229,49 @@ static bool jnum(const cJSON *o, const char *key, double *out) {
 
 /* ---- hyperparameters ---- */
 
+static bool jbool(const cJSON *o, const char *key, bool dflt) {
+    const cJSON *j = jget(o, key);
+    return cJSON_IsBool(j) ? cJSON_IsTrue(j) : dflt;
+}
+
+/* The experts: how many, how many per token, their size, and the routing
+ * rule, which must be the one llama.cpp (and the model row) applies to the
+ * family: renormalised top-k for qwen3moe and granitemoe, plain softmax
+ * weights for olmoe. */
+static cellm_status read_moe_config(conv *c, cellm_error *err) {
+    const cJSON *g = c->cfg;
+    const char *arch = c->fam->arch;
+    if (!jint(g, "num_experts", 1, 1024, &c->n_expert) &&
+        !jint(g, "num_local_experts", 1, 1024, &c->n_expert))
+        return err_set(err, CELLM_ERR_FORMAT,
+                       "%s/config.json: num_experts (or num_local_experts) is missing or not "
+                       "in 1..1024",
+                       c->dir);
+    if (!jint(g, "num_experts_per_tok", 1, c->n_expert, &c->n_expert_used))
+        return err_set(err, CELLM_ERR_FORMAT,
+                       "%s/config.json: num_experts_per_tok is missing or not in 1..%lld", c->dir,
+                       (long long)c->n_expert);
+    c->n_ff_exp = c->n_ff;
+    if (!strcmp(arch, "qwen3moe")) {
+        if (!jint(g, "moe_intermediate_size", 1, 1 << 24, &c->n_ff_exp))
+            return err_set(err, CELLM_ERR_FORMAT, "%s/config.json: moe_intermediate_size", c->dir);
+        int64_t step = 1;
+        jint(g, "decoder_sparse_step", 0, INT32_MAX, &step);
+        const cJSON *dense = jget(g, "mlp_only_layers");
+        if (step != 1 || (cJSON_IsArray(dense) && cJSON_GetArraySize(dense) > 0))
+            return err_set(err, CELLM_ERR_UNSUPPORTED,
+                           "%s: dense layers among the experts (decoder_sparse_step, "
+                           "mlp_only_layers) are not supported",
+                           c->dir);
+    }
+    bool norm = jbool(g, "norm_topk_prob", strcmp(arch, "olmoe") != 0);
+    if (norm != (strcmp(arch, "olmoe") != 0))
+        return err_set(err, CELLM_ERR_UNSUPPORTED,
+                       "%s: norm_topk_prob %s is not what llama.cpp's %s does", c->dir,
+                       norm ? "true" : "false", arch);
+    return CELLM_OK;
+}
+
 static cellm_status read_config(conv *c, cellm_error *err) {
     const cJSON *archs = jget(c->cfg, "architectures");
     const cJSON *a0 = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
@@ -244,7 +308,7 @@ static cellm_status read_config(conv *c, cellm_error *err) {
                        (long long)c->head_dim);
     const cJSON *t = jget(g, "tie_word_embeddings");
     c->tied = cJSON_IsBool(t) ? cJSON_IsTrue(t) : false;
-    return CELLM_OK;
+    return c->fam->moe ? read_moe_config(c, err) : CELLM_OK;
 }
 
 static cellm_status set_u32(conv *c, const char *suffix, int64_t v, cellm_error *err) {
@@ -429,7 +493,29 @@ static cellm_status write_hparams(conv *c, cellm_error *err) {
             (st = set_f32(c, "final_logit_softcapping", cap, err)))
             return st;
     }
-    if (!strcmp(c->fam->arch, "granite")) {
+    if (c->fam->moe) {
+        if ((st = set_u32(c, "expert_count", c->n_expert, err)) ||
+            (st = set_u32(c, "expert_used_count", c->n_expert_used, err)))
+            return st;
+        if (!strcmp(c->fam->arch, "qwen3moe") &&
+            (st = set_u32(c, "expert_feed_forward_length", c->n_ff_exp, err)))
+            return st;
+    }
+    if (!strcmp(c->fam->arch, "smollm3")) {
+        /* No RoPE in every 4th layer: the smollm3 row's (and llama.cpp's)
+         * fixed pattern, which no_rope_layers must follow. */
+        const cJSON *nr = jget(g, "no_rope_layers");
+        int i = 0;
+        for (const cJSON *e = cJSON_IsArray(nr) ? nr->child : NULL; e; e = e->next, i++) {
+            int want = (i + 1) % 4 != 0;
+            if (!cJSON_IsNumber(e) || e->valueint != want)
+                return err_set(err, CELLM_ERR_UNSUPPORTED,
+                               "%s: no_rope_layers[%d] is not %d (cellm's smollm3 leaves RoPE "
+                               "out of every 4th layer)",
+                               c->dir, i, want);
+        }
+    }
+    if (!strncmp(c->fam->arch, "granite", 7)) {
         static const char *keys[4][2] = {{"embedding_multiplier", "embedding_scale"},
                                          {"residual_multiplier", "residual_scale"},
                                          {"attention_multiplier", "attention.scale"},
@@ -514,6 +600,12 @@ static bool gguf_name(const conv *c, const char *hf, char *out, size_t cap, bool
         *skip = true;
         return true;
     }
+    if (c->fam->moe && (!strncmp(end + 1, "mlp.experts.", 12) ||
+                        !strncmp(end + 1, "block_sparse_moe.input_linear.", 30) ||
+                        !strncmp(end + 1, "block_sparse_moe.output_linear.", 31))) {
+        *skip = true; /* stacked by stage_expert() */
+        return true;
+    }
     for (size_t i = 0; c->fam->gemma && i < sizeof gemma_names / sizeof gemma_names[0]; i++)
         if (!strcmp(end + 1, gemma_names[i].hf))
             return snprintf(out, cap, "blk.%ld.%s", il, gemma_names[i].gguf) > 0;
@@ -545,11 +637,156 @@ static void progress(const convert_params *p, size_t k, size_t n, const char *na
     fflush(stderr);
 }
 
+/* Adds tensor `name` from the F32 values `f` (malloc'd; taken over and freed
+ * or kept): vectors stay F32 (llama.cpp's rule), matrices and stacks of
+ * matrices take `type`, the router of a mixture of experts stays F32 as
+ * llama.cpp keeps it. ne is innermost first. */
+static cellm_status add_values(conv *c, const char *name, float *f, uint32_t n_dims,
+                               const uint64_t *ne, uint32_t type, const char *from,
+                               const convert_params *p, size_t k, size_t total, cellm_error *err) {
+    uint64_t n = 1;
+    for (uint32_t i = 0; i < n_dims; i++) n *= ne[i];
+    uint32_t out_type = n_dims >= 2 && !strstr(name, "ffn_gate_inp") ? type : QT_F32;
+    const quant_type_info *qi = quant_type_get(out_type);
+    const void *data = f;
+    if (out_type == QT_F32) {
+        if (!keep(c, f)) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    } else {
+        uint64_t bytes;
+        void *q = NULL;
+        if (ne[0] % qi->block_size == 0 && quant_nbytes(out_type, n, &bytes))
+            q = malloc(bytes ? (size_t)bytes : 1);
+        if (q) qi->from_float(f, q, (size_t)n);
+        free(f);
+        if (!keep(c, q))
+            return err_set(err, CELLM_ERR_UNSUPPORTED,
+                           "tensor '%.200s' cannot be %s (or out of memory)", name, qi->name);
+        data = q;
+    }
+    progress(p, k, total, name, from, qi->name);
+    return gguf_writer_add_tensor(c->w, name, out_type, n_dims, ne, data, err);
+}
+
+/* The float values of a safetensors tensor (malloc'd), or NULL with *st. */
+static float *tensor_floats(const safetensors_tensor *t, cellm_status *st, cellm_error *err) {
+    float *f = malloc((size_t)t->n_elems * sizeof *f);
+    if (!f) {
+        *st = err_set(err, CELLM_ERR_NO_MEMORY, "tensor '%.200s': out of memory", t->name);
+        return NULL;
+    }
+    if (!safetensors_to_float(t, 0, t->n_elems, f)) {
+        free(f);
+        *st = err_set(err, CELLM_ERR_UNSUPPORTED,
+                      "tensor '%.200s' is %s; cellm converts F32, F16 and BF16", t->name,
+                      safetensors_dtype_name(t->dtype));
+        return NULL;
+    }
+    return f;
+}
+
+/* Expert `e`'s matrix of a (layer, kind) stage: rows x cols floats from
+ * `src` into its slot; when every expert of the stage is there, the stack
+ * becomes tensor blk.L.ffn_{gate,up,down}_exps ([cols, rows, n_expert]). */
+static cellm_status stage_put(conv *c, int64_t il, int kind, int64_t e, const float *src,
+                              int64_t rows, int64_t cols, uint32_t type, const convert_params *p,
+                              size_t k, size_t total, cellm_error *err) {
+    int64_t want_rows = kind == 2 ? c->n_embd : c->n_ff_exp,
+            want_cols = kind == 2 ? c->n_ff_exp : c->n_embd;
+    if (e < 0 || e >= c->n_expert || rows != want_rows || cols != want_cols)
+        return err_set(err, CELLM_ERR_FORMAT,
+                       "layer %lld: expert %lld's %s is %lld x %lld, expected expert < %lld of "
+                       "%lld x %lld",
+                       (long long)il, (long long)e, expert_names[kind], (long long)rows,
+                       (long long)cols, (long long)c->n_expert, (long long)want_rows,
+                       (long long)want_cols);
+    if (!c->stage) {
+        c->stage = calloc((size_t)c->n_layer * 3, sizeof *c->stage);
+        c->n_have = calloc((size_t)c->n_layer * 3, sizeof *c->n_have);
+        c->have = calloc((size_t)(c->n_layer * 3 * c->n_expert), 1);
+        if (!c->stage || !c->n_have || !c->have)
+            return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    }
+    int64_t slot = il * 3 + kind;
+    size_t per = (size_t)rows * (size_t)cols;
+    uint8_t *have = c->have + slot * c->n_expert + e;
+    if (*have || (!c->stage[slot] && c->n_have[slot]))
+        return err_set(err, CELLM_ERR_FORMAT, "layer %lld: expert %lld's %s comes twice",
+                       (long long)il, (long long)e, expert_names[kind]);
+    if (!c->stage[slot] && !(c->stage[slot] = malloc(per * (size_t)c->n_expert * sizeof(float))))
+        return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    memcpy(c->stage[slot] + per * (size_t)e, src, per * sizeof(float));
+    *have = 1;
+    if (++c->n_have[slot] < c->n_expert) return CELLM_OK;
+    char name[96];
+    snprintf(name, sizeof name, "blk.%lld.%s.weight", (long long)il, expert_names[kind]);
+    uint64_t ne[3] = {(uint64_t)cols, (uint64_t)rows, (uint64_t)c->n_expert};
+    float *stack = c->stage[slot];
+    c->stage[slot] = NULL; /* n_have stays: the slot is done */
+    return add_values(c, name, stack, 3, ne, type, "F32", p, k, total, err);
+}
+
+/* A tensor of a layer's experts (`what`: its name after "model.layers.N."):
+ * one expert's gate/up/down matrix (mlp.experts.E.gate_proj.weight, ...),
+ * or all experts' at once ([n_expert, rows, cols]: granitemoe's
+ * block_sparse_moe.input_linear (gate rows, then up rows, per expert) and
+ * output_linear, transformers 5's mlp.experts.gate_up_proj and down_proj). */
+static cellm_status stage_expert(conv *c, const safetensors_tensor *t, int64_t il, const char *what,
+                                 uint32_t type, const convert_params *p, size_t k, size_t total,
+                                 cellm_error *err) {
+    static const char *const one[3] = {"gate_proj.weight", "up_proj.weight", "down_proj.weight"};
+    bool fused_in = !strcmp(what, "block_sparse_moe.input_linear.weight") ||
+                    !strcmp(what, "mlp.experts.gate_up_proj"),
+         fused_out = !strcmp(what, "block_sparse_moe.output_linear.weight") ||
+                     !strcmp(what, "mlp.experts.down_proj");
+    int kind = -1;
+    long e = -1;
+    if (!fused_in && !fused_out) {
+        char *dot;
+        e = strtol(what + 12, &dot, 10); /* after "mlp.experts." */
+        for (int i = 0; i < 3 && *dot == '.' && dot > what + 12; i++)
+            if (!strcmp(dot + 1, one[i])) kind = i;
+        if (kind < 0 || t->n_dims != 2)
+            return err_set(err, CELLM_ERR_UNSUPPORTED,
+                           "tensor '%.200s' has no GGUF name for %s (cellm does not know what "
+                           "it is for)",
+                           t->name, c->fam->hf_class);
+    } else if (t->n_dims != 3 || (int64_t)t->shape[0] != c->n_expert) {
+        return err_set(err, CELLM_ERR_FORMAT, "tensor '%.200s' is not [%lld experts, rows, cols]",
+                       t->name, (long long)c->n_expert);
+    }
+    cellm_status st = CELLM_OK;
+    float *f = tensor_floats(t, &st, err);
+    if (!f) return st;
+    if (kind >= 0) {
+        st = stage_put(c, il, kind, e, f, (int64_t)t->shape[0], (int64_t)t->shape[1], type, p, k,
+                       total, err);
+    } else {
+        int64_t rows = (int64_t)t->shape[1], cols = (int64_t)t->shape[2];
+        int64_t half = fused_in ? rows / 2 : rows;
+        if (fused_in && rows % 2)
+            st = err_set(err, CELLM_ERR_FORMAT, "tensor '%.200s': %lld rows are not gate + up",
+                         t->name, (long long)rows);
+        for (int64_t x = 0; x < c->n_expert && !st; x++) {
+            const float *m = f + (size_t)x * (size_t)rows * (size_t)cols;
+            if (fused_in) {
+                st = stage_put(c, il, 0, x, m, half, cols, type, p, k, total, err);
+                if (!st)
+                    st = stage_put(c, il, 1, x, m + (size_t)half * (size_t)cols, half, cols, type,
+                                   p, k, total, err);
+            } else {
+                st = stage_put(c, il, 2, x, m, rows, cols, type, p, k, total, err);
+            }
+        }
+    }
+    free(f);
+    return st;
+}
+
 static cellm_status write_tensors(conv *c, uint32_t type, const convert_params *p,
                                   cellm_error *err) {
     size_t total = 0, k = 0;
     for (size_t s = 0; s < c->n_shards; s++) total += c->shards[s]->n;
-    const quant_type_info *qi = quant_type_get(type);
+    cellm_status st = CELLM_OK;
     for (size_t s = 0; s < c->n_shards; s++) {
         for (size_t i = 0; i < c->shards[s]->n; i++) {
             const safetensors_tensor *t = &c->shards[s]->tensors[i];
@@ -561,21 +798,23 @@ static cellm_status write_tensors(conv *c, uint32_t type, const convert_params *
                                "tensor '%.200s' has no GGUF name for %s (cellm does not know "
                                "what it is for)",
                                t->name, c->fam->hf_class);
+            if (skip && c->fam->moe) {
+                /* Experts: gguf_name checked the layer number. */
+                char *end;
+                long il = strtol(t->name + 13, &end, 10); /* after "model.layers." */
+                if (!strncmp(t->name, "model.layers.", 13) && *end == '.' &&
+                    !strstr(end, "rotary_emb") &&
+                    (st = stage_expert(c, t, il, end + 1, type, p, k, total, err)))
+                    return st;
+            }
             if (skip) continue;
             if (t->n_dims < 1 || t->n_dims > 2 || t->n_elems == 0)
                 return err_set(err, CELLM_ERR_FORMAT, "tensor '%.200s' has %u dimensions", t->name,
                                t->n_dims);
             /* The float copy lives only while this tensor is converted;
              * what the writer borrows is kept until the file is written. */
-            float *f = malloc((size_t)t->n_elems * sizeof *f);
-            if (!f)
-                return err_set(err, CELLM_ERR_NO_MEMORY, "tensor '%.200s': out of memory", t->name);
-            if (!safetensors_to_float(t, 0, t->n_elems, f)) {
-                free(f);
-                return err_set(err, CELLM_ERR_UNSUPPORTED,
-                               "tensor '%.200s' is %s; cellm converts F32, F16 and BF16", t->name,
-                               safetensors_dtype_name(t->dtype));
-            }
+            float *f = tensor_floats(t, &st, err);
+            if (!f) return st;
             /* Hugging Face shapes are [rows, cols] or [n]; GGUF's ne is
              * innermost first. */
             uint64_t rows = t->shape[0], cols = t->n_dims == 2 ? t->shape[1] : 1;
@@ -601,32 +840,18 @@ static cellm_status write_tensors(conv *c, uint32_t type, const convert_params *
             size_t nl = strlen(name);
             if (c->fam->gemma && nl > 11 && !strcmp(name + nl - 11, "norm.weight"))
                 for (uint64_t j = 0; j < t->n_elems; j++) f[j] += 1.0f;
-            uint32_t n_dims = t->n_dims;
-            uint64_t ne[2] = {n_dims == 2 ? cols : rows, rows};
-            /* Vectors stay F32 (llama.cpp's rule), matrices take the type. */
-            uint32_t out_type = n_dims == 2 ? type : QT_F32;
-            const void *data = f;
-            if (out_type == QT_F32) {
-                if (!keep(c, f)) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
-            } else {
-                uint64_t bytes;
-                void *q = NULL;
-                if (cols % qi->block_size == 0 && quant_nbytes(out_type, t->n_elems, &bytes))
-                    q = malloc(bytes ? (size_t)bytes : 1);
-                if (q) qi->from_float(f, q, (size_t)t->n_elems);
-                free(f);
-                if (!keep(c, q))
-                    return err_set(err, CELLM_ERR_UNSUPPORTED,
-                                   "tensor '%.200s' cannot be %s (or out of memory)", t->name,
-                                   qi->name);
-                data = q;
-            }
-            progress(p, k, total, name, safetensors_dtype_name(t->dtype),
-                     quant_type_get(out_type)->name);
-            cellm_status st = gguf_writer_add_tensor(c->w, name, out_type, n_dims, ne, data, err);
-            if (st) return st;
+            uint64_t ne[2] = {t->n_dims == 2 ? cols : rows, rows};
+            if ((st = add_values(c, name, f, t->n_dims, ne, type, safetensors_dtype_name(t->dtype),
+                                 p, k, total, err)))
+                return st;
         }
     }
+    for (int64_t i = 0; c->n_have && i < c->n_layer * 3; i++)
+        if (c->n_have[i] && c->n_have[i] < c->n_expert)
+            return err_set(err, CELLM_ERR_FORMAT,
+                           "layer %lld: %lld of %lld experts' %s are missing", (long long)(i / 3),
+                           (long long)(c->n_expert - c->n_have[i]), (long long)c->n_expert,
+                           expert_names[i % 3]);
     return CELLM_OK;
 }
 

@@ -110,10 +110,18 @@ cellm_status inspect_model(const char *path, const inspect_opts *opts, inspect_r
     r->bos_id = gguf_get_int(f, "tokenizer.ggml.bos_token_id", &id) ? id : -1;
     r->eos_id = gguf_get_int(f, "tokenizer.ggml.eos_token_id", &id) ? id : -1;
 
+    r->expert_count = arch_uint(f, a, "expert_count");
+    r->expert_used_count = arch_uint(f, a, "expert_used_count");
+    bool moe = r->expert_count && r->expert_used_count && r->expert_used_count <= r->expert_count;
     r->n_tensors = f->n_tensors;
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         const gguf_tensor *t = &f->tensors[i];
         r->weights_bytes += t->size;
+        /* A token reads k of the n experts of each stacked expert tensor
+         * (blk.N.ffn_*_exps), all of every other tensor. */
+        bool exps =
+            moe && t->name.len > 12 && !memcmp(t->name.ptr + t->name.len - 12, "_exps.weight", 12);
+        r->active_bytes += exps ? t->size / r->expert_count * r->expert_used_count : t->size;
         r->n_params += t->n_elems;
         r->by_type[t->type].count++;
         r->by_type[t->type].bytes += t->size;
@@ -212,7 +220,14 @@ static void print_text(FILE *out, const inspect_report *r) {
             r->sessions == 1 ? "" : "s", quant_type_get(r->kv_qtype)->name);
     fprintf(out, "  weights     ");
     print_bytes(out, r->weights_bytes);
-    fprintf(out, " (mapped)\n  KV cache    ");
+    fprintf(out, " (mapped)");
+    if (r->expert_count) {
+        fprintf(out, ", ");
+        print_bytes(out, r->active_bytes);
+        fprintf(out, " active per token (%llu of %llu experts)",
+                (unsigned long long)r->expert_used_count, (unsigned long long)r->expert_count);
+    }
+    fprintf(out, "\n  KV cache    ");
     print_bytes(out, r->kv_bytes);
     fprintf(out, " (");
     print_bytes(out, r->kv_bytes_per_token);
@@ -269,6 +284,7 @@ static void print_json(FILE *out, const inspect_report *r) {
     cJSON_AddNumberToObject(m, "sessions", (double)r->sessions);
     cJSON_AddStringToObject(m, "kv_type", quant_type_get(r->kv_qtype)->name);
     cJSON_AddNumberToObject(m, "weights_bytes", (double)r->weights_bytes);
+    cJSON_AddNumberToObject(m, "active_bytes_per_token", (double)r->active_bytes);
     cJSON_AddNumberToObject(m, "kv_bytes_per_token", (double)r->kv_bytes_per_token);
     cJSON_AddNumberToObject(m, "kv_bytes", (double)r->kv_bytes);
     cJSON_AddNumberToObject(m, "total_bytes", (double)r->total_bytes);
