@@ -357,13 +357,6 @@ sampler_params rt_sampler_params(const rt_sampling *rs, int32_t ctx) {
 
 /* ---- speculative decoding for one sequence ---- */
 
-bool rt_parse_spec_accept(const char *v, int32_t *out) {
-    if (!strcmp(v, "exact")) *out = CELLM_SPEC_ACCEPT_EXACT;
-    else if (!strcmp(v, "resample")) *out = CELLM_SPEC_ACCEPT_RESAMPLE;
-    else return false;
-    return true;
-}
-
 void rt_spec_opts_init(rt_spec_opts *o) {
     cellm_engine_params p = cellm_engine_default_params();
     *o = (rt_spec_opts){NULL, 0, p.draft_max, p.draft_min, p.draft_p_min, p.spec_accept};
@@ -387,7 +380,7 @@ int rt_spec_flag(rt_spec_opts *o, int argc, char **argv, int *i, const char *cmd
     switch (k) {
     case 0: o->draft = v; return 1;
     case 5:
-        if (rt_parse_spec_accept(v, &o->accept)) return 1;
+        if (cli_parse_spec_accept(v, &o->accept)) return 1;
         cli_error("%s: %s takes exact or resample (not '%s')", cmd, a, v);
         return -1;
     case 4:

@@ -188,9 +188,6 @@ typedef struct rt_spec {
 /* The engine's defaults: no draft, no lookup, 8 .. 1 guesses, p-min 0.5. */
 void rt_spec_opts_init(rt_spec_opts *o);
 
-/* "exact" or "resample" (--spec-accept) as a cellm_spec_accept. */
-bool rt_parse_spec_accept(const char *v, int32_t *out);
-
 /* As rt_sampling_flag, for the flags of RT_SPEC_USAGE. */
 int rt_spec_flag(rt_spec_opts *o, int argc, char **argv, int *i, const char *cmd);
 
