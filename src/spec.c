@@ -300,6 +300,13 @@ static int32_t draft_guess(const cellm_engine *e, cellm_request *r, const float 
                             &r->spec_q[j], prob);
 }
 
+void spec_lookup_result(cellm_request *r, int32_t n_guess, int32_t kept) {
+    if (!r->spec_looked) return;
+    r->lk_miss = 4 * kept < n_guess ? r->lk_miss + 1 : 0;
+    /* From the second poor pass in a row: sit out 2, 4, .. 32 steps. */
+    if (r->lk_miss >= 2) r->lk_skip = 1 << (r->lk_miss - 1 < 5 ? r->lk_miss - 1 : 5);
+}
+
 int32_t spec_next_k(int32_t k, int32_t n_guess, int32_t kept, int32_t draft_max) {
     if (kept == n_guess && n_guess == k) return k + 2 < draft_max ? k + 2 : draft_max;
     return kept + 1;
@@ -417,11 +424,15 @@ void spec_propose(cellm_engine *e) {
         if (k > rows && !r->spec_q) k = rows;
         if (k < 1 || k < e->p.draft_min) continue;
         rows -= k;
-        if (e->p.lookup_ngram > 0) {
+        r->spec_looked = false;
+        if (e->p.lookup_ngram > 0 && r->lk_skip > 0) {
+            r->lk_skip--;
+        } else if (e->p.lookup_ngram > 0) {
             int32_t n =
                 spec_lookup(r->tokens, r->n_tokens, e->p.lookup_ngram, k, r->tokens + r->n_tokens);
             if (n >= e->p.draft_min && n > 0) {
                 r->n_draft = n;
+                r->spec_looked = true;
                 rows += k - n;
                 /* A guess from earlier text is certain to its source: q
                  * is all on it. */

@@ -132,6 +132,26 @@ static void test_asan_lookup(void **state) {
     const int32_t t5[] = {7, 7, 7};
     assert_int_equal(spec_lookup(t5, 3, 2, 8, out), 1);
     assert_int_equal(out[0], 7);
+    /* Lookup's back-off: one poor pass (under a quarter kept) is let be;
+     * from the second in a row it sits out 2, 4, .. 32 steps; a good pass
+     * resets it; draft guesses do not count. */
+    cellm_request r;
+    memset(&r, 0, sizeof r);
+    r.spec_looked = true;
+    spec_lookup_result(&r, 8, 1);
+    assert_int_equal(r.lk_skip, 0);
+    spec_lookup_result(&r, 8, 1);
+    assert_int_equal(r.lk_skip, 2);
+    spec_lookup_result(&r, 4, 0);
+    assert_int_equal(r.lk_skip, 4);
+    for (int i = 0; i < 8; i++) spec_lookup_result(&r, 4, 0);
+    assert_int_equal(r.lk_skip, 32);
+    spec_lookup_result(&r, 8, 2);
+    assert_int_equal(r.lk_miss, 0);
+    r.spec_looked = false;
+    r.lk_skip = 0;
+    for (int i = 0; i < 3; i++) spec_lookup_result(&r, 8, 0);
+    assert_int_equal(r.lk_skip, 0);
 }
 
 /* --------------------------------------------------------- real models */
