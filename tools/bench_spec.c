@@ -21,7 +21,10 @@
  * the acceptance rate, tokens per checking pass and draft passes per
  * token come from the speculative engine's statistics over the measured
  * rounds. Every speculative completion is compared token for token with
- * the plain one of its round: they must be identical.
+ * the plain one of its round: they must be identical. --spec-temp T
+ * samples instead (top-k 40, top-p 0.95, min-p 0.05, a seed per prompt);
+ * with --spec-accept resample the speculative text is not the plain one,
+ * so each round's must equal the first round's instead.
  */
 #include "bench_spec.h"
 
