@@ -348,9 +348,9 @@ static void finish_taken(cellm_engine *e, cellm_request *r, int why) {
 static int32_t sample_timed(cellm_engine *e, cellm_request *r, const float *row, int32_t j) {
     double t0 = now_s();
     int32_t t = !r->spec_q ? sampler_sample(r->smp, row)
-                : j < 0    ? spec_sample(r->smp, row, r->n_tokens, -1, NULL)
-                           : spec_sample(r->smp, row, r->n_tokens, r->tokens[r->n_tokens],
-                                         &r->spec_q[j]);
+                : j < 0
+                    ? spec_sample(r->smp, row, r->n_tokens, -1, NULL)
+                    : spec_sample(r->smp, row, r->n_tokens, r->tokens[r->n_tokens], &r->spec_q[j]);
     /* With a grammar: the token drawn from the whole distribution stands
      * when the grammar allows it; only otherwise is the vocabulary masked
      * and the token drawn again from what the grammar allows. (As

@@ -197,9 +197,12 @@ static void test_asan_run_spec_errors(void **st) {
     assert_non_null(strstr(out, "--draft /nonexistent.gguf"));
     free(out);
     static const char *const bad[][2] = {
-        {"--draft-max 0", "--draft-max"}, {"--draft-max 65", "--draft-max"},
-        {"--lookup x", "--lookup"},       {"--draft-p-min 1.5", "--draft-p-min"},
-        {"--draft-min 9", "--draft-min"}, {"--draft", "--draft"},
+        {"--draft-max 0", "--draft-max"},
+        {"--draft-max 65", "--draft-max"},
+        {"--lookup x", "--lookup"},
+        {"--draft-p-min 1.5", "--draft-p-min"},
+        {"--draft-min 9", "--draft-min"},
+        {"--draft", "--draft"},
         {"--spec-accept maybe", "--spec-accept"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -277,12 +280,9 @@ static void test_bench_spec(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_run_resample),
-        cmocka_unit_test(test_bench_spec),
-        cmocka_unit_test(test_asan_run_spec_errors),
-        cmocka_unit_test(test_asan_run_spec_smollm2),
-        cmocka_unit_test(test_run_spec_gemma3),
-        cmocka_unit_test(test_run_spec_chat),
+        cmocka_unit_test(test_run_resample),         cmocka_unit_test(test_bench_spec),
+        cmocka_unit_test(test_asan_run_spec_errors), cmocka_unit_test(test_asan_run_spec_smollm2),
+        cmocka_unit_test(test_run_spec_gemma3),      cmocka_unit_test(test_run_spec_chat),
     };
     /* test.sh's TSan and aarch64 runs set CELLM_TEST_FILTER=test_tsan_*:
      * none of these, which run the models through the command many times. */

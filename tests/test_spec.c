@@ -187,7 +187,7 @@ static cellm_model *load(const char *path) {
 /* Completes prompts [0, n) on an engine with `p`, `conc` at a time (the
  * engine's max_seqs), with `sampled` seeded sampling; fills *o. */
 static int32_t g_max_new = MAX_NEW; /* tokens a prompt */
-static int g_threads = 2;            /* the engine's threads */
+static int g_threads = 2;           /* the engine's threads */
 
 static void complete(const cellm_model *m, cellm_engine_params p, int conc, bool sampled, int n,
                      run_out *o, cellm_stats *st) {
@@ -531,9 +531,9 @@ static void test_tsan_spec(void **state) {
 int main(void) {
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_asan_lookup),   cmocka_unit_test(test_asan_refused),
-        cmocka_unit_test(test_exact_smollm2), cmocka_unit_test(test_asan_budget),
-        cmocka_unit_test(test_exact_gemma3),  cmocka_unit_test(test_tsan_spec),
+        cmocka_unit_test(test_asan_lookup),      cmocka_unit_test(test_asan_refused),
+        cmocka_unit_test(test_exact_smollm2),    cmocka_unit_test(test_asan_budget),
+        cmocka_unit_test(test_exact_gemma3),     cmocka_unit_test(test_tsan_spec),
         cmocka_unit_test(test_resample_smollm2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -363,8 +363,8 @@ void rt_spec_opts_init(rt_spec_opts *o) {
 }
 
 int rt_spec_flag(rt_spec_opts *o, int argc, char **argv, int *i, const char *cmd) {
-    static const char *const names[] = {"--draft", "--lookup", "--draft-max", "--draft-min",
-                                        "--draft-p-min", "--spec-accept"};
+    static const char *const names[] = {"--draft",     "--lookup",      "--draft-max",
+                                        "--draft-min", "--draft-p-min", "--spec-accept"};
     const int n_names = (int)(sizeof names / sizeof *names);
     const char *a = argv[*i];
     int k = 0;

@@ -231,7 +231,7 @@ void rt_spec_print(const rt_spec *s, FILE *out);
     "  --draft-max K         at most K guesses a pass, 1..64 (default 8)\n"                        \
     "  --draft-min K         feed no fewer than K guesses (default 1)\n"                           \
     "  --draft-p-min P       the draft stops at a token it gives under P probability (default "    \
-    "0.5)\n"                                                                                        \
+    "0.5)\n"                                                                                       \
     "  --spec-accept RULE    exact (default: the plain run's text) or resample (sampled runs:\n"   \
     "                        the draft samples, guesses kept with probability min(1, p/q))\n"
 
