@@ -244,7 +244,33 @@ typedef struct cellm_engine_params {
      * draft_max, what one request alone may use; with as many sessions
      * decoding, none guesses. */
     int32_t spec_step_rows;
+    /* How the guesses of a sampled request are checked
+     * (cellm_spec_accept). CELLM_SPEC_ACCEPT_EXACT (0, default): as
+     * above, the draft guesses greedily and a guess is kept while it
+     * equals the token the plain run draws there: the plain run's text.
+     * CELLM_SPEC_ACCEPT_RESAMPLE: the standard rule of speculative
+     * sampling (Leviathan et al., Chen et al.): the draft samples its
+     * guess x from its own distribution q (the request's temperature,
+     * top-k, top-p and min-p over the draft's logits, at most 64
+     * tokens), the model keeps it with probability min(1, p(x) / q(x))
+     * and otherwise draws from max(0, p - q) renormalised, p being what
+     * the request's sampler draws from. The tokens follow the model's own
+     * distribution exactly and more guesses are kept, but the text is not
+     * the plain run's. Its random numbers are keyed by the seed and the
+     * position, and a request's guesses do not wait on other requests'
+     * (spec_step_rows does not cut them), so a seed gives the same text
+     * alone or among other requests and on any thread count while memory
+     * suffices (a request preempted, or whose draft cache is given up,
+     * guesses differently). Greedy requests and requests with a grammar
+     * use the exact rule either way. */
+    int32_t spec_accept;
 } cellm_engine_params;
+
+/* cellm_engine_params.spec_accept. */
+typedef enum cellm_spec_accept {
+    CELLM_SPEC_ACCEPT_EXACT = 0,
+    CELLM_SPEC_ACCEPT_RESAMPLE = 1
+} cellm_spec_accept;
 
 cellm_engine_params cellm_engine_default_params(void);
 

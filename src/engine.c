@@ -205,6 +205,7 @@ static bool deliver(cellm_request *r, const char *piece, size_t n) {
 
 static void request_release(cellm_request *r) {
     sampler_free(r->smp);
+    free(r->spec_q);
     engine_grammar_release(r);
     stop_free(r->stops);
     free(r->tokens);
@@ -342,9 +343,14 @@ static void finish_taken(cellm_engine *e, cellm_request *r, int why) {
         engine_finish(e, r, (cellm_finish_reason)why, CELLM_OK, NULL);
 }
 
-static int32_t sample_timed(cellm_engine *e, cellm_request *r, const float *row) {
+/* r's next token (at tokens[n_tokens]) from its logits row; j: the guess
+ * made there (-1: none), which only the resample rule looks at. */
+static int32_t sample_timed(cellm_engine *e, cellm_request *r, const float *row, int32_t j) {
     double t0 = now_s();
-    int32_t t = sampler_sample(r->smp, row);
+    int32_t t = !r->spec_q ? sampler_sample(r->smp, row)
+                : j < 0
+                    ? spec_sample(r->smp, row, r->n_tokens, -1, NULL)
+                    : spec_sample(r->smp, row, r->n_tokens, r->tokens[r->n_tokens], &r->spec_q[j]);
     /* With a grammar: the token drawn from the whole distribution stands
      * when the grammar allows it; only otherwise is the vocabulary masked
      * and the token drawn again from what the grammar allows. (As
@@ -368,7 +374,7 @@ static void verify(cellm_engine *e, cellm_request *r, const float *rows, int32_t
     for (int32_t j = 0; j <= nd; j++) {
         int32_t guess = j < nd ? r->tokens[first + j] : -1;
         const float *row = rows + (size_t)j * (size_t)n_vocab;
-        int32_t t = sample_timed(e, r, row);
+        int32_t t = sample_timed(e, r, row, j < nd ? j : -1);
         why = take_token(e, r, t, row, t_now);
         if (why >= 0 || t != guess) break;
         kept++;
@@ -387,6 +393,7 @@ static void verify(cellm_engine *e, cellm_request *r, const float *rows, int32_t
     }
     int32_t k = r->spec_k > 0 ? r->spec_k : e->p.draft_max;
     r->spec_k = spec_next_k(k, nd, kept, e->p.draft_max);
+    spec_lookup_result(r, nd, kept);
     if (why >= 0) {
         finish_taken(e, r, why);
         return;
@@ -433,7 +440,7 @@ static void step_outputs(cellm_engine *e, const float *logits, double t_now) {
             verify(e, r, row, n_vocab, t_now);
             continue;
         }
-        int why = take_token(e, r, sample_timed(e, r, row), row, t_now);
+        int why = take_token(e, r, sample_timed(e, r, row, -1), row, t_now);
         if (why >= 0) finish_taken(e, r, why);
     }
 }
@@ -1245,6 +1252,15 @@ cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm
         (p->grammar && engine_grammar_attach(e, r, p->grammar, &err))) {
         request_discard(e, r);
         return fail(&err);
+    }
+    /* The resample rule: for a sampled request without a grammar, room
+     * for the distribution of each guess. */
+    const cellm_sampling *sm = &p->sampling;
+    if (e->spec_on && e->p.spec_accept == CELLM_SPEC_ACCEPT_RESAMPLE && sm->temperature > 0 &&
+        sm->top_k != 1 && !p->grammar &&
+        !(r->spec_q = malloc((size_t)e->p.draft_max * sizeof *r->spec_q))) {
+        request_discard(e, r);
+        return fail_msg(CELLM_ERR_NO_MEMORY, "out of memory for the request's guesses");
     }
     r->seq.tokens = r->tokens; /* its full blocks go into the prefix cache */
     r->seq.n_keep = r->n_prompt;

@@ -153,6 +153,15 @@ struct cellm_request {
     int32_t spec_room; /* guesses it may make this step */
     kv_seq dseq;       /* the draft model's KV of tokens[0 .. dseq.n_pos) */
     bool has_dseq;     /* dseq's tables exist */
+    /* Prompt lookup's back-off: whether this step's guesses came from
+     * lookup, its passes in a row that kept under a quarter of them, and
+     * the steps it sits out before it guesses again. */
+    bool spec_looked;
+    int32_t lk_miss, lk_skip;
+    /* CELLM_SPEC_ACCEPT_RESAMPLE on a sampled request without a grammar:
+     * the distribution each guess was drawn from, [p.draft_max]. NULL:
+     * the exact rule. */
+    sampler_dist *spec_q;
 
     /* A turn of a session (fixed at submit), and what the engine thread
      * does with it. */
@@ -299,10 +308,41 @@ int32_t spec_lookup(const int32_t *tok, int32_t n_tok, int32_t ngram_max, int32_
  * otherwise). Shared by the engine and cellm run (tools/rt.c). */
 int32_t spec_draft_pick(const float *row, int32_t n, float p_min, float *prob);
 
+/* After a pass checked r's n_guess guesses and kept `kept`: when they
+ * came from prompt lookup and it keeps under a quarter of its guesses
+ * pass after pass (a summary that paraphrases its document), lookup sits
+ * out a growing number of steps (2, 4, .. 32) before it tries again; a
+ * good pass resets it. The draft, if any, guesses meanwhile. */
+void spec_lookup_result(cellm_request *r, int32_t n_guess, int32_t kept);
+
 /* The next guess count after n_guess guesses of an allowed k, of which
  * `kept` were kept: 2 more (up to draft_max) when every guess of a full k
  * was kept, else one more than were kept. */
 int32_t spec_next_k(int32_t k, int32_t n_guess, int32_t kept, int32_t draft_max);
+
+/* The token at position pos of a sequence under the resample rule, from
+ * its logits row and its sampler: the standard rule against the guess
+ * made there, drawn from q (q NULL: no guess, a draw from the sampler's
+ * distribution); the random numbers are keyed by the sampler's seed and
+ * pos, and its PRNG is not used. */
+int32_t spec_sample(sampler *smp, const float *row, int32_t pos, int32_t guess,
+                    const sampler_dist *q);
+
+/* The draft's guess at position pos under the resample rule: drawn from
+ * spec_draft_sample's distribution (into *q) with the number keyed by
+ * the seed in sp and pos. */
+int32_t spec_draft_guess(const float *row, int32_t n, const sampler_params *sp, int32_t pos,
+                         sampler_dist *q, float *prob);
+
+/* A uniform number in [0, 1) keyed by (seed, pos, stream): the resample
+ * rule's random numbers, the same whatever else the engine runs. */
+double spec_uniform(uint64_t seed, int32_t pos, int32_t stream);
+
+/* The draft's distribution for the resample rule from a row of its
+ * logits, under the request's sampling parameters, into *q (best first),
+ * and the guess drawn from it at u (*prob: its probability). */
+int32_t spec_draft_sample(const float *row, int32_t n, const sampler_params *sp, double u,
+                          sampler_dist *q, float *prob);
 
 /* After a request's guesses were checked: the draft's KV beyond what was
  * kept goes (engine thread). */

@@ -567,6 +567,10 @@ static int top_k(sampler *s, const float *key, int k) {
     return k;
 }
 
+const sampler_params *sampler_get_params(const sampler *s) {
+    return &s->p;
+}
+
 static double uniform(sampler *s) {
     return (double)(xoshiro_next(s->rng) >> 40) / (double)(1 << 24);
 }
@@ -656,9 +660,9 @@ static int top_p_all(sampler *s, const float *l, double z) {
     return best_first(s, n, target);
 }
 
-/* A draw among idx[0..n) by weight; z is their total. */
-static int32_t draw(sampler *s, int n, double z) {
-    double u = uniform(s) * z, acc = 0;
+/* A draw among idx[0..n) by weight at u in [0, 1); z is their total. */
+static int32_t draw(sampler *s, int n, double z, double u01) {
+    double u = u01 * z, acc = 0;
     int32_t last = s->idx[0];
     for (int i = 0; i < n; i++) {
         const float w = s->w[s->idx[i]];
@@ -670,7 +674,19 @@ static int32_t draw(sampler *s, int n, double z) {
     return last;
 }
 
-int32_t sampler_sample(sampler *s, const float *raw) {
+/* What a step draws from: when one token is certain (greedy, top-k 1,
+ * every token banned, an infinite logit) that token, else -1 with the
+ * candidates set up: idx[0..n) best first with weights w[] (n >= 0), or
+ * every token of weight >= thr (n < 0; w[] written for all), z their
+ * total weight and best the most likely. */
+typedef struct kept_set {
+    int n;
+    float thr;
+    double z;
+    int32_t best;
+} kept_set;
+
+static int32_t kept(sampler *s, const float *raw, kept_set *k) {
     const sampler_params *p = &s->p;
     const int32_t V = s->n_vocab;
     const float *l = adjust(s, raw);
@@ -697,16 +713,8 @@ int32_t sampler_sample(sampler *s, const float *raw) {
             z = 0;
             for (int32_t t = 0; t < V; t++) z += s->w[t] >= p->min_p ? s->w[t] : 0;
         }
-        double u = uniform(s) * z, acc = 0;
-        int32_t last = first_of(l, V, mx);
-        for (int32_t t = 0; t < V; t++) {
-            const float w = s->w[t];
-            if (w < p->min_p || w <= 0) continue;
-            acc += w;
-            last = t;
-            if (u < acc) return t;
-        }
-        return last;
+        *k = (kept_set){-1, p->min_p, z, first_of(l, V, mx)};
+        return -1;
     }
     /* Each step keeps a best-first prefix of what the one before kept and
      * renormalises: top-k, typical-p, top-p, min-p (llama.cpp's order). */
@@ -746,7 +754,72 @@ int32_t sampler_sample(sampler *s, const float *raw) {
         }
         z += w;
     }
-    return draw(s, n, z);
+    *k = (kept_set){n, 0, z, s->idx[0]};
+    return -1;
+}
+
+/* A draw from the kept set k at u in [0, 1). */
+static int32_t draw_kept(sampler *s, const kept_set *k, double u) {
+    if (k->n >= 0) return draw(s, k->n, k->z, u);
+    double x = u * k->z, acc = 0;
+    int32_t last = k->best;
+    for (int32_t t = 0; t < s->n_vocab; t++) {
+        const float w = s->w[t];
+        if (w < k->thr || w <= 0) continue;
+        acc += w;
+        last = t;
+        if (x < acc) return t;
+    }
+    return last;
+}
+
+int32_t sampler_sample(sampler *s, const float *raw) {
+    kept_set k;
+    int32_t t = kept(s, raw, &k);
+    return t >= 0 ? t : draw_kept(s, &k, uniform(s));
+}
+
+/* Whether token t is in the kept set (n >= 0: among idx[0..n)). */
+static bool in_kept(const sampler *s, const kept_set *k, int32_t t) {
+    if (k->n < 0) return s->w[t] >= k->thr && s->w[t] > 0;
+    for (int i = 0; i < k->n; i++)
+        if (s->idx[i] == t) return true;
+    return false;
+}
+
+int32_t sampler_sample_spec(sampler *s, const float *raw, int32_t guess, const int32_t *q_ids,
+                            const float *q_p, int32_t q_n, double u_accept, double u_draw) {
+    kept_set k;
+    int32_t t = kept(s, raw, &k);
+    if (t >= 0) return t; /* p is one token: the guess is kept exactly when it is that one */
+    if (guess >= 0) {
+        double q = 0, p = in_kept(s, &k, guess) ? s->w[guess] / k.z : 0;
+        for (int32_t i = 0; i < q_n; i++)
+            if (q_ids[i] == guess) q = q_p[i];
+        if (u_accept * q < p) return guess;
+    }
+    if (q_n == 0) return draw_kept(s, &k, u_draw);
+    /* The residual max(0, p - q): the candidates listed in idx (those of
+     * weight >= thr, in id order, when they were not), then the weight of
+     * each q token among them lowered by q z. */
+    if (k.n < 0) {
+        int n = 0;
+        for (int32_t i = 0; i < s->n_vocab; i++)
+            if (s->w[i] >= k.thr && s->w[i] > 0) s->idx[n++] = i;
+        k.n = n;
+    }
+    for (int32_t i = 0; i < q_n; i++) {
+        int32_t y = q_ids[i];
+        if (!in_kept(s, &k, y)) continue;
+        float r = s->w[y] - (float)(q_p[i] * k.z);
+        s->w[y] = r > 0 ? r : 0;
+    }
+    k.z = 0;
+    for (int i = 0; i < k.n; i++) k.z += s->w[s->idx[i]];
+    /* p <= q everywhere only when p = q, where the guess is always kept;
+     * rounding may still get here. */
+    if (!(k.z > 0)) return k.best;
+    return draw(s, k.n, k.z, u_draw);
 }
 
 /* ---------------------------------------------------------- logprobs */

@@ -77,6 +77,30 @@ void sampler_reset_history(sampler *s);
  * the raw logits. */
 int32_t sampler_sample(sampler *s, const float *logits);
 
+/* A small distribution: n tokens and their probabilities (a draft's,
+ * for sampler_sample_spec). */
+#define SAMPLER_DIST_MAX 64
+typedef struct sampler_dist {
+    int32_t n;
+    int32_t ids[SAMPLER_DIST_MAX];
+    float p[SAMPLER_DIST_MAX];
+} sampler_dist;
+
+/* Speculative sampling, the standard rule (Leviathan et al. 2023, Chen et
+ * al. 2023): the token at a position where a draft proposed `guess` drawn
+ * from its distribution q (q_n entries q_ids/q_p summing to 1, the guess
+ * among them; guess -1 and q_n 0: no proposal). The guess stands when
+ * u_accept x q(guess) < p(guess), with p what sampler_sample draws from;
+ * otherwise the token is drawn at u_draw from max(0, p - q) renormalised
+ * (from p itself without a proposal). Over u_accept and u_draw uniform in
+ * [0, 1) the result is distributed as p whatever q is. The caller gives
+ * the uniforms: this does not touch the sampler's PRNG. */
+int32_t sampler_sample_spec(sampler *s, const float *logits, int32_t guess, const int32_t *q_ids,
+                            const float *q_p, int32_t q_n, double u_accept, double u_draw);
+
+/* The parameters the sampler was made with (logit_bias not kept). */
+const sampler_params *sampler_get_params(const sampler *s);
+
 /* The most likely token; ties go to the lowest id. */
 int32_t sampler_argmax(const float *logits, int32_t n);
 

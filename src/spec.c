@@ -68,6 +68,8 @@ const char *spec_check(const cellm_model *cm, const cellm_engine_params *p, char
     if (!(p->draft_p_min >= 0 && p->draft_p_min <= 1)) return "draft_p_min must be 0..1";
     if (p->spec_step_rows < 0 || p->spec_step_rows > 65536)
         return "spec_step_rows must be 0..65536";
+    if (p->spec_accept != CELLM_SPEC_ACCEPT_EXACT && p->spec_accept != CELLM_SPEC_ACCEPT_RESAMPLE)
+        return "spec_accept must be CELLM_SPEC_ACCEPT_EXACT or CELLM_SPEC_ACCEPT_RESAMPLE";
     if (!dm) return NULL;
     const model *m = cm->m, *d = dm->m;
     if (dm == cm) {
@@ -198,6 +200,113 @@ int32_t spec_draft_pick(const float *row, int32_t n, float p_min, float *prob) {
     return best;
 }
 
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+double spec_uniform(uint64_t seed, int32_t pos, int32_t stream) {
+    uint64_t z = mix64(seed + 0x9e3779b97f4a7c15ull);
+    z = mix64(z ^ ((uint64_t)(uint32_t)pos * 4u + (uint64_t)(uint32_t)stream));
+    return (double)(z >> 11) * (1.0 / 9007199254740992.0);
+}
+
+int32_t spec_draft_sample(const float *row, int32_t n, const sampler_params *sp, double u,
+                          sampler_dist *q, float *prob) {
+    /* The best m logits, best first (ties: the lower id), by insertion:
+     * most tokens fall below the m-th and cost one comparison. */
+    int32_t m = sp->top_k > 0 && sp->top_k < SAMPLER_DIST_MAX ? sp->top_k : SAMPLER_DIST_MAX;
+    if (m > n) m = n;
+    float val[SAMPLER_DIST_MAX];
+    int32_t c = 0;
+    for (int32_t t = 0; t < n; t++) {
+        float x = row[t];
+        if (!(x > -INFINITY)) continue;
+        if (c == m && !(x > val[c - 1])) continue;
+        int32_t i = c < m ? c++ : c - 1;
+        while (i > 0 && x > val[i - 1]) {
+            val[i] = val[i - 1];
+            q->ids[i] = q->ids[i - 1];
+            i--;
+        }
+        val[i] = x;
+        q->ids[i] = t;
+    }
+    if (c == 0 || !(val[0] < INFINITY)) { /* nothing to weigh: the argmax alone */
+        q->n = 1;
+        q->ids[0] = sampler_argmax(row, n);
+        q->p[0] = 1;
+        *prob = 1;
+        return q->ids[0];
+    }
+    /* Temperature, then top-p and min-p over these, renormalised. */
+    double w[SAMPLER_DIST_MAX], z = 0;
+    for (int32_t i = 0; i < c; i++) z += w[i] = exp((double)(val[i] - val[0]) / sp->temperature);
+    int32_t keep = c;
+    if (sp->top_p < 1) {
+        double acc = 0;
+        for (int32_t i = 0; i < c; i++)
+            if ((acc += w[i]) >= sp->top_p * z) {
+                keep = i + 1;
+                break;
+            }
+    }
+    if (sp->min_p > 0)
+        for (int32_t i = 1; i < keep; i++)
+            if (w[i] < sp->min_p) {
+                keep = i;
+                break;
+            }
+    z = 0;
+    for (int32_t i = 0; i < keep; i++) z += w[i];
+    double x = u * z, acc = 0;
+    int32_t pick = keep - 1;
+    for (int32_t i = 0; i < keep; i++)
+        if (x < (acc += w[i])) {
+            pick = i;
+            break;
+        }
+    q->n = keep;
+    for (int32_t i = 0; i < keep; i++) q->p[i] = (float)(w[i] / z);
+    *prob = q->p[pick];
+    return q->ids[pick];
+}
+
+/* The resample rule's streams of random numbers. */
+enum { U_DRAFT, U_ACCEPT, U_DRAW };
+
+int32_t spec_sample(sampler *smp, const float *row, int32_t pos, int32_t guess,
+                    const sampler_dist *q) {
+    uint64_t seed = sampler_get_params(smp)->seed;
+    double ua = spec_uniform(seed, pos, U_ACCEPT), ud = spec_uniform(seed, pos, U_DRAW);
+    if (!q) return sampler_sample_spec(smp, row, -1, NULL, NULL, 0, ua, ud);
+    return sampler_sample_spec(smp, row, guess, q->ids, q->p, q->n, ua, ud);
+}
+
+int32_t spec_draft_guess(const float *row, int32_t n, const sampler_params *sp, int32_t pos,
+                         sampler_dist *q, float *prob) {
+    return spec_draft_sample(row, n, sp, spec_uniform(sp->seed, pos, U_DRAFT), q, prob);
+}
+
+/* Guess j of r (at tokens[n_tokens + j]) from a row of the draft's
+ * logits: greedy, or under the resample rule drawn from the draft's
+ * distribution; *prob as spec_draft_pick's. */
+static int32_t draft_guess(const cellm_engine *e, cellm_request *r, const float *row, int32_t j,
+                           float *prob) {
+    int32_t n_vocab = e->p.draft_model->m->n_vocab;
+    if (!r->spec_q) return spec_draft_pick(row, n_vocab, e->p.draft_p_min, prob);
+    return spec_draft_guess(row, n_vocab, sampler_get_params(r->smp), r->n_tokens + j,
+                            &r->spec_q[j], prob);
+}
+
+void spec_lookup_result(cellm_request *r, int32_t n_guess, int32_t kept) {
+    if (!r->spec_looked) return;
+    r->lk_miss = 4 * kept < n_guess ? r->lk_miss + 1 : 0;
+    /* From the second poor pass in a row: sit out 2, 4, .. 32 steps. */
+    if (r->lk_miss >= 2) r->lk_skip = 1 << (r->lk_miss - 1 < 5 ? r->lk_miss - 1 : 5);
+}
+
 int32_t spec_next_k(int32_t k, int32_t n_guess, int32_t kept, int32_t draft_max) {
     if (kept == n_guess && n_guess == k) return k + 2 < draft_max ? k + 2 : draft_max;
     return kept + 1;
@@ -263,8 +372,7 @@ static void draft_run(cellm_engine *e, int32_t n) {
         if (e->dfirst[i] < 0) continue;
         cellm_request *r = e->dreq[i];
         float p;
-        int32_t t =
-            spec_draft_pick(logits + (size_t)li++ * (size_t)n_vocab, n_vocab, e->p.draft_p_min, &p);
+        int32_t t = draft_guess(e, r, logits + (size_t)li++ * (size_t)n_vocab, 0, &p);
         if (p < e->p.draft_p_min) continue;
         r->tokens[r->n_tokens] = t;
         r->n_draft = 1;
@@ -284,8 +392,7 @@ static void draft_run(cellm_engine *e, int32_t n) {
         for (int32_t i = 0; i < n_act; i++) {
             cellm_request *r = e->dreq[i];
             float p;
-            int32_t t = spec_draft_pick(logits + (size_t)i * (size_t)n_vocab, n_vocab,
-                                        e->p.draft_p_min, &p);
+            int32_t t = draft_guess(e, r, logits + (size_t)i * (size_t)n_vocab, r->n_draft, &p);
             if (p < e->p.draft_p_min) continue;
             r->tokens[r->n_tokens + r->n_draft++] = t;
             if (r->n_draft < r->spec_room) e->dreq[m++] = r;
@@ -312,15 +419,25 @@ void spec_propose(cellm_engine *e) {
         r->n_draft = 0;
         if (r->seq.n_pos != r->n_tokens - 1) continue; /* not decoding */
         int32_t k = room_for(e, r);
-        if (k > rows) k = rows;
+        /* Under the resample rule the guesses decide the text: they must
+         * not depend on the other requests. */
+        if (k > rows && !r->spec_q) k = rows;
         if (k < 1 || k < e->p.draft_min) continue;
         rows -= k;
-        if (e->p.lookup_ngram > 0) {
+        r->spec_looked = false;
+        if (e->p.lookup_ngram > 0 && r->lk_skip > 0) {
+            r->lk_skip--;
+        } else if (e->p.lookup_ngram > 0) {
             int32_t n =
                 spec_lookup(r->tokens, r->n_tokens, e->p.lookup_ngram, k, r->tokens + r->n_tokens);
             if (n >= e->p.draft_min && n > 0) {
                 r->n_draft = n;
+                r->spec_looked = true;
                 rows += k - n;
+                /* A guess from earlier text is certain to its source: q
+                 * is all on it. */
+                for (int32_t j = 0; r->spec_q && j < n; j++)
+                    r->spec_q[j] = (sampler_dist){1, {r->tokens[r->n_tokens + j]}, {1.0f}};
                 continue;
             }
         }

@@ -197,9 +197,13 @@ static void test_asan_run_spec_errors(void **st) {
     assert_non_null(strstr(out, "--draft /nonexistent.gguf"));
     free(out);
     static const char *const bad[][2] = {
-        {"--draft-max 0", "--draft-max"}, {"--draft-max 65", "--draft-max"},
-        {"--lookup x", "--lookup"},       {"--draft-p-min 1.5", "--draft-p-min"},
-        {"--draft-min 9", "--draft-min"}, {"--draft", "--draft"},
+        {"--draft-max 0", "--draft-max"},
+        {"--draft-max 65", "--draft-max"},
+        {"--lookup x", "--lookup"},
+        {"--draft-p-min 1.5", "--draft-p-min"},
+        {"--draft-min 9", "--draft-min"},
+        {"--draft", "--draft"},
+        {"--spec-accept maybe", "--spec-accept"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         snprintf(cmd, sizeof cmd, "'%s' run %s 2>&1", test_cellm_bin(), bad[i][0]);
@@ -209,12 +213,76 @@ static void test_asan_run_spec_errors(void **st) {
     }
 }
 
+/* --spec-accept resample on a sampled run: the same text on 1 thread and
+ * on 2 (its random numbers are keyed by seed and position), guesses made
+ * and kept; and with --temp 0 the plain run's text (greedy keeps the
+ * exact rule). */
+static void test_run_resample(void **st) {
+    (void)st;
+    char model[1024], draft[1024], args[4096];
+    test_model_path("smollm2-135m", model, sizeof model);
+    draft_path("smollm2-135m", draft, sizeof draft);
+    const char *p = "-p 'Write a short story about a cat.' -n 24 -s 5 --draft-p-min 0.2";
+    snprintf(args, sizeof args, "%s --draft '%s' --spec-accept resample -t 1", p, draft);
+    run_out one = run_v(NULL, model, args);
+    snprintf(args, sizeof args, "%s --draft '%s' --spec-accept resample -t 2", p, draft);
+    run_out two = run_v(NULL, model, args);
+    if (one.rc || two.rc) print_error("%s%s", one.err, two.err);
+    assert_int_equal(one.rc, 0);
+    assert_int_equal(two.rc, 0);
+    assert_true(strlen(one.out) > 20);
+    assert_string_equal(one.out, two.out);
+    print_message("resample: %llu guesses, %llu kept\n", one.guesses, one.kept);
+    assert_true(one.kept > 0);
+    run_out_free(&one);
+    run_out_free(&two);
+    snprintf(args, sizeof args, "%s --temp 0", p);
+    run_out plain = run_v(NULL, model, args);
+    snprintf(args, sizeof args, "%s --temp 0 --draft '%s' --spec-accept resample", p, draft);
+    run_out greedy = run_v(NULL, model, args);
+    assert_int_equal(plain.rc, 0);
+    assert_int_equal(greedy.rc, 0);
+    assert_string_equal(plain.out, greedy.out);
+    assert_true(greedy.kept > 0);
+    run_out_free(&plain);
+    run_out_free(&greedy);
+}
+
+/* `cellm bench --draft/--lookup`, tiny (8 prose prompts of 4 tokens, one
+ * round): it exits 0 only when each speculative completion equals the
+ * plain one, and reports guesses; a bad --spec-accept refused. */
+static void test_bench_spec(void **st) {
+    (void)st;
+    char model[1024], draft[1024], cmd[4096], *out;
+    test_model_path("smollm2-135m", model, sizeof model);
+    draft_path("smollm2-135m", draft, sizeof draft);
+    double t0 = now_s();
+    snprintf(cmd, sizeof cmd,
+             "'%s' bench '%s' --draft '%s' --lookup 2 --spec-task prose -s 1 -r 1 -n 4 -t 2 "
+             "--json 2>&1",
+             test_cellm_bin(), model, draft);
+    int rc = test_run_cmd(cmd, &out);
+    if (rc) print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "\"identical\": true"));
+    assert_null(strstr(out, "\"identical\": false"));
+    const char *d = strstr(out, "\"draft_tokens\": ");
+    assert_non_null(d);
+    assert_true(strtoull(d + strlen("\"draft_tokens\": "), NULL, 10) > 0);
+    print_message("bench --draft --lookup 2: %.1f s\n", now_s() - t0);
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' bench '%s' --draft '%s' --spec-accept sometimes 2>&1",
+             test_cellm_bin(), model, draft);
+    assert_int_equal(test_run_cmd(cmd, &out), 2);
+    assert_non_null(strstr(out, "--spec-accept"));
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_asan_run_spec_errors),
-        cmocka_unit_test(test_asan_run_spec_smollm2),
-        cmocka_unit_test(test_run_spec_gemma3),
-        cmocka_unit_test(test_run_spec_chat),
+        cmocka_unit_test(test_run_resample),         cmocka_unit_test(test_bench_spec),
+        cmocka_unit_test(test_asan_run_spec_errors), cmocka_unit_test(test_asan_run_spec_smollm2),
+        cmocka_unit_test(test_run_spec_gemma3),      cmocka_unit_test(test_run_spec_chat),
     };
     /* test.sh's TSan and aarch64 runs set CELLM_TEST_FILTER=test_tsan_*:
      * none of these, which run the models through the command many times. */

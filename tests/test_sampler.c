@@ -409,22 +409,18 @@ static double chi2_crit(int df) {
     return df * t * t * t;
 }
 
-/* Draws DRAWS tokens; fails on any outside `c`; chi-square against c's
- * probabilities. */
-static void check_draws(sampler *s, const float *l, const cset *c, const char *what) {
-    static int count[SV];
+/* Pearson's chi-square of DRAWS draws counted in count[] (by token)
+ * against c's probabilities: whether it stays under the critical value
+ * (any draw outside c fails). */
+static bool counts_fit(const int *count, const cset *c, const char *what) {
     static bool in[SV];
-    memset(count, 0, sizeof count);
     memset(in, 0, sizeof in);
+    int n_in = 0;
     for (int i = 0; i < c->n; i++) in[c->id[i]] = true;
-    for (int d = 0; d < DRAWS; d++) {
-        int32_t t = sampler_sample(s, l);
-        assert_true(t >= 0 && t < SV);
-        if (!in[t]) {
-            print_error("%s: draw %d is token %d, outside the %d kept\n", what, d, t, c->n);
-            fail();
-        }
-        count[t]++;
+    for (int t = 0; t < SV; t++) n_in += in[t] ? count[t] : 0;
+    if (n_in != DRAWS) {
+        print_message("%s: %d draws outside the %d kept\n", what, DRAWS - n_in, c->n);
+        return false;
     }
     /* Cells: each token expecting >= 5 draws, the rest pooled. */
     double stat = 0, pool_e = 0;
@@ -444,18 +440,32 @@ static void check_draws(sampler *s, const float *l, const cset *c, const char *w
         if (pool_e >= 5 || cells == 0) {
             stat += (pool_o - pool_e) * (pool_o - pool_e) / pool_e;
             cells++;
-        } else {
-            assert_true(pool_o <= 5 + 5 * pool_e); /* a handful at most */
+        } else if (pool_o > 5 + 5 * pool_e) { /* a handful at most */
+            print_message("%s: %d draws in cells expecting %.1f\n", what, pool_o, pool_e);
+            return false;
         }
     }
     int df = cells - 1;
-    if (df < 1) { /* one cell: every draw must be in it */
+    if (df < 1) { /* one cell: every draw is in it */
         print_message("%s: 1 token kept\n", what);
-        return;
+        return true;
     }
     double crit = chi2_crit(df);
     print_message("%s: %d kept, chi2 = %.1f, df = %d, critical %.1f\n", what, c->n, stat, df, crit);
-    assert_true(stat < crit);
+    return stat < crit;
+}
+
+/* Draws DRAWS tokens; fails on any outside `c`; chi-square against c's
+ * probabilities. */
+static void check_draws(sampler *s, const float *l, const cset *c, const char *what) {
+    static int count[SV];
+    memset(count, 0, sizeof count);
+    for (int d = 0; d < DRAWS; d++) {
+        int32_t t = sampler_sample(s, l);
+        assert_true(t >= 0 && t < SV);
+        count[t]++;
+    }
+    assert_true(counts_fit(count, c, what));
 }
 
 static sampler *mk(const sampler_params *p) {
@@ -604,6 +614,109 @@ static void test_stat_chain(void **st) {
     cs_min_p(&c, 0.1);
     check_draws(s, l, &c, "top-p 0.9, min-p 0.1");
     sampler_free(s);
+}
+
+/* A uniform number in [0, 1) from a test generator. */
+static double test_u(uint64_t *x) {
+    *x = *x * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(*x >> 11) / 9007199254740992.0;
+}
+
+/* A draft's distribution for speculative sampling: softmax(d / T) over
+ * its best SAMPLER_DIST_MAX tokens (some outside what the target keeps). */
+static void draft_dist(const float *d, double T, sampler_dist *q) {
+    static cset c;
+    cs_all(&c, d, T);
+    cs_top_k(&c, SAMPLER_DIST_MAX);
+    q->n = c.n;
+    for (int i = 0; i < c.n; i++) {
+        q->ids[i] = c.id[i];
+        q->p[i] = (float)c.p[i];
+    }
+}
+
+static int32_t draw_dist(const sampler_dist *q, double u) {
+    double acc = 0;
+    for (int i = 0; i < q->n; i++)
+        if (u < (acc += q->p[i])) return q->ids[i];
+    return q->ids[q->n - 1];
+}
+
+/* The standard speculative-sampling rule (sampler_sample_spec): a guess
+ * drawn from a draft's q, kept with min(1, p / q), else a draw from
+ * max(0, p - q), must follow p, the target's kept distribution, whatever
+ * q is: DRAWS positions each with its own guess pass the chi-square test
+ * against p. Two wrong rules must fail the same test (its power): the
+ * guess always kept (q's distribution), and a rejected guess redrawn from
+ * p instead of the residual. A guess that is certain (q all on one token,
+ * as prompt lookup's) follows p too. */
+static void spec_case(const sampler_params *p, const cset *c, const float *l, const sampler_dist *q,
+                      const char *what) {
+    static int right[SV], keep_all[SV], from_p[SV];
+    memset(right, 0, sizeof right);
+    memset(keep_all, 0, sizeof keep_all);
+    memset(from_p, 0, sizeof from_p);
+    sampler *s = mk(p);
+    uint64_t x = 12345;
+    int kept = 0;
+    for (int d = 0; d < DRAWS; d++) {
+        int32_t g = draw_dist(q, test_u(&x));
+        double ua = test_u(&x), ud = test_u(&x);
+        int32_t t = sampler_sample_spec(s, l, g, q->ids, q->p, q->n, ua, ud);
+        assert_true(t >= 0 && t < SV);
+        /* The same numbers give the same token. */
+        assert_int_equal(sampler_sample_spec(s, l, g, q->ids, q->p, q->n, ua, ud), t);
+        right[t]++;
+        kept += t == g;
+        keep_all[g]++;
+        /* Wrong: a rejected guess redrawn from p itself. */
+        int32_t w = t == g ? g : sampler_sample_spec(s, l, -1, NULL, NULL, 0, 0, ud);
+        from_p[w]++;
+    }
+    sampler_free(s);
+    char buf[160];
+    snprintf(buf, sizeof buf, "%s: the standard rule (%.0f%% of guesses kept)", what,
+             100.0 * kept / DRAWS);
+    assert_true(counts_fit(right, c, buf));
+    if (q->n > 1) {
+        snprintf(buf, sizeof buf, "%s: every guess kept (wrong)", what);
+        assert_false(counts_fit(keep_all, c, buf));
+        snprintf(buf, sizeof buf, "%s: rejected guesses redrawn from p (wrong)", what);
+        assert_false(counts_fit(from_p, c, buf));
+    }
+}
+
+static void test_stat_spec(void **st) {
+    (void)st;
+    static float l[SV], d[SV], noise[SV];
+    static cset c;
+    sampler_dist q;
+    gauss_logits(l, 21);
+    gauss_logits(noise, 22);
+    /* The draft: the target's logits plus noise, a little sharper. */
+    for (int i = 0; i < SV; i++) d[i] = 1.2f * l[i] + 0.6f * noise[i];
+    sampler_params p = sampler_default_params();
+    p.temperature = 0.9f;
+    p.top_k = 40;
+    p.top_p = 0.95f;
+    p.min_p = 0.05f;
+    cs_all(&c, l, 0.9);
+    cs_top_k(&c, 40);
+    cs_top_p(&c, 0.95);
+    cs_min_p(&c, 0.05);
+    draft_dist(d, 0.9, &q);
+    spec_case(&p, &c, l, &q, "top-k 40, top-p 0.95, min-p 0.05");
+    /* Temperature and min-p alone: the kept set is not ranked. */
+    p = sampler_default_params();
+    p.temperature = 1.5f;
+    p.min_p = 0.02f;
+    cs_all(&c, l, 1.5);
+    cs_min_p(&c, 0.02);
+    draft_dist(d, 1.5, &q);
+    spec_case(&p, &c, l, &q, "T 1.5, min-p 0.02");
+    /* A certain guess (prompt lookup's), the target's third choice. */
+    q = (sampler_dist){1, {c.id[2]}, {1.0f}};
+    spec_case(&p, &c, l, &q, "T 1.5, min-p 0.02, a certain guess");
 }
 
 /* Penalties and bias shift the logits as docs/sampling.md says; the draws
@@ -815,6 +928,7 @@ int main(void) {
         cmocka_unit_test(test_stat_chain),   cmocka_unit_test(test_stat_penalties),
         cmocka_unit_test(test_edges),        cmocka_unit_test(test_golden_draws),
         cmocka_unit_test(test_stale_memory), cmocka_unit_test(test_golden_logprobs),
+        cmocka_unit_test(test_stat_spec),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

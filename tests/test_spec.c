@@ -132,6 +132,26 @@ static void test_asan_lookup(void **state) {
     const int32_t t5[] = {7, 7, 7};
     assert_int_equal(spec_lookup(t5, 3, 2, 8, out), 1);
     assert_int_equal(out[0], 7);
+    /* Lookup's back-off: one poor pass (under a quarter kept) is let be;
+     * from the second in a row it sits out 2, 4, .. 32 steps; a good pass
+     * resets it; draft guesses do not count. */
+    cellm_request r;
+    memset(&r, 0, sizeof r);
+    r.spec_looked = true;
+    spec_lookup_result(&r, 8, 1);
+    assert_int_equal(r.lk_skip, 0);
+    spec_lookup_result(&r, 8, 1);
+    assert_int_equal(r.lk_skip, 2);
+    spec_lookup_result(&r, 4, 0);
+    assert_int_equal(r.lk_skip, 4);
+    for (int i = 0; i < 8; i++) spec_lookup_result(&r, 4, 0);
+    assert_int_equal(r.lk_skip, 32);
+    spec_lookup_result(&r, 8, 2);
+    assert_int_equal(r.lk_miss, 0);
+    r.spec_looked = false;
+    r.lk_skip = 0;
+    for (int i = 0; i < 3; i++) spec_lookup_result(&r, 8, 0);
+    assert_int_equal(r.lk_skip, 0);
 }
 
 /* --------------------------------------------------------- real models */
@@ -167,12 +187,13 @@ static cellm_model *load(const char *path) {
 /* Completes prompts [0, n) on an engine with `p`, `conc` at a time (the
  * engine's max_seqs), with `sampled` seeded sampling; fills *o. */
 static int32_t g_max_new = MAX_NEW; /* tokens a prompt */
+static int g_threads = 2;           /* the engine's threads */
 
 static void complete(const cellm_model *m, cellm_engine_params p, int conc, bool sampled, int n,
                      run_out *o, cellm_stats *st) {
     assert_true(n <= N_PROMPTS);
     p.max_seqs = conc;
-    p.n_threads = 2;
+    p.n_threads = g_threads;
     cellm_engine *e = NULL;
     if (cellm_engine_create(m, &p, &e) != CELLM_OK) print_error("%s\n", cellm_last_error());
     assert_non_null(e);
@@ -296,6 +317,59 @@ static void test_exact_gemma3(void **state) {
     exact_pair("gemma3-270m", "gemma3-270m-q4_0.gguf");
 }
 
+/* The resample rule (CELLM_SPEC_ACCEPT_RESAMPLE): a seed gives the same
+ * sampled text 4 sessions at once on 2 threads (where the default row cap
+ * would leave the others no guesses) and alone on 1, with the draft and
+ * with draft and lookup; guesses are kept; the text is not the plain
+ * run's (the option took effect); greedy requests keep the exact rule and
+ * the plain run's text. (That the tokens follow the model's distribution
+ * is test_sampler's test_stat_spec.) */
+static void test_resample_smollm2(void **state) {
+    (void)state;
+    enum { N = 4 };
+    char buf[1024], dbuf[1024];
+    cellm_model *m = load(test_model_path("smollm2-135m", buf, sizeof buf));
+    cellm_model *d = load(store_path("smollm2-135m-q4_0.gguf", dbuf, sizeof dbuf));
+    static run_out plain, many, alone;
+    cellm_stats st;
+    complete(m, cellm_engine_default_params(), 8, true, N, &plain, &st);
+    for (int lookup = 0; lookup <= 2; lookup += 2) {
+        if (lookup && N_PROMPTS < 50) break; /* sanitizer builds: the draft alone */
+        cellm_engine_params p = cellm_engine_default_params();
+        p.draft_model = d;
+        p.lookup_ngram = lookup;
+        p.spec_accept = CELLM_SPEC_ACCEPT_RESAMPLE;
+        p.draft_p_min = 0.2f;
+        g_threads = 2;
+        complete(m, p, 4, true, N, &many, &st);
+        assert_true(st.n_draft_accepted > 0);
+        print_message("resample, lookup %d, 4 at once: %llu guesses, %llu kept\n", lookup,
+                      (unsigned long long)st.n_draft_tokens,
+                      (unsigned long long)st.n_draft_accepted);
+        g_threads = 1;
+        complete(m, p, 1, true, N, &alone, &st);
+        g_threads = 2;
+        assert_true(st.n_draft_accepted > 0);
+        assert_same(&many, &alone, N, "resample: alone on 1 thread against 4 at once on 2");
+        int differ = 0;
+        for (int i = 0; i < N; i++)
+            differ += many.n[i] != plain.n[i] ||
+                      memcmp(many.ids[i], plain.ids[i], (size_t)many.n[i] * sizeof(int32_t)) != 0;
+        print_message("resample, lookup %d: %d of %d texts differ from the plain run's\n", lookup,
+                      differ, N);
+        assert_true(differ > 0);
+    }
+    cellm_engine_params p = cellm_engine_default_params();
+    complete(m, p, 4, false, N / 2, &plain, &st);
+    p.draft_model = d;
+    p.spec_accept = CELLM_SPEC_ACCEPT_RESAMPLE;
+    complete(m, p, 4, false, N / 2, &many, &st);
+    assert_same(&plain, &many, N / 2, "resample rule, greedy");
+    assert_true(st.n_draft_accepted > 0);
+    cellm_model_free(d);
+    cellm_model_free(m);
+}
+
 /* The phone mode: a 512 MiB process budget holds SmolLM2 with its draft,
  * and the text is still the plain run's; a budget too small for the draft
  * is refused with the figures. */
@@ -374,6 +448,10 @@ static void test_asan_refused(void **state) {
     assert_int_equal(cellm_engine_create(m, &p, &e), CELLM_ERR_INVALID_ARG);
     assert_non_null(strstr(cellm_last_error(), "spec_step_rows"));
     p.spec_step_rows = 0;
+    p.spec_accept = 2;
+    assert_int_equal(cellm_engine_create(m, &p, &e), CELLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(cellm_last_error(), "spec_accept"));
+    p.spec_accept = CELLM_SPEC_ACCEPT_EXACT;
     p.lookup_ngram = -1;
     assert_int_equal(cellm_engine_create(m, &p, &e), CELLM_ERR_INVALID_ARG);
     assert_null(e);
@@ -453,9 +531,10 @@ static void test_tsan_spec(void **state) {
 int main(void) {
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_asan_lookup),   cmocka_unit_test(test_asan_refused),
-        cmocka_unit_test(test_exact_smollm2), cmocka_unit_test(test_asan_budget),
-        cmocka_unit_test(test_exact_gemma3),  cmocka_unit_test(test_tsan_spec),
+        cmocka_unit_test(test_asan_lookup),      cmocka_unit_test(test_asan_refused),
+        cmocka_unit_test(test_exact_smollm2),    cmocka_unit_test(test_asan_budget),
+        cmocka_unit_test(test_exact_gemma3),     cmocka_unit_test(test_tsan_spec),
+        cmocka_unit_test(test_resample_smollm2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -95,6 +95,10 @@ static void usage(FILE *out) {
         "  --lookup N            with prompt lookup of n-grams up to N tokens\n"
         "  --draft-max K         guesses per step at most (default 8); also --draft-min K,\n"
         "                        --draft-p-min P (defaults 1, 0.5)\n"
+        "  --spec-temp T         sampled rounds at temperature T (0..1; top-k 40, top-p 0.95,\n"
+        "                        min-p 0.05, a seed per prompt; default 0: greedy)\n"
+        "  --spec-accept RULE    exact (default) or resample (the standard rule; with\n"
+        "                        --spec-temp: each round's text must equal the first's)\n"
         "  --spec-task LIST      workloads: prose, edit (rename a ~40-line function), summary\n"
         "                        (of a ~400-token document) (default prose,edit,summary);\n"
         "                        -s defaults to 1,8, -n to 64, -r to 3, -c to 2048\n"
@@ -863,6 +867,10 @@ int cmd_bench(int argc, char **argv) {
             so.draft_min = (int32_t)u;
             i++;
         } else if (!strcmp(a, "--draft-p-min") && v && parse_unit(v, &so.draft_p_min)) {
+            i++;
+        } else if (!strcmp(a, "--spec-accept") && v && cli_parse_spec_accept(v, &so.accept)) {
+            i++;
+        } else if (!strcmp(a, "--spec-temp") && v && parse_unit(v, &so.temp)) {
             i++;
         } else if (!strcmp(a, "--spec-task") && v) {
             so.tasks = v;

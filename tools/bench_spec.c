@@ -21,7 +21,10 @@
  * the acceptance rate, tokens per checking pass and draft passes per
  * token come from the speculative engine's statistics over the measured
  * rounds. Every speculative completion is compared token for token with
- * the plain one of its round: they must be identical.
+ * the plain one of its round: they must be identical. --spec-temp T
+ * samples instead (top-k 40, top-p 0.95, min-p 0.05, a seed per prompt);
+ * with --spec-accept resample the speculative text is not the plain one,
+ * so each round's must equal the first round's instead.
  */
 #include "bench_spec.h"
 
@@ -274,7 +277,7 @@ static void round_free(round_out *r) {
 /* Runs every prompt of w on e, `sessions` at a time, each with at most
  * n_predict tokens; fills *out (round_free it). Returns the exit status. */
 static int run_round(cellm_engine *e, const workload *w, int sessions, int32_t n_predict,
-                     round_out *out) {
+                     float temp, round_out *out) {
     memset(out, 0, sizeof *out);
     double decode_s = 0;
     long tokens = 0;
@@ -288,6 +291,13 @@ static int run_round(cellm_engine *e, const workload *w, int sessions, int32_t n
             rp.messages = &msg;
             rp.n_messages = 1;
             rp.max_tokens = n_predict;
+            if (temp > 0) {
+                rp.sampling.temperature = temp;
+                rp.sampling.top_k = 40;
+                rp.sampling.top_p = 0.95f;
+                rp.sampling.min_p = 0.05f;
+                rp.sampling.seed = 42 + (uint64_t)(base + i);
+            }
             t_sub[i] = now_s();
             if (cellm_submit(e, &rp, &req[i]) != CELLM_OK) {
                 cli_error("bench: %s", cellm_last_error());
@@ -336,7 +346,7 @@ static int run_round(cellm_engine *e, const workload *w, int sessions, int32_t n
  * weights into memory. */
 static int warm_up(cellm_engine *e, const workload *w, int sessions) {
     round_out r;
-    int rc = run_round(e, w, sessions, 1, &r);
+    int rc = run_round(e, w, sessions, 1, 0, &r);
     round_free(&r);
     return rc;
 }
@@ -428,26 +438,32 @@ static int measure(cellm_engine *plain, cellm_engine *spec, const workload *w, i
     cellm_engine_stats(plain, &p0);
     cellm_engine_stats(spec, &s0);
     int rc = 0;
+    /* The resample rule's text is not the plain run's: each round's must
+     * be the first round's. */
+    bool resample = o->accept == CELLM_SPEC_ACCEPT_RESAMPLE && o->temp > 0;
+    round_out first;
+    memset(&first, 0, sizeof first);
     for (int r = 0; r < o->reps && !rc; r++) {
         round_out a, b; /* plain, speculative */
         memset(&a, 0, sizeof a);
         memset(&b, 0, sizeof b);
         if (r % 2 == 0) {
-            rc = run_round(plain, w, sessions, o->n_predict, &a);
-            if (!rc) rc = run_round(spec, w, sessions, o->n_predict, &b);
+            rc = run_round(plain, w, sessions, o->n_predict, o->temp, &a);
+            if (!rc) rc = run_round(spec, w, sessions, o->n_predict, o->temp, &b);
         } else {
-            rc = run_round(spec, w, sessions, o->n_predict, &b);
-            if (!rc) rc = run_round(plain, w, sessions, o->n_predict, &a);
+            rc = run_round(spec, w, sessions, o->n_predict, o->temp, &b);
+            if (!rc) rc = run_round(plain, w, sessions, o->n_predict, o->temp, &a);
         }
         if (!rc) {
             row->plain[r] = a.tps;
             row->spec[r] = b.tps;
             row->ratio[r] = a.tps > 0 ? b.tps / a.tps : 0;
             row->reps = r + 1;
+            const round_out *ref = !resample ? &a : r > 0 ? &first : &b;
             for (int i = 0; i < SPEC_PROMPTS; i++) {
                 row->tokens += b.n[i];
-                if (a.n[i] != b.n[i] ||
-                    memcmp(a.ids[i], b.ids[i], (size_t)a.n[i] * sizeof *a.ids[i]) != 0)
+                if (ref->n[i] != b.n[i] ||
+                    memcmp(ref->ids[i], b.ids[i], (size_t)b.n[i] * sizeof *b.ids[i]) != 0)
                     row->differed++;
             }
             row->drafted = b.st.n_draft_tokens - s0.n_draft_tokens;
@@ -459,8 +475,12 @@ static int measure(cellm_engine *plain, cellm_engine *spec, const workload *w, i
             row->threads = b.st.n_threads;
         }
         round_free(&a);
-        round_free(&b);
+        if (resample && r == 0)
+            first = b;
+        else
+            round_free(&b);
     }
+    round_free(&first);
     return rc;
 }
 
@@ -571,6 +591,7 @@ int bench_spec(const char *path, const char *name, const cellm_engine_params *ep
     if (o->draft_max >= 0) spec_p.draft_max = o->draft_max;
     if (o->draft_min >= 0) spec_p.draft_min = o->draft_min;
     if (o->draft_p_min >= 0) spec_p.draft_p_min = o->draft_p_min;
+    spec_p.spec_accept = o->accept;
     int sessions[SPEC_PROMPTS], n_sessions = 0;
     for (const char *q = o->sessions; *q;) {
         char *end;
@@ -608,27 +629,34 @@ int bench_spec(const char *path, const char *name, const cellm_engine_params *ep
     const char *dname = o->draft_path ? file_name(o->draft_path) : "none";
     if (o->json && n_rows > 0) {
         printf("{\"model\": \"%s\", \"draft\": \"%s\", \"lookup\": %d, \"draft_max\": %d, "
-               "\"draft_min\": %d, \"draft_p_min\": %.3f, \"threads\": %d, \"n_predict\": %d, "
+               "\"draft_min\": %d, \"draft_p_min\": %.3f, \"spec_accept\": \"%s\", "
+               "\"temperature\": %.2f, \"threads\": %d, \"n_predict\": %d, "
                "\"prompts\": %d, \"rounds\": %d, \"results\": [",
                name, dname, spec_p.lookup_ngram, spec_p.draft_max, spec_p.draft_min,
-               (double)spec_p.draft_p_min, threads, o->n_predict, SPEC_PROMPTS, o->reps);
+               (double)spec_p.draft_p_min, o->accept ? "resample" : "exact", (double)o->temp,
+               threads, o->n_predict, SPEC_PROMPTS, o->reps);
         for (int i = 0; i < n_rows; i++) print_row_json(&rows[i], i == 0);
         printf("\n]}\n");
     } else if (n_rows > 0) {
+        char how[64] = "greedy";
+        if (o->temp > 0)
+            snprintf(how, sizeof how, "sampled at T %.2f (%s rule)", (double)o->temp,
+                     o->accept ? "resample" : "exact");
         printf("\nmodel %s, draft %s, lookup %d, draft-max %d, draft-min %d, draft-p-min %.2f, "
-               "%d threads; %d chat prompts a round, greedy, up to %d tokens each; %d rounds, "
+               "%d threads; %d chat prompts a round, %s, up to %d tokens each; %d rounds, "
                "plain and speculative alternating, after a warm-up that caches the prompts.\n"
                "tok/s: generation after each request's first token; speed-up: median of the "
                "rounds' ratios; tokens/pass: (kept + checking passes) / checking passes; target "
                "passes saved: plain steps / speculative steps.\n",
                name, dname, spec_p.lookup_ngram, spec_p.draft_max, spec_p.draft_min,
-               (double)spec_p.draft_p_min, threads, SPEC_PROMPTS, o->n_predict, o->reps);
+               (double)spec_p.draft_p_min, threads, SPEC_PROMPTS, how, o->n_predict, o->reps);
     }
     for (int i = 0; i < n_rows; i++)
         if (rows[i].differed) {
             cli_error("bench: %d speculative completions of task %s at %d sessions differ from "
-                      "the plain run's: a bug (they must be identical)",
-                      rows[i].differed, rows[i].task, rows[i].sessions);
+                      "%s: a bug (they must be identical)",
+                      rows[i].differed, rows[i].task, rows[i].sessions,
+                      o->accept && o->temp > 0 ? "the first round's" : "the plain run's");
             rc = 1;
         }
     cellm_model_free(draft);

@@ -20,7 +20,9 @@ typedef struct bench_spec_opts {
     int32_t draft_max;      /* < 0: the engine's default; so for the two below */
     int32_t draft_min;
     float draft_p_min;
-    const char *tasks;    /* comma-separated: prose, edit, summary */
+    int32_t accept;    /* cellm_spec_accept */
+    float temp;        /* > 0: sampled rounds (top-k 40, top-p 0.95, min-p 0.05, a seed a prompt) */
+    const char *tasks; /* comma-separated: prose, edit, summary */
     const char *sessions; /* comma-separated session counts */
     int32_t n_predict;    /* completion tokens a request at most */
     int reps;             /* measured rounds */
@@ -32,7 +34,8 @@ typedef struct bench_spec_opts {
  * the engine parameters `ep` (threads, budget, context) and prints the
  * table, or JSON with o->json. Returns the exit status: 1 when a model or
  * engine cannot be made or a speculative run's text differs from the
- * plain run's (which would be a bug: they must be identical). */
+ * plain run's (which would be a bug: they must be identical), or with the
+ * resample rule, from the first round's (a seed's text must repeat). */
 int bench_spec(const char *path, const char *name, const cellm_engine_params *ep,
                const bench_spec_opts *o);
 

@@ -24,6 +24,16 @@ void cli_error(const char *fmt, ...) {
     va_end(ap);
 }
 
+bool cli_parse_spec_accept(const char *s, int32_t *out) {
+    if (!strcmp(s, "exact"))
+        *out = CELLM_SPEC_ACCEPT_EXACT;
+    else if (!strcmp(s, "resample"))
+        *out = CELLM_SPEC_ACCEPT_RESAMPLE;
+    else
+        return false;
+    return true;
+}
+
 bool cli_parse_kv_type(const char *s, cellm_kv_type *out) {
     static const struct {
         const char *name;

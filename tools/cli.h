@@ -25,6 +25,9 @@ bool cli_parse_uint(const char *s, unsigned long long max, unsigned long long *o
 #define CLI_KV_TYPES "f16, q8_0, q4_0, q4_0h"
 bool cli_parse_kv_type(const char *s, cellm_kv_type *out);
 
+/* "exact" or "resample" (--spec-accept) as a cellm_spec_accept. */
+bool cli_parse_spec_accept(const char *s, int32_t *out);
+
 /* Turns a MODEL argument into a file path as store_resolve does (a file,
  * or a known name, pulled when missing), and else finds NAME or NAME.gguf
  * in the store directory, so files made there by `cellm quantize` (a draft

@@ -359,12 +359,12 @@ sampler_params rt_sampler_params(const rt_sampling *rs, int32_t ctx) {
 
 void rt_spec_opts_init(rt_spec_opts *o) {
     cellm_engine_params p = cellm_engine_default_params();
-    *o = (rt_spec_opts){NULL, 0, p.draft_max, p.draft_min, p.draft_p_min};
+    *o = (rt_spec_opts){NULL, 0, p.draft_max, p.draft_min, p.draft_p_min, p.spec_accept};
 }
 
 int rt_spec_flag(rt_spec_opts *o, int argc, char **argv, int *i, const char *cmd) {
-    static const char *const names[] = {"--draft", "--lookup", "--draft-max", "--draft-min",
-                                        "--draft-p-min"};
+    static const char *const names[] = {"--draft",     "--lookup",      "--draft-max",
+                                        "--draft-min", "--draft-p-min", "--spec-accept"};
     const int n_names = (int)(sizeof names / sizeof *names);
     const char *a = argv[*i];
     int k = 0;
@@ -379,6 +379,10 @@ int rt_spec_flag(rt_spec_opts *o, int argc, char **argv, int *i, const char *cmd
     double d;
     switch (k) {
     case 0: o->draft = v; return 1;
+    case 5:
+        if (cli_parse_spec_accept(v, &o->accept)) return 1;
+        cli_error("%s: %s takes exact or resample (not '%s')", cmd, a, v);
+        return -1;
     case 4:
         if (!parse_num(v, 0, 1, &d)) {
             cli_error("%s: %s needs a number from 0 to 1 (got '%s')", cmd, a, v);
@@ -468,7 +472,8 @@ static int32_t draft_guess(rt_spec *s, const int32_t *tok, int32_t n_tok, int32_
     s->n_draft_pass++;
     for (;;) {
         float p;
-        int32_t g = spec_draft_pick(lg, s->d.m->n_vocab, s->o.draft_p_min, &p);
+        int32_t g = s->sp ? spec_draft_guess(lg, s->d.m->n_vocab, s->sp, n_tok + n, &s->q[n], &p)
+                          : spec_draft_pick(lg, s->d.m->n_vocab, s->o.draft_p_min, &p);
         if (p < s->o.draft_p_min) break;
         out[n++] = g;
         if (n == k) break; /* the last guess needs no pass of the draft */
@@ -491,6 +496,9 @@ int32_t rt_spec_propose(rt_spec *s, const int32_t *tok, int32_t n_tok, int32_t r
     if (!s->on || k < 1 || k < s->o.draft_min) return 0;
     if (s->o.lookup > 0) {
         int32_t n = spec_lookup(tok, n_tok, s->o.lookup, k, out);
+        /* Under the resample rule a guess from earlier text is drawn from
+         * a distribution all on it. */
+        for (int32_t j = 0; s->sp && j < n; j++) s->q[j] = (sampler_dist){1, {out[j]}, {1.0f}};
         if (n > 0 && n >= s->o.draft_min) return n;
     }
     if (!s->has_draft) return 0;

@@ -167,6 +167,7 @@ typedef struct rt_spec_opts {
     int32_t draft_max; /* guesses in one pass, 1..RT_SPEC_MAX */
     int32_t draft_min; /* fewer guesses than this are not fed */
     float draft_p_min; /* the draft stops at a token it gives less probability */
+    int32_t accept;    /* cellm_spec_accept: the exact rule or the resample rule */
 } rt_spec_opts;
 
 typedef struct rt_spec {
@@ -177,6 +178,11 @@ typedef struct rt_spec {
     kv_seq dseq;    /* the draft's KV of the target's first dseq.n_pos tokens */
     int32_t k;      /* guesses to try next: adapts to how many were kept */
     uint64_t n_guess, n_kept, n_pass, n_draft_pass;
+    /* The resample rule (accept CELLM_SPEC_ACCEPT_RESAMPLE on a sampled
+     * run without a grammar): the sampler's parameters, set by the caller
+     * (NULL: the exact rule), and the distribution of each guess. */
+    const sampler_params *sp;
+    sampler_dist q[RT_SPEC_MAX];
 } rt_spec;
 
 /* The engine's defaults: no draft, no lookup, 8 .. 1 guesses, p-min 0.5. */
@@ -225,6 +231,8 @@ void rt_spec_print(const rt_spec *s, FILE *out);
     "  --draft-max K         at most K guesses a pass, 1..64 (default 8)\n"                        \
     "  --draft-min K         feed no fewer than K guesses (default 1)\n"                           \
     "  --draft-p-min P       the draft stops at a token it gives under P probability (default "    \
-    "0.5)\n"
+    "0.5)\n"                                                                                       \
+    "  --spec-accept RULE    exact (default: the plain run's text) or resample (sampled runs:\n"   \
+    "                        the draft samples, guesses kept with probability min(1, p/q))\n"
 
 #endif /* CELLM_RT_H */

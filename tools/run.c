@@ -27,6 +27,7 @@
 #include <math.h>
 
 #include "cli.h"
+#include "engine.h" /* spec_sample */
 #include "grammar.h"
 #include "rt.h"
 #include "run.h"
@@ -200,7 +201,10 @@ static bool grammar_allows(chat *c, int32_t t) {
 /* The next token from `row`: drawn from the whole distribution, and drawn
  * again from what the grammar allows when it refuses that one (as the
  * engine does, src/engine.c). */
-static int32_t draw(chat *c, const float *row) {
+static int32_t draw(chat *c, const float *row, int32_t guess, const sampler_dist *q) {
+    /* The resample rule: the token at position hist.n against the guess
+     * made there (spec.c). */
+    if (c->spec.sp) return spec_sample(c->smp, row, (int32_t)c->hist.n, guess, q);
     int32_t t = sampler_sample(c->smp, row);
     if (!c->gst || grammar_allows(c, t)) return t;
     int32_t n = c->r.m->n_vocab;
@@ -299,7 +303,8 @@ static char *generate(chat *c, cellm_error *err) {
      * (guess[1 .. n_guess]); kept: those drawn so far. */
     int32_t guess[RT_SPEC_MAX + 1], n_guess = 0, kept = 0;
     while (c->max_tokens != 0) {
-        int32_t t = draw(c, row);
+        int32_t t = kept < n_guess ? draw(c, row, guess[kept + 1], &c->spec.q[kept])
+                                   : draw(c, row, -1, NULL);
         if (!take(c, &a, t, err)) break;
         if (kept < n_guess && t == guess[kept + 1]) {
             /* Guessed: its KV is in, and its logits are the next row. */
@@ -628,6 +633,7 @@ int cmd_run(int argc, char **argv) {
     if (c.verbose) rt_sampling_print(&rs, stderr);
     sampler_params sp = rt_sampler_params(&rs, c.r.ctx);
     c.window = (size_t)sp.penalty_last_n;
+    bool sampled = sp.temperature > 0 && sp.top_k != 1;
     if ((!c.raw && chat_tpl_init(c.r.m, c.r.tok, tpl, &c.tpl, &err) != CELLM_OK) ||
         sampler_create(&sp, c.r.m->n_vocab, &c.smp, &err) != CELLM_OK ||
         (rs.n_stop > 0 && (stop_create(rs.stop, (size_t)rs.n_stop, &c.stops, &err) != CELLM_OK ||
@@ -636,6 +642,8 @@ int cmd_run(int argc, char **argv) {
         cli_error("%s", err.msg);
         goto done;
     }
+    if (so.accept == CELLM_SPEC_ACCEPT_RESAMPLE && sampled && !c.gram)
+        c.spec.sp = sampler_get_params(c.smp);
     c.logits = malloc(sizeof(float) * (size_t)c.r.m->n_vocab);
     if (c.gram) {
         c.masked = malloc(sizeof(float) * (size_t)c.r.m->n_vocab);

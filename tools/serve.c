@@ -221,7 +221,8 @@ static void usage(FILE *out) {
         "  --log-requests        one line per request on stderr: X-Request-Id, status, time,\n"
         "                        affinity key\n"
         "  -v, --verbose         log refused requests and HTTP errors to stderr (and requests)\n\n"
-        "Speculative decoding (the same text, token for token; only the speed changes):\n"
+        "Speculative decoding (by default the same text, token for token; only the speed\n"
+        "changes):\n"
         "  -md, --model-draft M  draft model guessing ahead: a smaller GGUF of the same family\n"
         "                        and vocabulary (path, store name or file in the store)\n"
         "  --lookup N            guess from earlier text (prompt lookup) with n-grams of up\n"
@@ -229,7 +230,10 @@ static void usage(FILE *out) {
         "                        copy their input; with -md, the draft fills in\n"
         "  --draft-max K         guesses per request and step at most, 1..64 (default 8)\n"
         "  --draft-min K         fewer guesses than K are not checked (default 1)\n"
-        "  --draft-p-min P       the draft stops at a guess below probability P (default 0.5)\n",
+        "  --draft-p-min P       the draft stops at a guess below probability P (default 0.5)\n"
+        "  --spec-accept RULE    exact (default: the plain run's text) or resample (sampled\n"
+        "                        requests: the draft samples, a guess is kept with probability\n"
+        "                        min(1, p/q): the model's distribution, not the plain text)\n",
         SERVE_DEFAULT_MODEL);
 }
 
@@ -271,7 +275,8 @@ static const char *const valued[] = {"--host",
                                      "--lookup",
                                      "--draft-max",
                                      "--draft-min",
-                                     "--draft-p-min"};
+                                     "--draft-p-min",
+                                     "--spec-accept"};
 
 /* Parses the flags into *o; returns -1 to go on, else an exit status. */
 static int parse_flags(int argc, char **argv, serve_opts *o) {
@@ -364,6 +369,13 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
                 return 2;
             }
             o->engine.draft_p_min = (float)d, i++;
+            spec_tuned = a;
+        } else if (!strcmp(a, "--spec-accept")) {
+            if (!cli_parse_spec_accept(v, &o->engine.spec_accept)) {
+                cli_error("serve: --spec-accept takes exact or resample (not '%s')", v);
+                return 2;
+            }
+            i++;
             spec_tuned = a;
         } else if (!strcmp(a, "--chat-template")) {
             o->chat_template = v, i++;

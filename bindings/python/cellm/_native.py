@@ -46,6 +46,7 @@ class EngineParams(ctypes.Structure):
         ("draft_min", ctypes.c_int32),
         ("draft_p_min", ctypes.c_float),
         ("spec_step_rows", ctypes.c_int32),
+        ("spec_accept", ctypes.c_int32),
     ]
 
 
