@@ -340,6 +340,10 @@ static void test_granitemoe(void **state) {
     (void)state;
     check_family("granitemoe");
 }
+static void test_lfm2_shortconv(void **state) {
+    (void)state;
+    check_family("lfm2");
+}
 
 /* Batch invariance of a converted family: the long prompt's logits are
  * the same bits run as one chunk, token by token, and in chunks of 7
@@ -407,7 +411,7 @@ static void check_invariance(const char *name) {
 
 static void test_invariance_new_families(void **state) {
     (void)state;
-    static const char *names[] = {"smollm3", "qwen3moe", "olmoe", "granitemoe"};
+    static const char *names[] = {"smollm3", "qwen3moe", "olmoe", "granitemoe", "lfm2"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) check_invariance(names[i]);
 }
 
@@ -686,6 +690,7 @@ int main(void) {
         cmocka_unit_test(test_qwen3moe),
         cmocka_unit_test(test_olmoe),
         cmocka_unit_test(test_granitemoe),
+        cmocka_unit_test(test_lfm2_shortconv),
         cmocka_unit_test(test_invariance_new_families),
         cmocka_unit_test(test_inspect_moe_active),
         cmocka_unit_test(test_arch_fields),
