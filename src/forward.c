@@ -101,9 +101,9 @@ static fwd_sizes sizes_for(const model *m, int32_t rows, int32_t logit_rows, int
     size_t sc = scratch_for(&m->output, logit_rows);
     for (int32_t il = 0; il < m->n_layer; il++) {
         const layer_desc *L = &m->layers[il];
-        const weight *ws[] = {&L->wq,   &L->wk,     &L->wv,           &L->wo,      &L->w_gate,
-                              &L->w_up, &L->w_down, &L->ffn_gate_inp, &L->up_exps, &L->down_exps,
-                              &L->conv_in, &L->conv_out};
+        const weight *ws[] = {&L->wq,      &L->wk,        &L->wv,      &L->wo,
+                              &L->w_gate,  &L->w_up,      &L->w_down,  &L->ffn_gate_inp,
+                              &L->up_exps, &L->down_exps, &L->conv_in, &L->conv_out};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
             if (!ws[i]->data) continue;
             size_t b = scratch_for(ws[i], rows);

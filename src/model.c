@@ -180,17 +180,17 @@ static cellm_status load_layer(const gguf_file *f, model *m, int il, cellm_error
         snprintf(name, sizeof name, "blk.%d." suffix ".bias", il);                                 \
         if ((st = get_weight(f, name, n, 0, true, &L->field, err))) return st;                     \
     } while (0)
-    B(bq, "attn_q", qd);
-    B(bk, "attn_k", kd);
-    B(bv, "attn_v", vd);
+        B(bq, "attn_q", qd);
+        B(bk, "attn_k", kd);
+        B(bv, "attn_v", vd);
 #undef B
-    W(wo, "attn_output", qd, d, false);
-    snprintf(name, sizeof name, "blk.%d.attn_q_norm.weight", il);
-    const gguf_tensor *qn = gguf_find_tensor(f, name);
-    /* OLMoE normalises Q and K across all heads at once. */
-    L->qk_norm_full = qn && qn->ne[0] == (uint64_t)qd && qd != m->head_dim;
-    W(q_norm, "attn_q_norm", L->qk_norm_full ? qd : m->head_dim, 0, true);
-    W(k_norm, "attn_k_norm", L->qk_norm_full ? kd : m->head_dim, 0, true);
+        W(wo, "attn_output", qd, d, false);
+        snprintf(name, sizeof name, "blk.%d.attn_q_norm.weight", il);
+        const gguf_tensor *qn = gguf_find_tensor(f, name);
+        /* OLMoE normalises Q and K across all heads at once. */
+        L->qk_norm_full = qn && qn->ne[0] == (uint64_t)qd && qd != m->head_dim;
+        W(q_norm, "attn_q_norm", L->qk_norm_full ? qd : m->head_dim, 0, true);
+        W(k_norm, "attn_k_norm", L->qk_norm_full ? kd : m->head_dim, 0, true);
     }
     W(post_attn_norm, "post_attention_norm", d, 0, true);
     W(ffn_norm, "ffn_norm", d, 0, false);
@@ -422,8 +422,7 @@ cellm_status model_load(const char *path, model **out, cellm_error *err) {
         int64_t nkv = 1;
         L->is_conv = hkv && gguf_arr_get_int(hkv, (uint64_t)il, &nkv) && nkv == 0;
         if (L->is_conv && !m->conv_l &&
-            (!meta_u32(f, a, "shortconv.l_cache", &m->conv_l) || m->conv_l < 2 ||
-             m->conv_l > 64)) {
+            (!meta_u32(f, a, "shortconv.l_cache", &m->conv_l) || m->conv_l < 2 || m->conv_l > 64)) {
             st = err_set(err, CELLM_ERR_FORMAT,
                          "%s: %s.shortconv.l_cache is missing or not in 2..64", path, a);
             goto fail;

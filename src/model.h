@@ -78,8 +78,8 @@ typedef struct model {
     int32_t n_expert, n_expert_used;   /* mixture of experts; 0 when dense */
     int32_t n_ff_exp;                  /* rows of each expert's gate and up */
     bool moe_norm_topk;                /* the chosen experts' weights renormalised to sum 1 */
-    int32_t conv_l;        /* short convolutions' width (lfm2); 0: none */
-    int32_t n_conv_layers; /* each keeps conv_l - 1 inputs per sequence */
+    int32_t conv_l;                    /* short convolutions' width (lfm2); 0: none */
+    int32_t n_conv_layers;             /* each keeps conv_l - 1 inputs per sequence */
     weight tok_embd, out_norm, output; /* output may be tok_embd (tied) */
     layer_desc *layers;
     int32_t n_kv_groups;        /* 1, or 2 when some layers use a window */

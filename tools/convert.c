@@ -482,8 +482,8 @@ static cellm_status write_lfm2(conv *c, cellm_error *err) {
     }
     int64_t lc;
     if (!jint(g, "conv_L_cache", 2, 64, &lc))
-        return err_set(err, CELLM_ERR_FORMAT, "%s/config.json: conv_L_cache is missing or not in 2..64",
-                       c->dir);
+        return err_set(err, CELLM_ERR_FORMAT,
+                       "%s/config.json: conv_L_cache is missing or not in 2..64", c->dir);
     if (jbool(g, "conv_bias", false))
         return err_set(err, CELLM_ERR_UNSUPPORTED, "%s: conv_bias (llama.cpp's lfm2 has none)",
                        c->dir);
@@ -912,8 +912,8 @@ static cellm_status write_tensors(conv *c, uint32_t type, const convert_params *
             if (c->fam->gemma && nl > 11 && !strcmp(name + nl - 11, "norm.weight"))
                 for (uint64_t j = 0; j < t->n_elems; j++) f[j] += 1.0f;
             uint64_t ne[2] = {n_dims == 2 ? cols : rows, rows};
-            if ((st = add_values(c, name, f, n_dims, ne, type, safetensors_dtype_name(t->dtype),
-                                 p, k, total, err)))
+            if ((st = add_values(c, name, f, n_dims, ne, type, safetensors_dtype_name(t->dtype), p,
+                                 k, total, err)))
                 return st;
         }
     }
