@@ -51,6 +51,7 @@ struct forward_ctx {
     float *xg;      /* [rows][n_embd] those rows' normed inputs, gathered */
     float *og;      /* [rows][n_embd] the expert's outputs for them */
     float *moe_out; /* [rows][n_embd] the weighted sum over each row's experts */
+    float *bcx;     /* [rows][3 * n_embd] a short-convolution layer's B, C, x (lfm2) */
     float *acc;     /* [threads][head_dim_v + head_dim + max_ctx] attention scratch */
     size_t acc_stride;
     void *scratch; /* quantized activations for matmul */
@@ -65,6 +66,7 @@ static int32_t max_i32(int32_t a, int32_t b) {
 typedef struct fwd_sizes {
     size_t x, xb, q, k, v, att, hb, hb2, logits, acc, scratch;
     size_t router, sel, xg; /* mixture of experts: sel and sel_w, xg and og and moe_out */
+    size_t bcx;
 } fwd_sizes;
 
 static size_t scratch_for(const weight *w, int32_t rows) {
@@ -92,14 +94,16 @@ static fwd_sizes sizes_for(const model *m, int32_t rows, int32_t logit_rows, int
     s.router = r * (size_t)m->n_expert;
     s.sel = r * (size_t)m->n_expert_used;
     s.xg = m->n_expert ? r * (size_t)m->n_embd : 0;
+    s.bcx = m->n_conv_layers ? r * 3 * (size_t)m->n_embd : 0;
     s.logits = (size_t)logit_rows * (size_t)m->n_vocab;
     s.acc = (size_t)n_threads * acc_per_thread(m, max_ctx);
     /* The largest quantized activation buffer any matmul needs. */
     size_t sc = scratch_for(&m->output, logit_rows);
     for (int32_t il = 0; il < m->n_layer; il++) {
         const layer_desc *L = &m->layers[il];
-        const weight *ws[] = {&L->wq,   &L->wk,     &L->wv,           &L->wo,      &L->w_gate,
-                              &L->w_up, &L->w_down, &L->ffn_gate_inp, &L->up_exps, &L->down_exps};
+        const weight *ws[] = {&L->wq,      &L->wk,        &L->wv,      &L->wo,
+                              &L->w_gate,  &L->w_up,      &L->w_down,  &L->ffn_gate_inp,
+                              &L->up_exps, &L->down_exps, &L->conv_in, &L->conv_out};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
             if (!ws[i]->data) continue;
             size_t b = scratch_for(ws[i], rows);
@@ -114,7 +118,7 @@ size_t forward_bytes(const model *m, int32_t max_rows, int32_t max_logit_rows, i
                      int32_t max_ctx) {
     fwd_sizes s = sizes_for(m, max_rows, max_logit_rows, n_threads, max_ctx);
     return (s.x + s.xb + s.q + s.k + s.v + s.att + s.hb + s.hb2 + s.logits + s.acc + s.router +
-            2 * s.sel + 3 * s.xg) *
+            2 * s.sel + 3 * s.xg + s.bcx) *
                sizeof(float) +
            s.scratch + (size_t)max_rows * sizeof(int32_t) +
            (m->n_expert ? (size_t)max_rows * (sizeof(int32_t) + sizeof(float)) : 0);
@@ -142,6 +146,7 @@ void forward_free(forward_ctx *f) {
     free(f->xg);
     free(f->og);
     free(f->moe_out);
+    free(f->bcx);
     free(f);
 }
 
@@ -186,6 +191,7 @@ cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_
         moe_ok =
             f->router && f->sel && f->sel_w && f->grp && f->grp_w && f->xg && f->og && f->moe_out;
     }
+    if (m->n_conv_layers && !(f->bcx = malloc(s.bcx * sizeof(float)))) moe_ok = false;
     if (!f->x || !f->xb || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2 || !f->logits ||
         !f->acc || !f->scratch || !f->logit_rows || !moe_ok) {
         forward_free(f);
@@ -578,6 +584,37 @@ static void moe(forward_ctx *f, step *s) {
     memcpy(f->hb, f->moe_out, (size_t)n * (size_t)d * sizeof(float));
 }
 
+/* A short-convolution block (lfm2) on the normed rows in xb, into hb:
+ * in_proj gives B, C and x; each channel's causal convolution of width
+ * conv_l runs over B * x of the sequence's last conv_l - 1 rows (its state)
+ * and this row's; C times that goes through out_proj. The state advances
+ * row by row in batch order, which is each sequence's position order, so
+ * a row sees the same inputs whether its sequence comes in one chunk, in
+ * pieces or token by token. */
+static void conv_block(forward_ctx *f, step *s) {
+    const model *m = f->m;
+    const layer_desc *L = s->L;
+    int32_t n = s->n, d = m->n_embd, w = m->conv_l;
+    mm(f, &L->conv_in, f->xb, n, f->bcx);
+    const float *k = L->conv_k.data; /* [d][w] */
+    for (int32_t r = 0; r < n; r++) {
+        const float *b = f->bcx + (size_t)r * 3 * (size_t)d, *c = b + d, *x = b + 2 * d;
+        float *st = s->rows[r].seq->conv + (size_t)L->conv_index * (size_t)(w - 1) * (size_t)d;
+        float *y = f->xb + (size_t)r * d;
+        for (int32_t ch = 0; ch < d; ch++) {
+            const float *kc = k + (size_t)ch * w;
+            float bx = b[ch] * x[ch], acc = 0;
+            for (int32_t i = 0; i < w - 1; i++) acc += kc[i] * st[(size_t)i * d + ch];
+            acc += kc[w - 1] * bx;
+            for (int32_t i = 0; i + 1 < w - 1; i++)
+                st[(size_t)i * d + ch] = st[(size_t)(i + 1) * d + ch];
+            st[(size_t)(w - 2) * d + ch] = bx;
+            y[ch] = c[ch] * acc;
+        }
+    }
+    mm(f, &L->conv_out, f->xb, n, f->hb);
+}
+
 /* Checks the batch, reserves KV blocks for its new positions. */
 static cellm_status prepare(forward_ctx *f, const fwd_row *rows, int32_t n, cellm_error *err) {
     if (n < 1 || n > f->max_rows)
@@ -631,11 +668,15 @@ cellm_status forward_run(forward_ctx *f, const fwd_row *rows, int32_t n, const f
         s.L = L;
         s.il = il;
         run_rows(f, task_attn_norm, &s);
-        mm_shared(f, (const weight *const[]){&L->wq, &L->wk, &L->wv},
-                  (float *const[]){f->q, f->k, f->v}, 3, f->xb, n);
-        run_rows(f, task_qk, &s);
-        tp_run(f->tp, task_attention, &s);
-        mm(f, &L->wo, f->att, n, f->hb);
+        if (L->is_conv) {
+            conv_block(f, &s);
+        } else {
+            mm_shared(f, (const weight *const[]){&L->wq, &L->wk, &L->wv},
+                      (float *const[]){f->q, f->k, f->v}, 3, f->xb, n);
+            run_rows(f, task_qk, &s);
+            tp_run(f->tp, task_attention, &s);
+            mm(f, &L->wo, f->att, n, f->hb);
+        }
         run_rows(f, task_attn_residual, &s);
         run_rows(f, task_ffn_norm, &s);
         if (L->ffn_gate_inp.data) {

@@ -113,6 +113,7 @@ cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, int
     c->max_ctx = max_ctx;
     c->max_blocks_per_seq = (max_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
     c->anchor = -1;
+    c->conv_floats = (size_t)m->n_conv_layers * (size_t)(m->conv_l - 1) * (size_t)m->n_embd;
     size_t all = kv_cache_bytes(m, type, max_ctx, n_seqs, chunk);
     for (int32_t gi = 0; gi < c->n_groups; gi++) {
         kv_group *g = &c->groups[gi];
@@ -145,7 +146,7 @@ cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, int
         g->hnext = malloc(n * sizeof *g->hnext);
         g->lru_prev = malloc(n * sizeof *g->lru_prev);
         g->lru_next = malloc(n * sizeof *g->lru_next);
-        if (c->anchor < 0 && g->window <= 0) {
+        if (c->anchor < 0 && g->window <= 0 && !c->conv_floats) {
             c->anchor = gi;
             g->toks = malloc(n * KV_BLOCK_TOKENS * sizeof *g->toks);
         }
@@ -208,6 +209,10 @@ cellm_status kv_seq_init(kv_cache *c, kv_seq *s, cellm_error *err) {
             return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory for a block table");
         }
         for (int32_t i = 0; i < c->max_blocks_per_seq; i++) s->table[gi][i] = -1;
+    }
+    if (c->conv_floats && !(s->conv = calloc(c->conv_floats, sizeof *s->conv))) {
+        kv_seq_free(c, s);
+        return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory for a convolution state");
     }
     return CELLM_OK;
 }
@@ -360,11 +365,13 @@ void kv_seq_reset(kv_cache *c, kv_seq *s) {
     }
     s->n_pos = 0;
     s->n_pub = 0;
+    if (s->conv) memset(s->conv, 0, c->conv_floats * sizeof *s->conv);
 }
 
 void kv_seq_free(kv_cache *c, kv_seq *s) {
     kv_seq_reset(c, s);
     for (int32_t gi = 0; gi < 2; gi++) free(s->table[gi]);
+    free(s->conv);
     memset(s, 0, sizeof *s);
 }
 
@@ -472,6 +479,7 @@ void kv_seq_trim(kv_cache *c, kv_seq *s) {
 
 bool kv_seq_truncate(kv_cache *c, kv_seq *s, int32_t n) {
     if (n < 0 || n > s->n_pos) return false;
+    if (c->conv_floats && n < s->n_pos) return false; /* the state is of n_pos only */
     for (int32_t gi = 0; gi < c->n_groups; gi++) {
         int32_t w = c->groups[gi].window;
         int32_t from = w > 0 && n - w > 0 ? n - w : 0; /* first position still visible */
@@ -499,6 +507,7 @@ void kv_seq_fork(kv_cache *c, kv_seq *dst, const kv_seq *src) {
         }
     dst->n_pos = src->n_pos;
     dst->n_pub = src->n_pub;
+    if (c->conv_floats) memcpy(dst->conv, src->conv, c->conv_floats * sizeof *dst->conv);
 }
 
 /* First block a windowed group still needs at the end of `pos` positions. */

@@ -36,6 +36,15 @@
  * least recently used first, when the pool has no empty block left.
  * Models with no full-attention group have no prefix cache.
  *
+ * Short-convolution state (lfm2). A convolution layer keeps, per sequence,
+ * the last conv_l - 1 inputs of its convolution: a small fixed-size state
+ * beside the block tables (kv_seq.conv), which the forward pass reads and
+ * advances row by row. It describes the sequence's end only, so such a
+ * cache shares no prefixes (no prefix index: a cached block would need
+ * the state at its boundary), a truncation is refused (the caller resets
+ * and recomputes, as it does for a windowed group that let positions go),
+ * a fork copies the state, and a reset zeroes it.
+ *
  * The pool is mapped from the OS (pages.h), so a block costs no physical
  * memory until a sequence first writes it; kv_cache_release_free() gives
  * the pages of free blocks back under memory pressure. Each group counts
@@ -102,6 +111,7 @@ typedef struct kv_cache {
     uint64_t n_hits, n_hit_tokens; /* lookups that found a prefix, and the positions they took */
     uint64_t n_cow, n_evict;       /* copies on write; idle blocks evicted for new ones */
     int32_t seq_slack;             /* kv_seq_init's kv_seq.slack (0 unless set) */
+    size_t conv_floats;            /* a sequence's convolution state; 0: none */
 } kv_cache;
 
 /* A sequence's view of the cache: its length and block tables. */
@@ -125,6 +135,10 @@ typedef struct kv_seq {
      * takes back the guesses it rejects). kv_seq_init sets the cache's
      * seq_slack. */
     int32_t slack;
+    /* Short-convolution state, conv_floats floats (NULL without): for
+     * each conv layer, its last conv_l - 1 inputs, oldest first, each
+     * n_embd floats. Consistent with n_pos. */
+    float *conv;
 } kv_seq;
 
 /* Creates a cache for `m` holding up to `budget` bytes of blocks of KV

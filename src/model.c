@@ -45,6 +45,8 @@ static const arch_row arch_table[] = {
     {"qwen3moe", ROPE_NEOX, ACT_SILU, false, 0, 0, 0, true, true},   /* QK-norm per head */
     {"olmoe", ROPE_NEOX, ACT_SILU, false, 0, 0, 0, true, false},     /* QK-norm over all heads */
     {"granitemoe", ROPE_NORM, ACT_SILU, false, 0, 0, 0, true, true}, /* granite's scales */
+    /* Short-convolution layers where attention.head_count_kv[il] is 0. */
+    {"lfm2", ROPE_NEOX, ACT_SILU, false, 0, 0, 0, false, false},
 };
 
 #define ARCH_NAMES                                                                                 \
@@ -153,7 +155,14 @@ static cellm_status load_layer(const gguf_file *f, model *m, int il, cellm_error
     } while (0)
     W(attn_norm, "attn_norm", d, 0, false);
     snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", il);
-    if (gguf_find_tensor(f, name)) {
+    if (L->is_conv) {
+        W(conv_in, "shortconv.in_proj", d, 3 * d, false);
+        W(conv_out, "shortconv.out_proj", d, d, false);
+        W(conv_k, "shortconv.conv", m->conv_l, d, false);
+        if (L->conv_k.type != QT_F32)
+            return err_set(err, CELLM_ERR_UNSUPPORTED, "tensor 'blk.%d.shortconv.conv' must be F32",
+                           il);
+    } else if (gguf_find_tensor(f, name)) {
         /* Fused QKV (phi3): Q, K and V are consecutive rows of one matrix. */
         weight qkv;
         if ((st = get_weight(f, name, d, qd + kd + vd, false, &qkv, err))) return st;
@@ -165,22 +174,24 @@ static cellm_status load_layer(const gguf_file *f, model *m, int il, cellm_error
         W(wk, "attn_k", d, kd, false);
         W(wv, "attn_v", d, vd, false);
     }
+    if (!L->is_conv) {
 #define B(field, suffix, n)                                                                        \
     do {                                                                                           \
         snprintf(name, sizeof name, "blk.%d." suffix ".bias", il);                                 \
         if ((st = get_weight(f, name, n, 0, true, &L->field, err))) return st;                     \
     } while (0)
-    B(bq, "attn_q", qd);
-    B(bk, "attn_k", kd);
-    B(bv, "attn_v", vd);
+        B(bq, "attn_q", qd);
+        B(bk, "attn_k", kd);
+        B(bv, "attn_v", vd);
 #undef B
-    W(wo, "attn_output", qd, d, false);
-    snprintf(name, sizeof name, "blk.%d.attn_q_norm.weight", il);
-    const gguf_tensor *qn = gguf_find_tensor(f, name);
-    /* OLMoE normalises Q and K across all heads at once. */
-    L->qk_norm_full = qn && qn->ne[0] == (uint64_t)qd && qd != m->head_dim;
-    W(q_norm, "attn_q_norm", L->qk_norm_full ? qd : m->head_dim, 0, true);
-    W(k_norm, "attn_k_norm", L->qk_norm_full ? kd : m->head_dim, 0, true);
+        W(wo, "attn_output", qd, d, false);
+        snprintf(name, sizeof name, "blk.%d.attn_q_norm.weight", il);
+        const gguf_tensor *qn = gguf_find_tensor(f, name);
+        /* OLMoE normalises Q and K across all heads at once. */
+        L->qk_norm_full = qn && qn->ne[0] == (uint64_t)qd && qd != m->head_dim;
+        W(q_norm, "attn_q_norm", L->qk_norm_full ? qd : m->head_dim, 0, true);
+        W(k_norm, "attn_k_norm", L->qk_norm_full ? kd : m->head_dim, 0, true);
+    }
     W(post_attn_norm, "post_attention_norm", d, 0, true);
     W(ffn_norm, "ffn_norm", d, 0, false);
     snprintf(name, sizeof name, "blk.%d.ffn_gate.weight", il);
@@ -249,6 +260,29 @@ cellm_status model_load(const char *path, model **out, cellm_error *err) {
         goto fail;
     }
     if (!meta_u32(f, a, "attention.head_count_kv", &m->n_head_kv)) m->n_head_kv = m->n_head;
+    /* lfm2 gives KV heads per layer: 0 for its short-convolution layers. */
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.head_count_kv", a);
+    const gguf_value *hkv = gguf_get_arr(f, key);
+    if (hkv) {
+        m->n_head_kv = 0;
+        for (uint64_t i = 0; i < hkv->v.arr.n; i++) {
+            int64_t v;
+            if (!gguf_arr_get_int(hkv, i, &v) || v < 0 || v > 4096 ||
+                (v && m->n_head_kv && v != m->n_head_kv)) {
+                st = err_set(err, CELLM_ERR_FORMAT,
+                             "%s: %s[%llu] is not a KV head count shared by every attention layer",
+                             path, key, (unsigned long long)i);
+                goto fail;
+            }
+            if (v) m->n_head_kv = (int32_t)v;
+        }
+        if (hkv->v.arr.n != (uint64_t)m->n_layer) {
+            st = err_set(err, CELLM_ERR_FORMAT, "%s: %s has %llu values for %d layers", path, key,
+                         (unsigned long long)hkv->v.arr.n, m->n_layer);
+            goto fail;
+        }
+    }
     if (!meta_u32(f, a, "context_length", &m->n_ctx_train)) m->n_ctx_train = 2048;
     if (m->n_embd <= 0 || m->n_layer <= 0 || m->n_layer > 4096 || m->n_head <= 0 ||
         m->n_head_kv <= 0 || m->n_head % m->n_head_kv != 0 || m->n_ff <= 0) {
@@ -276,7 +310,6 @@ cellm_status model_load(const char *path, model **out, cellm_error *err) {
     }
     m->rope = ar->rope;
     m->rope_freq_scale = 1.0f;
-    char key[128];
     snprintf(key, sizeof key, "%s.rope.scaling.type", a);
     /* LongRoPE is its factor tensors and attention factor, read below. */
     if (gguf_get_str(f, key, &s) && !gguf_str_eq(s, "none") &&
@@ -367,8 +400,11 @@ cellm_status model_load(const char *path, model **out, cellm_error *err) {
     }
     if ((st = get_weight(f, "token_embd.weight", m->n_embd, m->n_vocab, false, &m->tok_embd, err)))
         goto fail;
-    if ((st = get_weight(f, "output_norm.weight", m->n_embd, 0, false, &m->out_norm, err)))
-        goto fail;
+    /* lfm2's final norm has llama.cpp's name token_embd_norm. */
+    const char *out_norm = gguf_find_tensor(f, "output_norm.weight") || strcmp(a, "lfm2")
+                               ? "output_norm.weight"
+                               : "token_embd_norm.weight";
+    if ((st = get_weight(f, out_norm, m->n_embd, 0, false, &m->out_norm, err))) goto fail;
     if ((st = get_weight(f, "output.weight", m->n_embd, m->n_vocab, true, &m->output, err)))
         goto fail;
     if (!m->output.data) m->output = m->tok_embd; /* tied */
@@ -382,8 +418,18 @@ cellm_status model_load(const char *path, model **out, cellm_error *err) {
     }
     m->n_kv_groups = 1;
     for (int il = 0; il < m->n_layer; il++) {
-        if ((st = load_layer(f, m, il, err))) goto fail;
         layer_desc *L = &m->layers[il];
+        int64_t nkv = 1;
+        L->is_conv = hkv && gguf_arr_get_int(hkv, (uint64_t)il, &nkv) && nkv == 0;
+        if (L->is_conv && !m->conv_l &&
+            (!meta_u32(f, a, "shortconv.l_cache", &m->conv_l) || m->conv_l < 2 || m->conv_l > 64)) {
+            st = err_set(err, CELLM_ERR_FORMAT,
+                         "%s: %s.shortconv.l_cache is missing or not in 2..64", path, a);
+            goto fail;
+        }
+        if (L->is_conv) L->conv_index = m->n_conv_layers++;
+        if ((st = load_layer(f, m, il, err))) goto fail;
+        if (L->is_conv) continue; /* no RoPE, no KV */
         bool local = window > 0 && (ar->swa_period == 0 || (il + 1) % ar->swa_period != 0);
         L->window = local ? window : 0;
         L->rope_base = local && ar->rope_base_local > 0 ? ar->rope_base_local : base;

@@ -44,6 +44,12 @@ typedef struct layer_desc {
      * expert's gate, up and down matrices stacked (expert e's rows are
      * [e * rows, (e + 1) * rows) of a matrix of n_expert * rows rows). */
     weight ffn_gate_inp, gate_exps, up_exps, down_exps;
+    /* A short-convolution block in place of attention (lfm2): in_proj
+     * gives B, C and x; C * conv(B * x) goes through out_proj. conv_k holds
+     * each channel's conv_l weights (F32, [conv_l, n_embd]). */
+    bool is_conv;
+    int32_t conv_index; /* the layer's index among the conv layers */
+    weight conv_in, conv_k, conv_out;
     float rope_base;  /* frequency base of this layer */
     float rope_scale; /* position scale of this layer (1 / linear scaling factor) */
     int32_t window;   /* sliding window in tokens; 0: full attention */
@@ -72,6 +78,8 @@ typedef struct model {
     int32_t n_expert, n_expert_used;   /* mixture of experts; 0 when dense */
     int32_t n_ff_exp;                  /* rows of each expert's gate and up */
     bool moe_norm_topk;                /* the chosen experts' weights renormalised to sum 1 */
+    int32_t conv_l;                    /* short convolutions' width (lfm2); 0: none */
+    int32_t n_conv_layers;             /* each keeps conv_l - 1 inputs per sequence */
     weight tok_embd, out_norm, output; /* output may be tok_embd (tied) */
     layer_desc *layers;
     int32_t n_kv_groups;        /* 1, or 2 when some layers use a window */

@@ -17,6 +17,9 @@
  *   n_pos x i32 the kept tokens
  *   per group:  i32 first  u32 count, then count blocks of block_bytes: the
  *               blocks [first, first + count) the sequence needs
+ *   only for a model with short-convolution layers (lfm2): the sequence's
+ *               convolution state (kv_seq.conv, floats as the machine
+ *               stores them), as many bytes as the engine's layout says
  *   u8[32]      SHA-256 of every byte before it
  *
  * The file is untrusted on restore: its size is bounded by what the engine
@@ -67,6 +70,7 @@ typedef struct snapshot {
     int32_t *tokens;
     int32_t first[2], count[2];
     uint8_t *blocks[2];
+    float *conv;
     bool no_memory, broken;
 } snapshot;
 
@@ -82,6 +86,13 @@ static void snap_kv(cellm_engine *e, void *arg) {
         return;
     }
     memcpy(sn->tokens, sn->s->kept, (size_t)q->n_pos * sizeof *sn->tokens);
+    if (c->conv_floats) {
+        if (!(sn->conv = malloc(c->conv_floats * sizeof *sn->conv))) {
+            sn->no_memory = true;
+            return;
+        }
+        memcpy(sn->conv, q->conv, c->conv_floats * sizeof *sn->conv);
+    }
     int32_t end = (q->n_pos + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
     for (int32_t g = 0; g < c->n_groups; g++) {
         size_t bb = c->groups[g].block_bytes;
@@ -209,6 +220,12 @@ cellm_status cellm_session_save(cellm_session *s, const char *path) {
         put_u32(&w, (uint32_t)sn.count[g]);
         if (sn.n_pos > 0) put(&w, sn.blocks[g], (size_t)sn.count[g] * c->groups[g].block_bytes);
     }
+    if (c->conv_floats) { /* zeros for an empty sequence */
+        for (size_t i = 0; i < c->conv_floats; i++) {
+            float v = sn.conv ? sn.conv[i] : 0.0f;
+            put(&w, &v, sizeof v);
+        }
+    }
     uint8_t sum[SHA256_DIGEST_SIZE];
     sha256_final(&w.h, sum);
     if (!w.failed && fwrite(sum, 1, sizeof sum, f) != sizeof sum) w.failed = true;
@@ -234,6 +251,7 @@ done:
     free(sn.tokens);
     free(sn.blocks[0]);
     free(sn.blocks[1]);
+    free(sn.conv);
     return st ? engine_fail(st, msg) : CELLM_OK;
 }
 
@@ -298,6 +316,7 @@ static void restore_kv(cellm_engine *e, void *arg) {
         for (int32_t i = 0; i < f->count[g]; i++)
             (void)kv_seq_set_block(c, q, g, f->first[g] + i,
                                    f->blocks[g] + (size_t)i * c->groups[g].block_bytes);
+    if (f->conv) memcpy(q->conv, f->conv, c->conv_floats * sizeof *q->conv);
     for (int32_t i = 0; i < f->n_pos; i++) {
         const uint8_t *b = f->tokens + 4 * (size_t)i;
         j->s->kept[i] = (int32_t)((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
@@ -470,6 +489,7 @@ cellm_status ses_parse(const ses_layout *lay, const uint8_t *buf, size_t len, se
         out->blocks[g] = take(&r, (size_t)count * (size_t)lay->block_bytes[g]);
         if (!out->blocks[g]) goto truncated;
     }
+    if (lay->conv_bytes && !(out->conv = take(&r, (size_t)lay->conv_bytes))) goto truncated;
     if (r.left != 0) {
         snprintf(msg, cap, "the session file has %zu bytes after its blocks", r.left);
         return CELLM_ERR_FORMAT;
@@ -491,7 +511,7 @@ size_t ses_max_bytes(const ses_layout *lay) {
     size_t n = 256 + SES_MAX_TEXT + (size_t)SES_MAX_MSGS * 5 + 4 * (size_t)lay->max_ctx;
     size_t blocks = ((size_t)lay->max_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
     for (int32_t g = 0; g < lay->n_groups; g++) n += blocks * (size_t)lay->block_bytes[g] + 8;
-    return n;
+    return n + (size_t)lay->conv_bytes;
 }
 
 /* The layout of an engine. */
@@ -507,6 +527,7 @@ static void layout_of(const cellm_engine *e, ses_layout *lay) {
     }
     lay->max_ctx = e->kv->max_ctx;
     lay->n_vocab = e->model->m->n_vocab;
+    lay->conv_bytes = e->kv->conv_floats * sizeof(float);
 }
 
 cellm_status cellm_session_restore(cellm_engine *e, const char *path,

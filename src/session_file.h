@@ -19,6 +19,7 @@ typedef struct ses_layout {
     int32_t n_layers[2], window[2];
     uint64_t block_bytes[2];
     int32_t max_ctx, n_vocab;
+    uint64_t conv_bytes; /* a sequence's convolution state (lfm2); 0: none */
 } ses_layout;
 
 /* A parsed file: views into its buffer, but the message arrays, which
@@ -29,6 +30,7 @@ typedef struct ses_parsed {
     const uint8_t *tokens; /* n_pos little-endian int32 ids, all in the vocabulary */
     int32_t first[2], count[2];
     const uint8_t *blocks[2]; /* count[g] blocks of block_bytes[g] */
+    const uint8_t *conv;      /* conv_bytes of convolution state, or NULL */
     int32_t n_msgs;
     cellm_chat_message *msgs;
     size_t *lens;

@@ -340,6 +340,10 @@ static void test_granitemoe(void **state) {
     (void)state;
     check_family("granitemoe");
 }
+static void test_lfm2_shortconv(void **state) {
+    (void)state;
+    check_family("lfm2");
+}
 
 /* Batch invariance of a converted family: the long prompt's logits are
  * the same bits run as one chunk, token by token, and in chunks of 7
@@ -407,7 +411,7 @@ static void check_invariance(const char *name) {
 
 static void test_invariance_new_families(void **state) {
     (void)state;
-    static const char *names[] = {"smollm3", "qwen3moe", "olmoe", "granitemoe"};
+    static const char *names[] = {"smollm3", "qwen3moe", "olmoe", "granitemoe", "lfm2"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) check_invariance(names[i]);
 }
 
@@ -473,6 +477,187 @@ static void test_arch_fields(void **state) {
         model_free(m);
         remove_converted(path);
     }
+}
+
+/* ---- the engine on a hybrid (lfm2) and a mixture of experts (qwen3moe) */
+
+#define N_ASK 4
+static const char *const asks[N_ASK] = {"In the beginning God created the heaven",
+                                        "def fib(n): return n", "The quick brown fox jumps over",
+                                        "Prices: milk 1.19, eggs 2.89"};
+
+typedef struct answer {
+    int32_t tok[32], n;
+    int32_t n_cached, n_preempted;
+    float lp[32]; /* the completion tokens' log-probabilities (a session's turn) */
+    int32_t n_lp;
+} answer;
+
+static void on_lp(const cellm_token_logprob *lp, void *user) {
+    answer *a = user;
+    if (!lp->is_prompt && a->n_lp < 32) a->lp[a->n_lp++] = lp->logprob;
+}
+
+static cellm_engine *engine_for(cellm_model *m, size_t budget) {
+    cellm_engine_params ep = cellm_engine_default_params();
+    ep.n_threads = 2;
+    ep.max_ctx = 256;
+    ep.max_batch_tokens = 32;
+    ep.prefix_cache = 1;
+    if (budget) ep.mem_budget_bytes = budget;
+    cellm_engine *e = NULL;
+    if (cellm_engine_create(m, &ep, &e) != CELLM_OK) {
+        print_error("engine: %s\n", cellm_last_error());
+        fail();
+    }
+    return e;
+}
+
+static void take_answer(cellm_request *r, answer *a) {
+    cellm_result res;
+    assert_int_equal(cellm_wait(r, &res), CELLM_OK);
+    assert_int_equal(res.status, CELLM_OK);
+    const int32_t *t;
+    assert_int_equal(cellm_request_tokens(r, &t, &a->n), CELLM_OK);
+    assert_true(a->n <= 32);
+    memcpy(a->tok, t, (size_t)a->n * sizeof *t);
+    a->n_cached = res.n_cached_tokens;
+    a->n_preempted = res.n_preemptions;
+    cellm_request_free(r);
+}
+
+/* Greedy answers (the default) to asks[first..first + n) submitted at once. */
+static void ask_all(cellm_engine *e, int first, int n, answer *out) {
+    cellm_request *req[N_ASK];
+    memset(out, 0, (size_t)n * sizeof *out);
+    for (int i = 0; i < n; i++) {
+        cellm_chat_message msg = {"user", asks[first + i]};
+        cellm_request_params p = cellm_request_default_params();
+        p.messages = &msg;
+        p.n_messages = 1;
+        p.max_tokens = 24;
+        p.logprobs = 1;
+        p.on_logprob = on_lp;
+        p.user = &out[i];
+        assert_int_equal(cellm_submit(e, &p, &req[i]), CELLM_OK);
+    }
+    for (int i = 0; i < n; i++) take_answer(req[i], &out[i]);
+}
+
+static void assert_answers(const answer *a, const answer *b, const char *what) {
+    if (a->n != b->n || memcmp(a->tok, b->tok, (size_t)a->n * sizeof *a->tok))
+        print_error("%s: the answers differ\n", what);
+    assert_int_equal(a->n, b->n);
+    assert_memory_equal(a->tok, b->tok, (size_t)a->n * sizeof *a->tok);
+    assert_int_equal(a->n_lp, b->n_lp);
+    assert_memory_equal(a->lp, b->lp, (size_t)a->n_lp * sizeof *a->lp);
+}
+
+/* A turn; with `eos`, the reply is the end-of-turn token alone (biased up),
+ * so the session's kept tokens are a prefix of the next turn's prompt and
+ * the next turn starts from them whatever the model (a reply of random
+ * tokens may tokenize otherwise when the template renders it again, and a
+ * short-convolution model cannot take back positions: it would recompute
+ * everything). */
+static void session_turn(cellm_session *s, const char *text, bool eos, answer *a) {
+    cellm_request *r = NULL;
+    cellm_request_params p = cellm_session_request_params(s);
+    cellm_logit_bias bias = {2, 100.0f}; /* the fixtures' <|im_end|> */
+    memset(a, 0, sizeof *a);
+    if (eos) {
+        p.sampling.logit_bias = &bias;
+        p.sampling.n_logit_bias = 1;
+    }
+    p.logprobs = 1; /* their bits show any difference in the state a turn starts from */
+    p.on_logprob = on_lp;
+    p.user = a;
+    if (cellm_session_send(s, text, &p, &r) != CELLM_OK) {
+        print_error("send: %s\n", cellm_last_error());
+        fail();
+    }
+    take_answer(r, a);
+}
+
+static cellm_session_params session_params(void) {
+    cellm_session_params sp = cellm_session_default_params();
+    sp.max_tokens = 12;
+    return sp;
+}
+
+static cellm_session *session_new(cellm_engine *e) {
+    cellm_session_params sp = session_params();
+    cellm_session *s = NULL;
+    assert_int_equal(cellm_session_create(e, &sp, &s), CELLM_OK);
+    return s;
+}
+
+/* What the engine keeps per sequence must survive what the engine does to
+ * sequences: the short-convolution state of lfm2 and the expert routing
+ * of qwen3moe. (1) Four requests at once under a budget of a few KV
+ * blocks, so some are preempted and recomputed, answer as each does alone.
+ * (2) A chat session of three turns gives the same replies when it is
+ * saved after two, and restored on a new engine for the third, which
+ * starts from the kept KV (and, for lfm2, the saved state). */
+static void check_engine(const char *name) {
+    char path[1024], file[1100];
+    convert(name, "f16", path, sizeof path);
+    snprintf(file, sizeof file, "%s.session", path);
+    cellm_model *m = NULL;
+    assert_int_equal(cellm_model_load(path, NULL, &m), CELLM_OK);
+
+    answer alone[N_ASK], squeezed[N_ASK];
+    cellm_engine *e = engine_for(m, 0);
+    for (int i = 0; i < N_ASK; i++) ask_all(e, i, 1, &alone[i]); /* one at a time */
+    cellm_stats st;
+    assert_int_equal(cellm_engine_stats(e, &st), CELLM_OK);
+    cellm_engine_free(e);
+    size_t block = st.bytes_kv_total / (size_t)st.blocks_total;
+    e = engine_for(m, st.bytes_activations + 5 * block + block / 2);
+    ask_all(e, 0, N_ASK, squeezed);
+    assert_int_equal(cellm_engine_stats(e, &st), CELLM_OK);
+    print_message("%s: %d blocks, %llu preemptions\n", name, st.blocks_total,
+                  (unsigned long long)st.n_preemptions);
+    assert_true(st.n_preemptions > 0);
+    for (int i = 0; i < N_ASK; i++) assert_answers(&alone[i], &squeezed[i], "squeezed");
+    cellm_engine_free(e);
+
+    answer u[3], s[3];
+    e = engine_for(m, 0);
+    cellm_session *ses = session_new(e);
+    for (int i = 0; i < 3; i++) session_turn(ses, asks[i], i < 2, &u[i]);
+    cellm_session_free(ses);
+    cellm_engine_free(e);
+    e = engine_for(m, 0);
+    ses = session_new(e);
+    for (int i = 0; i < 2; i++) session_turn(ses, asks[i], true, &s[i]);
+    assert_int_equal(cellm_session_save(ses, file), CELLM_OK);
+    cellm_session_free(ses);
+    cellm_engine_free(e);
+    e = engine_for(m, 0);
+    ses = NULL;
+    cellm_session_params sp = session_params();
+    if (cellm_session_restore(e, file, &sp, &ses) != CELLM_OK) {
+        print_error("restore: %s\n", cellm_last_error());
+        fail();
+    }
+    session_turn(ses, asks[2], false, &s[2]);
+    print_message("%s: restored turn: %d prompt tokens from the saved KV\n", name, s[2].n_cached);
+    assert_true(s[2].n_cached > 0);
+    for (int i = 0; i < 3; i++) assert_answers(&u[i], &s[i], "session");
+    cellm_session_free(ses);
+    cellm_engine_free(e);
+    cellm_model_free(m);
+    unlink(file);
+    remove_converted(path);
+}
+
+static void test_asan_engine_lfm2(void **state) {
+    (void)state;
+    check_engine("lfm2");
+}
+static void test_asan_engine_qwen3moe(void **state) {
+    (void)state;
+    check_engine("qwen3moe");
 }
 
 /* The number after "key": in `json`. */
@@ -686,8 +871,11 @@ int main(void) {
         cmocka_unit_test(test_qwen3moe),
         cmocka_unit_test(test_olmoe),
         cmocka_unit_test(test_granitemoe),
+        cmocka_unit_test(test_lfm2_shortconv),
         cmocka_unit_test(test_invariance_new_families),
         cmocka_unit_test(test_inspect_moe_active),
+        cmocka_unit_test(test_asan_engine_lfm2),
+        cmocka_unit_test(test_asan_engine_qwen3moe),
         cmocka_unit_test(test_arch_fields),
         cmocka_unit_test(test_rope_scaling_type_key),
         cmocka_unit_test(test_convert_types),

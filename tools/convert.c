@@ -53,6 +53,7 @@ static const hf_family families[] = {
     {"Qwen3MoeForCausalLM", "qwen3moe", false, false, false, true},
     {"OlmoeForCausalLM", "olmoe", false, false, false, true},
     {"GraniteMoeForCausalLM", "granitemoe", true, false, false, true},
+    {"Lfm2ForCausalLM", "lfm2", false, false, false, false},
 };
 
 /* Gemma's names for its norms around attention and the MLP. */
@@ -86,6 +87,18 @@ static const struct {
     {"mlp.down_proj.weight", "ffn_down.weight"},
     {"mlp.gate.weight", "ffn_gate_inp.weight"},                      /* qwen3moe, olmoe */
     {"block_sparse_moe.router.layer.weight", "ffn_gate_inp.weight"}, /* granitemoe */
+    /* lfm2 */
+    {"operator_norm.weight", "attn_norm.weight"},
+    {"ffn_norm.weight", "ffn_norm.weight"},
+    {"feed_forward.w1.weight", "ffn_gate.weight"},
+    {"feed_forward.w3.weight", "ffn_up.weight"},
+    {"feed_forward.w2.weight", "ffn_down.weight"},
+    {"conv.in_proj.weight", "shortconv.in_proj.weight"},
+    {"conv.out_proj.weight", "shortconv.out_proj.weight"},
+    {"conv.conv.weight", "shortconv.conv.weight"},
+    {"self_attn.q_layernorm.weight", "attn_q_norm.weight"},
+    {"self_attn.k_layernorm.weight", "attn_k_norm.weight"},
+    {"self_attn.out_proj.weight", "attn_output.weight"},
 };
 
 /* The stacked expert tensors, in the order of a stage's kinds. */
@@ -308,6 +321,16 @@ static cellm_status read_config(conv *c, cellm_error *err) {
                        (long long)c->head_dim);
     const cJSON *t = jget(g, "tie_word_embeddings");
     c->tied = cJSON_IsBool(t) ? cJSON_IsTrue(t) : false;
+    if (!strcmp(c->fam->arch, "lfm2") && jbool(g, "block_auto_adjust_ff_dim", false)) {
+        /* LFM2's own feed-forward size: 2/3, a multiplier, rounded up to a
+         * multiple, as transformers computes it. */
+        double mult = 1.0;
+        int64_t of = 256;
+        jnum(g, "block_ffn_dim_multiplier", &mult);
+        jint(g, "block_multiple_of", 1, 1 << 20, &of);
+        int64_t ff = (int64_t)(mult * (double)(int64_t)(2.0 * (double)c->n_ff / 3.0));
+        c->n_ff = of * ((ff + of - 1) / of);
+    }
     return c->fam->moe ? read_moe_config(c, err) : CELLM_OK;
 }
 
@@ -440,13 +463,48 @@ static cellm_status write_rope(conv *c, cellm_error *err) {
                    c->dir, type, c->fam->hf_class);
 }
 
+/* lfm2: which layers are short convolutions (layer_types "conv", or not in
+ * full_attn_idxs) as llama.cpp writes it, a KV head count of 0 in the
+ * per-layer attention.head_count_kv; and their width. */
+static cellm_status write_lfm2(conv *c, cellm_error *err) {
+    const cJSON *g = c->cfg, *lt = jget(g, "layer_types"), *fa = jget(g, "full_attn_idxs");
+    uint32_t *kv = calloc((size_t)c->n_layer, sizeof *kv);
+    if (!keep(c, kv)) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    for (int64_t i = 0; i < c->n_layer; i++) {
+        const cJSON *t = cJSON_IsArray(lt) ? cJSON_GetArrayItem(lt, (int)i) : NULL;
+        bool attn = false;
+        if (cJSON_IsString(t))
+            attn = strcmp(t->valuestring, "conv") != 0;
+        else
+            for (const cJSON *e = cJSON_IsArray(fa) ? fa->child : NULL; e; e = e->next)
+                attn |= cJSON_IsNumber(e) && e->valuedouble == (double)i;
+        kv[i] = attn ? (uint32_t)c->n_head_kv : 0;
+    }
+    int64_t lc;
+    if (!jint(g, "conv_L_cache", 2, 64, &lc))
+        return err_set(err, CELLM_ERR_FORMAT,
+                       "%s/config.json: conv_L_cache is missing or not in 2..64", c->dir);
+    if (jbool(g, "conv_bias", false))
+        return err_set(err, CELLM_ERR_UNSUPPORTED, "%s: conv_bias (llama.cpp's lfm2 has none)",
+                       c->dir);
+    gguf_value v = {.type = GGUF_TYPE_ARRAY};
+    v.v.arr.type = GGUF_TYPE_UINT32;
+    v.v.arr.n = (uint64_t)c->n_layer;
+    v.v.arr.data = kv;
+    char key[128];
+    snprintf(key, sizeof key, "lfm2.attention.head_count_kv");
+    cellm_status st = gguf_writer_set(c->w, key, &v, err);
+    if (!st) st = set_u32(c, "shortconv.l_cache", lc, err);
+    return st;
+}
+
 static cellm_status write_hparams(conv *c, cellm_error *err) {
     const cJSON *g = c->cfg;
     cellm_status st;
     int64_t ctx = 2048;
     jint(g, "max_position_embeddings", 1, INT32_MAX, &ctx);
     double eps = 1e-5;
-    jnum(g, "rms_norm_eps", &eps);
+    if (!jnum(g, "rms_norm_eps", &eps)) jnum(g, "norm_eps", &eps);
     if ((st = gguf_writer_set_str(c->w, "general.architecture", c->fam->arch, err))) return st;
     const char *base = strrchr(c->dir, '/');
     base = base && base[1] ? base + 1 : c->dir;
@@ -456,7 +514,9 @@ static cellm_status write_hparams(conv *c, cellm_error *err) {
         (st = set_u32(c, "block_count", c->n_layer, err)) ||
         (st = set_u32(c, "feed_forward_length", c->n_ff, err)) ||
         (st = set_u32(c, "attention.head_count", c->n_head, err)) ||
-        (st = set_u32(c, "attention.head_count_kv", c->n_head_kv, err)) ||
+        (!strcmp(c->fam->arch, "lfm2")
+             ? (st = write_lfm2(c, err))
+             : (st = set_u32(c, "attention.head_count_kv", c->n_head_kv, err))) ||
         (st = set_u32(c, "attention.key_length", c->head_dim, err)) ||
         (st = set_u32(c, "attention.value_length", c->head_dim, err)) ||
         (st = set_f32(c, "attention.layer_norm_rms_epsilon", eps, err)) ||
@@ -587,6 +647,8 @@ static bool gguf_name(const conv *c, const char *hf, char *out, size_t cap, bool
     *skip = false;
     if (!strcmp(hf, "model.embed_tokens.weight")) return snprintf(out, cap, "token_embd.weight");
     if (!strcmp(hf, "model.norm.weight")) return snprintf(out, cap, "output_norm.weight");
+    if (!strcmp(hf, "model.embedding_norm.weight")) /* lfm2's final norm, llama.cpp's name */
+        return snprintf(out, cap, "token_embd_norm.weight");
     if (!strcmp(hf, "lm_head.weight")) {
         *skip = c->tied;
         return snprintf(out, cap, "output.weight");
@@ -646,7 +708,9 @@ static cellm_status add_values(conv *c, const char *name, float *f, uint32_t n_d
                                const convert_params *p, size_t k, size_t total, cellm_error *err) {
     uint64_t n = 1;
     for (uint32_t i = 0; i < n_dims; i++) n *= ne[i];
-    uint32_t out_type = n_dims >= 2 && !strstr(name, "ffn_gate_inp") ? type : QT_F32;
+    uint32_t out_type =
+        n_dims >= 2 && !strstr(name, "ffn_gate_inp") && !strstr(name, "shortconv.conv") ? type
+                                                                                        : QT_F32;
     const quant_type_info *qi = quant_type_get(out_type);
     const void *data = f;
     if (out_type == QT_F32) {
@@ -808,7 +872,9 @@ static cellm_status write_tensors(conv *c, uint32_t type, const convert_params *
                     return st;
             }
             if (skip) continue;
-            if (t->n_dims < 1 || t->n_dims > 2 || t->n_elems == 0)
+            /* lfm2's depthwise convolution kernels, [channels, 1, width]. */
+            bool conv_k = strstr(name, "shortconv.conv") && t->n_dims == 3 && t->shape[1] == 1;
+            if ((t->n_dims < 1 || t->n_dims > 2 || t->n_elems == 0) && !conv_k)
                 return err_set(err, CELLM_ERR_FORMAT, "tensor '%.200s' has %u dimensions", t->name,
                                t->n_dims);
             /* The float copy lives only while this tensor is converted;
@@ -818,6 +884,11 @@ static cellm_status write_tensors(conv *c, uint32_t type, const convert_params *
             /* Hugging Face shapes are [rows, cols] or [n]; GGUF's ne is
              * innermost first. */
             uint64_t rows = t->shape[0], cols = t->n_dims == 2 ? t->shape[1] : 1;
+            uint32_t n_dims = t->n_dims;
+            if (conv_k) {
+                cols = t->shape[2];
+                n_dims = 2;
+            }
             bool is_q = strstr(name, ".attn_q.") != NULL, is_k = strstr(name, ".attn_k.") != NULL;
             if (c->fam->permute_qk && (is_q || is_k)) {
                 int64_t nh = is_q ? c->n_head : c->n_head_kv;
@@ -840,9 +911,9 @@ static cellm_status write_tensors(conv *c, uint32_t type, const convert_params *
             size_t nl = strlen(name);
             if (c->fam->gemma && nl > 11 && !strcmp(name + nl - 11, "norm.weight"))
                 for (uint64_t j = 0; j < t->n_elems; j++) f[j] += 1.0f;
-            uint64_t ne[2] = {t->n_dims == 2 ? cols : rows, rows};
-            if ((st = add_values(c, name, f, t->n_dims, ne, type, safetensors_dtype_name(t->dtype),
-                                 p, k, total, err)))
+            uint64_t ne[2] = {n_dims == 2 ? cols : rows, rows};
+            if ((st = add_values(c, name, f, n_dims, ne, type, safetensors_dtype_name(t->dtype), p,
+                                 k, total, err)))
                 return st;
         }
     }
