@@ -1,0 +1,356 @@
+/*
+ * test_vision.c — the vision path (SmolVLM / Idefics3) against Hugging
+ * Face transformers, from the fixtures of scripts/gen_vision_fixtures.py
+ * (tests/data/vision/): a tiny random-weight Idefics3 folder with its
+ * processor files, two pictures of different aspect ratios (96x60: 2x2
+ * tiles; 20x70: 2x1 tiles; each plus the global image), and what
+ * transformers computed on them. `cellm convert` writes the text model
+ * and the projector from the folder; then:
+ *  - Pillow's LANCZOS resizes of a picture, up and down, byte for byte;
+ *  - the processor's frames (tile grid and pixel values, within 1e-6);
+ *  - the encoder's and the connector's outputs on transformers' pixel
+ *    values, with an F32 projector (within VIS_TOL_F32 of the largest
+ *    value) and with the default F16 one (within VIS_TOL_F16);
+ *  - cellm_image_encode() end to end from the RGB8 picture;
+ *  - hostile sizes, NULL arguments, a text model given as the projector,
+ *    a truncated projector and a projector of another model's width are
+ *    refused with a message (test_asan_*, also under the sanitizers).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cmocka.h>
+#include <math.h>
+
+#include "cellm.h"
+#include "convert.h"
+#include "image.h"
+#include "test_common.h"
+#include "threadpool.h"
+#include "vision.h"
+
+#define VIS_TOL_F32 2e-5 /* times max(1, the largest |value|) */
+#define VIS_TOL_F16 2e-3
+#define N_IMAGES 2
+#define MAX_LANCZOS 8
+
+typedef struct fx_image {
+    int w, h, rows, cols, frames, side;
+    uint8_t *rgb;
+    float *pixels, *enc, *conn;
+} fx_image;
+
+typedef struct fixture {
+    fx_image img[N_IMAGES];
+    int n_lanczos, lw[MAX_LANCZOS], lh[MAX_LANCZOS];
+    uint8_t *lanczos;
+    char dir[256];                     /* converted files */
+    char text_f32[300], mm_f32[300], text_f16[300], mm_f16[300];
+} fixture;
+
+static fixture fx;
+
+static void *read_data(const char *name, size_t want) {
+    char path[1024];
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/tests/data/vision/%s", CELLM_SOURCE_DIR, name);
+    char *p = test_read_file(path, &len);
+    if (!p || len != want) {
+        print_error("%s: missing or %zu bytes, expected %zu\n", path, p ? len : 0, want);
+        fail();
+    }
+    return p;
+}
+
+static void convert_to(const char *type, const char *text, const char *mm) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tests/data/vision/idefics3", CELLM_SOURCE_DIR);
+    convert_params p = {.type = type, .n_threads = 1, .mmproj = mm};
+    cellm_error err;
+    if (convert_hf(dir, text, &p, &err) != CELLM_OK) {
+        print_error("convert %s: %s\n", type, err.msg);
+        fail();
+    }
+}
+
+static int setup(void **state) {
+    (void)state;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/data/vision/idefics3.txt", CELLM_SOURCE_DIR);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[8192];
+    while (fgets(line, sizeof line, f)) {
+        int i, w, h, r, c, n, fh, fw;
+        if (sscanf(line, "lanczos %d %d", &w, &h) == 2 && fx.n_lanczos < MAX_LANCZOS) {
+            fx.lw[fx.n_lanczos] = w;
+            fx.lh[fx.n_lanczos++] = h;
+        } else if (sscanf(line, "image %d %d %d %d %d %d %d %d", &i, &w, &h, &r, &c, &n, &fh,
+                          &fw) == 8 &&
+                   i >= 0 && i < N_IMAGES) {
+            fx.img[i] = (fx_image){w, h, r, c, n, fh, NULL, NULL, NULL, NULL};
+            assert_int_equal(fh, fw);
+        }
+    }
+    fclose(f);
+    size_t total = 0;
+    for (int k = 0; k < fx.n_lanczos; k++) total += (size_t)fx.lw[k] * (size_t)fx.lh[k] * 3;
+    fx.lanczos = read_data("idefics3-lanczos.u8", total);
+    for (int i = 0; i < N_IMAGES; i++) {
+        fx_image *im = &fx.img[i];
+        char name[64];
+        assert_true(im->frames > 0);
+        snprintf(name, sizeof name, "idefics3-img%d.rgb", i);
+        im->rgb = read_data(name, (size_t)im->w * (size_t)im->h * 3);
+        size_t plane = (size_t)im->side * (size_t)im->side;
+        snprintf(name, sizeof name, "idefics3-%d-pixels.f32", i);
+        im->pixels = read_data(name, (size_t)im->frames * 3 * plane * 4);
+        /* 4 x 4 patches of 32, 4 tokens of 64 per frame (the fixture's config). */
+        snprintf(name, sizeof name, "idefics3-%d-enc.f32", i);
+        im->enc = read_data(name, (size_t)im->frames * 16 * 32 * 4);
+        snprintf(name, sizeof name, "idefics3-%d-conn.f32", i);
+        im->conn = read_data(name, (size_t)im->frames * 4 * 64 * 4);
+    }
+    snprintf(fx.dir, sizeof fx.dir, "/tmp/cellm-test-vision-%d", (int)getpid());
+    assert_int_equal(mkdir(fx.dir, 0700), 0);
+    snprintf(fx.text_f32, sizeof fx.text_f32, "%s/text-f32.gguf", fx.dir);
+    snprintf(fx.mm_f32, sizeof fx.mm_f32, "%s/mmproj-f32.gguf", fx.dir);
+    snprintf(fx.text_f16, sizeof fx.text_f16, "%s/text-f16.gguf", fx.dir);
+    snprintf(fx.mm_f16, sizeof fx.mm_f16, "%s/mmproj-text-f16.gguf", fx.dir);
+    convert_to("f32", fx.text_f32, fx.mm_f32);
+    convert_to("f16", fx.text_f16, NULL); /* the default name, beside it */
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    for (int i = 0; i < N_IMAGES; i++) {
+        free(fx.img[i].rgb);
+        free(fx.img[i].pixels);
+        free(fx.img[i].enc);
+        free(fx.img[i].conn);
+    }
+    free(fx.lanczos);
+    unlink(fx.text_f32);
+    unlink(fx.mm_f32);
+    unlink(fx.text_f16);
+    unlink(fx.mm_f16);
+    rmdir(fx.dir);
+    return 0;
+}
+
+/* Largest |a - b| over n values, and the largest |b|. */
+static double max_diff(const float *a, const float *b, size_t n, double *scale) {
+    double d = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - (double)b[i]);
+        if (!(e <= d)) d = e; /* NaN counts */
+        if (fabs(b[i]) > s) s = fabs(b[i]);
+    }
+    *scale = s;
+    return d;
+}
+
+static void test_lanczos_as_pillow(void **state) {
+    (void)state;
+    const fx_image *im = &fx.img[0];
+    size_t off = 0;
+    for (int k = 0; k < fx.n_lanczos; k++) {
+        size_t n = (size_t)fx.lw[k] * (size_t)fx.lh[k] * 3;
+        uint8_t *out = malloc(n);
+        assert_non_null(out);
+        cellm_error err;
+        assert_int_equal(image_resize_lanczos(im->rgb, im->w, im->h, out, fx.lw[k], fx.lh[k], &err),
+                         CELLM_OK);
+        size_t bad = 0;
+        for (size_t j = 0; j < n; j++) bad += out[j] != fx.lanczos[off + j];
+        if (bad) print_error("%dx%d -> %dx%d: %zu of %zu bytes differ\n", im->w, im->h, fx.lw[k],
+                             fx.lh[k], bad, n);
+        assert_int_equal(bad, 0);
+        off += n;
+        free(out);
+    }
+}
+
+static void test_pixels_as_processor(void **state) {
+    (void)state;
+    vision_model *vm;
+    cellm_error err;
+    assert_int_equal(vision_load(fx.mm_f32, &vm, &err), CELLM_OK);
+    assert_int_equal(vm->pre.longest_edge, 64);
+    assert_int_equal(vm->pre.tile, 32);
+    for (int i = 0; i < N_IMAGES; i++) {
+        const fx_image *im = &fx.img[i];
+        image_frames fr;
+        assert_int_equal(image_preprocess(im->rgb, im->w, im->h, &vm->pre, &fr, &err), CELLM_OK);
+        assert_int_equal(fr.n_frames, im->frames);
+        assert_int_equal(fr.rows, im->rows);
+        assert_int_equal(fr.cols, im->cols);
+        assert_int_equal(fr.side, im->side);
+        double scale, d = max_diff(fr.pixels, im->pixels,
+                                   (size_t)fr.n_frames * 3 * (size_t)fr.side * (size_t)fr.side,
+                                   &scale);
+        print_message("image %d (%dx%d): %d frames, pixels max diff %.3g\n", i, im->w, im->h,
+                      fr.n_frames, d);
+        assert_true(d <= 1e-6);
+        image_frames_free(&fr);
+    }
+    vision_free(vm);
+}
+
+static void check_encoder(const char *mm, double tol) {
+    vision_model *vm;
+    threadpool *tp;
+    cellm_error err;
+    assert_int_equal(vision_load(mm, &vm, &err), CELLM_OK);
+    assert_int_equal(tp_create(2, &tp, &err), CELLM_OK);
+    assert_int_equal(vm->n_patches, 16);
+    assert_int_equal(vm->n_tokens, 4);
+    assert_int_equal(vm->proj_dim, 64);
+    for (int i = 0; i < N_IMAGES; i++) {
+        const fx_image *im = &fx.img[i];
+        size_t ne = (size_t)im->frames * 16 * 32, nc = (size_t)im->frames * 4 * 64;
+        float *enc = malloc(ne * sizeof *enc), *conn = malloc(nc * sizeof *conn);
+        assert_int_equal(vision_encode(vm, tp, im->pixels, im->frames, enc, conn, &err), CELLM_OK);
+        double se, sc, de = max_diff(enc, im->enc, ne, &se), dc = max_diff(conn, im->conn, nc, &sc);
+        print_message("%s image %d: encoder max diff %.3g (values to %.3g), connector %.3g (to "
+                      "%.3g)\n",
+                      strrchr(mm, '/') + 1, i, de, se, dc, sc);
+        assert_true(de <= tol * fmax(1.0, se));
+        assert_true(dc <= tol * fmax(1.0, sc));
+        free(enc);
+        free(conn);
+    }
+    tp_destroy(tp);
+    vision_free(vm);
+}
+
+static void test_encoder_connector_f32(void **state) {
+    (void)state;
+    check_encoder(fx.mm_f32, VIS_TOL_F32);
+}
+
+static void test_encoder_connector_f16(void **state) {
+    (void)state;
+    check_encoder(fx.mm_f16, VIS_TOL_F16);
+}
+
+/* The public API from RGB8 pixels: the frames, then the same embeddings. */
+static void test_image_encode_api(void **state) {
+    (void)state;
+    cellm_model *m;
+    cellm_mmproj *mm;
+    assert_int_equal(cellm_model_load(fx.text_f32, NULL, &m), CELLM_OK);
+    assert_int_equal(cellm_mmproj_load(fx.mm_f32, m, NULL, &mm), CELLM_OK);
+    for (int i = 0; i < N_IMAGES; i++) {
+        const fx_image *im = &fx.img[i];
+        cellm_image_embed *e;
+        assert_int_equal(cellm_image_encode(mm, im->rgb, im->w, im->h, &e), CELLM_OK);
+        assert_int_equal(e->n_frames, im->frames);
+        assert_int_equal(e->rows, im->rows);
+        assert_int_equal(e->cols, im->cols);
+        assert_int_equal(e->tokens_per_frame, 4);
+        assert_int_equal(e->n_tokens, im->frames * 4);
+        assert_int_equal(e->n_embd, 64);
+        double s, d = max_diff(e->embd, im->conn, (size_t)e->n_tokens * 64, &s);
+        print_message("cellm_image_encode image %d: max diff %.3g (values to %.3g)\n", i, d, s);
+        assert_true(d <= VIS_TOL_F32 * fmax(1.0, s));
+        cellm_image_embed_free(e);
+    }
+    cellm_mmproj_free(mm);
+    cellm_model_free(m);
+}
+
+static void expect_refused(cellm_mmproj *mm, const uint8_t *px, int32_t w, int32_t h,
+                           const char *needle) {
+    cellm_image_embed *e = (cellm_image_embed *)&e;
+    assert_int_equal(cellm_image_encode(mm, px, w, h, &e), CELLM_ERR_INVALID_ARG);
+    assert_null(e);
+    if (!strstr(cellm_last_error(), needle)) {
+        print_error("%dx%d: message '%s' lacks '%s'\n", w, h, cellm_last_error(), needle);
+        fail();
+    }
+}
+
+static void test_asan_hostile_images(void **state) {
+    (void)state;
+    cellm_mmproj *mm;
+    assert_int_equal(cellm_mmproj_load(fx.mm_f16, NULL, NULL, &mm), CELLM_OK);
+    uint8_t small[12] = {0};
+    /* Sizes are checked before the pixels are read or anything allocated. */
+    expect_refused(mm, small, 30000, 30000, "30000x30000");
+    expect_refused(mm, small, 0, 4, "0x4");
+    expect_refused(mm, small, -5, 4, "-5x4");
+    expect_refused(mm, small, 8193, 1, "8193x1");
+    expect_refused(mm, NULL, 2, 2, "NULL");
+    cellm_image_embed *e;
+    /* The smallest and the thinnest pictures are fine. */
+    assert_int_equal(cellm_image_encode(mm, small, 1, 1, &e), CELLM_OK);
+    assert_int_equal(e->n_frames, 5); /* 1x1 -> 64x64: 2x2 tiles + global */
+    cellm_image_embed_free(e);
+    uint8_t *thin = calloc(8192 * 3, 1);
+    assert_int_equal(cellm_image_encode(mm, thin, 1, 8192, &e), CELLM_OK);
+    assert_int_equal(e->rows, 2);
+    assert_int_equal(e->cols, 1);
+    for (size_t i = 0; i < (size_t)e->n_tokens * (size_t)e->n_embd; i++)
+        assert_true(isfinite(e->embd[i]));
+    cellm_image_embed_free(e);
+    free(thin);
+    cellm_mmproj_free(mm);
+}
+
+static void test_asan_bad_projectors(void **state) {
+    (void)state;
+    cellm_mmproj *mm = (cellm_mmproj *)&mm;
+    /* The text model's file given as the projector. */
+    assert_int_equal(cellm_mmproj_load(fx.text_f16, NULL, NULL, &mm), CELLM_ERR_FORMAT);
+    assert_null(mm);
+    assert_non_null(strstr(cellm_last_error(), "clip"));
+    /* A projector for a model of another width (SmolLM2's 576). */
+    char real[1024];
+    cellm_model *m;
+    assert_int_equal(cellm_model_load(test_model_path("smollm2-135m", real, sizeof real), NULL, &m),
+                     CELLM_OK);
+    assert_int_equal(cellm_mmproj_load(fx.mm_f16, m, NULL, &mm), CELLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(cellm_last_error(), "another model"));
+    cellm_model_free(m);
+    /* Truncated projectors: every cut is refused, never a crash. */
+    size_t len = 0;
+    char *bytes = test_read_file(fx.mm_f16, &len);
+    assert_non_null(bytes);
+    char cut[1100];
+    snprintf(cut, sizeof cut, "%s/cut.gguf", fx.dir);
+    size_t step = len / 97 + 1;
+    for (size_t n = 0; n < len; n += step) {
+        FILE *f = fopen(cut, "wb");
+        assert_non_null(f);
+        assert_int_equal(fwrite(bytes, 1, n, f), n);
+        fclose(f);
+        assert_int_not_equal(cellm_mmproj_load(cut, NULL, NULL, &mm), CELLM_OK);
+        assert_null(mm);
+        assert_true(strlen(cellm_last_error()) > 0);
+    }
+    unlink(cut);
+    free(bytes);
+    assert_int_equal(cellm_mmproj_load(NULL, NULL, NULL, &mm), CELLM_ERR_INVALID_ARG);
+    cellm_mmproj_params p = cellm_mmproj_default_params();
+    p.n_threads = -1;
+    assert_int_equal(cellm_mmproj_load(fx.mm_f16, NULL, &p, &mm), CELLM_ERR_INVALID_ARG);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lanczos_as_pillow),
+        cmocka_unit_test(test_pixels_as_processor),
+        cmocka_unit_test(test_encoder_connector_f32),
+        cmocka_unit_test(test_encoder_connector_f16),
+        cmocka_unit_test(test_image_encode_api),
+        cmocka_unit_test(test_asan_hostile_images),
+        cmocka_unit_test(test_asan_bad_projectors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
