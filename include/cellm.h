@@ -875,6 +875,16 @@ cellm_status cellm_image_encode(cellm_mmproj *mm, const uint8_t *pixels, int32_t
 
 void cellm_image_embed_free(cellm_image_embed *e);
 
+/* The prompt text that stands for picture `e` where a chat template
+ * writes "<image>", as Idefics3's processor expands it: per tile
+ * "<fake_token_around_image><row_R_col_C>" and tokens_per_frame
+ * "<image>" tokens, a newline after each row of tiles, then
+ * "\n<fake_token_around_image><global-img>", the global image's
+ * "<image>" tokens and "<fake_token_around_image>". Tokenized with
+ * special tokens parsed, it has exactly e->n_tokens image tokens, whose
+ * rows are e->embd in order. *text is new; free() it. */
+cellm_status cellm_image_prompt(const cellm_image_embed *e, char **text);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,6 +4,7 @@
  * tokens, through image.c (frames) and vision.c (encoder and connector).
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,5 +109,43 @@ cellm_status cellm_image_encode(cellm_mmproj *mm, const uint8_t *pixels, int32_t
         return fail(&err);
     }
     *out = e;
+    return CELLM_OK;
+}
+
+/* Appends `s` to the buffer at *p (room checked by the caller's sizing). */
+static char *put(char *p, const char *s) {
+    size_t n = strlen(s);
+    memcpy(p, s, n);
+    return p + n;
+}
+
+cellm_status cellm_image_prompt(const cellm_image_embed *e, char **text) {
+    if (!text) return engine_fail(CELLM_ERR_INVALID_ARG, "cellm_image_prompt: text is NULL");
+    *text = NULL;
+    if (!e || e->rows < 0 || e->cols < 0 || e->tokens_per_frame < 1 ||
+        e->n_frames != e->rows * e->cols + 1)
+        return engine_fail(CELLM_ERR_INVALID_ARG, "cellm_image_prompt: not an encoded image");
+    static const char fake[] = "<fake_token_around_image>", img[] = "<image>",
+                      glob[] = "<global-img>";
+    /* Per frame: the wrapper, a tag of at most 32 bytes, the image tokens,
+     * a newline; then the global image's closing wrapper. */
+    size_t per = sizeof fake + 32 + (size_t)e->tokens_per_frame * (sizeof img - 1) + 2;
+    char *out = malloc((size_t)e->n_frames * per + sizeof fake + 1);
+    if (!out) return engine_fail(CELLM_ERR_NO_MEMORY, "cellm_image_prompt: out of memory");
+    char *p = out, tag[40];
+    for (int32_t r = 0; r < e->rows; r++) {
+        for (int32_t c = 0; c < e->cols; c++) {
+            snprintf(tag, sizeof tag, "<row_%d_col_%d>", (int)r + 1, (int)c + 1);
+            p = put(put(p, fake), tag);
+            for (int32_t t = 0; t < e->tokens_per_frame; t++) p = put(p, img);
+        }
+        p = put(p, "\n");
+    }
+    if (e->rows) p = put(p, "\n");
+    p = put(put(p, fake), glob);
+    for (int32_t t = 0; t < e->tokens_per_frame; t++) p = put(p, img);
+    p = put(p, fake);
+    *p = '\0';
+    *text = out;
     return CELLM_OK;
 }

@@ -12,6 +12,10 @@
  *    values, with an F32 projector (within VIS_TOL_F32 of the largest
  *    value) and with the default F16 one (within VIS_TOL_F16);
  *  - cellm_image_encode() end to end from the RGB8 picture;
+ *  - cellm_image_prompt()'s image tokens: the prompt's ids equal the
+ *    processor's; with the picture's rows in place of its image tokens
+ *    (forward_run_embd), the text model's logits over 3 greedy steps are
+ *    transformers' (within LOGIT_TOL of the largest) and so are its tokens;
  *  - hostile sizes, NULL arguments, a text model given as the projector,
  *    a truncated projector and a projector of another model's width are
  *    refused with a message (test_asan_*, also under the sanitizers).
@@ -28,6 +32,7 @@
 
 #include "cellm.h"
 #include "convert.h"
+#include "forward.h"
 #include "image.h"
 #include "test_common.h"
 #include "threadpool.h"
@@ -35,13 +40,21 @@
 
 #define VIS_TOL_F32 2e-5 /* times max(1, the largest |value|) */
 #define VIS_TOL_F16 2e-3
+#define LOGIT_TOL 5e-4 /* F32 files, F16 KV: times max(1, the row's largest |logit|) */
 #define N_IMAGES 2
 #define MAX_LANCZOS 8
+#define MAX_IDS 128
+#define N_GEN 3
+#define VOCAB 384
+#define IMAGE_TOKEN 4 /* config.json's image_token_id */
 
 typedef struct fx_image {
     int w, h, rows, cols, frames, side;
     uint8_t *rgb;
     float *pixels, *enc, *conn;
+    int n_ids;
+    int32_t ids[MAX_IDS], gen[N_GEN];
+    float logits[N_GEN][VOCAB];
 } fx_image;
 
 typedef struct fixture {
@@ -53,6 +66,18 @@ typedef struct fixture {
 } fixture;
 
 static fixture fx;
+
+/* n numbers from s into ints or floats. */
+static void read_values(const char *s, int n, int32_t *ints, float *floats) {
+    for (int k = 0; k < n; k++) {
+        char *end;
+        double v = strtod(s, &end);
+        assert_true(end != s);
+        if (ints) ints[k] = (int32_t)v;
+        if (floats) floats[k] = (float)v;
+        s = end;
+    }
+}
 
 static void *read_data(const char *name, size_t want) {
     char path[1024];
@@ -83,7 +108,7 @@ static int setup(void **state) {
     snprintf(path, sizeof path, "%s/tests/data/vision/idefics3.txt", CELLM_SOURCE_DIR);
     FILE *f = fopen(path, "r");
     assert_non_null(f);
-    char line[8192];
+    static char line[16384];
     while (fgets(line, sizeof line, f)) {
         int i, w, h, r, c, n, fh, fw;
         if (sscanf(line, "lanczos %d %d", &w, &h) == 2 && fx.n_lanczos < MAX_LANCZOS) {
@@ -92,8 +117,19 @@ static int setup(void **state) {
         } else if (sscanf(line, "image %d %d %d %d %d %d %d %d", &i, &w, &h, &r, &c, &n, &fh,
                           &fw) == 8 &&
                    i >= 0 && i < N_IMAGES) {
-            fx.img[i] = (fx_image){w, h, r, c, n, fh, NULL, NULL, NULL, NULL};
+            fx_image *im = &fx.img[i];
+            *im = (fx_image){.w = w, .h = h, .rows = r, .cols = c, .frames = n, .side = fh};
             assert_int_equal(fh, fw);
+        } else if (sscanf(line, "ids %d %d%n", &i, &n, &r) == 2 && i >= 0 && i < N_IMAGES) {
+            assert_true(n <= MAX_IDS);
+            fx.img[i].n_ids = n;
+            read_values(line + r, n, fx.img[i].ids, NULL);
+        } else if (sscanf(line, "gen %d %d%n", &i, &n, &r) == 2 && i >= 0 && i < N_IMAGES) {
+            assert_int_equal(n, N_GEN);
+            read_values(line + r, n, fx.img[i].gen, NULL);
+        } else if (sscanf(line, "logits %d %d%n", &i, &n, &r) == 2 && i >= 0 && i < N_IMAGES &&
+                   n >= 0 && n < N_GEN) {
+            read_values(line + r, VOCAB, NULL, fx.img[i].logits[n]);
         }
     }
     fclose(f);
@@ -265,6 +301,96 @@ static void test_image_encode_api(void **state) {
     cellm_model_free(m);
 }
 
+/* The prompt with the picture's tokens, as the processor writes it. */
+static void check_prompt_ids(const cellm_model *m, const cellm_image_embed *e, const fx_image *im) {
+    char *img, text[8192];
+    assert_int_equal(cellm_image_prompt(e, &img), CELLM_OK);
+    snprintf(text, sizeof text, "<|im_start|>User:%sDescribe this image.<end_of_utterance>\nAssistant:",
+             img);
+    free(img);
+    int32_t *ids, n;
+    assert_int_equal(cellm_tokenize_ex(m, text, strlen(text), CELLM_TOKENIZE_PARSE_SPECIAL, &ids,
+                                       &n),
+                     CELLM_OK);
+    assert_int_equal(n, im->n_ids);
+    assert_memory_equal(ids, im->ids, (size_t)n * sizeof *ids);
+    int n_img = 0;
+    for (int32_t k = 0; k < n; k++) n_img += ids[k] == IMAGE_TOKEN;
+    assert_int_equal(n_img, e->n_tokens);
+    free(ids);
+}
+
+/* The text model with the picture's rows in place of its image tokens:
+ * the next-token logits and greedy tokens of transformers, 3 steps. */
+static double check_logits(const char *text, const cellm_image_embed *e, const fx_image *im) {
+    model *m;
+    kv_cache *kv;
+    threadpool *tp;
+    forward_ctx *f;
+    cellm_error err;
+    if (model_load(text, &m, &err) ||
+        kv_cache_create(m, 16u << 20, 256, 1, MAX_IDS, CELLM_KV_F16, &kv, &err) ||
+        tp_create(2, &tp, &err) || forward_create(m, kv, tp, MAX_IDS, 1, &f, &err)) {
+        print_error("%s\n", err.msg);
+        fail();
+    }
+    kv_seq s;
+    assert_int_equal(kv_seq_init(kv, &s, &err), CELLM_OK);
+    fwd_row rows[MAX_IDS];
+    const float *embd[MAX_IDS];
+    int n = im->n_ids, next_img = 0;
+    for (int k = 0; k < n; k++) {
+        rows[k] = (fwd_row){.seq = &s, .token = im->ids[k], .pos = k, .logits = k == n - 1};
+        embd[k] = im->ids[k] == IMAGE_TOKEN ? e->embd + (size_t)next_img++ * 64 : NULL;
+    }
+    assert_int_equal(next_img, e->n_tokens);
+    double worst = 0;
+    for (int step = 0; step < N_GEN; step++) {
+        const float *lg;
+        if (forward_run_embd(f, step ? rows + n - 1 : rows, step ? NULL : embd, step ? 1 : n, &lg,
+                             &err)) {
+            print_error("%s\n", err.msg);
+            fail();
+        }
+        double sc, d = max_diff(lg, im->logits[step], VOCAB, &sc) / fmax(1.0, sc);
+        if (d > worst) worst = d;
+        int best = 0;
+        for (int v = 1; v < VOCAB; v++)
+            if (lg[v] > lg[best]) best = v;
+        assert_int_equal(best, im->gen[step]);
+        rows[n - 1] = (fwd_row){.seq = &s, .token = best, .pos = n + step, .logits = true};
+    }
+    kv_seq_free(kv, &s);
+    forward_free(f);
+    tp_destroy(tp);
+    kv_cache_free(kv);
+    model_free(m);
+    return worst;
+}
+
+/* From RGB8 pixels to the first generated tokens: the prompt's ids, the
+ * image rows in the flat batch, the logits of 3 greedy steps. */
+static void test_image_prompt_logits(void **state) {
+    (void)state;
+    cellm_model *m;
+    cellm_mmproj *mm;
+    assert_int_equal(cellm_model_load(fx.text_f32, NULL, &m), CELLM_OK);
+    assert_int_equal(cellm_mmproj_load(fx.mm_f32, m, NULL, &mm), CELLM_OK);
+    for (int i = 0; i < N_IMAGES; i++) {
+        const fx_image *im = &fx.img[i];
+        cellm_image_embed *e;
+        assert_int_equal(cellm_image_encode(mm, im->rgb, im->w, im->h, &e), CELLM_OK);
+        check_prompt_ids(m, e, im);
+        double d = check_logits(fx.text_f32, e, im);
+        print_message("image %d: %d prompt ids, logits of 3 greedy steps within %.3g (relative)\n",
+                      i, im->n_ids, d);
+        assert_true(d <= LOGIT_TOL);
+        cellm_image_embed_free(e);
+    }
+    cellm_mmproj_free(mm);
+    cellm_model_free(m);
+}
+
 static void expect_refused(cellm_mmproj *mm, const uint8_t *px, int32_t w, int32_t h,
                            const char *needle) {
     cellm_image_embed *e = (cellm_image_embed *)&e;
@@ -349,6 +475,7 @@ int main(void) {
         cmocka_unit_test(test_encoder_connector_f32),
         cmocka_unit_test(test_encoder_connector_f16),
         cmocka_unit_test(test_image_encode_api),
+        cmocka_unit_test(test_image_prompt_logits),
         cmocka_unit_test(test_asan_hostile_images),
         cmocka_unit_test(test_asan_bad_projectors),
     };
