@@ -9,6 +9,7 @@ different aspect ratios, drawn here from a fixed seed:
   OUT/idefics3/              the folder `cellm convert` reads
   OUT/idefics3-img0.rgb      image 0, raw RGB8 rows (size in vision.txt)
   OUT/idefics3-img1.rgb      image 1
+  OUT/idefics3-imgI.png      the same pixels as PNG (for `cellm run --image`)
   OUT/idefics3.txt           shapes, ids and logits (text, below)
   OUT/idefics3-I-pixels.f32  image I's pixel values (frames x 3 x H x W, float32 LE)
   OUT/idefics3-I-enc.f32     the vision encoder's output (frames x patches x hidden)
@@ -122,6 +123,7 @@ def main():
     images = [make_image(w, h, rng) for w, h in SIZES]
     for i, img in enumerate(images):
         img.tofile(os.path.join(out, f"idefics3-img{i}.rgb"))
+        Image.fromarray(img).save(os.path.join(out, f"idefics3-img{i}.png"))
     lines = ["# transformers reference for a random Idefics3 model; made by "
              "scripts/gen_vision_fixtures.py"]
     # PIL's LANCZOS alone, on sizes up and down.

@@ -16,9 +16,13 @@
  *    processor's; with the picture's rows in place of its image tokens
  *    (forward_run_embd), the text model's logits over 3 greedy steps are
  *    transformers' (within LOGIT_TOL of the largest) and so are its tokens;
+ *  - `cellm run --mmproj --image` on the picture as a PNG file: the
+ *    greedy text is transformers' tokens;
  *  - hostile sizes, NULL arguments, a text model given as the projector,
  *    a truncated projector and a projector of another model's width are
- *    refused with a message (test_asan_*, also under the sanitizers).
+ *    refused with a message; PNG and JPEG files: truncated, 30000x30000,
+ *    16-bit, grey, CMYK, not a picture (test_asan_*, also under the
+ *    sanitizers).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -34,7 +38,11 @@
 #include "convert.h"
 #include "forward.h"
 #include "image.h"
+#include "image_file.h"
 #include "test_common.h"
+#include "tokenizer.h"
+
+#include <jpeglib.h>
 #include "threadpool.h"
 #include "vision.h"
 
@@ -391,6 +399,259 @@ static void test_image_prompt_logits(void **state) {
     cellm_model_free(m);
 }
 
+/* ---- picture files made here: PNG with stored (uncompressed) deflate
+ * blocks, JPEG through libjpeg ---- */
+
+typedef struct pbuf {
+    uint8_t *p;
+    size_t n, cap;
+} pbuf;
+
+static void put_bytes(pbuf *b, const void *p, size_t n) {
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2;
+        b->p = realloc(b->p, b->cap);
+        assert_non_null(b->p);
+    }
+    memcpy(b->p + b->n, p, n);
+    b->n += n;
+}
+
+static void put_be32(pbuf *b, uint32_t v) {
+    uint8_t x[4] = {(uint8_t)(v >> 24), (uint8_t)(v >> 16), (uint8_t)(v >> 8), (uint8_t)v};
+    put_bytes(b, x, 4);
+}
+
+static uint32_t crc32_of(const uint8_t *p, size_t n) {
+    uint32_t c = 0xffffffffu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1)));
+    }
+    return ~c;
+}
+
+static void put_chunk(pbuf *b, const char *type, const uint8_t *data, size_t n) {
+    put_be32(b, (uint32_t)n);
+    size_t at = b->n;
+    put_bytes(b, type, 4);
+    if (n) put_bytes(b, data, n);
+    put_be32(b, crc32_of(b->p + at, n + 4));
+}
+
+/* A PNG of w x h with `depth` bits and colour type `ctype` whose rows
+ * (filter byte 0 each) are `raw` (row_bytes per row). */
+static pbuf make_png(uint32_t w, uint32_t h, int depth, int ctype, const uint8_t *raw,
+                      size_t row_bytes) {
+    pbuf b = {0}, z = {0};
+    static const uint8_t sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    put_bytes(&b, sig, 8);
+    uint8_t ihdr[13];
+    for (int i = 0; i < 4; i++) {
+        ihdr[i] = (uint8_t)(w >> (24 - 8 * i));
+        ihdr[4 + i] = (uint8_t)(h >> (24 - 8 * i));
+    }
+    ihdr[8] = (uint8_t)depth;
+    ihdr[9] = (uint8_t)ctype;
+    ihdr[10] = ihdr[11] = ihdr[12] = 0;
+    put_chunk(&b, "IHDR", ihdr, 13);
+    /* zlib: header, one stored block per row, adler32. */
+    put_bytes(&z, "\x78\x01", 2);
+    uint32_t a = 1, bsum = 0;
+    for (uint32_t y = 0; raw && y < h; y++) {
+        uint8_t hd[5], zero = 0;
+        uint16_t len = (uint16_t)(row_bytes + 1);
+        hd[0] = y + 1 == h;
+        hd[1] = (uint8_t)len;
+        hd[2] = (uint8_t)(len >> 8);
+        hd[3] = (uint8_t)~len;
+        hd[4] = (uint8_t)(~len >> 8);
+        put_bytes(&z, hd, 5);
+        put_bytes(&z, &zero, 1);
+        put_bytes(&z, raw + y * row_bytes, row_bytes);
+        const uint8_t *row = z.p + z.n - row_bytes - 1;
+        for (size_t i = 0; i <= row_bytes; i++) {
+            a = (a + row[i]) % 65521;
+            bsum = (bsum + a) % 65521;
+        }
+    }
+    put_be32(&z, bsum << 16 | a);
+    put_chunk(&b, "IDAT", z.p, z.n); /* without rows: a header-only zlib stream */
+    put_chunk(&b, "IEND", NULL, 0);
+    free(z.p);
+    return b;
+}
+
+/* A JPEG of w x h from `px` (3 or 4 components: RGB or CMYK). */
+static pbuf make_jpeg(int w, int h, int comps, const uint8_t *px) {
+    struct jpeg_compress_struct c;
+    struct jpeg_error_mgr e;
+    unsigned char *out = NULL;
+    unsigned long n = 0;
+    c.err = jpeg_std_error(&e);
+    jpeg_create_compress(&c);
+    jpeg_mem_dest(&c, &out, &n);
+    c.image_width = (JDIMENSION)w;
+    c.image_height = (JDIMENSION)h;
+    c.input_components = comps;
+    c.in_color_space = comps == 4 ? JCS_CMYK : JCS_RGB;
+    jpeg_set_defaults(&c);
+    jpeg_set_quality(&c, 95, TRUE);
+    jpeg_start_compress(&c, TRUE);
+    while (c.next_scanline < c.image_height) {
+        JSAMPROW row = (JSAMPROW)(px + (size_t)c.next_scanline * (size_t)w * (size_t)comps);
+        jpeg_write_scanlines(&c, &row, 1);
+    }
+    jpeg_finish_compress(&c);
+    jpeg_destroy_compress(&c);
+    pbuf b = {0};
+    put_bytes(&b, out, n);
+    free(out);
+    return b;
+}
+
+static void expect_bad_file(const pbuf *b, size_t n, cellm_status want, const char *needle) {
+    uint8_t *rgb = (uint8_t *)&rgb;
+    int32_t w = -1, h = -1;
+    cellm_error err;
+    cellm_status st = image_decode(b->p, n, &rgb, &w, &h, &err);
+    if (st == CELLM_OK || (want && st != want) || (needle && !strstr(err.msg, needle))) {
+        print_error("%zu bytes: status %d, message '%s' (wanted %d, '%s')\n", n, st,
+                    st ? err.msg : "", want, needle ? needle : "");
+        fail();
+    }
+    assert_null(rgb);
+}
+
+static void test_png_file(void **state) {
+    (void)state;
+    for (int i = 0; i < N_IMAGES; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/tests/data/vision/idefics3-img%d.png", CELLM_SOURCE_DIR, i);
+        uint8_t *rgb;
+        int32_t w, h;
+        cellm_error err;
+        assert_int_equal(image_file_read(path, &rgb, &w, &h, &err), CELLM_OK);
+        assert_int_equal(w, fx.img[i].w);
+        assert_int_equal(h, fx.img[i].h);
+        assert_memory_equal(rgb, fx.img[i].rgb, (size_t)w * (size_t)h * 3);
+        free(rgb);
+    }
+}
+
+static void test_asan_hostile_files(void **state) {
+    (void)state;
+    const fx_image *im = &fx.img[1];
+    pbuf png = make_png((uint32_t)im->w, (uint32_t)im->h, 8, 2, im->rgb, (size_t)im->w * 3);
+    uint8_t *rgb;
+    int32_t w, h;
+    cellm_error err;
+    assert_int_equal(image_decode(png.p, png.n, &rgb, &w, &h, &err), CELLM_OK);
+    assert_memory_equal(rgb, im->rgb, (size_t)w * (size_t)h * 3);
+    free(rgb);
+    for (size_t n = 0; n < png.n; n += png.n / 23 + 1) expect_bad_file(&png, n, 0, NULL);
+    free(png.p);
+    /* The header's size is refused before anything is allocated. */
+    pbuf huge = make_png(30000, 30000, 8, 2, NULL, 0);
+    expect_bad_file(&huge, huge.n, CELLM_ERR_INVALID_ARG, "30000x30000");
+    free(huge.p);
+    /* 16-bit RGB and 16-bit grey: white and black stay white and black. */
+    uint8_t raw16[4 * 6] = {0};
+    memset(raw16, 0xff, 12); /* first row: 2 white pixels */
+    pbuf p16 = make_png(2, 2, 16, 2, raw16, 12);
+    assert_int_equal(image_decode(p16.p, p16.n, &rgb, &w, &h, &err), CELLM_OK);
+    assert_int_equal(rgb[0], 255);
+    assert_int_equal(rgb[5], 255);
+    assert_int_equal(rgb[6], 0);
+    assert_int_equal(rgb[11], 0);
+    free(rgb);
+    free(p16.p);
+    uint8_t grey[2] = {0xff, 0xff};
+    pbuf g16 = make_png(1, 1, 16, 0, grey, 2);
+    assert_int_equal(image_decode(g16.p, g16.n, &rgb, &w, &h, &err), CELLM_OK);
+    assert_int_equal(rgb[0], 255);
+    assert_int_equal(rgb[2], 255);
+    free(rgb);
+    free(g16.p);
+    /* JPEG: RGB decodes; CMYK is refused; truncations are errors. */
+    pbuf jpg = make_jpeg(im->w, im->h, 3, im->rgb);
+    assert_int_equal(image_decode(jpg.p, jpg.n, &rgb, &w, &h, &err), CELLM_OK);
+    assert_int_equal(w, im->w);
+    assert_int_equal(h, im->h);
+    free(rgb);
+    for (size_t n = 0; n < jpg.n; n += jpg.n / 23 + 1) expect_bad_file(&jpg, n, 0, NULL);
+    free(jpg.p);
+    uint8_t *cmyk = calloc((size_t)im->w * (size_t)im->h * 4, 1);
+    pbuf cj = make_jpeg(im->w, im->h, 4, cmyk);
+    expect_bad_file(&cj, cj.n, CELLM_ERR_UNSUPPORTED, "CMYK");
+    free(cj.p);
+    free(cmyk);
+    pbuf junk = {0};
+    put_bytes(&junk, "GIF89a not a picture", 20);
+    expect_bad_file(&junk, junk.n, CELLM_ERR_UNSUPPORTED, "not a PNG or JPEG");
+    free(junk.p);
+}
+
+/* `cellm run --mmproj --image` feeds the processor's prompt (its length)
+ * and answers with transformers' greedy tokens, as its stream decoder
+ * prints them (these random tokens are mostly lone bytes, printed as
+ * U+FFFD: the token-exact check is test_image_prompt_logits). */
+static void test_run_image_command(void **state) {
+    (void)state;
+    model *m;
+    tokenizer *tk;
+    cellm_error err;
+    assert_int_equal(model_load(fx.text_f32, &m, &err), CELLM_OK);
+    assert_int_equal(tokenizer_load(m->file, &tk, &err), CELLM_OK);
+    for (int i = 0; i < N_IMAGES; i++) {
+        char want[256], cmd[4096], *out, need[64];
+        size_t len = 0, k;
+        tok_stream ts;
+        tok_stream_init(&ts, tk, 0);
+        for (int j = 0; j < N_GEN; j++) {
+            assert_int_equal(tok_stream_push(&ts, fx.img[i].gen[j], want + len, sizeof want - len,
+                                             &k, &err),
+                             CELLM_OK);
+            len += k;
+        }
+        assert_int_equal(tok_stream_flush(&ts, want + len, sizeof want - len, &k, &err), CELLM_OK);
+        len += k;
+        snprintf(cmd, sizeof cmd,
+                 "'%s' run '%s' --mmproj '%s' --image '%s/tests/data/vision/idefics3-img%d.png' "
+                 "-p 'Describe this image.' -n %d --temp 0 --ignore-eos -t 2 -v 2>&1",
+                 test_cellm_bin(), fx.text_f32, fx.mm_f32, CELLM_SOURCE_DIR, i, N_GEN);
+        assert_int_equal(test_run_cmd(cmd, &out), 0);
+        char *nl = strstr(out, "ms\n"); /* after the "image: ..." line */
+        assert_non_null(nl);
+        if (memcmp(nl + 3, want, len) || nl[3 + len] != '\n') {
+            print_error("image %d: cellm run printed '%s', transformers' tokens are '%.*s'\n", i,
+                        out, (int)len, want);
+            fail();
+        }
+        snprintf(need, sizeof need, "prompt: %d tokens", fx.img[i].n_ids);
+        assert_non_null(strstr(out, need));
+        free(out);
+    }
+    tokenizer_free(tk);
+    model_free(m);
+    /* Refusals: no projector, and a projector of another model. */
+    char cmd[4096], *out;
+    snprintf(cmd, sizeof cmd, "'%s' run '%s' --image x.png -p hi 2>&1", test_cellm_bin(),
+             fx.text_f32);
+    assert_int_equal(test_run_cmd(cmd, &out), 2);
+    assert_non_null(strstr(out, "--mmproj"));
+    free(out);
+    char real[1024];
+    snprintf(cmd, sizeof cmd,
+             "'%s' run '%s' --mmproj '%s' --image '%s/tests/data/vision/idefics3-img0.png' -p hi "
+             "2>&1",
+             test_cellm_bin(), test_model_path("smollm2-135m", real, sizeof real), fx.mm_f16,
+             CELLM_SOURCE_DIR);
+    assert_int_equal(test_run_cmd(cmd, &out), 1);
+    assert_non_null(strstr(out, "another model"));
+    free(out);
+}
+
 static void expect_refused(cellm_mmproj *mm, const uint8_t *px, int32_t w, int32_t h,
                            const char *needle) {
     cellm_image_embed *e = (cellm_image_embed *)&e;
@@ -446,22 +707,22 @@ static void test_asan_bad_projectors(void **state) {
     cellm_model_free(m);
     /* Truncated projectors: every cut is refused, never a crash. */
     size_t len = 0;
-    char *bytes = test_read_file(fx.mm_f16, &len);
-    assert_non_null(bytes);
+    char *file = test_read_file(fx.mm_f16, &len);
+    assert_non_null(file);
     char cut[1100];
     snprintf(cut, sizeof cut, "%s/cut.gguf", fx.dir);
     size_t step = len / 97 + 1;
     for (size_t n = 0; n < len; n += step) {
         FILE *f = fopen(cut, "wb");
         assert_non_null(f);
-        assert_int_equal(fwrite(bytes, 1, n, f), n);
+        assert_int_equal(fwrite(file, 1, n, f), n);
         fclose(f);
         assert_int_not_equal(cellm_mmproj_load(cut, NULL, NULL, &mm), CELLM_OK);
         assert_null(mm);
         assert_true(strlen(cellm_last_error()) > 0);
     }
     unlink(cut);
-    free(bytes);
+    free(file);
     assert_int_equal(cellm_mmproj_load(NULL, NULL, NULL, &mm), CELLM_ERR_INVALID_ARG);
     cellm_mmproj_params p = cellm_mmproj_default_params();
     p.n_threads = -1;
@@ -476,6 +737,9 @@ int main(void) {
         cmocka_unit_test(test_encoder_connector_f16),
         cmocka_unit_test(test_image_encode_api),
         cmocka_unit_test(test_image_prompt_logits),
+        cmocka_unit_test(test_png_file),
+        cmocka_unit_test(test_run_image_command),
+        cmocka_unit_test(test_asan_hostile_files),
         cmocka_unit_test(test_asan_hostile_images),
         cmocka_unit_test(test_asan_bad_projectors),
     };
