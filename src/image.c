@@ -227,9 +227,8 @@ cellm_status image_preprocess(const uint8_t *rgb, int32_t w, int32_t h, const im
                               image_frames *out, cellm_error *err) {
     memset(out, 0, sizeof *out);
     if (!rgb || w < 1 || h < 1 || w > IMAGE_MAX_SIDE || h > IMAGE_MAX_SIDE)
-        return err_set(err, CELLM_ERR_INVALID_ARG,
-                       "image of %dx%d pixels: each side must be 1..%d", (int)w, (int)h,
-                       IMAGE_MAX_SIDE);
+        return err_set(err, CELLM_ERR_INVALID_ARG, "image of %dx%d pixels: each side must be 1..%d",
+                       (int)w, (int)h, IMAGE_MAX_SIDE);
     if (p->longest_edge < 1 || p->longest_edge > IMAGE_MAX_EDGE || p->tile < 1 ||
         p->tile > IMAGE_MAX_EDGE)
         return err_set(err, CELLM_ERR_INVALID_ARG,
@@ -275,8 +274,8 @@ cellm_status image_preprocess(const uint8_t *rgb, int32_t w, int32_t h, const im
         size_t stride = (size_t)tw * 3;
         for (int32_t r = 0; r < rows; r++)
             for (int32_t c = 0; c < cols; c++)
-                put_frame(p, b + (size_t)r * side * stride + (size_t)c * side * 3, stride,
-                          p->tile, px + (size_t)(r * cols + c) * frame);
+                put_frame(p, b + (size_t)r * side * stride + (size_t)c * side * 3, stride, p->tile,
+                          px + (size_t)(r * cols + c) * frame);
         if ((st = image_resize_lanczos(b, tw, th, g, p->tile, p->tile, err))) goto done;
         put_frame(p, g, side * 3, p->tile, px + (size_t)(n_frames - 1) * frame);
     } else {

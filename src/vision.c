@@ -64,8 +64,7 @@ static const gguf_tensor *need(loader *l, const char *name, uint32_t n_dims, con
     }
     const quant_type_info *qi = quant_type_get(t->type);
     if (!qi || !qi->to_float) {
-        err_set(l->err, CELLM_ERR_UNSUPPORTED, "projector: tensor '%s' has type %u", name,
-                t->type);
+        err_set(l->err, CELLM_ERR_UNSUPPORTED, "projector: tensor '%s' has type %u", name, t->type);
         return NULL;
     }
     return t;
@@ -189,8 +188,7 @@ cellm_status vision_load(const char *path, vision_model **out, cellm_error *err)
         !(pos = need(&l, "v.position_embd.weight", 2, posne)) ||
         !(vm->post_w = need_vec(&l, "v.post_ln.weight", D)) ||
         !(vm->post_b = need_vec(&l, "v.post_ln.bias", D)) ||
-        !(vm->fc = need_matrix(&l, "mm.model.fc.weight", vm->proj_dim,
-                               D * vm->scale * vm->scale)))
+        !(vm->fc = need_matrix(&l, "mm.model.fc.weight", vm->proj_dim, D * vm->scale * vm->scale)))
         goto fail_code;
     /* The patch embedding runs as a matrix of D rows of 3 * ps * ps. */
     const quant_type_info *pq = quant_type_get(vm->patch->type);
@@ -213,12 +211,11 @@ cellm_status vision_load(const char *path, vision_model **out, cellm_error *err)
     (snprintf(n, sizeof n, "v.blk.%d.%s.%s", i, what, suffix),                                     \
      (ly->field = need_vec(&l, n, len)) != NULL)
         if (!M(q, "attn_q", D, D) || !V(q_b, "attn_q", "bias", D) || !M(k, "attn_k", D, D) ||
-            !V(k_b, "attn_k", "bias", D) || !M(v, "attn_v", D, D) ||
-            !V(v_b, "attn_v", "bias", D) || !M(o, "attn_out", D, D) ||
-            !V(o_b, "attn_out", "bias", D) || !V(ln1_w, "ln1", "weight", D) ||
-            !V(ln1_b, "ln1", "bias", D) || !V(ln2_w, "ln2", "weight", D) ||
-            !V(ln2_b, "ln2", "bias", D) || !M(up, "ffn_up", F, D) ||
-            !V(up_b, "ffn_up", "bias", F) || !M(down, "ffn_down", D, F) ||
+            !V(k_b, "attn_k", "bias", D) || !M(v, "attn_v", D, D) || !V(v_b, "attn_v", "bias", D) ||
+            !M(o, "attn_out", D, D) || !V(o_b, "attn_out", "bias", D) ||
+            !V(ln1_w, "ln1", "weight", D) || !V(ln1_b, "ln1", "bias", D) ||
+            !V(ln2_w, "ln2", "weight", D) || !V(ln2_b, "ln2", "bias", D) ||
+            !M(up, "ffn_up", F, D) || !V(up_b, "ffn_up", "bias", F) || !M(down, "ffn_down", D, F) ||
             !V(down_b, "ffn_down", "bias", D))
             goto fail_code;
 #undef M
@@ -327,8 +324,8 @@ cellm_status vision_encode(const vision_model *vm, threadpool *tp, const float *
         return err_set(err, CELLM_ERR_NO_MEMORY, "image encoder: out of memory (%zu floats)",
                        total);
     }
-    float *x = buf, *h = x + nd, *q = h + nd, *k = q + nd, *v = k + nd, *a = v + nd,
-          *wide = a + nd, *scores = wide + (size_t)(N * (F > K ? F : K));
+    float *x = buf, *h = x + nd, *q = h + nd, *k = q + nd, *v = k + nd, *a = v + nd, *wide = a + nd,
+          *scores = wide + (size_t)(N * (F > K ? F : K));
     size_t plane = (size_t)(vm->image_size * vm->image_size);
     for (int32_t fr = 0; fr < n_frames; fr++) {
         const float *px = pixels + (size_t)fr * 3 * plane;

@@ -23,7 +23,7 @@
 #include "util.h"
 
 typedef struct vision_layer {
-    const gguf_tensor *q, *k, *v, *o, *up, *down;     /* matrices */
+    const gguf_tensor *q, *k, *v, *o, *up, *down;       /* matrices */
     const float *q_b, *k_b, *v_b, *o_b, *up_b, *down_b; /* biases */
     const float *ln1_w, *ln1_b, *ln2_w, *ln2_b;
 } vision_layer;

@@ -69,7 +69,7 @@ typedef struct fixture {
     fx_image img[N_IMAGES];
     int n_lanczos, lw[MAX_LANCZOS], lh[MAX_LANCZOS];
     uint8_t *lanczos;
-    char dir[256];                     /* converted files */
+    char dir[256]; /* converted files */
     char text_f32[300], mm_f32[300], text_f16[300], mm_f16[300];
 } fixture;
 
@@ -212,8 +212,9 @@ static void test_lanczos_as_pillow(void **state) {
                          CELLM_OK);
         size_t bad = 0;
         for (size_t j = 0; j < n; j++) bad += out[j] != fx.lanczos[off + j];
-        if (bad) print_error("%dx%d -> %dx%d: %zu of %zu bytes differ\n", im->w, im->h, fx.lw[k],
-                             fx.lh[k], bad, n);
+        if (bad)
+            print_error("%dx%d -> %dx%d: %zu of %zu bytes differ\n", im->w, im->h, fx.lw[k],
+                        fx.lh[k], bad, n);
         assert_int_equal(bad, 0);
         off += n;
         free(out);
@@ -235,9 +236,9 @@ static void test_pixels_as_processor(void **state) {
         assert_int_equal(fr.rows, im->rows);
         assert_int_equal(fr.cols, im->cols);
         assert_int_equal(fr.side, im->side);
-        double scale, d = max_diff(fr.pixels, im->pixels,
-                                   (size_t)fr.n_frames * 3 * (size_t)fr.side * (size_t)fr.side,
-                                   &scale);
+        double scale,
+            d = max_diff(fr.pixels, im->pixels,
+                         (size_t)fr.n_frames * 3 * (size_t)fr.side * (size_t)fr.side, &scale);
         print_message("image %d (%dx%d): %d frames, pixels max diff %.3g\n", i, im->w, im->h,
                       fr.n_frames, d);
         assert_true(d <= 1e-6);
@@ -313,13 +314,12 @@ static void test_image_encode_api(void **state) {
 static void check_prompt_ids(const cellm_model *m, const cellm_image_embed *e, const fx_image *im) {
     char *img, text[8192];
     assert_int_equal(cellm_image_prompt(e, &img), CELLM_OK);
-    snprintf(text, sizeof text, "<|im_start|>User:%sDescribe this image.<end_of_utterance>\nAssistant:",
-             img);
+    snprintf(text, sizeof text,
+             "<|im_start|>User:%sDescribe this image.<end_of_utterance>\nAssistant:", img);
     free(img);
     int32_t *ids, n;
-    assert_int_equal(cellm_tokenize_ex(m, text, strlen(text), CELLM_TOKENIZE_PARSE_SPECIAL, &ids,
-                                       &n),
-                     CELLM_OK);
+    assert_int_equal(
+        cellm_tokenize_ex(m, text, strlen(text), CELLM_TOKENIZE_PARSE_SPECIAL, &ids, &n), CELLM_OK);
     assert_int_equal(n, im->n_ids);
     assert_memory_equal(ids, im->ids, (size_t)n * sizeof *ids);
     int n_img = 0;
@@ -442,7 +442,7 @@ static void put_chunk(pbuf *b, const char *type, const uint8_t *data, size_t n) 
 /* A PNG of w x h with `depth` bits and colour type `ctype` whose rows
  * (filter byte 0 each) are `raw` (row_bytes per row). */
 static pbuf make_png(uint32_t w, uint32_t h, int depth, int ctype, const uint8_t *raw,
-                      size_t row_bytes) {
+                     size_t row_bytes) {
     pbuf b = {0}, z = {0};
     static const uint8_t sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
     put_bytes(&b, sig, 8);
@@ -609,9 +609,9 @@ static void test_run_image_command(void **state) {
         tok_stream ts;
         tok_stream_init(&ts, tk, 0);
         for (int j = 0; j < N_GEN; j++) {
-            assert_int_equal(tok_stream_push(&ts, fx.img[i].gen[j], want + len, sizeof want - len,
-                                             &k, &err),
-                             CELLM_OK);
+            assert_int_equal(
+                tok_stream_push(&ts, fx.img[i].gen[j], want + len, sizeof want - len, &k, &err),
+                CELLM_OK);
             len += k;
         }
         assert_int_equal(tok_stream_flush(&ts, want + len, sizeof want - len, &k, &err), CELLM_OK);

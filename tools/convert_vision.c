@@ -23,10 +23,10 @@
 static const struct {
     const char *hf, *gguf;
 } vision_layer_names[] = {
-    {"self_attn.q_proj", "attn_q"},  {"self_attn.k_proj", "attn_k"},
-    {"self_attn.v_proj", "attn_v"},  {"self_attn.out_proj", "attn_out"},
-    {"layer_norm1", "ln1"},          {"layer_norm2", "ln2"},
-    {"mlp.fc1", "ffn_up"},           {"mlp.fc2", "ffn_down"},
+    {"self_attn.q_proj", "attn_q"}, {"self_attn.k_proj", "attn_k"},
+    {"self_attn.v_proj", "attn_v"}, {"self_attn.out_proj", "attn_out"},
+    {"layer_norm1", "ln1"},         {"layer_norm2", "ln2"},
+    {"mlp.fc1", "ffn_up"},          {"mlp.fc2", "ffn_down"},
 };
 
 /* Tensors outside the layers. */
@@ -156,8 +156,7 @@ static cellm_status write_keys(vconv *v, const char *dir, const cJSON *cfg, cons
             return err_set(err, CELLM_ERR_FORMAT, "%s: %s is not 3 numbers", dir, mk[k]);
         for (int c = 0; c < 3; c++) {
             const cJSON *e = cJSON_GetArrayItem(a, c);
-            if (!cJSON_IsNumber(e) || !isfinite(e->valuedouble) ||
-                (k && !(e->valuedouble > 0)))
+            if (!cJSON_IsNumber(e) || !isfinite(e->valuedouble) || (k && !(e->valuedouble > 0)))
                 return err_set(err, CELLM_ERR_FORMAT, "%s: %s[%d]", dir, mk[k], c);
             (k ? std : mean)[c] = (float)e->valuedouble;
         }

@@ -22,8 +22,8 @@ static cellm_status check_size(const char *kind, uint64_t w, uint64_t h, cellm_e
     return CELLM_OK;
 }
 
-static cellm_status decode_png(const uint8_t *data, size_t n, uint8_t **rgb, int32_t *w,
-                               int32_t *h, cellm_error *err) {
+static cellm_status decode_png(const uint8_t *data, size_t n, uint8_t **rgb, int32_t *w, int32_t *h,
+                               cellm_error *err) {
     png_image im;
     memset(&im, 0, sizeof im);
     im.version = PNG_IMAGE_VERSION;
@@ -98,8 +98,7 @@ static cellm_status decode_jpeg(const uint8_t *data, size_t n, uint8_t **rgb, in
     jpeg_read_header(&ci, TRUE);
     cellm_status st = check_size("JPEG", ci.image_width, ci.image_height, err);
     if (!st && (ci.jpeg_color_space == JCS_CMYK || ci.jpeg_color_space == JCS_YCCK))
-        st = err_set(err, CELLM_ERR_UNSUPPORTED,
-                     "JPEG: a CMYK picture (convert it to RGB first)");
+        st = err_set(err, CELLM_ERR_UNSUPPORTED, "JPEG: a CMYK picture (convert it to RGB first)");
     if (st) {
         jpeg_destroy_decompress(&ci);
         return st;

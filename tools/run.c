@@ -417,7 +417,8 @@ static bool image_turn(chat *c, const char *mmproj, const char *path, const char
         goto done;
     }
     if (c->verbose)
-        fprintf(stderr, "image: %dx%d, %d frames (%dx%d tiles + 1), %d tokens, encoded in %.0f ms\n",
+        fprintf(stderr,
+                "image: %dx%d, %d frames (%dx%d tiles + 1), %d tokens, encoded in %.0f ms\n",
                 (int)w, (int)h, (int)e->n_frames, (int)e->rows, (int)e->cols, (int)e->n_tokens,
                 (now_s() - t0) * 1e3);
     if (tokenizer_encode(c->r.tok, "<image>", 7, TOK_PARSE_SPECIAL, &one, err)) goto done;
