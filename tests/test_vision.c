@@ -284,7 +284,12 @@ static void test_encoder_connector_f16(void **state) {
     check_encoder(fx.mm_f16, VIS_TOL_F16);
 }
 
-/* The public API from RGB8 pixels: the frames, then the same embeddings. */
+static void check_prompt_ids(const cellm_model *m, const cellm_image_embed *e, const fx_image *im);
+static double check_logits(const char *text, const cellm_image_embed *e, const fx_image *im);
+
+/* The public API from RGB8 pixels to the first generated tokens: the
+ * frames and the same embeddings; the prompt's ids; the image rows in the
+ * flat batch and the logits of 3 greedy steps. */
 static void test_image_encode_api(void **state) {
     (void)state;
     cellm_model *m;
@@ -304,6 +309,11 @@ static void test_image_encode_api(void **state) {
         double s, d = max_diff(e->embd, im->conn, (size_t)e->n_tokens * 64, &s);
         print_message("cellm_image_encode image %d: max diff %.3g (values to %.3g)\n", i, d, s);
         assert_true(d <= VIS_TOL_F32 * fmax(1.0, s));
+        check_prompt_ids(m, e, im);
+        d = check_logits(fx.text_f32, e, im);
+        print_message("image %d: %d prompt ids, logits of 3 greedy steps within %.3g (relative)\n",
+                      i, im->n_ids, d);
+        assert_true(d <= LOGIT_TOL);
         cellm_image_embed_free(e);
     }
     cellm_mmproj_free(mm);
@@ -374,29 +384,6 @@ static double check_logits(const char *text, const cellm_image_embed *e, const f
     kv_cache_free(kv);
     model_free(m);
     return worst;
-}
-
-/* From RGB8 pixels to the first generated tokens: the prompt's ids, the
- * image rows in the flat batch, the logits of 3 greedy steps. */
-static void test_image_prompt_logits(void **state) {
-    (void)state;
-    cellm_model *m;
-    cellm_mmproj *mm;
-    assert_int_equal(cellm_model_load(fx.text_f32, NULL, &m), CELLM_OK);
-    assert_int_equal(cellm_mmproj_load(fx.mm_f32, m, NULL, &mm), CELLM_OK);
-    for (int i = 0; i < N_IMAGES; i++) {
-        const fx_image *im = &fx.img[i];
-        cellm_image_embed *e;
-        assert_int_equal(cellm_image_encode(mm, im->rgb, im->w, im->h, &e), CELLM_OK);
-        check_prompt_ids(m, e, im);
-        double d = check_logits(fx.text_f32, e, im);
-        print_message("image %d: %d prompt ids, logits of 3 greedy steps within %.3g (relative)\n",
-                      i, im->n_ids, d);
-        assert_true(d <= LOGIT_TOL);
-        cellm_image_embed_free(e);
-    }
-    cellm_mmproj_free(mm);
-    cellm_model_free(m);
 }
 
 /* ---- picture files made here: PNG with stored (uncompressed) deflate
@@ -731,17 +718,11 @@ static void test_asan_bad_projectors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_lanczos_as_pillow),
-        cmocka_unit_test(test_pixels_as_processor),
-        cmocka_unit_test(test_encoder_connector_f32),
-        cmocka_unit_test(test_encoder_connector_f16),
-        cmocka_unit_test(test_image_encode_api),
-        cmocka_unit_test(test_image_prompt_logits),
-        cmocka_unit_test(test_png_file),
-        cmocka_unit_test(test_run_image_command),
-        cmocka_unit_test(test_asan_hostile_files),
-        cmocka_unit_test(test_asan_hostile_images),
-        cmocka_unit_test(test_asan_bad_projectors),
+        cmocka_unit_test(test_lanczos_as_pillow),     cmocka_unit_test(test_pixels_as_processor),
+        cmocka_unit_test(test_encoder_connector_f32), cmocka_unit_test(test_encoder_connector_f16),
+        cmocka_unit_test(test_image_encode_api),      cmocka_unit_test(test_png_file),
+        cmocka_unit_test(test_run_image_command),     cmocka_unit_test(test_asan_hostile_files),
+        cmocka_unit_test(test_asan_hostile_images),   cmocka_unit_test(test_asan_bad_projectors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
