@@ -13,7 +13,7 @@
  *
  *   cc -O2 -Isrc -Iinclude -Itools bench/vision_encode.c build/libcellm.a -lm -lpthread \
  *      -o build/vision_encode
- *   ./build/vision_encode [THREADS] [ROUNDS]
+ *   ./build/vision_encode [THREADS] [ROUNDS] [--one-frame]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,11 +118,12 @@ static int cmp(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 2, rounds = argc > 2 ? atoi(argv[2]) : 3;
+    int configs = argc > 3 && !strcmp(argv[3], "--one-frame") ? 1 : 2;
     if (rounds < 1 || rounds > 64) rounds = 3;
     uint8_t *px = malloc(IMG * IMG * 3);
     for (int i = 0; i < IMG * IMG * 3; i++) px[i] = (uint8_t)(i * 7 + i / 1536);
     const uint32_t pre[2] = {512, 2048};
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < configs; k++) {
         char path[64];
         snprintf(path, sizeof path, "/tmp/vision_encode_%d.gguf", (int)getpid());
         write_projector(path, pre[k]);

@@ -272,10 +272,38 @@ static float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + xm_tanhf(c * (x + 0.044715f * x * x * x)));
 }
 
+/* The per-row steps, split by rows across the pool: LayerNorm of x into
+ * out (w, b), or GELU in place (w NULL). */
+typedef struct rows_task {
+    float *x, *out;
+    const float *w, *b;
+    int64_t rows, d;
+    float eps;
+} rows_task;
+
+static void rows_run(void *arg, int ith, int nth) {
+    const rows_task *t = arg;
+    long begin, end;
+    tp_split((long)t->rows, ith, nth, &begin, &end);
+    if (t->w) {
+        layer_norm(t->x + begin * t->d, end - begin, t->d, t->w, t->b, t->eps,
+                   t->out + begin * t->d);
+        return;
+    }
+    for (size_t i = (size_t)(begin * t->d); i < (size_t)(end * t->d); i++)
+        t->x[i] = gelu_tanh(t->x[i]);
+}
+
+static void norm_rows(threadpool *tp, float *x, int64_t rows, int64_t d, const float *w,
+                      const float *b, float eps, float *out) {
+    rows_task t = {x, out, w, b, rows, d, eps};
+    tp_run(tp, rows_run, &t);
+}
+
 /* Full (unmasked) multi-head attention of one frame's patches. */
 typedef struct attn_task {
-    const float *q, *k, *v;
-    float *out, *scores; /* scores: a row of N per thread */
+    const float *q, *kt, *v; /* kt: K transposed, d rows of n (head h: rows h * hd ...) */
+    float *out, *scores;     /* scores: a row of N per thread */
     int64_t n, d, n_head, hd;
 } attn_task;
 
@@ -288,12 +316,18 @@ static void attn_run(void *arg, int ith, int nth) {
     for (long job = begin; job < end; job++) {
         int64_t i = job / a->n_head, h = job % a->n_head;
         const float *qi = a->q + i * a->d + h * a->hd;
+        /* Every key's score at once, one dimension at a time: each sum
+         * still adds its products in dimension order, and the inner loop
+         * runs along the keys, which the compiler vectorises. */
+        memset(sc, 0, (size_t)a->n * sizeof *sc);
+        for (int64_t t = 0; t < a->hd; t++) {
+            const float *kt = a->kt + (h * a->hd + t) * a->n;
+            float qt = qi[t];
+            for (int64_t j = 0; j < a->n; j++) sc[j] += qt * kt[j];
+        }
         float mx = -INFINITY;
         for (int64_t j = 0; j < a->n; j++) {
-            const float *kj = a->k + j * a->d + h * a->hd;
-            float s = 0;
-            for (int64_t t = 0; t < a->hd; t++) s += qi[t] * kj[t];
-            sc[j] = s * scale;
+            sc[j] *= scale;
             if (sc[j] > mx) mx = sc[j];
         }
         double sum = 0;
@@ -344,7 +378,7 @@ cellm_status vision_encode(const vision_model *vm, threadpool *tp, const float *
         for (size_t i = 0; i < nd; i++) x[i] += vm->pos[i];
         for (int32_t il = 0; il < vm->n_layer; il++) {
             const vision_layer *ly = &vm->layers[il];
-            layer_norm(x, N, D, ly->ln1_w, ly->ln1_b, vm->eps, h);
+            norm_rows(tp, x, N, D, ly->ln1_w, ly->ln1_b, vm->eps, h);
             matmul_job jobs[3] = {{ly->q->data, ly->q->type, D, q},
                                   {ly->k->data, ly->k->type, D, k},
                                   {ly->v->data, ly->v->type, D, v}};
@@ -352,20 +386,23 @@ cellm_status vision_encode(const vision_model *vm, threadpool *tp, const float *
             add_bias(q, N, D, ly->q_b);
             add_bias(k, N, D, ly->k_b);
             add_bias(v, N, D, ly->v_b);
-            attn_task at = {q, k, v, a, scores, N, D, vm->n_head, D / vm->n_head};
+            /* K transposed into h (free until the output projection). */
+            for (int64_t j = 0; j < N; j++)
+                for (int64_t c = 0; c < D; c++) h[c * N + j] = k[j * D + c];
+            attn_task at = {q, h, v, a, scores, N, D, vm->n_head, D / vm->n_head};
             tp_run(tp, attn_run, &at);
             matmul(tp, ly->o->data, ly->o->type, D, D, a, N, h, scratch);
             add_bias(h, N, D, ly->o_b);
             for (size_t i = 0; i < nd; i++) x[i] += h[i];
-            layer_norm(x, N, D, ly->ln2_w, ly->ln2_b, vm->eps, h);
+            norm_rows(tp, x, N, D, ly->ln2_w, ly->ln2_b, vm->eps, h);
             matmul(tp, ly->up->data, ly->up->type, F, D, h, N, wide, scratch);
             add_bias(wide, N, F, ly->up_b);
-            for (size_t i = 0; i < (size_t)(N * F); i++) wide[i] = gelu_tanh(wide[i]);
+            norm_rows(tp, wide, N, F, NULL, NULL, 0, NULL); /* GELU */
             matmul(tp, ly->down->data, ly->down->type, D, F, wide, N, h, scratch);
             add_bias(h, N, D, ly->down_b);
             for (size_t i = 0; i < nd; i++) x[i] += h[i];
         }
-        layer_norm(x, N, D, vm->post_w, vm->post_b, vm->eps, h);
+        norm_rows(tp, x, N, D, vm->post_w, vm->post_b, vm->eps, h);
         if (enc) memcpy(enc + (size_t)fr * nd, h, nd * sizeof *h);
         /* Pixel shuffle: token (ty, tx) joins the s x s patches below and
          * right of (ty s, tx s), row by row, each D wide. */
