@@ -3,7 +3,7 @@
 # gcc-aarch64-linux-gnu and qemu-user, and from Debian multiarch the arm64
 # C library and the -dev packages the build links (libc6:arm64,
 # libcmocka-dev:arm64; for the cellm command libcjson-dev:arm64,
-# libedit-dev:arm64, libmicrohttpd-dev:arm64). scripts/test.sh uses it as
+# libedit-dev:arm64, libmicrohttpd-dev:arm64, libpng-dev:arm64, libjpeg-dev:arm64). scripts/test.sh uses it as
 #   cmake -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake
 #         -DCELLM_WERROR=ON
 # and ctest then runs each test through qemu-aarch64 (QEMU_CPU picks the CPU).

@@ -828,6 +828,63 @@ cellm_status cellm_session_restore(cellm_engine *engine, const char *path,
  * has finished). The turn's request handle stays the caller's to free. */
 void cellm_session_free(cellm_session *session);
 
+/* ------------------------------------------------------------------ images */
+
+/* A vision projector (llama.cpp's `mmproj` GGUF file) that turns pictures
+ * into embeddings for a text model: SmolVLM / Idefics3's SigLIP encoder and
+ * pixel-shuffle connector. Decoding image files is the application's job:
+ * the library takes RGB8 pixels. Its weights are mapped, not copied. */
+typedef struct cellm_mmproj cellm_mmproj;
+
+typedef struct cellm_mmproj_params {
+    int n_threads; /* threads that encode a picture; 0: 2 */
+} cellm_mmproj_params;
+
+cellm_mmproj_params cellm_mmproj_default_params(void);
+
+/* Loads the projector at `path` for `model` (its embeddings must have the
+ * model's width; NULL skips that check). Errors: CELLM_ERR_IO,
+ * CELLM_ERR_FORMAT (malformed, or a text model's file given as the
+ * projector), CELLM_ERR_UNSUPPORTED (another projector type),
+ * CELLM_ERR_INVALID_ARG (a projector made for a model of another width).
+ * Free with cellm_mmproj_free() before the model. */
+cellm_status cellm_mmproj_load(const char *path, const cellm_model *model,
+                               const cellm_mmproj_params *params, cellm_mmproj **out);
+
+void cellm_mmproj_free(cellm_mmproj *mm);
+
+/* A picture's embeddings: the rows that replace its image tokens in the
+ * prompt, in order (the tiles row by row, then the whole picture), each
+ * n_embd floats. Owned by the caller: free with cellm_image_embed_free(). */
+typedef struct cellm_image_embed {
+    int32_t n_frames;         /* rows * cols tiles + the global image */
+    int32_t rows, cols;       /* the tile grid; 0 x 0 for a picture of one tile */
+    int32_t tokens_per_frame; /* image tokens each frame gives */
+    int32_t n_tokens;         /* n_frames * tokens_per_frame */
+    int32_t n_embd;           /* the text model's width */
+    float *embd;              /* n_tokens x n_embd */
+} cellm_image_embed;
+
+/* Encodes `pixels` (RGB8, `width` x `height`, rows of 3 * width bytes) as
+ * the model's image processor prepares it (resize, tiles and a global
+ * image, normalisation). Calls on one projector are serialised; use one
+ * projector per thread to encode in parallel. Errors: CELLM_ERR_INVALID_ARG
+ * (NULL pixels, a side outside 1..8192), CELLM_ERR_NO_MEMORY. */
+cellm_status cellm_image_encode(cellm_mmproj *mm, const uint8_t *pixels, int32_t width,
+                                int32_t height, cellm_image_embed **out);
+
+void cellm_image_embed_free(cellm_image_embed *e);
+
+/* The prompt text that stands for picture `e` where a chat template
+ * writes "<image>", as Idefics3's processor expands it: per tile
+ * "<fake_token_around_image><row_R_col_C>" and tokens_per_frame
+ * "<image>" tokens, a newline after each row of tiles, then
+ * "\n<fake_token_around_image><global-img>", the global image's
+ * "<image>" tokens and "<fake_token_around_image>". Tokenized with
+ * special tokens parsed, it has exactly e->n_tokens image tokens, whose
+ * rows are e->embd in order. *text is new; free() it. */
+cellm_status cellm_image_prompt(const cellm_image_embed *e, char **text);
+
 #ifdef __cplusplus
 }
 #endif

@@ -19,7 +19,7 @@ cellm_pkg_installed() {
 
 cellm_install_packages() {
     local pkgs=(cmake ninja-build gcc libc6-dev libcmocka-dev libcjson-dev libedit-dev
-        libmicrohttpd-dev)
+        libmicrohttpd-dev libpng-dev libjpeg-dev)
     if [ "${1:-}" = "--test" ]; then
         pkgs+=(clang libclang-rt-14-dev clang-format)
         # The Java binding's build and test (bindings/java): any JDK >= 11.

@@ -157,7 +157,7 @@ run_python_tests() {
 install_aarch64() {
     local missing=()
     for p in gcc-aarch64-linux-gnu qemu-user libc6:arm64 libcmocka-dev:arm64 libcjson-dev:arm64 \
-        libedit-dev:arm64 libmicrohttpd-dev:arm64; do
+        libedit-dev:arm64 libmicrohttpd-dev:arm64 libpng-dev:arm64 libjpeg-dev:arm64; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
             missing+=("$p")
     done

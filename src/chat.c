@@ -306,6 +306,52 @@ cellm_status chat_encode_json(const chat_tpl *t, const tokenizer *tok, const cha
     return st ? st : encode_text(t, tok, text, ids, err);
 }
 
+cellm_status chat_encode_image(const chat_tpl *t, const tokenizer *tok, const char *system,
+                               const char *text, const char *image_text, tok_ids *ids,
+                               cellm_error *err) {
+    if (t->format != CHAT_JINJA)
+        return err_set(err, CELLM_ERR_UNSUPPORTED,
+                       "a picture needs the model's own chat template (a built-in format has "
+                       "no place for it)");
+    json_buf b = {0};
+    json_buf_str(&b, "{\"messages\":[");
+    if (system) {
+        json_buf_str(&b, "{\"role\":\"system\",\"content\":[{\"type\":\"text\",\"text\":");
+        json_buf_quote(&b, system, strlen(system));
+        json_buf_str(&b, "}]},");
+    }
+    json_buf_str(&b, "{\"role\":\"user\",\"content\":[{\"type\":\"image\"},"
+                     "{\"type\":\"text\",\"text\":");
+    json_buf_quote(&b, text, strlen(text));
+    json_buf_str(&b, "}]}]}");
+    if (b.full) {
+        free(b.s);
+        return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    }
+    char *out = NULL;
+    cellm_status st = render(t, NULL, 0, b.s, b.n, true, &out, err);
+    free(b.s);
+    if (st) return st;
+    const char *at = strstr(out, "<image>");
+    if (!at) {
+        free(out);
+        return err_set(err, CELLM_ERR_UNSUPPORTED,
+                       "the chat template writes no <image> for a picture: not a vision "
+                       "model's template");
+    }
+    size_t head = (size_t)(at - out), il = strlen(image_text), tail = strlen(at + 7);
+    char *full = malloc(head + il + tail + 1);
+    if (!full) {
+        free(out);
+        return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    }
+    memcpy(full, out, head);
+    memcpy(full + head, image_text, il);
+    memcpy(full + head + il, at + 7, tail + 1);
+    free(out);
+    return encode_text(t, tok, full, ids, err);
+}
+
 bool chat_is_stop(const chat_tpl *t, const tokenizer *tok, int32_t id) {
     if (id == tokenizer_eos(tok)) return true;
     for (int i = 0; i < CHAT_MAX_STOP; i++)

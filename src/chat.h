@@ -80,6 +80,17 @@ cellm_status chat_encode_json(const chat_tpl *t, const tokenizer *tok, const cha
                               const char *tools_json, bool add_generation, tok_ids *ids,
                               cellm_error *err);
 
+/* A user turn of one picture and `text` (after the system message
+ * `system`, or none when NULL), as a vision-language template lays it
+ * out: the messages go to the template with list-of-parts content
+ * ({"type": "image"}, {"type": "text"}), and the "<image>" the template
+ * writes for the picture is replaced by `image_text` (cellm_image_prompt's
+ * expansion) before tokenizing. CELLM_ERR_UNSUPPORTED when the template
+ * writes no "<image>". */
+cellm_status chat_encode_image(const chat_tpl *t, const tokenizer *tok, const char *system,
+                               const char *text, const char *image_text, tok_ids *ids,
+                               cellm_error *err);
+
 /* True for EOS and the end-of-turn tokens. */
 bool chat_is_stop(const chat_tpl *t, const tokenizer *tok, int32_t id);
 

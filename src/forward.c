@@ -653,11 +653,21 @@ static cellm_status prepare(forward_ctx *f, const fwd_row *rows, int32_t n, cell
 
 cellm_status forward_run(forward_ctx *f, const fwd_row *rows, int32_t n, const float **logits,
                          cellm_error *err) {
+    return forward_run_embd(f, rows, NULL, n, logits, err);
+}
+
+cellm_status forward_run_embd(forward_ctx *f, const fwd_row *rows, const float *const *embd,
+                              int32_t n, const float **logits, cellm_error *err) {
     cellm_status st = prepare(f, rows, n, err);
     if (st) return st;
     const model *m = f->m;
     int32_t d = m->n_embd;
     for (int32_t r = 0; r < n; r++) {
+        if (embd && embd[r]) {
+            /* An image's row: its embedding as it is (no embedding scale). */
+            memcpy(f->x + (size_t)r * d, embd[r], (size_t)d * sizeof(float));
+            continue;
+        }
         matrix_get_row(m->tok_embd.data, m->tok_embd.type, d, rows[r].token, f->x + (size_t)r * d);
         if (m->emb_scale != 1.0f)
             for (int32_t i = 0; i < d; i++) f->x[(size_t)r * d + i] *= m->emb_scale;

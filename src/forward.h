@@ -41,4 +41,11 @@ size_t forward_bytes(const model *m, int32_t max_rows, int32_t max_logit_rows, i
 cellm_status forward_run(forward_ctx *f, const fwd_row *rows, int32_t n_rows, const float **logits,
                          cellm_error *err);
 
+/* forward_run() where row r's input is the n_embd floats at embd[r]
+ * instead of its token's embedding when embd[r] is not NULL (an image's
+ * rows, from vision.h; its token stays the image token, for the prefix
+ * cache). `embd` may be NULL: every row is a token. */
+cellm_status forward_run_embd(forward_ctx *f, const fwd_row *rows, const float *const *embd,
+                              int32_t n, const float **logits, cellm_error *err);
+
 #endif /* CELLM_FORWARD_H */

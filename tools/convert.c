@@ -39,21 +39,23 @@ typedef struct hf_family {
     bool window;     /* config's sliding_window applies (every layer, or gemma3's pattern) */
     bool gemma;      /* norms stored as w for (1 + w); Gemma's norm names */
     bool moe;        /* a mixture of experts in every layer */
+    bool idefics3;   /* a vision-language folder: text_config, and a projector file */
 } hf_family;
 
 static const hf_family families[] = {
-    {"LlamaForCausalLM", "llama", true, false, false, false},
-    {"MistralForCausalLM", "llama", true, true, false, false},
-    {"Qwen2ForCausalLM", "qwen2", false, false, false, false},
-    {"Qwen3ForCausalLM", "qwen3", false, false, false, false},
-    {"Phi3ForCausalLM", "phi3", false, true, false, false},
-    {"GraniteForCausalLM", "granite", true, false, false, false},
-    {"Gemma3ForCausalLM", "gemma3", false, true, true, false},
-    {"SmolLM3ForCausalLM", "smollm3", true, false, false, false},
-    {"Qwen3MoeForCausalLM", "qwen3moe", false, false, false, true},
-    {"OlmoeForCausalLM", "olmoe", false, false, false, true},
-    {"GraniteMoeForCausalLM", "granitemoe", true, false, false, true},
-    {"Lfm2ForCausalLM", "lfm2", false, false, false, false},
+    {"LlamaForCausalLM", "llama", true, false, false, false, false},
+    {"MistralForCausalLM", "llama", true, true, false, false, false},
+    {"Qwen2ForCausalLM", "qwen2", false, false, false, false, false},
+    {"Qwen3ForCausalLM", "qwen3", false, false, false, false, false},
+    {"Phi3ForCausalLM", "phi3", false, true, false, false, false},
+    {"GraniteForCausalLM", "granite", true, false, false, false, false},
+    {"Gemma3ForCausalLM", "gemma3", false, true, true, false, false},
+    {"SmolLM3ForCausalLM", "smollm3", true, false, false, false, false},
+    {"Qwen3MoeForCausalLM", "qwen3moe", false, false, false, true, false},
+    {"OlmoeForCausalLM", "olmoe", false, false, false, true, false},
+    {"GraniteMoeForCausalLM", "granitemoe", true, false, false, true, false},
+    {"Lfm2ForCausalLM", "lfm2", false, false, false, false, false},
+    {"Idefics3ForConditionalGeneration", "llama", true, false, false, false, true},
 };
 
 /* Gemma's names for its norms around attention and the MLP. */
@@ -112,6 +114,7 @@ typedef struct conv {
     const char *dir;
     const hf_family *fam;
     cJSON *cfg, *tok, *tok_cfg;
+    cJSON *root_cfg; /* a vision-language config; cfg is then its text_config */
     char *template_file;
     safetensors_file **shards;
     size_t n_shards;
@@ -131,6 +134,7 @@ typedef struct conv {
 
 static void conv_free(conv *c) {
     cJSON_Delete(c->cfg);
+    cJSON_Delete(c->root_cfg);
     cJSON_Delete(c->tok);
     cJSON_Delete(c->tok_cfg);
     free(c->template_file);
@@ -301,6 +305,17 @@ static cellm_status read_config(conv *c, cellm_error *err) {
         return err_set(err, CELLM_ERR_UNSUPPORTED,
                        "%s: model class '%.64s' is not supported (cellm converts: %s)", c->dir,
                        a0->valuestring, known);
+    }
+    if (c->fam->idefics3) {
+        /* The text model's settings are its text_config's. */
+        cJSON *text = cJSON_DetachItemFromObjectCaseSensitive(c->cfg, "text_config");
+        if (!cJSON_IsObject(text)) {
+            cJSON_Delete(text);
+            return err_set(err, CELLM_ERR_FORMAT, "%s/config.json: no text_config", c->dir);
+        }
+        c->root_cfg = c->cfg;
+        c->cfg = text;
+        cJSON_AddItemReferenceToObject(c->root_cfg, "text_config", text);
     }
     const cJSON *g = c->cfg;
     if (!jint(g, "hidden_size", 1, 1 << 20, &c->n_embd) ||
@@ -645,6 +660,17 @@ static cellm_status open_shards(conv *c, cellm_error *err) {
  * none (and *skip when it is one to leave out). */
 static bool gguf_name(const conv *c, const char *hf, char *out, size_t cap, bool *skip) {
     *skip = false;
+    char text[512];
+    if (c->fam->idefics3) {
+        if (convert_is_vision_tensor(hf)) {
+            *skip = true; /* the projector file's */
+            return true;
+        }
+        if (!strncmp(hf, "model.text_model.", 17)) {
+            snprintf(text, sizeof text, "model.%s", hf + 17);
+            hf = text;
+        }
+    }
     if (!strcmp(hf, "model.embed_tokens.weight")) return snprintf(out, cap, "token_embd.weight");
     if (!strcmp(hf, "model.norm.weight")) return snprintf(out, cap, "output_norm.weight");
     if (!strcmp(hf, "model.embedding_norm.weight")) /* lfm2's final norm, llama.cpp's name */
@@ -1278,6 +1304,34 @@ static const out_type direct_types[] = {
     {"bf16", QT_BF16, 32},
 };
 
+/* A vision-language folder's projector: p->mmproj, or mmproj-BASENAME
+ * beside the output; F32 when the text model is F32, F16 otherwise. */
+static cellm_status write_projector(conv *c, const char *out_path, const convert_params *p,
+                                    cellm_error *err) {
+    char path[4200];
+    if (p->mmproj) {
+        snprintf(path, sizeof path, "%s", p->mmproj);
+    } else {
+        const char *slash = strrchr(out_path, '/');
+        int dir_len = slash ? (int)(slash - out_path + 1) : 0;
+        snprintf(path, sizeof path, "%.*smmproj-%s", dir_len, out_path, out_path + dir_len);
+    }
+    cJSON *proc = NULL, *pre = NULL;
+    cellm_status st = read_json(c->dir, "processor_config.json", true, &proc, err);
+    const cJSON *ip = cJSON_GetObjectItemCaseSensitive(proc, "image_processor");
+    if (!st && !cJSON_IsObject(ip)) {
+        st = read_json(c->dir, "preprocessor_config.json", true, &pre, err);
+        ip = pre;
+    }
+    if (!st)
+        st = convert_mmproj(c->dir, c->root_cfg, ip, c->shards, c->n_shards, path,
+                            !strcasecmp(p->type, "f32"), err);
+    cJSON_Delete(proc);
+    cJSON_Delete(pre);
+    if (!st && p->progress) fprintf(stderr, "convert: wrote the projector %s\n", path);
+    return st;
+}
+
 cellm_status convert_hf(const char *dir, const char *out_path, const convert_params *params,
                         cellm_error *err) {
     convert_params p = params ? *params : (convert_params){0};
@@ -1307,6 +1361,7 @@ cellm_status convert_hf(const char *dir, const char *out_path, const convert_par
         goto done;
     if (c.tok && (st = write_tokenizer(&c, err))) goto done;
     if ((st = open_shards(&c, err)) || (st = write_tensors(&c, type, &p, err))) goto done;
+    if (c.fam->idefics3 && (st = write_projector(&c, out_path, &p, err))) goto done;
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.f32-tmp", out_path);
     const char *first = direct ? out_path : tmp;
@@ -1342,13 +1397,15 @@ done:
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: cellm convert HF_DIR OUT.gguf [--type TYPE] [--threads N]\n\n"
+            "usage: cellm convert HF_DIR OUT.gguf [--type TYPE] [--threads N] [--mmproj FILE]\n\n"
             "Converts a Hugging Face checkpoint folder (config.json, *.safetensors,\n"
             "tokenizer.json, tokenizer_config.json) into a GGUF file that cellm and\n"
             "llama.cpp run. Families: Llama, Mistral, Qwen 2/2.5, Qwen 3, Phi-3, Granite.\n"
             "  --type TYPE   f16 (default), f32, bf16, or a quantized type:\n"
             "                %s\n"
-            "  --threads N   threads quantizing each tensor (default 2)\n",
+            "  --threads N   threads quantizing each tensor (default 2)\n"
+            "  --mmproj FILE a vision-language folder's (SmolVLM / Idefics3) projector\n"
+            "                file (default mmproj-OUT.gguf beside OUT.gguf)\n",
             quantize_ftype_names());
 }
 
@@ -1368,6 +1425,12 @@ int cmd_convert(int argc, char **argv) {
                 return 2;
             }
             p.type = argv[++i];
+        } else if (!strcmp(a, "--mmproj")) {
+            if (i + 1 >= argc) {
+                cli_error("--mmproj needs the projector file to write");
+                return 2;
+            }
+            p.mmproj = argv[++i];
         } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
             if (i + 1 >= argc || !cli_parse_uint(argv[++i], 64, &v) || v == 0) {
                 cli_error("--threads needs a count from 1 to 64");

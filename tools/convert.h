@@ -20,6 +20,8 @@ typedef struct convert_params {
     const char *type;   /* "f16" (default), "f32", "bf16", or a quantize type ("q8_0", ...) */
     unsigned n_threads; /* quantizing; 0: 2 */
     bool progress;      /* a progress line on stderr */
+    const char *mmproj; /* a vision-language folder's projector file; NULL:
+                           mmproj-BASENAME beside the output */
 } convert_params;
 
 /* Converts the folder `dir` into `out_path` (atomically: a failure leaves no
@@ -28,5 +30,21 @@ cellm_status convert_hf(const char *dir, const char *out_path, const convert_par
                         cellm_error *err);
 
 int cmd_convert(int argc, char **argv);
+
+/* ---- convert_vision.c: the projector (mmproj) of a vision-language folder ---- */
+
+struct cJSON;
+struct safetensors_file;
+
+/* Whether Hugging Face tensor `hf` belongs to the projector file. */
+bool convert_is_vision_tensor(const char *hf);
+
+/* Writes Idefics3's vision encoder and connector from the open shards into
+ * `out_path` as llama.cpp's mmproj GGUF (F16 matrices, or F32 when `f32`),
+ * with the image processor `proc` (its JSON object) as clip.vision.* keys;
+ * loads it back as a check. */
+cellm_status convert_mmproj(const char *dir, const struct cJSON *cfg, const struct cJSON *proc,
+                            struct safetensors_file *const *shards, size_t n_shards,
+                            const char *out_path, bool f32, cellm_error *err);
 
 #endif /* CELLM_CONVERT_H */

@@ -85,6 +85,32 @@ cellm_status rt_feed(rt *r, kv_seq *s, const int32_t *tok, int32_t n, float *log
     return st;
 }
 
+cellm_status rt_feed_image(rt *r, kv_seq *s, const int32_t *tok, int32_t n, int32_t image_token,
+                           const float *embd, int32_t n_embd_rows, float *logits,
+                           cellm_error *err) {
+    int32_t n_img = 0;
+    for (int32_t i = 0; i < n; i++) n_img += tok[i] == image_token;
+    if (n_img != n_embd_rows)
+        return err_set(err, CELLM_ERR_INVALID_ARG,
+                       "the prompt has %d image tokens, the picture %d rows", (int)n_img,
+                       (int)n_embd_rows);
+    fwd_row rows[512];
+    const float *in[512];
+    int32_t chunk = r->batch < 512 ? r->batch : 512, next = 0, d = r->m->n_embd;
+    for (int32_t i = 0; i < n; i += chunk) {
+        int32_t c = n - i < chunk ? n - i : chunk;
+        for (int32_t j = 0; j < c; j++) {
+            rows[j] = (fwd_row){s, tok[i + j], s->n_pos + j, logits && i + j == n - 1};
+            in[j] = tok[i + j] == image_token ? embd + (size_t)next++ * (size_t)d : NULL;
+        }
+        const float *lg;
+        cellm_status st = forward_run_embd(r->fwd, rows, in, c, &lg, err);
+        if (st) return st;
+        if (logits && i + c == n) memcpy(logits, lg, sizeof(float) * (size_t)r->m->n_vocab);
+    }
+    return CELLM_OK;
+}
+
 cellm_status rt_feed_all(rt *r, kv_seq *s, const int32_t *tok, int32_t n, const float **logits,
                          cellm_error *err) {
     fwd_row rows[RT_SPEC_MAX + 1];

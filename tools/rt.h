@@ -55,6 +55,12 @@ void rt_close(rt *r);
 cellm_status rt_feed(rt *r, kv_seq *s, const int32_t *tok, int32_t n, float *logits,
                      cellm_error *err);
 
+/* rt_feed where the rows whose token is `image_token` take, in order, the
+ * n_embd rows of embd[0..n_embd_rows) as their input (a picture's rows,
+ * cellm_image_encode); the count must match. */
+cellm_status rt_feed_image(rt *r, kv_seq *s, const int32_t *tok, int32_t n, int32_t image_token,
+                           const float *embd, int32_t n_embd_rows, float *logits, cellm_error *err);
+
 /* rt_feed (n >= 1), pointing *logits at the last token's logits instead of
  * copying them: valid until r's next pass. */
 cellm_status rt_feed_last(rt *r, kv_seq *s, const int32_t *tok, int32_t n, const float **logits,

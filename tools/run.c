@@ -29,6 +29,7 @@
 #include "cli.h"
 #include "engine.h" /* spec_sample */
 #include "grammar.h"
+#include "image_file.h"
 #include "rt.h"
 #include "run.h"
 #include "sampler.h"
@@ -75,6 +76,8 @@ static void usage(FILE *out) {
             "use). Type a message and press Enter; /reset starts over, /exit (or Ctrl-D) quits.\n\n"
             "  -p, --prompt TEXT     answer TEXT once and exit\n"
             "  -sys, --system-prompt TEXT   system prompt (also --system)\n"
+            "  --mmproj FILE --image PATH   answer -p TEXT about a PNG or JPEG picture, with\n"
+            "                        the model's projector (a SmolVLM mmproj GGUF file)\n"
             "  -n, --n-predict N     at most N tokens per answer; -1: no limit (default 1024)\n"
             "  -c, --ctx-size N      context length (default: the model's, at most 4096)\n"
             "  --kv-type T           KV cache type: " CLI_KV_TYPES " (default f16)\n"
@@ -390,6 +393,67 @@ static bool turn(chat *c, const char *user, cellm_error *err) {
     return true;
 }
 
+/* One answer about a picture: the projector encodes it, the template
+ * places its tokens, their rows enter the prompt's batch. */
+static bool image_turn(chat *c, const char *mmproj, const char *path, const char *text,
+                       const char *system, int threads, cellm_error *err) {
+    cellm_mmproj_params mp = cellm_mmproj_default_params();
+    if (threads > 0) mp.n_threads = threads;
+    cellm_mmproj *mm = NULL;
+    cellm_image_embed *e = NULL;
+    uint8_t *rgb = NULL;
+    char *itext = NULL;
+    tok_ids ids = {0}, one = {0};
+    int32_t w, h;
+    bool ok = false;
+    if (cellm_mmproj_load(mmproj, c->r.cm, &mp, &mm)) {
+        err_set(err, CELLM_ERR_INVALID_ARG, "%s", cellm_last_error());
+        goto done;
+    }
+    if (image_file_read(path, &rgb, &w, &h, err)) goto done;
+    double t0 = now_s();
+    if (cellm_image_encode(mm, rgb, w, h, &e) || cellm_image_prompt(e, &itext)) {
+        err_set(err, CELLM_ERR_INVALID_ARG, "%s: %s", path, cellm_last_error());
+        goto done;
+    }
+    if (c->verbose)
+        fprintf(stderr,
+                "image: %dx%d, %d frames (%dx%d tiles + 1), %d tokens, encoded in %.0f ms\n",
+                (int)w, (int)h, (int)e->n_frames, (int)e->rows, (int)e->cols, (int)e->n_tokens,
+                (now_s() - t0) * 1e3);
+    if (tokenizer_encode(c->r.tok, "<image>", 7, TOK_PARSE_SPECIAL, &one, err)) goto done;
+    if (one.n != 1) {
+        err_set(err, CELLM_ERR_UNSUPPORTED, "the model has no <image> token: not a vision model");
+        goto done;
+    }
+    if (chat_encode_image(&c->tpl, c->r.tok, system, text, itext, &ids, err)) goto done;
+    if ((long)ids.n >= c->r.ctx) {
+        err_set(err, CELLM_ERR_NO_MEMORY, "the prompt (%zu tokens) does not fit the context (%d)",
+                ids.n, c->r.ctx);
+        goto done;
+    }
+    t0 = now_s();
+    if (rt_feed_image(&c->r, &c->seq, ids.ids, (int32_t)ids.n, one.ids[0], e->embd, e->n_tokens,
+                      c->logits, err))
+        goto done;
+    c->t_prompt += now_s() - t0;
+    c->n_prompt += (long)ids.n;
+    tok_ids_free(&c->hist);
+    c->hist = ids;
+    ids = (tok_ids){0};
+    char *answer = generate(c, err);
+    ok = answer != NULL;
+    free(answer);
+done:
+    tok_ids_free(&ids);
+    tok_ids_free(&one);
+    free(itext);
+    cellm_image_embed_free(e);
+    free(rgb);
+    cellm_mmproj_free(mm);
+    return ok;
+}
+
 static void print_speed(const chat *c) {
     fprintf(stderr, "prompt: %ld tokens, %.1f tokens/s; generation: %ld tokens, %.1f tokens/s\n",
             c->n_prompt, c->t_prompt > 0 ? c->n_prompt / c->t_prompt : 0.0, c->n_gen,
@@ -499,7 +563,7 @@ static int load_grammar(const char *file, const char *schema, grammar **out) {
 
 int cmd_run(int argc, char **argv) {
     const char *model_name = NULL, *prompt = NULL, *system = NULL, *tpl = NULL, *tpl_file = NULL;
-    const char *grammar_file = NULL, *json_schema = NULL;
+    const char *grammar_file = NULL, *json_schema = NULL, *mmproj = NULL, *image = NULL;
     rt_opts o = {0};
     static rt_sampling rs; /* its bias table is 8 KiB */
     rt_sampling_init(&rs);
@@ -569,6 +633,12 @@ int cmd_run(int argc, char **argv) {
         } else if (!strcmp(a, "--json-schema")) {
             NEED_ARG();
             json_schema = v;
+        } else if (!strcmp(a, "--mmproj")) {
+            NEED_ARG();
+            mmproj = v;
+        } else if (!strcmp(a, "--image")) {
+            NEED_ARG();
+            image = v;
         } else if (!strcmp(a, "--raw")) {
             c.raw = true;
         } else if (!strcmp(a, "--ignore-eos")) {
@@ -589,6 +659,11 @@ int cmd_run(int argc, char **argv) {
     if (so.draft_min > so.draft_max) {
         cli_error("run: --draft-min (%d) must not exceed --draft-max (%d)", (int)so.draft_min,
                   (int)so.draft_max);
+        return 2;
+    }
+    if ((image || mmproj) && (!image || !mmproj || !prompt || c.raw)) {
+        cli_error("run: --image needs --mmproj FILE (the model's projector) and -p TEXT, "
+                  "without --raw");
         return 2;
     }
     rt_spec_target_opts(&so, &o);
@@ -657,7 +732,11 @@ int cmd_run(int argc, char **argv) {
         goto done;
     }
     if (system) c.msgs[c.n_msgs++] = (chat_msg){"system", strdup(system)};
-    if (prompt) {
+    if (image) {
+        rc = image_turn(&c, mmproj, image, prompt, system, o.threads, &err) ? 0 : 1;
+        if (rc) cli_error("%s", err.msg);
+        if (c.verbose) print_speed(&c);
+    } else if (prompt) {
         rc = turn(&c, prompt, &err) ? 0 : 1;
         if (rc) cli_error("%s", err.msg);
         if (c.verbose) print_speed(&c);
