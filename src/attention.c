@@ -17,101 +17,27 @@
 #include "kernels/fp16.h"
 #include "kernels/kernels.h"
 
-/* The 3- and 2-bit blocks of 32 (the compressed KV types' value rows).
- * Q3_0: element j's low two bits are bits 2(j%4)..2(j%4)+1 of qs[j/4], its
- * high bit is bit j of qh (little-endian). Q2_0: the two bits of element j
- * as Q3_0's low two. */
-typedef struct {
-    uint16_t d;
-    uint8_t qs[8];
-    uint8_t qh[4];
-} block_kv_q3_0;
-typedef struct {
-    uint16_t d;
-    uint8_t qs[8];
-} block_kv_q2_0;
-_Static_assert(sizeof(block_kv_q3_0) == 14, "block_kv_q3_0 size");
-_Static_assert(sizeof(block_kv_q2_0) == 10, "block_kv_q2_0 size");
-
 size_t attn_kv_row_bytes(attn_kv_format format, size_t n) {
     switch (format) {
     case ATTN_KV_Q8_0: return n / QK8_0 * sizeof(block_q8_0);
     case ATTN_KV_Q4_0: return n / QK4_0 * sizeof(block_q4_0);
     case ATTN_KV_Q5_0: return n / QK5_0 * sizeof(block_q5_0);
-    case ATTN_KV_Q3_0: return n / 32 * sizeof(block_kv_q3_0);
-    case ATTN_KV_Q2_0: return n / 32 * sizeof(block_kv_q2_0);
     default: return n * sizeof(uint16_t);
     }
 }
 
-/* The signed codes of block ib of a Q5_0, Q3_0 or Q2_0 row (x = d * c),
- * unpacked in plain C for every variant (exact integers, so the SIMD
- * kernels that convert them get the reference's values); returns d. */
-static inline float small_codes(attn_kv_format f, const void *row, size_t ib, int8_t c[32]) {
-    if (f == ATTN_KV_Q5_0) {
-        const block_q5_0 *b = (const block_q5_0 *)row + ib;
-        const uint32_t qh = (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 |
-                            (uint32_t)b->qh[2] << 16 | (uint32_t)b->qh[3] << 24;
-        for (int j = 0; j < 16; j++) {
-            c[j] = (int8_t)(((b->qs[j] & 15) | ((qh >> j) & 1) << 4) - 16);
-            c[j + 16] = (int8_t)(((b->qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16);
-        }
-        return fp16_to_fp32(b->d);
+/* The signed codes of block ib of a Q5_0 row (x = d * c), unpacked in
+ * plain C for every variant (exact integers, so the SIMD kernels that
+ * convert them get the reference's values); returns d. */
+static inline float q5_0_codes(const void *row, size_t ib, int8_t c[32]) {
+    const block_q5_0 *b = (const block_q5_0 *)row + ib;
+    const uint32_t qh = (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 | (uint32_t)b->qh[2] << 16 |
+                        (uint32_t)b->qh[3] << 24;
+    for (int j = 0; j < 16; j++) {
+        c[j] = (int8_t)(((b->qs[j] & 15) | ((qh >> j) & 1) << 4) - 16);
+        c[j + 16] = (int8_t)(((b->qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16);
     }
-    if (f == ATTN_KV_Q3_0) {
-        const block_kv_q3_0 *b = (const block_kv_q3_0 *)row + ib;
-        for (int j = 0; j < 32; j++)
-            c[j] = (int8_t)((((b->qs[j / 4] >> (2 * (j % 4))) & 3) |
-                             ((b->qh[j / 8] >> (j % 8)) & 1) << 2) -
-                            4);
-        return fp16_to_fp32(b->d);
-    }
-    const block_kv_q2_0 *b = (const block_kv_q2_0 *)row + ib;
-    for (int j = 0; j < 32; j++) c[j] = (int8_t)(2 * ((b->qs[j / 4] >> (2 * (j % 4))) & 3) - 3);
     return fp16_to_fp32(b->d);
-}
-
-/* Rounds x[0..32) to d * c with c in [lo, hi] (integers of step `step`: 1,
- * or 2 for the odd codes of Q2_0), for the scale d among a fixed set of
- * fractions of the largest one that gives the least squared error (the
- * first such on ties), d stored as f16. Writes the codes into c; returns
- * d's f16 bits. Scalar, a fixed order: the same bits on every CPU. */
-static uint16_t round_block_mse(const float *x, int lo, int hi, int step, int8_t c[32]) {
-    float amax = 0.0f, vmax = 0.0f;
-    for (int j = 0; j < 32; j++)
-        if (fabsf(x[j]) > amax) {
-            amax = fabsf(x[j]);
-            vmax = x[j];
-        }
-    /* The largest magnitude maps to the end of the range with more room
-     * (lo for an odd number of levels, as in Q4_0). */
-    const float top = lo + hi <= 0 ? (float)lo : (float)hi;
-    const float d0 = (lo + hi <= 0 ? vmax : amax) / top;
-    uint16_t best = 0;
-    float best_err = INFINITY;
-    for (int t = 0; t < 16; t++) {
-        const uint16_t dh = fp32_to_fp16(d0 * (1.0f - 0.025f * (float)t));
-        const float d = fp16_to_fp32(dh);
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        float err = 0.0f;
-        for (int j = 0; j < 32; j++) {
-            float q = nearbyintf((x[j] * id - (float)lo) / (float)step) * (float)step + (float)lo;
-            q = q < (float)lo ? (float)lo : q > (float)hi ? (float)hi : q;
-            const float e = x[j] - d * q;
-            err += e * e;
-        }
-        if (err < best_err) {
-            best_err = err;
-            best = dh;
-        }
-    }
-    const float d = fp16_to_fp32(best);
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    for (int j = 0; j < 32; j++) {
-        float q = nearbyintf((x[j] * id - (float)lo) / (float)step) * (float)step + (float)lo;
-        c[j] = (int8_t)(q < (float)lo ? lo : q > (float)hi ? hi : (int)q);
-    }
-    return best;
 }
 
 static float ref_dot_f16(const float *q, const uint16_t *k, size_t n) {
@@ -182,33 +108,6 @@ static void store_q4_0(void *dst, const float *x, size_t n) {
 static void store_q5_0(void *dst, const float *x, size_t n) {
     ref_quantize_q5_0(x, dst, n);
 }
-static void store_q3_0(void *dst, const float *x, size_t n) {
-    assert(n % 32 == 0);
-    block_kv_q3_0 *b = dst;
-    for (size_t ib = 0; ib < n / 32; ib++, x += 32) {
-        int8_t c[32];
-        b[ib].d = round_block_mse(x, -4, 3, 1, c);
-        memset(b[ib].qs, 0, sizeof b[ib].qs);
-        memset(b[ib].qh, 0, sizeof b[ib].qh);
-        for (int j = 0; j < 32; j++) {
-            const int q = c[j] + 4;
-            b[ib].qs[j / 4] |= (uint8_t)((q & 3) << (2 * (j % 4)));
-            b[ib].qh[j / 8] |= (uint8_t)((q >> 2) << (j % 8));
-        }
-    }
-}
-static void store_q2_0(void *dst, const float *x, size_t n) {
-    assert(n % 32 == 0);
-    block_kv_q2_0 *b = dst;
-    for (size_t ib = 0; ib < n / 32; ib++, x += 32) {
-        int8_t c[32];
-        b[ib].d = round_block_mse(x, -3, 3, 2, c);
-        memset(b[ib].qs, 0, sizeof b[ib].qs);
-        for (int j = 0; j < 32; j++)
-            b[ib].qs[j / 4] |= (uint8_t)(((c[j] + 3) / 2) << (2 * (j % 4)));
-    }
-}
-
 /* The scale and the 32 codes (as floats, in element order) of block ib of
  * a quantized row. */
 static inline float block_codes(attn_kv_format f, const void *row, size_t ib, float c[32]) {
@@ -217,9 +116,9 @@ static inline float block_codes(attn_kv_format f, const void *row, size_t ib, fl
         for (int i = 0; i < 32; i++) c[i] = (float)b->qs[i];
         return fp16_to_fp32(b->d);
     }
-    if (f != ATTN_KV_Q4_0) {
+    if (f == ATTN_KV_Q5_0) {
         int8_t ci[32];
-        const float d = small_codes(f, row, ib, ci);
+        const float d = q5_0_codes(row, ib, ci);
         for (int i = 0; i < 32; i++) c[i] = (float)ci[i];
         return d;
     }
@@ -291,8 +190,6 @@ static void ref_axpy_rows_q(attn_kv_format f, float *acc, const float *w, const 
 REF_Q_KERNELS(ATTN_KV_Q8_0, q8_0)
 REF_Q_KERNELS(ATTN_KV_Q4_0, q4_0)
 REF_Q_KERNELS(ATTN_KV_Q5_0, q5_0)
-REF_Q_KERNELS(ATTN_KV_Q3_0, q3_0)
-REF_Q_KERNELS(ATTN_KV_Q2_0, q2_0)
 
 #define KV_OPS_F16(pfx)                                                                            \
     { pfx##_kv_dot_f16, pfx##_kv_dot4_f16, pfx##_kv_axpy_rows_f16, store_f16 }
@@ -300,11 +197,8 @@ REF_Q_KERNELS(ATTN_KV_Q2_0, q2_0)
     { pfx##_dot_q8_0, pfx##_dot4_q8_0, pfx##_axpy_rows_q8_0, store_q8_0 }
 #define KV_OPS_Q4_0(pfx)                                                                           \
     { pfx##_dot_q4_0, pfx##_dot4_q4_0, pfx##_axpy_rows_q4_0, store_q4_0 }
-/* The rows of the compressed KV types (Q5_0, Q3_0, Q2_0). */
-#define KV_OPS_SMALL(pfx)                                                                          \
-    {pfx##_dot_q5_0, pfx##_dot4_q5_0, pfx##_axpy_rows_q5_0, store_q5_0},                           \
-        {pfx##_dot_q3_0, pfx##_dot4_q3_0, pfx##_axpy_rows_q3_0, store_q3_0},                       \
-        {pfx##_dot_q2_0, pfx##_dot4_q2_0, pfx##_axpy_rows_q2_0, store_q2_0}
+#define KV_OPS_Q5_0(pfx)                                                                           \
+    { pfx##_dot_q5_0, pfx##_dot4_q5_0, pfx##_axpy_rows_q5_0, store_q5_0 }
 
 static const attn_kernels ref_kernels = {
     .dot_f16 = ref_dot_f16,
@@ -313,7 +207,7 @@ static const attn_kernels ref_kernels = {
     .dot4_f16 = ref_dot4_f16,
     .axpy_rows_f16 = ref_axpy_rows_f16,
     .scale_round_f16 = ref_scale_round_f16,
-    .kv = {KV_OPS_F16(ref), KV_OPS_Q8_0(ref), KV_OPS_Q4_0(ref), KV_OPS_SMALL(ref)},
+    .kv = {KV_OPS_F16(ref), KV_OPS_Q8_0(ref), KV_OPS_Q4_0(ref), KV_OPS_Q5_0(ref)},
 };
 
 #if defined(__x86_64__)
@@ -427,9 +321,9 @@ avx2_block_codes(attn_kv_format f, const void *row, size_t ib, __m256 c[4]) {
                 _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * u))));
         return fp16_to_fp32(b->d);
     }
-    if (f != ATTN_KV_Q4_0) {
+    if (f == ATTN_KV_Q5_0) { /* unpacked in C, converted as Q8_0's codes */
         int8_t ci[32];
-        const float d = small_codes(f, row, ib, ci);
+        const float d = q5_0_codes(row, ib, ci);
         for (int u = 0; u < 4; u++)
             c[u] = _mm256_cvtepi32_ps(
                 _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(ci + 8 * u))));
@@ -519,8 +413,6 @@ avx2_axpy_rows_q(attn_kv_format f, float *acc, const float *w, const void *const
 AVX2_Q_KERNELS(ATTN_KV_Q8_0, q8_0)
 AVX2_Q_KERNELS(ATTN_KV_Q4_0, q4_0)
 AVX2_Q_KERNELS(ATTN_KV_Q5_0, q5_0)
-AVX2_Q_KERNELS(ATTN_KV_Q3_0, q3_0)
-AVX2_Q_KERNELS(ATTN_KV_Q2_0, q2_0)
 
 static const attn_kernels avx2_kernels = {
     .dot_f16 = avx2_dot_f16,
@@ -529,7 +421,7 @@ static const attn_kernels avx2_kernels = {
     .dot4_f16 = avx2_dot4_f16,
     .axpy_rows_f16 = avx2_axpy_rows_f16,
     .scale_round_f16 = avx2_scale_round_f16,
-    .kv = {KV_OPS_F16(avx2), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_SMALL(avx2)},
+    .kv = {KV_OPS_F16(avx2), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_Q5_0(avx2)},
 };
 
 /* AVX-512: the same lanes and order as above, two keys' 8-lane chunks in
@@ -628,7 +520,7 @@ static const attn_kernels avx512_kernels = {
     .dot4_f16 = avx512_dot4_f16,
     .axpy_rows_f16 = avx512_axpy_rows_f16,
     .scale_round_f16 = avx512_scale_round_f16,
-    .kv = {KV_OPS_F16(avx512), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_SMALL(avx2)},
+    .kv = {KV_OPS_F16(avx512), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_Q5_0(avx2)},
 };
 #endif
 
@@ -741,9 +633,9 @@ neon_block_codes(attn_kv_format f, const void *row, size_t ib, float32x4_t c[8])
         a = vld1q_s8(bl->qs);
         b = vld1q_s8(bl->qs + 16);
         d = fp16_to_fp32(bl->d);
-    } else if (f != ATTN_KV_Q4_0) {
+    } else if (f == ATTN_KV_Q5_0) {
         int8_t ci[32];
-        d = small_codes(f, row, ib, ci);
+        d = q5_0_codes(row, ib, ci);
         a = vld1q_s8(ci);
         b = vld1q_s8(ci + 16);
     } else {
@@ -826,8 +718,6 @@ static inline __attribute__((always_inline)) void neon_axpy_rows_q(attn_kv_forma
 NEON_Q_KERNELS(ATTN_KV_Q8_0, q8_0)
 NEON_Q_KERNELS(ATTN_KV_Q4_0, q4_0)
 NEON_Q_KERNELS(ATTN_KV_Q5_0, q5_0)
-NEON_Q_KERNELS(ATTN_KV_Q3_0, q3_0)
-NEON_Q_KERNELS(ATTN_KV_Q2_0, q2_0)
 
 static const attn_kernels neon_kernels = {
     .dot_f16 = neon_dot_f16,
@@ -836,7 +726,7 @@ static const attn_kernels neon_kernels = {
     .dot4_f16 = neon_dot4_f16,
     .axpy_rows_f16 = neon_axpy_rows_f16,
     .scale_round_f16 = neon_scale_round_f16,
-    .kv = {KV_OPS_F16(neon), KV_OPS_Q8_0(neon), KV_OPS_Q4_0(neon), KV_OPS_SMALL(neon)},
+    .kv = {KV_OPS_F16(neon), KV_OPS_Q8_0(neon), KV_OPS_Q4_0(neon), KV_OPS_Q5_0(neon)},
 };
 #endif
 

@@ -2,9 +2,8 @@
  * attention.h — the small vector kernels attention runs over K/V rows as
  * the KV cache stores them: a dot product of an f32 query with a key, and
  * acc += w * v for value rows, and their batched forms. Rows are f16, or
- * Q8_0 / Q5_0 / Q4_0 blocks of 32 (kernels/blocks.h) or the 3- and 2-bit
- * blocks of the compressed KV types (attention.c), read directly, without
- * dequantizing them first. A scalar version, an AVX2/F16C one, an AVX-512
+ * Q8_0 / Q5_0 / Q4_0 blocks of 32 (kernels/blocks.h) read directly,
+ * without dequantizing them first. A scalar version, an AVX2/F16C one, an AVX-512
  * one (f16 rows) and a NEON one, chosen once. Each reduces in a fixed order, so results depend only
  * on their inputs, and each batched form returns exactly what its single
  * form returns.
@@ -24,8 +23,6 @@ typedef enum attn_kv_format {
     ATTN_KV_Q8_0, /* n / 32 Q8_0 blocks: x = d * q, q in -127..127 */
     ATTN_KV_Q4_0, /* n / 32 Q4_0 blocks: x = d * (q - 8), q in 0..15 */
     ATTN_KV_Q5_0, /* n / 32 Q5_0 blocks: x = d * (q - 16), q in 0..31 */
-    ATTN_KV_Q3_0, /* n / 32 blocks of 14 bytes: x = d * (q - 4), q in 0..7 */
-    ATTN_KV_Q2_0, /* n / 32 blocks of 10 bytes: x = d * (2q - 3), q in 0..3 */
     ATTN_KV_FORMATS
 } attn_kv_format;
 

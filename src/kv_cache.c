@@ -41,7 +41,6 @@ static const struct {
     [CELLM_KV_Q4_0] = {"q4_0", ATTN_KV_Q4_0, ATTN_KV_Q4_0, false},
     [CELLM_KV_Q4_0H] = {"q4_0h", ATTN_KV_Q4_0, ATTN_KV_Q4_0, true},
     [CELLM_KV_K5V4H] = {"k5v4h", ATTN_KV_Q5_0, ATTN_KV_Q4_0, true},
-    [CELLM_KV_K5V3H] = {"k5v3h", ATTN_KV_Q5_0, ATTN_KV_Q3_0, true},
 };
 
 const char *kv_type_name(cellm_kv_type type) {
@@ -51,7 +50,7 @@ const char *kv_type_name(cellm_kv_type type) {
 cellm_status kv_type_check(const model *m, cellm_kv_type type, cellm_error *err) {
     if ((unsigned)type >= sizeof kv_types / sizeof kv_types[0])
         return err_set(err, CELLM_ERR_INVALID_ARG,
-                       "KV type %d is not one of f16, q8_0, q4_0, q4_0h, k5v4h, k5v3h",
+                       "KV type %d is not one of f16, q8_0, q4_0, q4_0h, k5v4h",
                        (int)type);
     const int32_t dims[2] = {m->head_dim, m->head_dim_v};
     for (int i = 0; i < 2; i++) {

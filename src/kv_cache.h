@@ -15,8 +15,8 @@
  * K and V rows are stored in the engine's KV type (cellm_kv_type): f16,
  * Q8_0 or Q4_0 blocks of 32 (each head's blocks in order, attention.h),
  * or, for the rotated types, blocks of each head rotated by attn_rotate:
- * Q4_0 for both (q4_0h), or Q5_0 keys with Q4_0 or 3-bit values (k5v4h,
- * k5v3h: keys lose far more to rounding than values). Blocks carry a reference count: sequences
+ * Q4_0 for both (q4_0h), or Q5_0 keys with Q4_0 values (k5v4h: keys lose
+ * far more to rounding than values). Blocks carry a reference count: sequences
  * share blocks (a fork, a cached prefix), and a write into a shared block
  * copies it first (copy-on-write, in kv_seq_reserve).
  *

@@ -5,9 +5,8 @@
  * conversion), for the scalar, the chosen and every SIMD variant this CPU
  * runs (avx2, avx512, neon), on head sizes with and without a tail; and
  * each of those returns the scalar one's bits. The kernels of quantized K/V
- * rows (Q8_0, Q4_0, and Q5_0, Q3_0, Q2_0 of the compressed types): the
- * same for every variant, stored rows within the format's step of their
- * input (Q3_0, Q2_0: no farther than the plain absmax rounding), and the
+ * rows (Q8_0, Q4_0, and Q5_0 of k5v4h's keys): the same for every
+ * variant, stored rows within the format's step of their input, and the
  * scalar one against a double-precision sum over the dequantized rows. The rotation of the rotated 4-bit type: orthogonal,
  * undone by attn_unrotate, and it spreads a single outlier over the whole
  * head.
@@ -139,34 +138,11 @@ static void test_chosen_same_as_ref(void **state) {
     }
 }
 
-/* Squared error of x rounded to d * c, c in [lo, hi] by `step`, d the
- * f16 of the largest magnitude over the end of the range with more room:
- * what Q3_0 and Q2_0's scale search must not be worse than. */
-static double absmax_sse(const float *x, int lo, int hi, int step) {
-    double e = 0;
-    for (int b = 0; b < 8; b++) {
-        const float *xb = x + 32 * b;
-        float amax = 0, vmax = 0;
-        for (int i = 0; i < 32; i++)
-            if (fabsf(xb[i]) > amax) amax = fabsf(xb[i]), vmax = xb[i];
-        const float d = fp16_to_fp32(
-            fp32_to_fp16(lo + hi <= 0 ? vmax / (float)lo : amax / (float)hi));
-        for (int i = 0; i < 32; i++) {
-            float c = d != 0 ? nearbyintf((xb[i] / d - lo) / step) * step + lo : 0;
-            c = c < lo ? lo : c > hi ? hi : c;
-            e += ((double)xb[i] - (double)d * c) * ((double)xb[i] - (double)d * c);
-        }
-    }
-    return e;
-}
-
 /* Bytes per block of 32 of each quantized format. */
 static size_t block_bytes(attn_kv_format f) {
     switch (f) {
     case ATTN_KV_Q8_0: return 34;
     case ATTN_KV_Q5_0: return 22;
-    case ATTN_KV_Q3_0: return 14;
-    case ATTN_KV_Q2_0: return 10;
     default: return 18;
     }
 }
@@ -176,7 +152,7 @@ static size_t block_bytes(attn_kv_format f) {
  * dot's, axpy_rows over many rows gives one row at a time; the scalar dot
  * and axpy agree with double-precision sums over the dequantized rows
  * (deq: the format's own dequantizer where GGML has one, else
- * attn_kv_dequantize). */
+ * attn_kv_dequantize, which must agree with it). */
 static void check_quantized_variant(attn_kv_format f, void (*deq)(const void *, float *, size_t),
                                     const char *name, const attn_kernels *a) {
     const attn_kernels *r = attn_kernels_ref();
@@ -205,22 +181,6 @@ static void check_quantized_variant(attn_kv_format f, void (*deq)(const void *, 
                 float generic[MAXN];
                 attn_kv_dequantize(f, rows[j], generic, n);
                 assert_memory_equal(generic, deqv[j], n * sizeof(float));
-                if (f == ATTN_KV_Q3_0 || f == ATTN_KV_Q2_0) {
-                    /* The scale search rounds no worse than the absmax
-                     * scale, and keeps every value within half the range. */
-                    double e = 0;
-                    for (size_t i = 0; i < n; i++)
-                        e += ((double)x[i] - deqv[j][i]) * ((double)x[i] - deqv[j][i]);
-                    float xs[MAXN] = {0};
-                    memcpy(xs, x, n * sizeof(float));
-                    const double e0 = f == ATTN_KV_Q3_0 ? absmax_sse(xs, -4, 3, 1)
-                                                        : absmax_sse(xs, -3, 3, 2);
-                    if (!(e <= e0 * (1 + 1e-6) + 1e-12))
-                        fail_msg("%s n=%zu: squared error %g above absmax rounding's %g", name, n,
-                                 e, e0);
-                    w[j] = rnd();
-                    continue;
-                }
                 /* The stored row is the input to within the format's step. */
                 float amax = 0;
                 for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
@@ -292,8 +252,6 @@ static void test_quantized_rows(void **state) {
     check_quantized(ATTN_KV_Q8_0, ref_dequantize_q8_0, "q8_0");
     check_quantized(ATTN_KV_Q4_0, ref_dequantize_q4_0, "q4_0");
     check_quantized(ATTN_KV_Q5_0, ref_dequantize_q5_0, "q5_0");
-    check_quantized(ATTN_KV_Q3_0, NULL, "q3_0");
-    check_quantized(ATTN_KV_Q2_0, NULL, "q2_0");
 }
 
 /* The f16 entries of kv[] are the f16 kernels. */

@@ -25,7 +25,7 @@ static const struct {
     const char *name;
     uint32_t k32, v32;
 } kv_types[] = {{"f32", 128, 128},  {"f16", 64, 64},   {"q8_0", 34, 34}, {"q4_0", 18, 18},
-                {"q4_0h", 18, 18}, {"k5v4h", 22, 18}, {"k5v3h", 22, 14}};
+                {"q4_0h", 18, 18}, {"k5v4h", 22, 18}};
 
 const char *inspect_kv_name(uint32_t kv_type) {
     return kv_types[kv_type].name;
@@ -343,7 +343,7 @@ int cmd_inspect(int argc, char **argv) {
             opts.sessions = v;
         } else if (!strcmp(a, "--kv-type")) {
             if (i + 1 >= argc || !inspect_kv_type(argv[++i], &opts.kv_type)) {
-                cli_error("--kv-type needs one of f32, f16, q8_0, q4_0, q4_0h, k5v4h, k5v3h");
+                cli_error("--kv-type needs one of f32, f16, q8_0, q4_0, q4_0h, k5v4h");
                 return 2;
             }
         } else if (!strcmp(a, "--mem-budget")) {
