@@ -31,8 +31,8 @@ const char *inspect_kv_name(uint32_t kv_type) {
     return kv_types[kv_type].name;
 }
 
-/* Bytes of a row of n elements of a type with `b32` bytes per 32; false
- * when a quantized row would not be whole blocks. */
+/* Bytes of a head of n elements of a type with `b32` bytes per 32; false
+ * when a quantized head would not be whole blocks. */
 static bool kv_row_bytes(uint32_t b32, uint64_t n, uint64_t *out) {
     if (b32 % 32 != 0 && n % 32 != 0) return false;
     *out = b32 % 32 == 0 ? n * (b32 / 32) : n / 32 * b32;
@@ -155,6 +155,8 @@ cellm_status inspect_model(const char *path, const inspect_opts *opts, inspect_r
                        "KV type %s needs head sizes that are whole blocks (key %llu, value %llu)",
                        kv_types[r->kv_type].name, (unsigned long long)r->key_length,
                        (unsigned long long)r->value_length);
+    k_row *= r->head_count_kv; /* every KV head of a token */
+    v_row *= r->head_count_kv;
     uint32_t period = swa_period(r->arch);
     uint64_t window = r->sliding_window ? (r->sliding_window + 15) / 16 * 16 + 16 : 0;
     for (uint64_t l = 0; l < r->block_count; l++) {
