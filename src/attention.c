@@ -321,24 +321,42 @@ avx2_block_codes(attn_kv_format f, const void *row, size_t ib, __m256 c[4]) {
                 _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * u))));
         return fp16_to_fp32(b->d);
     }
-    if (f == ATTN_KV_Q5_0) { /* unpacked in C, converted as Q8_0's codes */
-        int8_t ci[32];
-        const float d = q5_0_codes(row, ib, ci);
-        for (int u = 0; u < 4; u++)
-            c[u] = _mm256_cvtepi32_ps(
-                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(ci + 8 * u))));
-        return d;
+    const __m128i m15 = _mm_set1_epi8(15);
+    __m128i lo, hi;
+    uint16_t dh;
+    if (f == ATTN_KV_Q5_0) {
+        /* Q5_0: the nibbles as Q4_0's, plus 16 where bit j of qh is set
+         * (byte j of a vector gets byte j / 8 of qh, tested against bit
+         * j % 8), minus 16: q5_0_codes' integers. */
+        const block_q5_0 *b = (const block_q5_0 *)row + ib;
+        uint32_t qh;
+        memcpy(&qh, b->qh, 4); /* little-endian, as the format */
+        const __m128i raw = _mm_loadu_si128((const __m128i *)b->qs);
+        const __m128i h = _mm_set1_epi32((int)qh);
+        const __m128i bit = _mm_set1_epi64x((long long)0x8040201008040201ull);
+        const __m128i sel_lo = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        const __m128i sel_hi = _mm_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+        const __m128i s16 = _mm_set1_epi8(16);
+        const __m128i hb_lo = _mm_and_si128(
+            _mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(h, sel_lo), bit), bit), s16);
+        const __m128i hb_hi = _mm_and_si128(
+            _mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(h, sel_hi), bit), bit), s16);
+        lo = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(raw, m15), hb_lo), s16);
+        hi = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(raw, 4), m15), hb_hi), s16);
+        dh = b->d;
+    } else {
+        const block_q4_0 *b = (const block_q4_0 *)row + ib;
+        const __m128i raw = _mm_loadu_si128((const __m128i *)b->qs);
+        const __m128i eight = _mm_set1_epi8(8);
+        lo = _mm_sub_epi8(_mm_and_si128(raw, m15), eight);
+        hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m15), eight);
+        dh = b->d;
     }
-    const block_q4_0 *b = (const block_q4_0 *)row + ib;
-    const __m128i raw = _mm_loadu_si128((const __m128i *)b->qs);
-    const __m128i m15 = _mm_set1_epi8(15), eight = _mm_set1_epi8(8);
-    const __m128i lo = _mm_sub_epi8(_mm_and_si128(raw, m15), eight);
-    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m15), eight);
     c[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
     c[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
     c[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
     c[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
-    return fp16_to_fp32(b->d);
+    return fp16_to_fp32(dh);
 }
 
 /* The eight lanes summed in the reference's order. */
