@@ -50,8 +50,7 @@ const char *kv_type_name(cellm_kv_type type) {
 cellm_status kv_type_check(const model *m, cellm_kv_type type, cellm_error *err) {
     if ((unsigned)type >= sizeof kv_types / sizeof kv_types[0])
         return err_set(err, CELLM_ERR_INVALID_ARG,
-                       "KV type %d is not one of f16, q8_0, q4_0, q4_0h, k5v4h",
-                       (int)type);
+                       "KV type %d is not one of f16, q8_0, q4_0, q4_0h, k5v4h", (int)type);
     const int32_t dims[2] = {m->head_dim, m->head_dim_v};
     for (int i = 0; i < 2; i++) {
         int32_t d = dims[i];
@@ -72,7 +71,8 @@ cellm_status kv_type_check(const model *m, cellm_kv_type type, cellm_error *err)
 static void group_sizes(const model *m, cellm_kv_type type, int32_t gi, kv_group *g) {
     g->n_layers = m->kv_group_layers[gi];
     g->window = m->kv_group_window[gi];
-    g->k_row = (size_t)m->n_head_kv * attn_kv_row_bytes(kv_types[type].kformat, (size_t)m->head_dim);
+    g->k_row =
+        (size_t)m->n_head_kv * attn_kv_row_bytes(kv_types[type].kformat, (size_t)m->head_dim);
     g->v_row =
         (size_t)m->n_head_kv * attn_kv_row_bytes(kv_types[type].vformat, (size_t)m->head_dim_v);
     g->layer_bytes = KV_BLOCK_TOKENS * (g->k_row + g->v_row);

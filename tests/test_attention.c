@@ -7,9 +7,9 @@
  * each of those returns the scalar one's bits. The kernels of quantized K/V
  * rows (Q8_0, Q4_0, and Q5_0 of k5v4h's keys): the same for every
  * variant, stored rows within the format's step of their input, and the
- * scalar one against a double-precision sum over the dequantized rows. The rotation of the rotated 4-bit type: orthogonal,
- * undone by attn_unrotate, and it spreads a single outlier over the whole
- * head.
+ * scalar one against a double-precision sum over the dequantized rows.
+ * The rotation of the rotated types: orthogonal, undone by attn_unrotate,
+ * and it spreads a single outlier over the whole head.
  */
 #include <setjmp.h>
 #include <stdarg.h>

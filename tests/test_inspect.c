@@ -167,14 +167,15 @@ static void test_kv_matches_cache(void **state) {
         } rot[] = {{"q4_0h", CELLM_KV_Q4_0H}, {"k5v4h", CELLM_KV_K5V4H}};
         for (size_t t = 0; t < sizeof rot / sizeof rot[0]; t++) {
             char cmd[4096], *out;
-            snprintf(cmd, sizeof cmd, "'%s' inspect '%s' --json --ctx 2048 --sessions 4 --kv-type %s",
+            snprintf(cmd, sizeof cmd,
+                     "'%s' inspect '%s' --json --ctx 2048 --sessions 4 --kv-type %s",
                      test_cellm_bin(), model_path, rot[t].name);
             assert_int_equal(test_run_cmd(cmd, &out), 0);
             cJSON *got = cJSON_Parse(out);
             assert_non_null(got);
             const cJSON *gm = cJSON_GetObjectItemCaseSensitive(got, "memory");
-            assert_string_equal(
-                cJSON_GetObjectItemCaseSensitive(gm, "kv_type")->valuestring, rot[t].name);
+            assert_string_equal(cJSON_GetObjectItemCaseSensitive(gm, "kv_type")->valuestring,
+                                rot[t].name);
             assert_true(cJSON_GetObjectItemCaseSensitive(gm, "kv_bytes_per_token")->valuedouble ==
                         (double)kv_cache_token_bytes(m, rot[t].type));
             assert_true(cJSON_GetObjectItemCaseSensitive(gm, "kv_bytes")->valuedouble ==

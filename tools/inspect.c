@@ -24,8 +24,8 @@
 static const struct {
     const char *name;
     uint32_t k32, v32;
-} kv_types[] = {{"f32", 128, 128},  {"f16", 64, 64},   {"q8_0", 34, 34}, {"q4_0", 18, 18},
-                {"q4_0h", 18, 18}, {"k5v4h", 22, 18}};
+} kv_types[] = {{"f32", 128, 128}, {"f16", 64, 64},   {"q8_0", 34, 34},
+                {"q4_0", 18, 18},  {"q4_0h", 18, 18}, {"k5v4h", 22, 18}};
 
 const char *inspect_kv_name(uint32_t kv_type) {
     return kv_types[kv_type].name;
