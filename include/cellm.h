@@ -131,8 +131,8 @@ typedef struct cellm_engine cellm_engine;
 /* How the KV cache stores K and V (per engine). Smaller types hold more
  * tokens of context in the same budget, at some cost in accuracy;
  * docs/benchmarks.md has bytes per token and perplexity for each. The
- * quantized types need head sizes that are multiples of 32 (q4_0h: powers
- * of two up to 1024); other models get CELLM_ERR_UNSUPPORTED. */
+ * quantized types need head sizes that are multiples of 32 (the rotated
+ * ones, q4_0h and k5v4h: powers of two up to 1024); other models get CELLM_ERR_UNSUPPORTED. */
 typedef enum cellm_kv_type {
     CELLM_KV_F16 = 0,  /* 16-bit floats (default) */
     CELLM_KV_Q8_0 = 1, /* 8-bit codes, one f16 scale per 32: 34 bytes per 32 values */
@@ -140,7 +140,11 @@ typedef enum cellm_kv_type {
     /* Q4_0 after a fixed randomized Hadamard rotation of each head, which
      * spreads outlier channels over the head before the 4-bit rounding;
      * the same 18 bytes per 32 values as q4_0. */
-    CELLM_KV_Q4_0H = 3
+    CELLM_KV_Q4_0H = 3,
+    /* Rotated like q4_0h, keys (which suffer most from rounding) in 5-bit
+     * Q5_0 blocks, values in 4-bit Q4_0: 22 + 18 bytes per 32 keys and 32
+     * values, 5.0 bits a value with the scales. */
+    CELLM_KV_K5V4H = 4
 } cellm_kv_type;
 
 /* The power/QoS policy: how hard the engine works, traded against heat and

@@ -21,8 +21,23 @@ size_t attn_kv_row_bytes(attn_kv_format format, size_t n) {
     switch (format) {
     case ATTN_KV_Q8_0: return n / QK8_0 * sizeof(block_q8_0);
     case ATTN_KV_Q4_0: return n / QK4_0 * sizeof(block_q4_0);
+    case ATTN_KV_Q5_0: return n / QK5_0 * sizeof(block_q5_0);
     default: return n * sizeof(uint16_t);
     }
+}
+
+/* The signed codes of block ib of a Q5_0 row (x = d * c), unpacked in
+ * plain C for every variant (exact integers, so the SIMD kernels that
+ * convert them get the reference's values); returns d. */
+static inline float q5_0_codes(const void *row, size_t ib, int8_t c[32]) {
+    const block_q5_0 *b = (const block_q5_0 *)row + ib;
+    const uint32_t qh = (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 | (uint32_t)b->qh[2] << 16 |
+                        (uint32_t)b->qh[3] << 24;
+    for (int j = 0; j < 16; j++) {
+        c[j] = (int8_t)(((b->qs[j] & 15) | ((qh >> j) & 1) << 4) - 16);
+        c[j + 16] = (int8_t)(((b->qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16);
+    }
+    return fp16_to_fp32(b->d);
 }
 
 static float ref_dot_f16(const float *q, const uint16_t *k, size_t n) {
@@ -90,7 +105,9 @@ static void store_q8_0(void *dst, const float *x, size_t n) {
 static void store_q4_0(void *dst, const float *x, size_t n) {
     ref_quantize_q4_0(x, dst, n);
 }
-
+static void store_q5_0(void *dst, const float *x, size_t n) {
+    ref_quantize_q5_0(x, dst, n);
+}
 /* The scale and the 32 codes (as floats, in element order) of block ib of
  * a quantized row. */
 static inline float block_codes(attn_kv_format f, const void *row, size_t ib, float c[32]) {
@@ -99,12 +116,30 @@ static inline float block_codes(attn_kv_format f, const void *row, size_t ib, fl
         for (int i = 0; i < 32; i++) c[i] = (float)b->qs[i];
         return fp16_to_fp32(b->d);
     }
+    if (f == ATTN_KV_Q5_0) {
+        int8_t ci[32];
+        const float d = q5_0_codes(row, ib, ci);
+        for (int i = 0; i < 32; i++) c[i] = (float)ci[i];
+        return d;
+    }
     const block_q4_0 *b = (const block_q4_0 *)row + ib;
     for (int i = 0; i < 16; i++) {
         c[i] = (float)((b->qs[i] & 15) - 8);
         c[i + 16] = (float)((b->qs[i] >> 4) - 8);
     }
     return fp16_to_fp32(b->d);
+}
+
+void attn_kv_dequantize(attn_kv_format format, const void *row, float *out, size_t n) {
+    if (format == ATTN_KV_F16) {
+        for (size_t i = 0; i < n; i++) out[i] = fp16_to_fp32(((const uint16_t *)row)[i]);
+        return;
+    }
+    for (size_t ib = 0; ib < n / 32; ib++) {
+        float c[32];
+        const float d = block_codes(format, row, ib, c);
+        for (int i = 0; i < 32; i++) out[32 * ib + i] = d * c[i];
+    }
 }
 
 static inline float lanes_sum(const float l[8]) {
@@ -154,6 +189,7 @@ static void ref_axpy_rows_q(attn_kv_format f, float *acc, const float *w, const 
 
 REF_Q_KERNELS(ATTN_KV_Q8_0, q8_0)
 REF_Q_KERNELS(ATTN_KV_Q4_0, q4_0)
+REF_Q_KERNELS(ATTN_KV_Q5_0, q5_0)
 
 #define KV_OPS_F16(pfx)                                                                            \
     { pfx##_kv_dot_f16, pfx##_kv_dot4_f16, pfx##_kv_axpy_rows_f16, store_f16 }
@@ -161,6 +197,8 @@ REF_Q_KERNELS(ATTN_KV_Q4_0, q4_0)
     { pfx##_dot_q8_0, pfx##_dot4_q8_0, pfx##_axpy_rows_q8_0, store_q8_0 }
 #define KV_OPS_Q4_0(pfx)                                                                           \
     { pfx##_dot_q4_0, pfx##_dot4_q4_0, pfx##_axpy_rows_q4_0, store_q4_0 }
+#define KV_OPS_Q5_0(pfx)                                                                           \
+    { pfx##_dot_q5_0, pfx##_dot4_q5_0, pfx##_axpy_rows_q5_0, store_q5_0 }
 
 static const attn_kernels ref_kernels = {
     .dot_f16 = ref_dot_f16,
@@ -169,7 +207,7 @@ static const attn_kernels ref_kernels = {
     .dot4_f16 = ref_dot4_f16,
     .axpy_rows_f16 = ref_axpy_rows_f16,
     .scale_round_f16 = ref_scale_round_f16,
-    .kv = {KV_OPS_F16(ref), KV_OPS_Q8_0(ref), KV_OPS_Q4_0(ref)},
+    .kv = {KV_OPS_F16(ref), KV_OPS_Q8_0(ref), KV_OPS_Q4_0(ref), KV_OPS_Q5_0(ref)},
 };
 
 #if defined(__x86_64__)
@@ -283,16 +321,42 @@ avx2_block_codes(attn_kv_format f, const void *row, size_t ib, __m256 c[4]) {
                 _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * u))));
         return fp16_to_fp32(b->d);
     }
-    const block_q4_0 *b = (const block_q4_0 *)row + ib;
-    const __m128i raw = _mm_loadu_si128((const __m128i *)b->qs);
-    const __m128i m15 = _mm_set1_epi8(15), eight = _mm_set1_epi8(8);
-    const __m128i lo = _mm_sub_epi8(_mm_and_si128(raw, m15), eight);
-    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m15), eight);
+    const __m128i m15 = _mm_set1_epi8(15);
+    __m128i lo, hi;
+    uint16_t dh;
+    if (f == ATTN_KV_Q5_0) {
+        /* Q5_0: the nibbles as Q4_0's, plus 16 where bit j of qh is set
+         * (byte j of a vector gets byte j / 8 of qh, tested against bit
+         * j % 8), minus 16: q5_0_codes' integers. */
+        const block_q5_0 *b = (const block_q5_0 *)row + ib;
+        uint32_t qh;
+        memcpy(&qh, b->qh, 4); /* little-endian, as the format */
+        const __m128i raw = _mm_loadu_si128((const __m128i *)b->qs);
+        const __m128i h = _mm_set1_epi32((int)qh);
+        const __m128i bit = _mm_set1_epi64x((long long)0x8040201008040201ull);
+        const __m128i sel_lo = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        const __m128i sel_hi = _mm_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+        const __m128i s16 = _mm_set1_epi8(16);
+        const __m128i hb_lo = _mm_and_si128(
+            _mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(h, sel_lo), bit), bit), s16);
+        const __m128i hb_hi = _mm_and_si128(
+            _mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(h, sel_hi), bit), bit), s16);
+        lo = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(raw, m15), hb_lo), s16);
+        hi = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(raw, 4), m15), hb_hi), s16);
+        dh = b->d;
+    } else {
+        const block_q4_0 *b = (const block_q4_0 *)row + ib;
+        const __m128i raw = _mm_loadu_si128((const __m128i *)b->qs);
+        const __m128i eight = _mm_set1_epi8(8);
+        lo = _mm_sub_epi8(_mm_and_si128(raw, m15), eight);
+        hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m15), eight);
+        dh = b->d;
+    }
     c[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
     c[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
     c[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
     c[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
-    return fp16_to_fp32(b->d);
+    return fp16_to_fp32(dh);
 }
 
 /* The eight lanes summed in the reference's order. */
@@ -366,6 +430,7 @@ avx2_axpy_rows_q(attn_kv_format f, float *acc, const float *w, const void *const
 
 AVX2_Q_KERNELS(ATTN_KV_Q8_0, q8_0)
 AVX2_Q_KERNELS(ATTN_KV_Q4_0, q4_0)
+AVX2_Q_KERNELS(ATTN_KV_Q5_0, q5_0)
 
 static const attn_kernels avx2_kernels = {
     .dot_f16 = avx2_dot_f16,
@@ -374,7 +439,7 @@ static const attn_kernels avx2_kernels = {
     .dot4_f16 = avx2_dot4_f16,
     .axpy_rows_f16 = avx2_axpy_rows_f16,
     .scale_round_f16 = avx2_scale_round_f16,
-    .kv = {KV_OPS_F16(avx2), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2)},
+    .kv = {KV_OPS_F16(avx2), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_Q5_0(avx2)},
 };
 
 /* AVX-512: the same lanes and order as above, two keys' 8-lane chunks in
@@ -473,7 +538,7 @@ static const attn_kernels avx512_kernels = {
     .dot4_f16 = avx512_dot4_f16,
     .axpy_rows_f16 = avx512_axpy_rows_f16,
     .scale_round_f16 = avx512_scale_round_f16,
-    .kv = {KV_OPS_F16(avx512), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2)},
+    .kv = {KV_OPS_F16(avx512), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_Q5_0(avx2)},
 };
 #endif
 
@@ -586,6 +651,11 @@ neon_block_codes(attn_kv_format f, const void *row, size_t ib, float32x4_t c[8])
         a = vld1q_s8(bl->qs);
         b = vld1q_s8(bl->qs + 16);
         d = fp16_to_fp32(bl->d);
+    } else if (f == ATTN_KV_Q5_0) {
+        int8_t ci[32];
+        d = q5_0_codes(row, ib, ci);
+        a = vld1q_s8(ci);
+        b = vld1q_s8(ci + 16);
     } else {
         const block_q4_0 *bl = (const block_q4_0 *)row + ib;
         const uint8x16_t raw = vld1q_u8(bl->qs);
@@ -665,6 +735,7 @@ static inline __attribute__((always_inline)) void neon_axpy_rows_q(attn_kv_forma
 
 NEON_Q_KERNELS(ATTN_KV_Q8_0, q8_0)
 NEON_Q_KERNELS(ATTN_KV_Q4_0, q4_0)
+NEON_Q_KERNELS(ATTN_KV_Q5_0, q5_0)
 
 static const attn_kernels neon_kernels = {
     .dot_f16 = neon_dot_f16,
@@ -673,7 +744,7 @@ static const attn_kernels neon_kernels = {
     .dot4_f16 = neon_dot4_f16,
     .axpy_rows_f16 = neon_axpy_rows_f16,
     .scale_round_f16 = neon_scale_round_f16,
-    .kv = {KV_OPS_F16(neon), KV_OPS_Q8_0(neon), KV_OPS_Q4_0(neon)},
+    .kv = {KV_OPS_F16(neon), KV_OPS_Q8_0(neon), KV_OPS_Q4_0(neon), KV_OPS_Q5_0(neon)},
 };
 #endif
 

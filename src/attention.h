@@ -2,8 +2,8 @@
  * attention.h — the small vector kernels attention runs over K/V rows as
  * the KV cache stores them: a dot product of an f32 query with a key, and
  * acc += w * v for value rows, and their batched forms. Rows are f16, or
- * Q8_0 / Q4_0 blocks of 32 (kernels/blocks.h) read directly, without
- * dequantizing them first. A scalar version, an AVX2/F16C one, an AVX-512
+ * Q8_0 / Q5_0 / Q4_0 blocks of 32 (kernels/blocks.h) read directly,
+ * without dequantizing them first. A scalar version, an AVX2/F16C one, an AVX-512
  * one (f16 rows) and a NEON one, chosen once. Each reduces in a fixed order, so results depend only
  * on their inputs, and each batched form returns exactly what its single
  * form returns.
@@ -22,6 +22,7 @@ typedef enum attn_kv_format {
     ATTN_KV_F16,  /* n f16 values */
     ATTN_KV_Q8_0, /* n / 32 Q8_0 blocks: x = d * q, q in -127..127 */
     ATTN_KV_Q4_0, /* n / 32 Q4_0 blocks: x = d * (q - 8), q in 0..15 */
+    ATTN_KV_Q5_0, /* n / 32 Q5_0 blocks: x = d * (q - 16), q in 0..31 */
     ATTN_KV_FORMATS
 } attn_kv_format;
 
@@ -45,6 +46,9 @@ typedef struct attn_kv_ops {
 /* Bytes of n elements in `format` (n a multiple of 32 for the quantized
  * formats). */
 size_t attn_kv_row_bytes(attn_kv_format format, size_t n);
+
+/* The n values a row of `format` holds (scalar; for tests and tools). */
+void attn_kv_dequantize(attn_kv_format format, const void *row, float *out, size_t n);
 
 typedef struct attn_kernels {
     float (*dot_f16)(const float *q, const uint16_t *k, size_t n);

@@ -337,18 +337,18 @@ static void task_qk(void *arg, int ith, int nth) {
         /* Into the cache in its KV type, each head on its own (rotated
          * first for the rotated type: k and v are not read again). */
         const kv_cache *kv = f->kv;
-        const attn_kv_ops *ops = &f->ak->kv[kv->format];
+        const attn_kv_ops *kops = &f->ak->kv[kv->kformat], *vops = &f->ak->kv[kv->vformat];
         uint8_t *kc = kv_k(kv, s->rows[r].seq, L->kv_group, L->kv_index, pos);
         uint8_t *vc = kv_v(kv, s->rows[r].seq, L->kv_group, L->kv_index, pos);
-        size_t kb = attn_kv_row_bytes(kv->format, (size_t)hd),
-               vb = attn_kv_row_bytes(kv->format, (size_t)hdv);
+        size_t kb = attn_kv_row_bytes(kv->kformat, (size_t)hd),
+               vb = attn_kv_row_bytes(kv->vformat, (size_t)hdv);
         for (int32_t h = 0; h < m->n_head_kv; h++) {
             if (kv->rotated) {
                 attn_rotate(k + h * hd, (size_t)hd);
                 attn_rotate(v + h * hdv, (size_t)hdv);
             }
-            ops->store(kc + h * kb, k + h * hd, (size_t)hd);
-            ops->store(vc + h * vb, v + h * hdv, (size_t)hdv);
+            kops->store(kc + h * kb, k + h * hd, (size_t)hd);
+            vops->store(vc + h * vb, v + h * hdv, (size_t)hdv);
         }
     }
 }
@@ -368,10 +368,10 @@ static void task_attention(void *arg, int ith, int nth) {
     const layer_desc *L = s->L;
     const attn_kernels *ak = f->ak;
     const kv_cache *kv = f->kv;
-    const attn_kv_ops *ops = &ak->kv[kv->format];
+    const attn_kv_ops *kops = &ak->kv[kv->kformat], *vops = &ak->kv[kv->vformat];
     int32_t hd = m->head_dim, hdv = m->head_dim_v, group = m->n_head / m->n_head_kv;
-    size_t kb = attn_kv_row_bytes(kv->format, (size_t)hd),
-           vb = attn_kv_row_bytes(kv->format, (size_t)hdv);
+    size_t kb = attn_kv_row_bytes(kv->kformat, (size_t)hd),
+           vb = attn_kv_row_bytes(kv->vformat, (size_t)hdv);
     float *acc = f->acc + (size_t)ith * f->acc_stride, *q16 = acc + hdv, *sc = q16 + hd;
     long b, e;
     tp_split((long)s->n * m->n_head, ith, nth, &b, &e);
@@ -382,7 +382,7 @@ static void task_attention(void *arg, int ith, int nth) {
         int32_t pos = s->rows[r].pos;
         int32_t lo = L->window > 0 && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
         const float *q = f->q + r * (long)m->n_head * hd + (long)h * hd;
-        if (kv->format == ATTN_KV_F16)
+        if (kv->kformat == ATTN_KV_F16)
             ak->scale_round_f16(q16, q, 1.0f, (size_t)hd);
         else
             memcpy(q16, q, (size_t)hd * sizeof(float));
@@ -396,12 +396,12 @@ static void task_attention(void *arg, int ith, int nth) {
             float d4[4];
             for (int j = 0; j < 4; j++)
                 kr[j] = (const uint8_t *)kv_k(kv, seq, L->kv_group, L->kv_index, p + j) + kvh * kb;
-            ops->dot4(q16, kr, (size_t)hd, d4);
+            kops->dot4(q16, kr, (size_t)hd, d4);
             for (int j = 0; j < 4; j++) sc[p + j - lo] = d4[j];
         }
         for (; p <= pos; p++) {
             const void *kr = (const uint8_t *)kv_k(kv, seq, L->kv_group, L->kv_index, p) + kvh * kb;
-            sc[p - lo] = ops->dot(q16, kr, (size_t)hd);
+            sc[p - lo] = kops->dot(q16, kr, (size_t)hd);
         }
         for (p = lo; p <= pos; p++) {
             float x = sc[p - lo] * m->attn_scale;
@@ -427,7 +427,7 @@ static void task_attention(void *arg, int ith, int nth) {
             const float *w = sc + (p - lo);
             for (; cnt < CHUNK && p <= pos; cnt++, p++)
                 vr[cnt] = (const uint8_t *)kv_v(kv, seq, L->kv_group, L->kv_index, p) + kvh * vb;
-            ops->axpy_rows(acc, w, vr, (size_t)cnt, (size_t)hdv);
+            vops->axpy_rows(acc, w, vr, (size_t)cnt, (size_t)hdv);
         }
         if (kv->rotated) attn_unrotate(acc, (size_t)hdv);
         memcpy(f->att + r * (long)m->n_head * hdv + (long)h * hdv, acc,

@@ -29,27 +29,32 @@ static size_t group_blocks(const kv_group *g, int32_t ctx, int32_t n_seqs, int32
            blocks_of(kv_window_positions(g->window, ctx, chunk));
 }
 
-/* Each KV type: its name (for messages), how its rows are stored, whether
- * heads are rotated first. */
+/* Each KV type: its name (for messages), how its K and V rows are stored,
+ * whether heads are rotated first. */
 static const struct {
     const char *name;
-    attn_kv_format format;
+    attn_kv_format kformat, vformat;
     bool rotated;
 } kv_types[] = {
-    [CELLM_KV_F16] = {"f16", ATTN_KV_F16, false},
-    [CELLM_KV_Q8_0] = {"q8_0", ATTN_KV_Q8_0, false},
-    [CELLM_KV_Q4_0] = {"q4_0", ATTN_KV_Q4_0, false},
-    [CELLM_KV_Q4_0H] = {"q4_0h", ATTN_KV_Q4_0, true},
+    [CELLM_KV_F16] = {"f16", ATTN_KV_F16, ATTN_KV_F16, false},
+    [CELLM_KV_Q8_0] = {"q8_0", ATTN_KV_Q8_0, ATTN_KV_Q8_0, false},
+    [CELLM_KV_Q4_0] = {"q4_0", ATTN_KV_Q4_0, ATTN_KV_Q4_0, false},
+    [CELLM_KV_Q4_0H] = {"q4_0h", ATTN_KV_Q4_0, ATTN_KV_Q4_0, true},
+    [CELLM_KV_K5V4H] = {"k5v4h", ATTN_KV_Q5_0, ATTN_KV_Q4_0, true},
 };
+
+const char *kv_type_name(cellm_kv_type type) {
+    return (unsigned)type < sizeof kv_types / sizeof kv_types[0] ? kv_types[type].name : NULL;
+}
 
 cellm_status kv_type_check(const model *m, cellm_kv_type type, cellm_error *err) {
     if ((unsigned)type >= sizeof kv_types / sizeof kv_types[0])
         return err_set(err, CELLM_ERR_INVALID_ARG,
-                       "KV type %d is not one of f16, q8_0, q4_0, q4_0h", (int)type);
+                       "KV type %d is not one of f16, q8_0, q4_0, q4_0h, k5v4h", (int)type);
     const int32_t dims[2] = {m->head_dim, m->head_dim_v};
     for (int i = 0; i < 2; i++) {
         int32_t d = dims[i];
-        if (kv_types[type].format != ATTN_KV_F16 && d % 32 != 0)
+        if (kv_types[type].kformat != ATTN_KV_F16 && d % 32 != 0)
             return err_set(
                 err, CELLM_ERR_UNSUPPORTED,
                 "KV type %s needs head sizes that are multiples of 32 (this model's: %d)",
@@ -64,11 +69,12 @@ cellm_status kv_type_check(const model *m, cellm_kv_type type, cellm_error *err)
 }
 
 static void group_sizes(const model *m, cellm_kv_type type, int32_t gi, kv_group *g) {
-    attn_kv_format f = kv_types[type].format;
     g->n_layers = m->kv_group_layers[gi];
     g->window = m->kv_group_window[gi];
-    g->k_row = (size_t)m->n_head_kv * attn_kv_row_bytes(f, (size_t)m->head_dim);
-    g->v_row = (size_t)m->n_head_kv * attn_kv_row_bytes(f, (size_t)m->head_dim_v);
+    g->k_row =
+        (size_t)m->n_head_kv * attn_kv_row_bytes(kv_types[type].kformat, (size_t)m->head_dim);
+    g->v_row =
+        (size_t)m->n_head_kv * attn_kv_row_bytes(kv_types[type].vformat, (size_t)m->head_dim_v);
     g->layer_bytes = KV_BLOCK_TOKENS * (g->k_row + g->v_row);
     g->block_bytes = g->layer_bytes * (size_t)g->n_layers;
 }
@@ -107,7 +113,8 @@ cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, int
     kv_cache *c = calloc(1, sizeof *c);
     if (!c) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
     c->type = type;
-    c->format = kv_types[type].format;
+    c->kformat = kv_types[type].kformat;
+    c->vformat = kv_types[type].vformat;
     c->rotated = kv_types[type].rotated;
     c->n_groups = m->n_kv_groups;
     c->max_ctx = max_ctx;

@@ -14,8 +14,9 @@
  *
  * K and V rows are stored in the engine's KV type (cellm_kv_type): f16,
  * Q8_0 or Q4_0 blocks of 32 (each head's blocks in order, attention.h),
- * or, for the rotated 4-bit type, Q4_0 blocks of each head rotated by
- * attn_rotate. Blocks carry a reference count: sequences
+ * or, for the rotated types, blocks of each head rotated by attn_rotate:
+ * Q4_0 for both (q4_0h), or Q5_0 keys with Q4_0 values (k5v4h: keys lose
+ * far more to rounding than values). Blocks carry a reference count: sequences
  * share blocks (a fork, a cached prefix), and a write into a shared block
  * copies it first (copy-on-write, in kv_seq_reserve).
  *
@@ -97,8 +98,8 @@ typedef struct kv_group {
 
 typedef struct kv_cache {
     cellm_kv_type type;
-    attn_kv_format format; /* how a K or V row is stored */
-    bool rotated;          /* rows hold attn_rotate'd heads (queries must be rotated too) */
+    attn_kv_format kformat, vformat; /* how a K (V) row is stored */
+    bool rotated; /* rows hold attn_rotate'd heads (queries must be rotated too) */
     int32_t n_groups;
     kv_group groups[2];
     int32_t max_blocks_per_seq; /* table capacity: max context / 16 */
@@ -150,6 +151,9 @@ typedef struct kv_seq {
 cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, int32_t n_seqs,
                              int32_t chunk, cellm_kv_type type, kv_cache **out, cellm_error *err);
 void kv_cache_free(kv_cache *c);
+
+/* The name of a KV type ("f16", "q4_0h", ...); NULL when it is none. */
+const char *kv_type_name(cellm_kv_type type);
 
 /* Whether `type` is a KV type and `m` can store K and V in it: the
  * quantized types need head sizes that are multiples of 32, the rotated

@@ -323,13 +323,16 @@ static inline void check_kv_perplexity(const char *name) {
     double q8 = perplexity_of(name, CELLM_KV_Q8_0, &ref);
     double q4 = perplexity_of(name, CELLM_KV_Q4_0, &ref);
     double q4h = perplexity_of(name, CELLM_KV_Q4_0H, &ref);
+    double k5v4 = perplexity_of(name, CELLM_KV_K5V4H, &ref);
     print_message("%s: KV f16 %.4f, q8_0 %.4f (%+.3f%%), q4_0 %.4f (%+.2f%%), q4_0h %.4f "
-                  "(%+.2f%%)\n",
+                  "(%+.2f%%), k5v4h %.4f (%+.2f%%)\n",
                   name, f16, q8, 100 * (q8 / f16 - 1), q4, 100 * (q4 / f16 - 1), q4h,
-                  100 * (q4h / f16 - 1));
+                  100 * (q4h / f16 - 1), k5v4, 100 * (k5v4 / f16 - 1));
     assert_true(fabs(q8 / f16 - 1) <= 0.01);
     assert_true(q4h < q4);
     assert_true(q4 < 2 * f16 && q4h < 2 * f16);
+    /* 5-bit keys: closer to f16 than q4_0h, which rounds keys to 4 bits. */
+    assert_true(k5v4 < q4h);
 }
 
 #endif /* CELLM_TEST_FORWARD_RIG_H */

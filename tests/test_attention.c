@@ -4,11 +4,12 @@
  * against one axpy_f16 per row, scale_round_f16 against the scalar f16
  * conversion), for the scalar, the chosen and every SIMD variant this CPU
  * runs (avx2, avx512, neon), on head sizes with and without a tail; and
- * each of those returns the scalar one's bits. The kernels of quantized K/V rows (Q8_0, Q4_0):
- * the same, and the scalar one against a double-precision sum over the
- * dequantized rows. The rotation of the rotated 4-bit type: orthogonal,
- * undone by attn_unrotate, and it spreads a single outlier over the whole
- * head.
+ * each of those returns the scalar one's bits. The kernels of quantized K/V
+ * rows (Q8_0, Q4_0, and Q5_0 of k5v4h's keys): the same for every
+ * variant, stored rows within the format's step of their input, and the
+ * scalar one against a double-precision sum over the dequantized rows.
+ * The rotation of the rotated types: orthogonal, undone by attn_unrotate,
+ * and it spreads a single outlier over the whole head.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -137,13 +138,24 @@ static void test_chosen_same_as_ref(void **state) {
     }
 }
 
-/* Quantized rows: store (the scalar quantizers), then every kernel of the
- * chosen variant gives the scalar variant's bits, dot4 gives dot's,
- * axpy_rows over many rows gives one row at a time; the scalar dot and
- * axpy agree with double-precision sums over the dequantized rows. */
-static void check_quantized(attn_kv_format f, void (*deq)(const void *, float *, size_t),
-                            const char *name) {
-    const attn_kernels *a = attn_kernels_get(), *r = attn_kernels_ref();
+/* Bytes per block of 32 of each quantized format. */
+static size_t block_bytes(attn_kv_format f) {
+    switch (f) {
+    case ATTN_KV_Q8_0: return 34;
+    case ATTN_KV_Q5_0: return 22;
+    default: return 18;
+    }
+}
+
+/* Quantized rows: store (the scalar quantizers), then every kernel of
+ * every variant this CPU runs gives the scalar variant's bits, dot4 gives
+ * dot's, axpy_rows over many rows gives one row at a time; the scalar dot
+ * and axpy agree with double-precision sums over the dequantized rows
+ * (deq: the format's own dequantizer where GGML has one, else
+ * attn_kv_dequantize, which must agree with it). */
+static void check_quantized_variant(attn_kv_format f, void (*deq)(const void *, float *, size_t),
+                                    const char *name, const attn_kernels *a) {
+    const attn_kernels *r = attn_kernels_ref();
     static const size_t sizes[] = {32, 64, 96, 256};
     enum { MAXN = 256, ROWS = 37, ROWB = MAXN / 32 * 34 };
     static float q[MAXN], x[MAXN], deqv[ROWS][MAXN], acc1[MAXN], acc2[MAXN], acc3[MAXN], w[ROWS];
@@ -151,7 +163,7 @@ static void check_quantized(attn_kv_format f, void (*deq)(const void *, float *,
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
         const size_t n = sizes[si];
         assert_true(attn_kv_row_bytes(f, n) <= ROWB);
-        assert_int_equal(attn_kv_row_bytes(f, n), n / 32 * (f == ATTN_KV_Q8_0 ? 34 : 18));
+        assert_int_equal(attn_kv_row_bytes(f, n), n / 32 * block_bytes(f));
         for (int round = 0; round < 20; round++) {
             const float qs = round % 3 ? 1.0f : 300.0f;
             for (size_t i = 0; i < n; i++) q[i] = rnd() * qs;
@@ -162,7 +174,13 @@ static void check_quantized(attn_kv_format f, void (*deq)(const void *, float *,
                 uint8_t again[ROWB];
                 a->kv[f].store(again, x, n);
                 assert_memory_equal(again, rows[j], attn_kv_row_bytes(f, n));
-                deq(rows[j], deqv[j], n);
+                if (deq)
+                    deq(rows[j], deqv[j], n);
+                else
+                    attn_kv_dequantize(f, rows[j], deqv[j], n);
+                float generic[MAXN];
+                attn_kv_dequantize(f, rows[j], generic, n);
+                assert_memory_equal(generic, deqv[j], n * sizeof(float));
                 /* The stored row is the input to within the format's step. */
                 float amax = 0;
                 for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
@@ -170,7 +188,9 @@ static void check_quantized(attn_kv_format f, void (*deq)(const void *, float *,
                  * near amax = 8 * |d|, is amax / 8 off plus 7 times the f16
                  * rounding of d: 7 * 2^-11 of amax / 8 at most, under
                  * 1/256.) */
-                const float step = f == ATTN_KV_Q8_0 ? amax / 127 : amax / 8 * (1 + 1.0f / 256);
+                const float step = f == ATTN_KV_Q8_0   ? amax / 127
+                                   : f == ATTN_KV_Q5_0 ? amax / 16 * (1 + 1.0f / 256)
+                                                       : amax / 8 * (1 + 1.0f / 256);
                 for (size_t i = 0; i < n; i++)
                     if (!(fabsf(deqv[j][i] - x[i]) <= step))
                         fail_msg("%s n=%zu: stored %a, input %a, step %a", name, n, deqv[j][i],
@@ -218,10 +238,20 @@ static void check_quantized(attn_kv_format f, void (*deq)(const void *, float *,
     }
 }
 
+static void check_quantized(attn_kv_format f, void (*deq)(const void *, float *, size_t),
+                            const char *name) {
+    check_quantized_variant(f, deq, name, attn_kernels_get());
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        const attn_kernels *a = attn_kernels_variant(variants[v]);
+        if (a) check_quantized_variant(f, deq, name, a);
+    }
+}
+
 static void test_quantized_rows(void **state) {
     (void)state;
     check_quantized(ATTN_KV_Q8_0, ref_dequantize_q8_0, "q8_0");
     check_quantized(ATTN_KV_Q4_0, ref_dequantize_q4_0, "q4_0");
+    check_quantized(ATTN_KV_Q5_0, ref_dequantize_q5_0, "q5_0");
 }
 
 /* The f16 entries of kv[] are the f16 kernels. */

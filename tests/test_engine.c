@@ -374,8 +374,8 @@ static void test_tsan_manual_steppers(void **state) {
 
 /* (c) a budget that holds a few of the requests at a time. */
 /* Compressed KV types: the same budget holds as many more blocks as the
- * type is smaller (a block's bytes are its rows' real bytes: Q8_0 34 and
- * Q4_0 18 per 32 values against f16's 64), and the output of a request is
+ * type is smaller (a block's bytes are its rows' real bytes: Q8_0 34,
+ * Q5_0 22 and Q4_0 18 per 32 values against f16's 64), and the output of a request is
  * the same alone and beside the others, with 1 and 2 threads. */
 static void test_kv_types(void **state) {
     (void)state;
@@ -387,7 +387,10 @@ static void test_kv_types(void **state) {
     static const struct {
         cellm_kv_type type;
         size_t bytes_per_32;
-    } types[] = {{CELLM_KV_Q8_0, 34}, {CELLM_KV_Q4_0, 18}, {CELLM_KV_Q4_0H, 18}};
+    } types[] = {{CELLM_KV_Q8_0, 34},
+                 {CELLM_KV_Q4_0, 18},
+                 {CELLM_KV_Q4_0H, 18},
+                 {CELLM_KV_K5V4H, 20}}; /* K 22, V 18: 20 on average */
     const size_t f16_block = f16.bytes_kv_total / (size_t)f16.blocks_total;
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         e = engine_new_kv(1, 0, types[i].type);

@@ -131,7 +131,8 @@ static void test_budget_text(void **state) {
     free(out);
 }
 
-/* inspect's f16 KV figure is what the paged cache really takes. */
+/* inspect's KV figures are what the paged cache really takes, for each
+ * KV type. */
 static void test_kv_matches_cache(void **state) {
     (void)state;
     static const char *const names[] = {"smollm2-135m", "gemma3-270m"};
@@ -157,6 +158,32 @@ static void test_kv_matches_cache(void **state) {
                 "kv_bytes");
             assert_non_null(kv);
             assert_true(kv->valuedouble == (double)kv_cache_bytes(m, types[t].type, 2048, 4, 1));
+        }
+        /* The rotated types (K and V rows of their own sizes, k5v4h's
+         * differing), through the command. */
+        static const struct {
+            const char *name;
+            cellm_kv_type type;
+        } rot[] = {{"q4_0h", CELLM_KV_Q4_0H}, {"k5v4h", CELLM_KV_K5V4H}};
+        for (size_t t = 0; t < sizeof rot / sizeof rot[0]; t++) {
+            char cmd[4096], *out;
+            snprintf(cmd, sizeof cmd,
+                     "'%s' inspect '%s' --json --ctx 2048 --sessions 4 --kv-type %s",
+                     test_cellm_bin(), model_path, rot[t].name);
+            assert_int_equal(test_run_cmd(cmd, &out), 0);
+            cJSON *got = cJSON_Parse(out);
+            assert_non_null(got);
+            const cJSON *gm = cJSON_GetObjectItemCaseSensitive(got, "memory");
+            assert_string_equal(cJSON_GetObjectItemCaseSensitive(gm, "kv_type")->valuestring,
+                                rot[t].name);
+            assert_true(cJSON_GetObjectItemCaseSensitive(gm, "kv_bytes_per_token")->valuedouble ==
+                        (double)kv_cache_token_bytes(m, rot[t].type));
+            assert_true(cJSON_GetObjectItemCaseSensitive(gm, "kv_bytes")->valuedouble ==
+                        (double)kv_cache_bytes(m, rot[t].type, 2048, 4, 1));
+            print_message("%s %s: %zu bytes per token\n", names[i], rot[t].name,
+                          kv_cache_token_bytes(m, rot[t].type));
+            cJSON_Delete(got);
+            free(out);
         }
         model_free(m);
         cJSON_Delete(j);

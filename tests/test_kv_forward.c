@@ -1,5 +1,6 @@
 /*
- * test_kv_forward.c — the compressed KV cache types (q8_0, q4_0, q4_0h) on
+ * test_kv_forward.c — the compressed KV cache types (q8_0, q4_0, q4_0h,
+ * k5v4h) on
  * both real models: batch invariance (a row's logits bit-identical as one
  * chunk, in pieces, token by token, beside another sequence, with 1 and 2
  * threads), and SmolLM2's perplexity over the forward fixture's text with
@@ -35,6 +36,12 @@ static void test_invariance_kv_smollm2(void **st) {
     check_invariance("smollm2-135m", CELLM_KV_Q8_0);
     check_invariance("smollm2-135m", CELLM_KV_Q4_0);
 }
+/* The 5-bit keys beside 4-bit values (K and V rows of two formats), also
+ * under ASan. */
+static void test_asan_invariance_k5v4h(void **st) {
+    (void)st;
+    check_invariance("smollm2-135m", CELLM_KV_K5V4H);
+}
 static void test_invariance_kv_gemma3(void **st) {
     (void)st;
     check_invariance("gemma3-270m", CELLM_KV_Q8_0);
@@ -45,6 +52,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tsan_invariance_kv_smollm2),
         cmocka_unit_test(test_invariance_kv_smollm2),
+        cmocka_unit_test(test_asan_invariance_k5v4h),
         cmocka_unit_test(test_invariance_kv_gemma3),
         cmocka_unit_test(test_ppl_smollm2),
     };

@@ -43,8 +43,9 @@ typedef struct reply {
     cellm_result res;
 } reply;
 
-static cellm_engine *engine_on(cellm_model *m, int32_t batch, int prefix) {
+static cellm_engine *engine_kv(cellm_model *m, int32_t batch, int prefix, cellm_kv_type kv) {
     cellm_engine_params ep = cellm_engine_default_params();
+    ep.kv_type = kv;
     ep.n_threads = 2;
     ep.max_ctx = 2048;
     ep.max_batch_tokens = batch;
@@ -55,6 +56,10 @@ static cellm_engine *engine_on(cellm_model *m, int32_t batch, int prefix) {
         fail();
     }
     return e;
+}
+
+static cellm_engine *engine_on(cellm_model *m, int32_t batch, int prefix) {
+    return engine_kv(m, batch, prefix, CELLM_KV_F16);
 }
 
 static void finish(cellm_request *r, reply *out) {
@@ -427,6 +432,52 @@ static void test_asan_session_save_restore(void **state) {
     remove(bad);
 }
 
+/* A compressed KV type (k5v4h: 5-bit keys, 4-bit values) through the
+ * same paths: the prefix cache shares its blocks (a repeat finds the
+ * cached prefix and answers as a cold engine does), and a session saved
+ * with it restores into an engine of that type and goes on as one never
+ * saved, while an engine of another type refuses the file. */
+static void test_asan_compressed_kv_prefix_session(void **state) {
+    (void)state;
+    char file[512];
+    tmp_path("session-k5v4h.bin", file, sizeof file);
+    const char *sys = "You are a helpful assistant who answers briefly.";
+    cellm_engine *e = engine_kv(g_model, 64, 1, CELLM_KV_K5V4H);
+    cellm_engine *cold = engine_kv(g_model, 64, 0, CELLM_KV_K5V4H);
+    reply a, b, ref_b;
+    ask(e, sys, questions[0], 8, &a);
+    ask(e, sys, questions[1], 8, &b);
+    ask(cold, sys, questions[1], 8, &ref_b);
+    assert_true(b.res.n_cached_tokens >= 16);
+    assert_int_equal(ref_b.res.n_cached_tokens, 0);
+    assert_same(&b, &ref_b);
+    /* Uninterrupted two turns, then one saved after the first. */
+    cellm_session *u = session_on(cold, sys);
+    reply u1, u2, s1, s2;
+    turn(u, questions[0], &u1);
+    turn(u, questions[1], &u2);
+    cellm_session_free(u);
+    cellm_session *s = session_on(e, sys);
+    turn(s, questions[0], &s1);
+    assert_same(&s1, &u1);
+    assert_int_equal(cellm_session_save(s, file), CELLM_OK);
+    cellm_session_free(s);
+    cellm_engine_free(e);
+    e = engine_kv(g_model, 64, 1, CELLM_KV_K5V4H);
+    s = NULL;
+    assert_int_equal(cellm_session_restore(e, file, NULL, &s), CELLM_OK);
+    turn(s, questions[1], &s2);
+    assert_true(s2.res.n_cached_tokens > 0);
+    assert_same(&s2, &u2);
+    cellm_session_free(s);
+    cellm_engine_free(e);
+    e = engine_kv(g_model, 64, 1, CELLM_KV_Q4_0H);
+    assert_refused(e, file, CELLM_ERR_FORMAT, "KV cache layout");
+    cellm_engine_free(e);
+    cellm_engine_free(cold);
+    remove(file);
+}
+
 /* The save in another process that then exits; the restore here. */
 static void test_asan_session_restore_across_processes(void **state) {
     (void)state;
@@ -529,6 +580,7 @@ int main(void) {
         cmocka_unit_test(test_session_shares_system_prompt),
         cmocka_unit_test(test_asan_session_fork),
         cmocka_unit_test(test_asan_session_save_restore),
+        cmocka_unit_test(test_asan_compressed_kv_prefix_session),
         cmocka_unit_test(test_asan_session_restore_across_processes),
         cmocka_unit_test(test_tsan_shared_prompt),
         cmocka_unit_test(test_prefix_gemma),

@@ -22,7 +22,7 @@ bool cli_parse_size(const char *s, size_t *out);
 bool cli_parse_uint(const char *s, unsigned long long max, unsigned long long *out);
 
 /* Parses a KV cache type name (CLI_KV_TYPES) for --kv-type. */
-#define CLI_KV_TYPES "f16, q8_0, q4_0, q4_0h"
+#define CLI_KV_TYPES "f16, q8_0, q4_0, q4_0h, k5v4h"
 bool cli_parse_kv_type(const char *s, cellm_kv_type *out);
 
 /* "exact" or "resample" (--spec-accept) as a cellm_spec_accept. */

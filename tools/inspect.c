@@ -18,21 +18,31 @@
 #include "quant.h"
 #include "store.h"
 
-/* Bytes per KV element and its block size, for the KV types an engine may
- * use (KV rows must be whole blocks). */
+/* The KV types an engine may use: bytes of 32 elements of a K and of a V
+ * row (quantized rows must be whole blocks of 32). The rotated types have
+ * the size of their blocks. */
 static const struct {
     const char *name;
-    uint32_t qtype;
-} kv_types[] = {{"f32", QT_F32},
-                {"f16", QT_F16},
-                {"q8_0", QT_Q8_0},
-                {"q4_0", QT_Q4_0},
-                {"q4_0h", QT_Q4_0}}; /* rotated Q4_0: Q4_0's size */
+    uint32_t k32, v32;
+} kv_types[] = {{"f32", 128, 128}, {"f16", 64, 64},   {"q8_0", 34, 34},
+                {"q4_0", 18, 18},  {"q4_0h", 18, 18}, {"k5v4h", 22, 18}};
 
-bool inspect_kv_type(const char *name, uint32_t *qtype) {
+const char *inspect_kv_name(uint32_t kv_type) {
+    return kv_types[kv_type].name;
+}
+
+/* Bytes of a head of n elements of a type with `b32` bytes per 32; false
+ * when a quantized head would not be whole blocks. */
+static bool kv_row_bytes(uint32_t b32, uint64_t n, uint64_t *out) {
+    if (b32 % 32 != 0 && n % 32 != 0) return false;
+    *out = b32 % 32 == 0 ? n * (b32 / 32) : n / 32 * b32;
+    return true;
+}
+
+bool inspect_kv_type(const char *name, uint32_t *kv_type) {
     for (size_t i = 0; i < sizeof kv_types / sizeof kv_types[0]; i++)
         if (!strcmp(kv_types[i].name, name)) {
-            *qtype = kv_types[i].qtype;
+            *kv_type = (uint32_t)i;
             return true;
         }
     return false;
@@ -135,16 +145,18 @@ cellm_status inspect_model(const char *path, const inspect_opts *opts, inspect_r
     r->ctx = opts->ctx ? opts->ctx
                        : (r->context_length && r->context_length < 4096 ? r->context_length : 4096);
     r->sessions = opts->sessions ? opts->sessions : 1;
-    r->kv_qtype = opts->kv_qtype;
+    r->kv_type = opts->kv_type;
     r->budget = opts->budget;
     uint64_t ctx = (r->ctx + 15) / 16 * 16;
     uint64_t k_row, v_row;
-    if (!quant_nbytes(r->kv_qtype, r->head_count_kv * r->key_length, &k_row) ||
-        !quant_nbytes(r->kv_qtype, r->head_count_kv * r->value_length, &v_row))
+    if (!kv_row_bytes(kv_types[r->kv_type].k32, r->key_length, &k_row) ||
+        !kv_row_bytes(kv_types[r->kv_type].v32, r->value_length, &v_row))
         return err_set(err, CELLM_ERR_UNSUPPORTED,
                        "KV type %s needs head sizes that are whole blocks (key %llu, value %llu)",
-                       quant_type_get(r->kv_qtype)->name, (unsigned long long)r->key_length,
+                       kv_types[r->kv_type].name, (unsigned long long)r->key_length,
                        (unsigned long long)r->value_length);
+    k_row *= r->head_count_kv; /* every KV head of a token */
+    v_row *= r->head_count_kv;
     uint32_t period = swa_period(r->arch);
     uint64_t window = r->sliding_window ? (r->sliding_window + 15) / 16 * 16 + 16 : 0;
     for (uint64_t l = 0; l < r->block_count; l++) {
@@ -217,7 +229,7 @@ static void print_text(FILE *out, const inspect_report *r) {
     }
     fprintf(out, "memory        %llu-token context x %llu session%s, KV %s\n",
             (unsigned long long)r->ctx, (unsigned long long)r->sessions,
-            r->sessions == 1 ? "" : "s", quant_type_get(r->kv_qtype)->name);
+            r->sessions == 1 ? "" : "s", kv_types[r->kv_type].name);
     fprintf(out, "  weights     ");
     print_bytes(out, r->weights_bytes);
     fprintf(out, " (mapped)");
@@ -282,7 +294,7 @@ static void print_json(FILE *out, const inspect_report *r) {
     cJSON *m = cJSON_AddObjectToObject(root, "memory");
     cJSON_AddNumberToObject(m, "ctx", (double)r->ctx);
     cJSON_AddNumberToObject(m, "sessions", (double)r->sessions);
-    cJSON_AddStringToObject(m, "kv_type", quant_type_get(r->kv_qtype)->name);
+    cJSON_AddStringToObject(m, "kv_type", kv_types[r->kv_type].name);
     cJSON_AddNumberToObject(m, "weights_bytes", (double)r->weights_bytes);
     cJSON_AddNumberToObject(m, "active_bytes_per_token", (double)r->active_bytes);
     cJSON_AddNumberToObject(m, "kv_bytes_per_token", (double)r->kv_bytes_per_token);
@@ -308,7 +320,7 @@ static void inspect_usage(FILE *out) {
 }
 
 int cmd_inspect(int argc, char **argv) {
-    inspect_opts opts = {.kv_qtype = QT_F16, .budget = (size_t)512 << 20};
+    inspect_opts opts = {.kv_type = 1 /* f16 */, .budget = (size_t)512 << 20};
     const char *model = NULL;
     bool json = false;
     for (int i = 1; i < argc; i++) {
@@ -332,8 +344,8 @@ int cmd_inspect(int argc, char **argv) {
             }
             opts.sessions = v;
         } else if (!strcmp(a, "--kv-type")) {
-            if (i + 1 >= argc || !inspect_kv_type(argv[++i], &opts.kv_qtype)) {
-                cli_error("--kv-type needs one of f32, f16, q8_0, q4_0, q4_0h");
+            if (i + 1 >= argc || !inspect_kv_type(argv[++i], &opts.kv_type)) {
+                cli_error("--kv-type needs one of f32, f16, q8_0, q4_0, q4_0h, k5v4h");
                 return 2;
             }
         } else if (!strcmp(a, "--mem-budget")) {

@@ -14,7 +14,7 @@
 typedef struct inspect_opts {
     uint64_t ctx;      /* context tokens per session; 0: trained, at most 4096 */
     uint64_t sessions; /* 0: 1 */
-    uint32_t kv_qtype; /* QT_F16, QT_Q8_0, ... */
+    uint32_t kv_type;  /* from inspect_kv_type */
     size_t budget;     /* bytes; 0: no budget */
 } inspect_opts;
 
@@ -36,7 +36,7 @@ typedef struct inspect_report {
         uint64_t count, bytes;
     } by_type[QT_COUNT];
     uint64_t ctx, sessions, budget;
-    uint32_t kv_qtype;
+    uint32_t kv_type;
     uint64_t weights_bytes, kv_bytes_per_token, kv_bytes_per_session, kv_bytes, total_bytes;
     uint64_t expert_count, expert_used_count; /* mixture of experts; 0 when dense */
     uint64_t active_bytes; /* weights a token reads: the routed experts' share only */
@@ -47,8 +47,10 @@ typedef struct inspect_report {
 cellm_status inspect_model(const char *path, const inspect_opts *opts, inspect_report *r,
                            cellm_error *err);
 
-/* Maps a KV type name ("f16", "q8_0", ...) to its tensor type. */
-bool inspect_kv_type(const char *name, uint32_t *qtype);
+/* Maps a KV type name ("f16", "q8_0", ...) to its number in inspect's
+ * table (inspect_opts.kv_type); inspect_kv_name maps it back. */
+bool inspect_kv_type(const char *name, uint32_t *kv_type);
+const char *inspect_kv_name(uint32_t kv_type);
 
 int cmd_inspect(int argc, char **argv);
 
