@@ -37,10 +37,7 @@ from llama_cpp import Llama
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "..", "tests", "data", "arch")
 NAMES = ["llama", "llama-rope3", "mistral", "mistral-wide", "qwen2", "qwen3", "phi3",
-         "phi3-longrope", "granite", "gemma3", "gemma3-scaled", "smollm3", "qwen3moe", "granitemoe", "lfm2"]
-# Not in NAMES: olmoe. Its fixture has 2 KV heads for 4 query heads, and
-# llama.cpp's olmoe takes no grouped-query attention (it wants attn_k_norm
-# as wide as the embedding); real OLMoE files have as many KV heads as heads.
+         "phi3-longrope", "granite", "gemma3", "gemma3-scaled", "smollm3", "qwen3moe", "olmoe", "granitemoe", "lfm2"]
 
 
 def parse(path):
