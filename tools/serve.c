@@ -102,9 +102,7 @@ server *serve_start(const serve_opts *o, char *err, size_t cap) {
     s->o = *o;
     atomic_store(&s->state, SERVE_LOADING);
     s->rng_seed = entropy();
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    s->t_start = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    s->t_start = serve_now();
     s->created = (long)time(NULL);
     if (!http_start(s, err, cap)) {
         free(s);
@@ -157,7 +155,7 @@ server *serve_start(const serve_opts *o, char *err, size_t cap) {
     return s;
 }
 
-static double mono_now(void) {
+double serve_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
@@ -165,10 +163,10 @@ static double mono_now(void) {
 
 int serve_drain(server *s, const void *sigs) {
     atomic_store(&s->state, SERVE_DRAINING);
-    double deadline = mono_now() + s->o.drain_s;
+    double deadline = serve_now() + s->o.drain_s;
     for (;;) {
         int left = atomic_load(&s->active);
-        if (left == 0 || mono_now() >= deadline) return left;
+        if (left == 0 || serve_now() >= deadline) return left;
         struct timespec slice = {0, 50 * 1000000L};
         if (sigtimedwait(sigs, NULL, &slice) > 0) return atomic_load(&s->active);
     }

@@ -125,6 +125,9 @@ void serve_stop(server *s);
  * Returns how many requests were still running. Then call serve_stop. */
 int serve_drain(server *s, const void *sigs);
 
+/* Monotonic seconds (request times, deadlines, uptime, the drain). */
+double serve_now(void);
+
 /* A random 64-bit number (thread-safe). */
 uint64_t serve_random(server *s);
 

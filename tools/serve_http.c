@@ -27,7 +27,6 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
-#include <time.h>
 
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
@@ -99,12 +98,6 @@ static _Thread_local conn_ctx *current;
 
 void http_set_affinity(const char *key) {
     if (current) snprintf(current->affinity, sizeof current->affinity, "%s", key);
-}
-
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* ------------------------------------------------------------- replies */
@@ -302,7 +295,7 @@ static bool admit(server *s, struct MHD_Connection *conn, const char *url, const
                   conn_ctx *cx, int *ret) {
     serve_err e;
     bool known;
-    cx->t0 = mono_s();
+    cx->t0 = serve_now();
     snprintf(cx->method, sizeof cx->method, "%s", method);
     snprintf(cx->path, sizeof cx->path, "%s", url);
     request_id(s, conn, cx);
@@ -451,7 +444,7 @@ static void log_request(server *s, const conn_ctx *cx, enum MHD_RequestTerminati
         cx->rt->id == R_METRICS)
         return;
     fprintf(stderr, "cellm serve: request %s %s %s %d %.1f ms%s%s%s\n", cx->id, cx->method,
-            cx->path, cx->status, (mono_s() - cx->t0) * 1e3,
+            cx->path, cx->status, (serve_now() - cx->t0) * 1e3,
             toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (cut off)",
             cx->affinity[0] ? " affinity=" : "", cx->affinity);
 }

@@ -78,12 +78,6 @@ struct job {
     double last_send;
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* ------------------------------------------------------------ callbacks */
 
 /* Engine thread, j->mu held. */
@@ -197,7 +191,7 @@ static bool job_wait_slice(job *j, int ms) {
         job_cancel(j);
         return false;
     }
-    if (j->deadline > 0 && now_s() > j->deadline && !j->timed_out) {
+    if (j->deadline > 0 && serve_now() > j->deadline && !j->timed_out) {
         j->timed_out = true;
         atomic_fetch_add_explicit(&j->s->c.timeouts, 1, memory_order_relaxed);
         job_cancel(j);
@@ -756,7 +750,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             memcpy(buf, j->out + j->out_off, n);
             j->out_off += n;
             if (j->out_off == j->out_len) j->out_off = j->out_len = 0;
-            j->last_send = now_s();
+            j->last_send = serve_now();
             pthread_mutex_unlock(&j->mu);
             return (ssize_t)n;
         }
@@ -775,7 +769,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             pthread_mutex_unlock(&j->mu);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
-        if (now_s() - j->last_send > keepalive) sse_raw(j, ": keep-alive\n\n");
+        if (serve_now() - j->last_send > keepalive) sse_raw(j, ": keep-alive\n\n");
     }
 }
 
@@ -803,7 +797,7 @@ static int reply_stream(job *j) {
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     http_add_headers(j->s, j->conn, r);
-    j->last_send = now_s();
+    j->last_send = serve_now();
     enum MHD_Result ret = MHD_queue_response(j->conn, 200, r);
     MHD_destroy_response(r); /* the job now lives as long as the response */
     if (ret == MHD_YES) http_count_status(j->s, 200);
@@ -901,7 +895,7 @@ job *job_start(server *s, struct MHD_Connection *conn, serve_req *rq, serve_err 
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;
-    if (s->o.timeout_s) j->deadline = now_s() + s->o.timeout_s;
+    if (s->o.timeout_s) j->deadline = serve_now() + s->o.timeout_s;
 
     int before = atomic_fetch_add(&s->c.in_flight, j->n_ch);
     if (before + j->n_ch > s->o.max_queue) {

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "serve.h"
@@ -184,10 +183,8 @@ char *metrics_text(server *s) {
                "Generation speed, last second or so.", st.completion_tokens_per_s);
         spec_metrics(&b, &st);
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
     metric(&b, "cellm_uptime_seconds", "gauge", "Seconds since the server started.",
-           (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 - s->t_start);
+           serve_now() - s->t_start);
     metric(&b, "process_resident_memory_bytes", "gauge", "Resident memory of the server.",
            rss_bytes());
     if (b.oom) {
