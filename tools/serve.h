@@ -362,6 +362,12 @@ void responses_err_param(serve_err *e);
 void serve_affinity(server *s, struct MHD_Connection *conn, const serve_req *rq,
                     char out[SERVE_AFFINITY_MAX]);
 
+#define SERVE_ID_MAX 128 /* bytes of a client's id (request, session, user) kept as is */
+
+/* Whether v is 1..SERVE_ID_MAX bytes of printable ASCII without spaces:
+ * safe to echo in a header and a log line as it is. */
+bool serve_plain_id(const char *v);
+
 /* Gives the request being handled on this thread its affinity key, sent
  * back in the X-Cellm-Affinity header and logged. */
 void http_set_affinity(const char *key);

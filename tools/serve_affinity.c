@@ -17,7 +17,6 @@
 
 #include "serve.h"
 
-#define ID_MAX 128         /* bytes of a session id or user kept as they are */
 #define BYTES_PER_TOKEN 16 /* text read per token wanted: tokens are shorter */
 
 static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
@@ -28,17 +27,21 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
 
 #define FNV_BASIS 0xcbf29ce484222325ull
 
+bool serve_plain_id(const char *v) {
+    size_t n = strlen(v);
+    bool plain = n > 0 && n <= SERVE_ID_MAX;
+    for (size_t i = 0; plain && i < n; i++) plain = v[i] > 0x20 && v[i] < 0x7f;
+    return plain;
+}
+
 /* "kind:VALUE" when the value is short printable ASCII (safe in a header
  * and a log line), else "kind:h" and a hash of it. */
 static void put_id(char out[SERVE_AFFINITY_MAX], const char *kind, const char *v) {
-    size_t n = strlen(v);
-    bool plain = n > 0 && n <= ID_MAX;
-    for (size_t i = 0; plain && i < n; i++) plain = v[i] > 0x20 && v[i] < 0x7f;
-    if (plain)
+    if (serve_plain_id(v))
         snprintf(out, SERVE_AFFINITY_MAX, "%s:%s", kind, v);
     else
         snprintf(out, SERVE_AFFINITY_MAX, "%s:h%016llx", kind,
-                 (unsigned long long)fnv1a(FNV_BASIS, v, n));
+                 (unsigned long long)fnv1a(FNV_BASIS, v, strlen(v)));
 }
 
 /* Appends s to the buffer *b (*n bytes of *cap) up to `limit` bytes. */

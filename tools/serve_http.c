@@ -71,8 +71,6 @@ static const route routes[] = {
     {"/responses", "POST", R_RESPONSES, false},
 };
 
-#define REQUEST_ID_MAX 128 /* bytes of a client's X-Request-Id kept as it is */
-
 /* Per request: the body as it arrives, and what the log line needs. */
 typedef struct conn_ctx {
     const route *rt;
@@ -86,7 +84,7 @@ typedef struct conn_ctx {
     double t0;  /* monotonic seconds at the headers */
     char method[8];
     char path[96];
-    char id[REQUEST_ID_MAX + 1];
+    char id[SERVE_ID_MAX + 1];
     char affinity[SERVE_AFFINITY_MAX];
 } conn_ctx;
 
@@ -255,11 +253,8 @@ static int preflight(server *s, struct MHD_Connection *conn) {
  * random one, into cx->id. */
 static void request_id(server *s, struct MHD_Connection *conn, conn_ctx *cx) {
     const char *v = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Request-Id");
-    size_t n = v ? strlen(v) : 0;
-    bool ok = n > 0 && n <= REQUEST_ID_MAX;
-    for (size_t i = 0; ok && i < n; i++) ok = v[i] > 0x20 && v[i] < 0x7f;
-    if (ok)
-        memcpy(cx->id, v, n + 1);
+    if (v && serve_plain_id(v))
+        memcpy(cx->id, v, strlen(v) + 1);
     else
         snprintf(cx->id, sizeof cx->id, "%016llx%016llx", (unsigned long long)serve_random(s),
                  (unsigned long long)serve_random(s));
