@@ -18,10 +18,10 @@
 #include <time.h>
 
 #include "../tools/bench_schema.h"
-#include "engine.h"
-#include "grammar.h"
-#include "schema.h"
-#include "tokenizer.h"
+#include "runtime/engine.h"
+#include "text/grammar.h"
+#include "text/schema.h"
+#include "text/tokenizer.h"
 
 static const char REPLY[] =
     "{\"id\": 4021, \"name\": \"Trail Runner 2\", \"description\": \"A light running shoe for "

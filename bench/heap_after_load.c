@@ -15,8 +15,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "model.h"
-#include "tokenizer.h"
+#include "model/model.h"
+#include "text/tokenizer.h"
 
 static double heap_mib(void) {
     struct mallinfo2 m = mallinfo2();

@@ -3,7 +3,7 @@
  * standard speculative-sampling rule, measured on a target/draft pair.
  *
  * cellm keeps a draft token only while it equals the target's own draw at
- * that position (src/spec.c), with the draft guessing greedily: a guess is
+ * that position (src/runtime/spec.c), with the draft guessing greedily: a guess is
  * kept with probability P(argmax Q), and the text is the plain run's. The
  * standard rule (Leviathan et al., Chen et al.) samples the guess from the
  * draft's distribution Q and keeps it with probability min(1, P/Q),

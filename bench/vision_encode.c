@@ -22,8 +22,8 @@
 #include <unistd.h>
 
 #include "cellm.h"
-#include "gguf.h"
-#include "quant.h"
+#include "format/gguf.h"
+#include "format/quant.h"
 
 enum { D = 768, F = 3072, L = 12, H = 12, IMG = 512, PS = 16, SCALE = 4, PROJ = 576 };
 

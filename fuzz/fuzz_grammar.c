@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "grammar.h"
-#include "schema.h"
+#include "text/grammar.h"
+#include "text/schema.h"
 
 static grammar_vocab *vocab(void) {
     static grammar_vocab *v;

@@ -1,7 +1,7 @@
 /*
  * fuzz_image.c — libFuzzer target for pictures: the PNG/JPEG decoding of
  * `cellm run --image` (tools/image_file.c) and the library's
- * preprocessing (src/image.c). Input whose first byte is 'R' is instead a
+ * preprocessing (src/format/image.c). Input whose first byte is 'R' is instead a
  * raw RGB8 picture with its size and processor settings in the next four
  * bytes (sides up to 64, longest edge up to 256, tiles up to 64), which
  * drives the size arithmetic and the resampler through odd shapes. Any
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "image.h"
+#include "format/image.h"
 #include "image_file.h"
 
 static volatile float sink;

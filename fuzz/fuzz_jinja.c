@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jinja.h"
+#include "text/jinja.h"
 
 static const char VARS[] =
     "{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "

@@ -1,6 +1,6 @@
 /*
  * fuzz_session.c — libFuzzer target for the session-file parser
- * (src/session_file.c, ses_parse): any bytes as a file to restore on an
+ * (src/runtime/session_file.c, ses_parse): any bytes as a file to restore on an
  * engine of a fixed small layout (two KV groups, the second windowed). So
  * that the fuzzer gets past the checksum, the last 32 bytes of its input
  * are replaced by the SHA-256 of the rest, as the writer does; an input of
@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "session_file.h"
-#include "sha256.h"
+#include "runtime/session_file.h"
+#include "base/sha256.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint8_t *buf = malloc(size ? size : 1);

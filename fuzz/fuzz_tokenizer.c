@@ -19,9 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf.h"
-#include "tokenizer.h"
-#include "unicode.h"
+#include "format/gguf.h"
+#include "text/tokenizer.h"
+#include "text/unicode.h"
 
 #define CHECK(x)                                                                                   \
     do {                                                                                           \

@@ -1,5 +1,5 @@
 /*
- * fuzz_toolcall.c — libFuzzer target for tool calls (src/toolcall.c): the
+ * fuzz_toolcall.c — libFuzzer target for tool calls (src/text/toolcall.c): the
  * parser of a model's reply, the preparation of a tool conversation for a
  * template, and the grammar of a forced call. The first byte picks what
  * the rest is: 0 a reply parsed with and without a tools list, 1 a
@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "json.h"
-#include "toolcall.h"
+#include "text/json.h"
+#include "text/toolcall.h"
 
 static const char TOOLS[] = "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
                             "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":"

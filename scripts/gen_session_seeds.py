@@ -3,7 +3,7 @@
 session files of the small layout fuzz/fuzz_session.c restores against (two
 KV groups of 2 and 1 layers, the second with a 40-token window, blocks of
 512 and 256 bytes, context 256, vocabulary 100, identity bytes 0..31),
-following the format in src/session_file.c, plus a few broken copies. Uses
+following the format in src/runtime/session_file.c, plus a few broken copies. Uses
 only the standard library, so it is a writer independent of cellm's.
 
 Usage: python3 scripts/gen_session_seeds.py [OUT_DIR]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""gen_unicode.py - generate src/unicode_data.c, the code point class table
+"""gen_unicode.py - generate src/text/unicode_data.c, the code point class table
 the tokenizer's pre-tokenizers use (\\p{L}, \\p{N}, \\p{P}, \\s, ...).
 
 The library carries no Unicode library: this script reads Python's own
@@ -8,9 +8,9 @@ one sorted array of ranges. Each entry packs the first code point of a
 range (21 bits) above an 8-bit class mask; the range runs to the next
 entry's start. Run it from the repository root:
 
-    python3 scripts/gen_unicode.py > src/unicode_data.c
+    python3 scripts/gen_unicode.py > src/text/unicode_data.c
 
-Class bits (they must match src/unicode.h):
+Class bits (they must match src/text/unicode.h):
     N number, L letter, P punctuation, S symbol, M mark, Z separator,
     C other (control, format, surrogate, private use, unassigned),
     W white space (the Unicode White_Space property, as regex `\\s`).

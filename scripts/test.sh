@@ -338,7 +338,7 @@ fi
 
 if suite format "format"; then
     if command -v clang-format >/dev/null 2>&1; then
-        mapfile -t files < <(git ls-files '*.c' '*.h' | grep -v '^src/unicode_data\.c$')
+        mapfile -t files < <(git ls-files '*.c' '*.h' | grep -v '^src/text/unicode_data\.c$')
         if clang-format --dry-run -Werror "${files[@]}" 2>/dev/null; then
             passed=$((passed + 1))
         else
@@ -347,6 +347,13 @@ if suite format "format"; then
         fi
     else
         fail "clang-format is missing (setup.sh --test installs it)"
+    fi
+    # src/ is laid out by layer (DESIGN.md): nothing includes from above.
+    if python3 scripts/check_layers.py; then
+        echo "-- src/ layers: no file includes from a layer above its own"
+        passed=$((passed + 1))
+    else
+        fail "a file in src/ includes from a layer above its own (above)"
     fi
 fi
 suite

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward.h"
+#include "cpu/forward.h"
 #include "test_common.h"
 
 #define MAX_TOK 2048

@@ -7,7 +7,7 @@
 
 #include <stdio.h>
 
-#include "gguf.h"
+#include "format/gguf.h"
 
 /* Writes to `dst` every key and tensor of the GGUF file at `src`, then
  * lets `add(w, arg)` set more keys (a key set again takes the new value)

@@ -6,7 +6,7 @@
 #ifndef CELLM_GRAMMAR_RIG_H
 #define CELLM_GRAMMAR_RIG_H
 
-#include "grammar.h"
+#include "text/grammar.h"
 
 /* The vocabulary of single bytes 1..127, for matching whole strings. */
 static inline grammar_vocab *byte_vocab(void) {

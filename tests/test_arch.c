@@ -40,9 +40,9 @@
 #include <math.h>
 
 #include "convert.h"
-#include "forward.h"
-#include "gguf.h"
-#include "quant.h"
+#include "cpu/forward.h"
+#include "format/gguf.h"
+#include "format/quant.h"
 #include "gguf_copy.h"
 #include "test_common.h"
 

@@ -21,9 +21,9 @@
 
 #include <cmocka.h>
 
-#include "attention.h"
-#include "kernels/fp16.h"
-#include "kernels/kernels.h"
+#include "cpu/attention.h"
+#include "format/kernels/fp16.h"
+#include "format/kernels/kernels.h"
 
 static uint64_t rng = 0x243F6A8885A308D3ull;
 static float rnd(void) {
@@ -139,10 +139,10 @@ static void test_chosen_same_as_ref(void **state) {
 }
 
 /* Bytes per block of 32 of each quantized format. */
-static size_t block_bytes(attn_kv_format f) {
+static size_t block_bytes(kv_format f) {
     switch (f) {
-    case ATTN_KV_Q8_0: return 34;
-    case ATTN_KV_Q5_0: return 22;
+    case KV_FMT_Q8_0: return 34;
+    case KV_FMT_Q5_0: return 22;
     default: return 18;
     }
 }
@@ -153,7 +153,7 @@ static size_t block_bytes(attn_kv_format f) {
  * and axpy agree with double-precision sums over the dequantized rows
  * (deq: the format's own dequantizer where GGML has one, else
  * attn_kv_dequantize, which must agree with it). */
-static void check_quantized_variant(attn_kv_format f, void (*deq)(const void *, float *, size_t),
+static void check_quantized_variant(kv_format f, void (*deq)(const void *, float *, size_t),
                                     const char *name, const attn_kernels *a) {
     const attn_kernels *r = attn_kernels_ref();
     static const size_t sizes[] = {32, 64, 96, 256};
@@ -162,8 +162,8 @@ static void check_quantized_variant(attn_kv_format f, void (*deq)(const void *, 
     static uint8_t rows[ROWS][ROWB];
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
         const size_t n = sizes[si];
-        assert_true(attn_kv_row_bytes(f, n) <= ROWB);
-        assert_int_equal(attn_kv_row_bytes(f, n), n / 32 * block_bytes(f));
+        assert_true(kv_row_bytes(f, n) <= ROWB);
+        assert_int_equal(kv_row_bytes(f, n), n / 32 * block_bytes(f));
         for (int round = 0; round < 20; round++) {
             const float qs = round % 3 ? 1.0f : 300.0f;
             for (size_t i = 0; i < n; i++) q[i] = rnd() * qs;
@@ -173,7 +173,7 @@ static void check_quantized_variant(attn_kv_format f, void (*deq)(const void *, 
                 r->kv[f].store(rows[j], x, n);
                 uint8_t again[ROWB];
                 a->kv[f].store(again, x, n);
-                assert_memory_equal(again, rows[j], attn_kv_row_bytes(f, n));
+                assert_memory_equal(again, rows[j], kv_row_bytes(f, n));
                 if (deq)
                     deq(rows[j], deqv[j], n);
                 else
@@ -188,9 +188,9 @@ static void check_quantized_variant(attn_kv_format f, void (*deq)(const void *, 
                  * near amax = 8 * |d|, is amax / 8 off plus 7 times the f16
                  * rounding of d: 7 * 2^-11 of amax / 8 at most, under
                  * 1/256.) */
-                const float step = f == ATTN_KV_Q8_0   ? amax / 127
-                                   : f == ATTN_KV_Q5_0 ? amax / 16 * (1 + 1.0f / 256)
-                                                       : amax / 8 * (1 + 1.0f / 256);
+                const float step = f == KV_FMT_Q8_0   ? amax / 127
+                                   : f == KV_FMT_Q5_0 ? amax / 16 * (1 + 1.0f / 256)
+                                                      : amax / 8 * (1 + 1.0f / 256);
                 for (size_t i = 0; i < n; i++)
                     if (!(fabsf(deqv[j][i] - x[i]) <= step))
                         fail_msg("%s n=%zu: stored %a, input %a, step %a", name, n, deqv[j][i],
@@ -238,7 +238,7 @@ static void check_quantized_variant(attn_kv_format f, void (*deq)(const void *, 
     }
 }
 
-static void check_quantized(attn_kv_format f, void (*deq)(const void *, float *, size_t),
+static void check_quantized(kv_format f, void (*deq)(const void *, float *, size_t),
                             const char *name) {
     check_quantized_variant(f, deq, name, attn_kernels_get());
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
@@ -249,9 +249,9 @@ static void check_quantized(attn_kv_format f, void (*deq)(const void *, float *,
 
 static void test_quantized_rows(void **state) {
     (void)state;
-    check_quantized(ATTN_KV_Q8_0, ref_dequantize_q8_0, "q8_0");
-    check_quantized(ATTN_KV_Q4_0, ref_dequantize_q4_0, "q4_0");
-    check_quantized(ATTN_KV_Q5_0, ref_dequantize_q5_0, "q5_0");
+    check_quantized(KV_FMT_Q8_0, ref_dequantize_q8_0, "q8_0");
+    check_quantized(KV_FMT_Q4_0, ref_dequantize_q4_0, "q4_0");
+    check_quantized(KV_FMT_Q5_0, ref_dequantize_q5_0, "q5_0");
 }
 
 /* The f16 entries of kv[] are the f16 kernels. */
@@ -265,15 +265,15 @@ static void test_f16_rows(void **state) {
     const uint16_t *vr16[ROWS];
     for (int j = 0; j < ROWS; j++) {
         for (int i = 0; i < N; i++) x[i] = rnd();
-        a->kv[ATTN_KV_F16].store(rows[j], x, N);
+        a->kv[KV_FMT_F16].store(rows[j], x, N);
         for (int i = 0; i < N; i++) assert_int_equal(rows[j][i], fp32_to_fp16(x[i]));
         vr[j] = vr16[j] = rows[j];
         w[j] = rnd();
     }
     for (int i = 0; i < N; i++) q[i] = acc1[i] = acc2[i] = rnd();
-    const float d1 = a->kv[ATTN_KV_F16].dot(q, rows[3], N), d2 = a->dot_f16(q, rows[3], N);
+    const float d1 = a->kv[KV_FMT_F16].dot(q, rows[3], N), d2 = a->dot_f16(q, rows[3], N);
     assert_memory_equal(&d1, &d2, 4);
-    a->kv[ATTN_KV_F16].axpy_rows(acc1, w, vr, ROWS, N);
+    a->kv[KV_FMT_F16].axpy_rows(acc1, w, vr, ROWS, N);
     a->axpy_rows_f16(acc2, w, vr16, ROWS, N);
     assert_memory_equal(acc1, acc2, sizeof acc1);
 }

@@ -1,5 +1,5 @@
 /*
- * test_chat.c — how chat messages become prompt tokens (src/chat.h): the
+ * test_chat.c — how chat messages become prompt tokens (src/model/chat.h): the
  * model's own Jinja template by default (SmolLM2's gives the same tokens as
  * the built-in ChatML with its default system prompt), the built-in formats
  * by name and as the fallback for a file without a template (Gemma), a
@@ -19,7 +19,7 @@
 
 #include <cmocka.h>
 
-#include "chat.h"
+#include "model/chat.h"
 #include "test_common.h"
 
 typedef struct loaded {

@@ -23,7 +23,7 @@
 #include <math.h>
 
 #include "cellm.h"
-#include "gguf.h"
+#include "format/gguf.h"
 #include "gguf_copy.h"
 #include "test_common.h"
 

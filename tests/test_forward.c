@@ -38,9 +38,9 @@
 #include <math.h>
 
 #include "forward_rig.h"
-#include "quant.h"
-#include "sampler.h"
-#include "sha256.h"
+#include "format/quant.h"
+#include "runtime/sampler.h"
+#include "base/sha256.h"
 #include "test_common.h"
 
 #define TOP1_MIN 0.94       /* llama.cpp vs itself: 0.973 / 0.970 */

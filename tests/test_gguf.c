@@ -12,8 +12,8 @@
 
 #include <cmocka.h>
 
-#include "gguf.h"
-#include "quant.h"
+#include "format/gguf.h"
+#include "format/quant.h"
 #include "test_common.h"
 
 /* ------------------------------------------------------------ round trip */

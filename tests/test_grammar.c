@@ -19,8 +19,8 @@
 #include <cmocka.h>
 
 #include "cellm.h"
-#include "grammar.h"
-#include "schema.h"
+#include "text/grammar.h"
+#include "text/schema.h"
 #include "grammar_rig.h"
 #include "test_common.h"
 

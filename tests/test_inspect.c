@@ -15,7 +15,7 @@
 #include <cmocka.h>
 #include <math.h>
 
-#include "kv_cache.h"
+#include "model/kv_cache.h"
 #include "test_common.h"
 
 static char *read_file(const char *path) {

@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf.h"
-#include "jinja.h"
+#include "format/gguf.h"
+#include "text/jinja.h"
 #include "test_common.h"
 
 #define TPL_DIR CELLM_SOURCE_DIR "/tests/data/templates"

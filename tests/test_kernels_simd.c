@@ -18,10 +18,10 @@
 
 #include <cmocka.h>
 
-#include "kernels/blocks.h"
-#include "kernels/fp16.h"
-#include "kernels/kernels.h"
-#include "quant.h"
+#include "format/kernels/blocks.h"
+#include "format/kernels/fp16.h"
+#include "format/kernels/kernels.h"
+#include "format/quant.h"
 
 /* xorshift64*: deterministic, so a failure reproduces. */
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;

@@ -1,5 +1,5 @@
 /*
- * test_kv_cache.c — the block pool of the paged KV cache (src/kv_cache.c)
+ * test_kv_cache.c — the block pool of the paged KV cache (src/model/kv_cache.c)
  * under a randomized stress of more than a million operations: allocate
  * (reserve and write), fork, append, write into shared blocks (truncate,
  * then refill: copy-on-write), free, evict (trims, and allocations that
@@ -22,7 +22,7 @@
 
 #include <cmocka.h>
 
-#include "kv_cache.h"
+#include "model/kv_cache.h"
 
 #define N_SEQ 8
 #define CTX 256

@@ -35,7 +35,7 @@
 #include <math.h>
 
 #include "cellm.h"
-#include "sampler.h"
+#include "runtime/sampler.h"
 #include "test_common.h"
 
 #define FX_MAX_TOL 1.5   /* per token; llama.cpp vs itself over the top 20: 1.28 */

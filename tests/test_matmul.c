@@ -12,8 +12,8 @@
 #include <cmocka.h>
 #include <math.h>
 
-#include "matmul.h"
-#include "quant.h"
+#include "cpu/matmul.h"
+#include "format/quant.h"
 
 enum { N = 48, K = 512, M = 64 };
 

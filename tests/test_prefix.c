@@ -30,7 +30,7 @@
 #include <cmocka.h>
 
 #include "cellm.h"
-#include "sha256.h"
+#include "base/sha256.h"
 #include "test_common.h"
 
 #define MAX_OUT 64

@@ -19,9 +19,9 @@
 
 #include <cmocka.h>
 
-#include "kernels/fp16.h"
-#include "kernels/kernels.h"
-#include "quant.h"
+#include "format/kernels/fp16.h"
+#include "format/kernels/kernels.h"
+#include "format/quant.h"
 
 #define FIXTURE_DIR CELLM_SOURCE_DIR "/tests/data/quant/"
 

@@ -15,8 +15,8 @@
 #include <cmocka.h>
 #include <math.h>
 
-#include "gguf.h"
-#include "quant.h"
+#include "format/gguf.h"
+#include "format/quant.h"
 #include "quantize.h"
 #include "test_common.h"
 

@@ -18,7 +18,7 @@
 
 #include <cmocka.h>
 
-#include "gguf.h"
+#include "format/gguf.h"
 #include "rt.h"
 
 /* A model file with only metadata, built by set() calls and opened by

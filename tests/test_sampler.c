@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sampler.h"
+#include "runtime/sampler.h"
 
 #define V 1000
 

@@ -6,6 +6,6 @@
  * operations in the same order.
  */
 #define CELLM_NO_VECTOR_EXT
-#include "sampler.c"
+#include "runtime/sampler.c"
 
 #include "test_sampler.c"

@@ -1,5 +1,5 @@
 /*
- * test_spec.c — speculative decoding (src/spec.c) is exact by construction:
+ * test_spec.c — speculative decoding (src/runtime/spec.c) is exact by construction:
  *  - prompt lookup proposes the continuation of the latest earlier match
  *    of the longest n-gram (unit cases);
  *  - on the real models (SmolLM2 drafted by its Q4_0 requantization,
@@ -26,7 +26,7 @@
 #include <cmocka.h>
 
 #include "cellm.h"
-#include "engine.h"
+#include "runtime/engine.h"
 #include "test_common.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "stop.h"
+#include "text/stop.h"
 
 /* Feeds `text` in pieces cut at `cuts` (sorted offsets), then flushes;
  * writes everything emitted into out and returns the matched index. */

@@ -29,7 +29,7 @@
 
 #include <cmocka.h>
 
-#include "sha256.h"
+#include "base/sha256.h"
 #include "store.h"
 
 static void test_sha256_vectors(void **state) {

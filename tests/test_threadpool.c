@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "threadpool.h"
+#include "base/threadpool.h"
 
 typedef struct job {
     long n;

@@ -19,10 +19,10 @@
 
 #include <cmocka.h>
 
-#include "gguf.h"
+#include "format/gguf.h"
 #include "test_common.h"
-#include "tokenizer.h"
-#include "unicode.h"
+#include "text/tokenizer.h"
+#include "text/unicode.h"
 
 /* ---- fixtures ---- */
 

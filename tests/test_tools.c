@@ -1,5 +1,5 @@
 /*
- * test_tools.c — tool calls in the library (src/toolcall.c): the parser
+ * test_tools.c — tool calls in the library (src/text/toolcall.c): the parser
  * of every call format and of malformed replies, tool conversations
  * rendered by real chat templates exactly as transformers renders them
  * (tests/data/templates/cases), the generic rendering for a template
@@ -16,9 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jinja.h"
-#include "json.h"
-#include "toolcall.h"
+#include "text/jinja.h"
+#include "text/json.h"
+#include "text/toolcall.h"
 #include "grammar_rig.h"
 #include "test_common.h"
 

@@ -8,8 +8,8 @@
 #include <cmocka.h>
 
 #include "cli.h"
-#include "quant.h"
-#include "util.h"
+#include "format/quant.h"
+#include "base/util.h"
 
 static void test_err_set(void **state) {
     (void)state;

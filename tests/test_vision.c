@@ -36,15 +36,15 @@
 
 #include "cellm.h"
 #include "convert.h"
-#include "forward.h"
-#include "image.h"
+#include "cpu/forward.h"
+#include "format/image.h"
 #include "image_file.h"
 #include "test_common.h"
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <jpeglib.h>
-#include "threadpool.h"
-#include "vision.h"
+#include "base/threadpool.h"
+#include "cpu/vision.h"
 
 #define VIS_TOL_F32 2e-5 /* times max(1, the largest |value|) */
 #define VIS_TOL_F16 2e-3

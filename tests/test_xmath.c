@@ -1,6 +1,6 @@
 /*
  * test_xmath.c — the forward pass's own exp, tanh, sin/cos and pow
- * (src/xmath.h) against libm's double functions: within one float ulp of
+ * (src/base/xmath.h) against libm's double functions: within one float ulp of
  * the true value on a dense sweep of the ranges the forward pass uses
  * (softmax and SiLU arguments, GELU's tanh, RoPE angles up to long
  * contexts, RoPE's base^(-2/d)), and the edge values (NaN, infinities,
@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "xmath.h"
+#include "base/xmath.h"
 
 /* |got - want| in units of the float ulp at want (want as a double). */
 static double ulps(float got, double want) {

@@ -50,7 +50,7 @@
 #include "bench_spec.h"
 #include "cellm.h"
 #include "cli.h"
-#include "gguf.h"
+#include "format/gguf.h"
 #include "store.h"
 
 #define BENCH_DEFAULT_MODEL "smollm2-135m"

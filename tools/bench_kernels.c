@@ -31,9 +31,9 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "matmul.h"
-#include "quant.h"
-#include "threadpool.h"
+#include "cpu/matmul.h"
+#include "format/quant.h"
+#include "base/threadpool.h"
 
 #define MAX_THREADS 64
 #define BATCH 8     /* activation rows of the batched streaming measurement */

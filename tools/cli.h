@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "util.h"
+#include "base/util.h"
 
 /* Prints "cellm: <message>" to stderr; the one error format of the tool. */
 void cli_error(const char *fmt, ...) CELLM_PRINTF(1, 2);

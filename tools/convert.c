@@ -24,12 +24,12 @@
 #include <cjson/cJSON.h>
 
 #include "cli.h"
-#include "gguf.h"
-#include "model.h"
-#include "quant.h"
+#include "format/gguf.h"
+#include "model/model.h"
+#include "format/quant.h"
 #include "quantize.h"
 #include "safetensors.h"
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 /* A family: Hugging Face class name -> GGUF architecture. */
 typedef struct hf_family {

@@ -14,7 +14,7 @@
 
 #include <stdbool.h>
 
-#include "util.h"
+#include "base/util.h"
 
 typedef struct convert_params {
     const char *type;   /* "f16" (default), "f32", "bf16", or a quantize type ("q8_0", ...) */

@@ -14,10 +14,10 @@
 #include <cjson/cJSON.h>
 
 #include "convert.h"
-#include "gguf.h"
-#include "quant.h"
+#include "format/gguf.h"
+#include "format/quant.h"
 #include "safetensors.h"
-#include "vision.h"
+#include "cpu/vision.h"
 
 /* Hugging Face suffix inside a vision layer -> GGUF name inside v.blk.N. */
 static const struct {

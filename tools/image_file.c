@@ -12,7 +12,7 @@
 #include <jpeglib.h>
 #include <png.h>
 
-#include "image.h"
+#include "format/image.h"
 
 static cellm_status check_size(const char *kind, uint64_t w, uint64_t h, cellm_error *err) {
     if (w < 1 || h < 1 || w > IMAGE_MAX_SIDE || h > IMAGE_MAX_SIDE)

@@ -14,8 +14,8 @@
 #include <string.h>
 
 #include "cli.h"
-#include "gguf.h"
-#include "quant.h"
+#include "format/gguf.h"
+#include "format/quant.h"
 #include "store.h"
 
 /* The KV types an engine may use: bytes of 32 elements of a K and of a V
@@ -141,7 +141,7 @@ cellm_status inspect_model(const char *path, const inspect_opts *opts, inspect_r
     /* The KV cache: per layer, per token, K and V rows for every KV head,
      * stored in whole blocks of the KV type. A sliding-window layer holds
      * its window plus the 16-token block being filled, as the paged cache
-     * does (src/kv_cache.c). Blocks of 16 tokens round the context. */
+     * does (src/model/kv_cache.c). Blocks of 16 tokens round the context. */
     r->ctx = opts->ctx ? opts->ctx
                        : (r->context_length && r->context_length < 4096 ? r->context_length : 4096);
     r->sessions = opts->sessions ? opts->sessions : 1;

@@ -8,8 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "quant.h"
-#include "util.h"
+#include "format/quant.h"
+#include "base/util.h"
 
 typedef struct inspect_opts {
     uint64_t ctx;      /* context tokens per session; 0: trained, at most 4096 */

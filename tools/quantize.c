@@ -34,7 +34,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "gguf.h"
+#include "format/gguf.h"
 #include "store.h"
 
 static const quantize_ftype ftypes[] = {

@@ -14,8 +14,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "quant.h"
-#include "util.h"
+#include "format/quant.h"
+#include "base/util.h"
 
 /* A target the command accepts: "Q4_K_M" and so on. */
 typedef struct quantize_ftype {

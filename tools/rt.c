@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "engine.h"
+#include "runtime/engine.h"
 #include "store.h"
 
 cellm_status rt_open(const char *name_or_path, const rt_opts *o, rt *r, cellm_error *err) {

@@ -3,9 +3,9 @@
  * KV cache, thread pool and forward context, opened from a path or store
  * name, and a helper that feeds one sequence in chunks (for run and
  * perplexity; serving many sequences goes through the engine,
- * src/engine.c); and the sampling and stop flags, with llama.cpp's names,
+ * src/runtime/engine.c); and the sampling and stop flags, with llama.cpp's names,
  * parsed into the public cellm_sampling so any command can take them. The
- * chat templates live in the library (src/chat.h).
+ * chat templates live in the library (src/model/chat.h).
  */
 #ifndef CELLM_RT_H
 #define CELLM_RT_H
@@ -15,11 +15,11 @@
 #include <stdio.h>
 
 #include "cellm.h"
-#include "chat.h"
-#include "forward.h"
-#include "gguf.h"
-#include "sampler.h"
-#include "tokenizer.h"
+#include "model/chat.h"
+#include "cpu/forward.h"
+#include "format/gguf.h"
+#include "runtime/sampler.h"
+#include "text/tokenizer.h"
 
 typedef struct rt {
     cellm_model *cm; /* owns m and tok (a handle, so spec_check can compare two) */
@@ -161,7 +161,7 @@ sampler_params rt_sampler_params(const rt_sampling *rs, int32_t ctx);
  * that follow its sequence, feeds them after its pending token in one pass
  * (rt_feed_all), samples row by row exactly as a plain run would, keeps
  * guesses while they equal what it drew, and takes the rest back
- * (kv_seq_truncate): the text is the plain run's (src/spec.c says why).
+ * (kv_seq_truncate): the text is the plain run's (src/runtime/spec.c says why).
  * Guesses come from prompt lookup (spec_lookup) and, where it finds
  * nothing, from a draft model run greedily on its own KV. */
 

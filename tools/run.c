@@ -27,14 +27,14 @@
 #include <math.h>
 
 #include "cli.h"
-#include "engine.h" /* spec_sample */
-#include "grammar.h"
+#include "runtime/engine.h" /* spec_sample */
+#include "text/grammar.h"
 #include "image_file.h"
 #include "rt.h"
 #include "run.h"
-#include "sampler.h"
-#include "schema.h"
-#include "stop.h"
+#include "runtime/sampler.h"
+#include "text/schema.h"
+#include "text/stop.h"
 
 #define RUN_DEFAULT_MODEL "smollm2-135m"
 #define MAX_MSGS 256
@@ -203,7 +203,7 @@ static bool grammar_allows(chat *c, int32_t t) {
 
 /* The next token from `row`: drawn from the whole distribution, and drawn
  * again from what the grammar allows when it refuses that one (as the
- * engine does, src/engine.c). */
+ * engine does, src/runtime/engine.c). */
 static int32_t draw(chat *c, const float *row, int32_t guess, const sampler_dist *q) {
     /* The resample rule: the token at position hist.n against the guess
      * made there (spec.c). */

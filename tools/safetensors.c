@@ -16,7 +16,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "kernels/fp16.h"
+#include "format/kernels/fp16.h"
 
 static const struct {
     const char *name;

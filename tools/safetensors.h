@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "util.h"
+#include "base/util.h"
 
 #define SAFETENSORS_MAX_DIMS 8
 #define SAFETENSORS_MAX_HEADER (100u << 20) /* the reference reader's limit */

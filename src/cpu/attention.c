@@ -1,0 +1,823 @@
+/*
+ * attention.c — K/V vector kernels for attention (see attention.h).
+ * The scalar, AVX2 and NEON variants follow one order of float operations
+ * (the reference's below: 8 lanes with fused multiply-add, a fixed tree to
+ * sum them, the tail into lane 0), so they return the same bits on every
+ * CPU; the kernels of quantized rows do too (fmaf in the scalar version).
+ */
+#include "cpu/attention.h"
+
+#include <assert.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format/kernels/blocks.h"
+#include "format/kernels/fp16.h"
+#include "format/kernels/kernels.h"
+
+/* The signed codes of block ib of a Q5_0 row (x = d * c), unpacked in
+ * plain C for every variant (exact integers, so the SIMD kernels that
+ * convert them get the reference's values); returns d. */
+static inline float q5_0_codes(const void *row, size_t ib, int8_t c[32]) {
+    const block_q5_0 *b = (const block_q5_0 *)row + ib;
+    const uint32_t qh = (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 | (uint32_t)b->qh[2] << 16 |
+                        (uint32_t)b->qh[3] << 24;
+    for (int j = 0; j < 16; j++) {
+        c[j] = (int8_t)(((b->qs[j] & 15) | ((qh >> j) & 1) << 4) - 16);
+        c[j + 16] = (int8_t)(((b->qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16);
+    }
+    return fp16_to_fp32(b->d);
+}
+
+static float ref_dot_f16(const float *q, const uint16_t *k, size_t n) {
+    float lane[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) lane[j] = fmaf(q[i + j], fp16_to_fp32(k[i + j]), lane[j]);
+    for (; i < n; i++) lane[0] = fmaf(q[i], fp16_to_fp32(k[i]), lane[0]);
+    return ((lane[0] + lane[4]) + (lane[1] + lane[5])) +
+           ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+}
+
+static void ref_axpy_f16(float *acc, float w, const uint16_t *v, size_t n) {
+    for (size_t i = 0; i < n; i++) acc[i] = fmaf(w, fp16_to_fp32(v[i]), acc[i]);
+}
+
+static void ref_scale(float *acc, float s, size_t n) {
+    for (size_t i = 0; i < n; i++) acc[i] *= s;
+}
+
+static void ref_dot4_f16(const float *q, const uint16_t *const k[4], size_t n, float out[4]) {
+    for (int j = 0; j < 4; j++) out[j] = ref_dot_f16(q, k[j], n);
+}
+
+static void ref_axpy_rows_f16(float *acc, const float *w, const uint16_t *const *v, size_t nk,
+                              size_t n) {
+    for (size_t j = 0; j < nk; j++) ref_axpy_f16(acc, w[j], v[j], n);
+}
+
+static void ref_scale_round_f16(float *out, const float *x, float s, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = fp16_to_fp32(fp32_to_fp16(x[i] * s));
+}
+
+/* The kv[] entries of the f16 format: the f16 kernels behind the
+ * format-neutral signatures. Value rows go in chunks of pointers copied to
+ * their own type (axpy_rows_f16 gives the same bits for any split). */
+#define KV_F16_WRAPPERS(pfx)                                                                       \
+    static float pfx##_kv_dot_f16(const float *q, const void *k, size_t n) {                       \
+        return pfx##_dot_f16(q, (const uint16_t *)k, n);                                           \
+    }                                                                                              \
+    static void pfx##_kv_dot4_f16(const float *q, const void *const k[4], size_t n,                \
+                                  float out[4]) {                                                  \
+        const uint16_t *const kk[4] = {k[0], k[1], k[2], k[3]};                                    \
+        pfx##_dot4_f16(q, kk, n, out);                                                             \
+    }                                                                                              \
+    static void pfx##_kv_axpy_rows_f16(float *acc, const float *w, const void *const *v,           \
+                                       size_t nk, size_t n) {                                      \
+        const uint16_t *vr[32];                                                                    \
+        for (size_t j = 0; j < nk; j += 32) {                                                      \
+            size_t c = nk - j < 32 ? nk - j : 32;                                                  \
+            for (size_t i = 0; i < c; i++) vr[i] = v[j + i];                                       \
+            pfx##_axpy_rows_f16(acc, w + j, vr, c, n);                                             \
+        }                                                                                          \
+    }
+
+KV_F16_WRAPPERS(ref)
+
+static void store_f16(void *dst, const float *x, size_t n) {
+    uint16_t *d = dst;
+    for (size_t i = 0; i < n; i++) d[i] = fp32_to_fp16(x[i]);
+}
+static void store_q8_0(void *dst, const float *x, size_t n) {
+    ref_quantize_q8_0(x, dst, n);
+}
+static void store_q4_0(void *dst, const float *x, size_t n) {
+    ref_quantize_q4_0(x, dst, n);
+}
+static void store_q5_0(void *dst, const float *x, size_t n) {
+    ref_quantize_q5_0(x, dst, n);
+}
+/* The scale and the 32 codes (as floats, in element order) of block ib of
+ * a quantized row. */
+static inline float block_codes(kv_format f, const void *row, size_t ib, float c[32]) {
+    if (f == KV_FMT_Q8_0) {
+        const block_q8_0 *b = (const block_q8_0 *)row + ib;
+        for (int i = 0; i < 32; i++) c[i] = (float)b->qs[i];
+        return fp16_to_fp32(b->d);
+    }
+    if (f == KV_FMT_Q5_0) {
+        int8_t ci[32];
+        const float d = q5_0_codes(row, ib, ci);
+        for (int i = 0; i < 32; i++) c[i] = (float)ci[i];
+        return d;
+    }
+    const block_q4_0 *b = (const block_q4_0 *)row + ib;
+    for (int i = 0; i < 16; i++) {
+        c[i] = (float)((b->qs[i] & 15) - 8);
+        c[i + 16] = (float)((b->qs[i] >> 4) - 8);
+    }
+    return fp16_to_fp32(b->d);
+}
+
+void attn_kv_dequantize(kv_format format, const void *row, float *out, size_t n) {
+    if (format == KV_FMT_F16) {
+        for (size_t i = 0; i < n; i++) out[i] = fp16_to_fp32(((const uint16_t *)row)[i]);
+        return;
+    }
+    for (size_t ib = 0; ib < n / 32; ib++) {
+        float c[32];
+        const float d = block_codes(format, row, ib, c);
+        for (int i = 0; i < 32; i++) out[32 * ib + i] = d * c[i];
+    }
+}
+
+static inline float lanes_sum(const float l[8]) {
+    return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+}
+
+/* A block's 32 products go into 8 lanes (element i into lane i % 8, in
+ * element order, each a fused multiply-add from zero); the block's scale
+ * then multiplies the lanes into the running ones (fused too); the lanes
+ * are summed in pairs at the end. */
+static float ref_dot_q(kv_format f, const float *q, const void *k, size_t n) {
+    assert(n % 32 == 0);
+    float lane[8] = {0};
+    for (size_t ib = 0; ib < n / 32; ib++, q += 32) {
+        float c[32], part[8] = {0};
+        const float d = block_codes(f, k, ib, c);
+        for (int i = 0; i < 32; i += 8)
+            for (int j = 0; j < 8; j++) part[j] = fmaf(q[i + j], c[i + j], part[j]);
+        for (int j = 0; j < 8; j++) lane[j] = fmaf(d, part[j], lane[j]);
+    }
+    return lanes_sum(lane);
+}
+
+/* acc[i] = fma(w * d, code, acc[i]) per element, row after row. */
+static void ref_axpy_rows_q(kv_format f, float *acc, const float *w, const void *const *v,
+                            size_t nk, size_t n) {
+    assert(n % 32 == 0);
+    for (size_t j = 0; j < nk; j++)
+        for (size_t ib = 0; ib < n / 32; ib++) {
+            float c[32];
+            const float wd = w[j] * block_codes(f, v[j], ib, c);
+            for (int i = 0; i < 32; i++) acc[32 * ib + i] = fmaf(wd, c[i], acc[32 * ib + i]);
+        }
+}
+
+#define REF_Q_KERNELS(fmt, sfx)                                                                    \
+    static float ref_dot_##sfx(const float *q, const void *k, size_t n) {                          \
+        return ref_dot_q(fmt, q, k, n);                                                            \
+    }                                                                                              \
+    static void ref_dot4_##sfx(const float *q, const void *const k[4], size_t n, float out[4]) {   \
+        for (int j = 0; j < 4; j++) out[j] = ref_dot_q(fmt, q, k[j], n);                           \
+    }                                                                                              \
+    static void ref_axpy_rows_##sfx(float *acc, const float *w, const void *const *v, size_t nk,   \
+                                    size_t n) {                                                    \
+        ref_axpy_rows_q(fmt, acc, w, v, nk, n);                                                    \
+    }
+
+REF_Q_KERNELS(KV_FMT_Q8_0, q8_0)
+REF_Q_KERNELS(KV_FMT_Q4_0, q4_0)
+REF_Q_KERNELS(KV_FMT_Q5_0, q5_0)
+
+#define KV_OPS_F16(pfx)                                                                            \
+    { pfx##_kv_dot_f16, pfx##_kv_dot4_f16, pfx##_kv_axpy_rows_f16, store_f16 }
+#define KV_OPS_Q8_0(pfx)                                                                           \
+    { pfx##_dot_q8_0, pfx##_dot4_q8_0, pfx##_axpy_rows_q8_0, store_q8_0 }
+#define KV_OPS_Q4_0(pfx)                                                                           \
+    { pfx##_dot_q4_0, pfx##_dot4_q4_0, pfx##_axpy_rows_q4_0, store_q4_0 }
+#define KV_OPS_Q5_0(pfx)                                                                           \
+    { pfx##_dot_q5_0, pfx##_dot4_q5_0, pfx##_axpy_rows_q5_0, store_q5_0 }
+
+static const attn_kernels ref_kernels = {
+    .dot_f16 = ref_dot_f16,
+    .axpy_f16 = ref_axpy_f16,
+    .scale = ref_scale,
+    .dot4_f16 = ref_dot4_f16,
+    .axpy_rows_f16 = ref_axpy_rows_f16,
+    .scale_round_f16 = ref_scale_round_f16,
+    .kv = {KV_OPS_F16(ref), KV_OPS_Q8_0(ref), KV_OPS_Q4_0(ref), KV_OPS_Q5_0(ref)},
+};
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define AVX2_ATTR __attribute__((target("avx2,fma,f16c")))
+
+/* The end of a dot: the tail elements into lane 0, then the lanes summed
+ * in the reference's order. */
+AVX2_ATTR static inline float dot_finish(__m256 acc, const float *q, const uint16_t *k, size_t i,
+                                         size_t n) {
+    if (i == n) { /* no tail: the same sums in registers */
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        s = _mm_add_ps(s, _mm_shuffle_ps(s, s, _MM_SHUFFLE(2, 3, 0, 1)));
+        return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehl_ps(s, s)));
+    }
+    float lane[8];
+    _mm256_storeu_ps(lane, acc);
+    for (; i < n; i++) lane[0] = __builtin_fmaf(q[i], fp16_to_fp32(k[i]), lane[0]);
+    return ((lane[0] + lane[4]) + (lane[1] + lane[5])) +
+           ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+}
+
+AVX2_ATTR static float avx2_dot_f16(const float *q, const uint16_t *k, size_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i)));
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), kv, acc);
+    }
+    return dot_finish(acc, q, k, i, n);
+}
+
+AVX2_ATTR static void avx2_dot4_f16(const float *q, const uint16_t *const k[4], size_t n,
+                                    float out[4]) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + i);
+        for (int j = 0; j < 4; j++) {
+            __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k[j] + i)));
+            acc[j] = _mm256_fmadd_ps(qv, kv, acc[j]);
+        }
+    }
+    for (int j = 0; j < 4; j++) out[j] = dot_finish(acc[j], q, k[j], i, n);
+}
+
+AVX2_ATTR static void avx2_axpy_f16(float *acc, float w, const uint16_t *v, size_t n) {
+    __m256 wv = _mm256_set1_ps(w);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i)));
+        _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(wv, vv, _mm256_loadu_ps(acc + i)));
+    }
+    for (; i < n; i++) acc[i] = __builtin_fmaf(w, fp16_to_fp32(v[i]), acc[i]);
+}
+
+/* axpy over many rows with 64 columns of acc in registers at a time; the
+ * same fused multiply-add per element and row, in row order, as
+ * avx2_axpy_f16. */
+AVX2_ATTR static void avx2_axpy_rows_f16(float *acc, const float *w, const uint16_t *const *v,
+                                         size_t nk, size_t n) {
+    size_t c = 0;
+    for (; c + 64 <= n; c += 64) {
+        __m256 a[8];
+        for (int u = 0; u < 8; u++) a[u] = _mm256_loadu_ps(acc + c + 8 * u);
+        for (size_t j = 0; j < nk; j++) {
+            const __m256 wv = _mm256_set1_ps(w[j]);
+            const uint16_t *vr = v[j] + c;
+            for (int u = 0; u < 8; u++) {
+                const __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vr + 8 * u)));
+                a[u] = _mm256_fmadd_ps(wv, vv, a[u]);
+            }
+        }
+        for (int u = 0; u < 8; u++) _mm256_storeu_ps(acc + c + 8 * u, a[u]);
+    }
+    if (c < n)
+        for (size_t j = 0; j < nk; j++) avx2_axpy_f16(acc + c, w[j], v[j] + c, n - c);
+}
+
+AVX2_ATTR static void avx2_scale(float *acc, float s, size_t n) {
+    __m256 sv = _mm256_set1_ps(s);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(acc + i, _mm256_mul_ps(_mm256_loadu_ps(acc + i), sv));
+    for (; i < n; i++) acc[i] *= s;
+}
+
+/* F16C rounds to nearest even, as fp32_to_fp16 does. */
+AVX2_ATTR static void avx2_scale_round_f16(float *out, const float *x, float s, size_t n) {
+    const __m256 sv = _mm256_set1_ps(s);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), sv);
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)));
+    }
+    for (; i < n; i++) out[i] = fp16_to_fp32(fp32_to_fp16(x[i] * s));
+}
+
+KV_F16_WRAPPERS(avx2)
+
+/* The 32 codes of block ib of a quantized row as four vectors of 8
+ * floats (elements 0..7, 8..15, 16..23, 24..31); returns the scale. */
+AVX2_ATTR static inline __attribute__((always_inline)) float
+avx2_block_codes(kv_format f, const void *row, size_t ib, __m256 c[4]) {
+    if (f == KV_FMT_Q8_0) {
+        const block_q8_0 *b = (const block_q8_0 *)row + ib;
+        for (int u = 0; u < 4; u++)
+            c[u] = _mm256_cvtepi32_ps(
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * u))));
+        return fp16_to_fp32(b->d);
+    }
+    const __m128i m15 = _mm_set1_epi8(15);
+    __m128i lo, hi;
+    uint16_t dh;
+    if (f == KV_FMT_Q5_0) {
+        /* Q5_0: the nibbles as Q4_0's, plus 16 where bit j of qh is set
+         * (byte j of a vector gets byte j / 8 of qh, tested against bit
+         * j % 8), minus 16: q5_0_codes' integers. */
+        const block_q5_0 *b = (const block_q5_0 *)row + ib;
+        uint32_t qh;
+        memcpy(&qh, b->qh, 4); /* little-endian, as the format */
+        const __m128i raw = _mm_loadu_si128((const __m128i *)b->qs);
+        const __m128i h = _mm_set1_epi32((int)qh);
+        const __m128i bit = _mm_set1_epi64x((long long)0x8040201008040201ull);
+        const __m128i sel_lo = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        const __m128i sel_hi = _mm_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+        const __m128i s16 = _mm_set1_epi8(16);
+        const __m128i hb_lo = _mm_and_si128(
+            _mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(h, sel_lo), bit), bit), s16);
+        const __m128i hb_hi = _mm_and_si128(
+            _mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(h, sel_hi), bit), bit), s16);
+        lo = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(raw, m15), hb_lo), s16);
+        hi = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(raw, 4), m15), hb_hi), s16);
+        dh = b->d;
+    } else {
+        const block_q4_0 *b = (const block_q4_0 *)row + ib;
+        const __m128i raw = _mm_loadu_si128((const __m128i *)b->qs);
+        const __m128i eight = _mm_set1_epi8(8);
+        lo = _mm_sub_epi8(_mm_and_si128(raw, m15), eight);
+        hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m15), eight);
+        dh = b->d;
+    }
+    c[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    c[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    c[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    c[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+    return fp16_to_fp32(dh);
+}
+
+/* The eight lanes summed in the reference's order. */
+AVX2_ATTR static inline float avx2_lanes_sum(__m256 acc) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_shuffle_ps(s, s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehl_ps(s, s)));
+}
+
+/* ref_dot_q's operations, lane for lane. */
+AVX2_ATTR static inline __attribute__((always_inline)) float avx2_dot_q(kv_format f, const float *q,
+                                                                        const void *k, size_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t ib = 0; ib < n / 32; ib++, q += 32) {
+        __m256 c[4], part = _mm256_setzero_ps();
+        const float d = avx2_block_codes(f, k, ib, c);
+        for (int u = 0; u < 4; u++) part = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * u), c[u], part);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), part, acc);
+    }
+    return avx2_lanes_sum(acc);
+}
+
+/* Four keys, the query loaded once per block. */
+AVX2_ATTR static inline __attribute__((always_inline)) void
+avx2_dot4_q(kv_format f, const float *q, const void *const k[4], size_t n, float out[4]) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    for (size_t ib = 0; ib < n / 32; ib++, q += 32) {
+        const __m256 qv[4] = {_mm256_loadu_ps(q), _mm256_loadu_ps(q + 8), _mm256_loadu_ps(q + 16),
+                              _mm256_loadu_ps(q + 24)};
+        for (int j = 0; j < 4; j++) {
+            __m256 c[4], part = _mm256_setzero_ps();
+            const float d = avx2_block_codes(f, k[j], ib, c);
+            for (int u = 0; u < 4; u++) part = _mm256_fmadd_ps(qv[u], c[u], part);
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d), part, acc[j]);
+        }
+    }
+    for (int j = 0; j < 4; j++) out[j] = avx2_lanes_sum(acc[j]);
+}
+
+/* ref_axpy_rows_q's fused multiply-adds, with a block's 32 columns of acc
+ * in registers across the rows. */
+AVX2_ATTR static inline __attribute__((always_inline)) void
+avx2_axpy_rows_q(kv_format f, float *acc, const float *w, const void *const *v, size_t nk,
+                 size_t n) {
+    for (size_t ib = 0; ib < n / 32; ib++) {
+        float *ac = acc + 32 * ib;
+        __m256 a[4];
+        for (int u = 0; u < 4; u++) a[u] = _mm256_loadu_ps(ac + 8 * u);
+        for (size_t j = 0; j < nk; j++) {
+            __m256 c[4];
+            const __m256 wd = _mm256_set1_ps(w[j] * avx2_block_codes(f, v[j], ib, c));
+            for (int u = 0; u < 4; u++) a[u] = _mm256_fmadd_ps(wd, c[u], a[u]);
+        }
+        for (int u = 0; u < 4; u++) _mm256_storeu_ps(ac + 8 * u, a[u]);
+    }
+}
+
+#define AVX2_Q_KERNELS(fmt, sfx)                                                                   \
+    AVX2_ATTR static float avx2_dot_##sfx(const float *q, const void *k, size_t n) {               \
+        return avx2_dot_q(fmt, q, k, n);                                                           \
+    }                                                                                              \
+    AVX2_ATTR static void avx2_dot4_##sfx(const float *q, const void *const k[4], size_t n,        \
+                                          float out[4]) {                                          \
+        avx2_dot4_q(fmt, q, k, n, out);                                                            \
+    }                                                                                              \
+    AVX2_ATTR static void avx2_axpy_rows_##sfx(float *acc, const float *w, const void *const *v,   \
+                                               size_t nk, size_t n) {                              \
+        avx2_axpy_rows_q(fmt, acc, w, v, nk, n);                                                   \
+    }
+
+AVX2_Q_KERNELS(KV_FMT_Q8_0, q8_0)
+AVX2_Q_KERNELS(KV_FMT_Q4_0, q4_0)
+AVX2_Q_KERNELS(KV_FMT_Q5_0, q5_0)
+
+static const attn_kernels avx2_kernels = {
+    .dot_f16 = avx2_dot_f16,
+    .axpy_f16 = avx2_axpy_f16,
+    .scale = avx2_scale,
+    .dot4_f16 = avx2_dot4_f16,
+    .axpy_rows_f16 = avx2_axpy_rows_f16,
+    .scale_round_f16 = avx2_scale_round_f16,
+    .kv = {KV_OPS_F16(avx2), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_Q5_0(avx2)},
+};
+
+/* AVX-512: the same lanes and order as above, two keys' 8-lane chunks in
+ * one zmm (key a in the low 256 bits, key b in the high), so one VCVTPH2PS
+ * converts 16 values and one FMA advances two keys; value rows go 16
+ * columns per register. Each lane takes exactly the operations it takes in
+ * the AVX2 kernels, so the bits are the same. */
+#define AVX512_ATTR __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma,f16c")))
+
+/* Halfs a[0..7] in the low 128 bits, b[0..7] in the high. */
+AVX512_ATTR static inline __m256i avx512_load_f16_pair(const uint16_t *a, const uint16_t *b) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                   _mm_loadu_si128((const __m128i *)b), 1);
+}
+
+AVX512_ATTR static void avx512_dot4_f16(const float *q, const uint16_t *const k[4], size_t n,
+                                        float out[4]) {
+    __m512 a01 = _mm512_setzero_ps(), a23 = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m512 qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(q + i));
+        const __m512 k01 = _mm512_cvtph_ps(avx512_load_f16_pair(k[0] + i, k[1] + i));
+        const __m512 k23 = _mm512_cvtph_ps(avx512_load_f16_pair(k[2] + i, k[3] + i));
+        a01 = _mm512_fmadd_ps(qv, k01, a01);
+        a23 = _mm512_fmadd_ps(qv, k23, a23);
+    }
+    if (i < n) {
+        out[0] = dot_finish(_mm512_castps512_ps256(a01), q, k[0], i, n);
+        out[1] = dot_finish(_mm512_extractf32x8_ps(a01, 1), q, k[1], i, n);
+        out[2] = dot_finish(_mm512_castps512_ps256(a23), q, k[2], i, n);
+        out[3] = dot_finish(_mm512_extractf32x8_ps(a23, 1), q, k[3], i, n);
+        return;
+    }
+    /* No tail: dot_finish's tree for the four keys at once, key j in the
+     * 128-bit lane j: lanes 0..3 plus 4..7, then (0+4)+(1+5) and
+     * (2+6)+(3+7), then their sum. */
+    const __m512 lo = _mm512_shuffle_f32x4(a01, a23, _MM_SHUFFLE(2, 0, 2, 0)),
+                 hi = _mm512_shuffle_f32x4(a01, a23, _MM_SHUFFLE(3, 1, 3, 1));
+    __m512 s = _mm512_add_ps(lo, hi);
+    s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(
+                           _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s)));
+}
+
+/* Columns c..c+16*U-1 of acc in U registers across all the rows. */
+AVX512_ATTR static inline __attribute__((always_inline)) void
+avx512_axpy_cols(float *acc, const float *w, const uint16_t *const *v, size_t nk, size_t c, int U) {
+    __m512 a[8];
+    for (int u = 0; u < U; u++) a[u] = _mm512_loadu_ps(acc + c + 16 * u);
+    for (size_t j = 0; j < nk; j++) {
+        const __m512 wv = _mm512_set1_ps(w[j]);
+        const uint16_t *vr = v[j] + c;
+        for (int u = 0; u < U; u++) {
+            const __m512 vv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr + 16 * u)));
+            a[u] = _mm512_fmadd_ps(wv, vv, a[u]);
+        }
+    }
+    for (int u = 0; u < U; u++) _mm512_storeu_ps(acc + c + 16 * u, a[u]);
+}
+
+AVX512_ATTR static void avx512_axpy_rows_f16(float *acc, const float *w, const uint16_t *const *v,
+                                             size_t nk, size_t n) {
+    size_t c = 0;
+    for (; c + 128 <= n; c += 128) avx512_axpy_cols(acc, w, v, nk, c, 8);
+    if (c + 64 <= n) {
+        avx512_axpy_cols(acc, w, v, nk, c, 4);
+        c += 64;
+    }
+    for (; c + 16 <= n; c += 16) avx512_axpy_cols(acc, w, v, nk, c, 1);
+    if (c < n)
+        for (size_t j = 0; j < nk; j++) avx2_axpy_f16(acc + c, w[j], v[j] + c, n - c);
+}
+
+/* VCVTPS2PH rounds to nearest even, as fp32_to_fp16 does. */
+AVX512_ATTR static void avx512_scale_round_f16(float *out, const float *x, float s, size_t n) {
+    const __m512 sv = _mm512_set1_ps(s);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), sv);
+        _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)));
+    }
+    avx2_scale_round_f16(out + i, x + i, s, n - i);
+}
+
+AVX512_ATTR static float avx512_dot_f16(const float *q, const uint16_t *k, size_t n) {
+    return avx2_dot_f16(q, k, n);
+}
+
+KV_F16_WRAPPERS(avx512)
+
+static const attn_kernels avx512_kernels = {
+    .dot_f16 = avx2_dot_f16,
+    .axpy_f16 = avx2_axpy_f16,
+    .scale = avx2_scale,
+    .dot4_f16 = avx512_dot4_f16,
+    .axpy_rows_f16 = avx512_axpy_rows_f16,
+    .scale_round_f16 = avx512_scale_round_f16,
+    .kv = {KV_OPS_F16(avx512), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_Q5_0(avx2)},
+};
+#endif
+
+#if defined(__aarch64__)
+#include <arm_neon.h>
+
+/* Four f16 values as floats (FCVTL: exact, as fp16_to_fp32). */
+static inline float32x4_t neon_load_f16x4(const uint16_t *p) {
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
+}
+
+/* The end of a dot whose eight lanes are the reference's: lanes 0..3 in
+ * lo, 4..7 in hi. The tail goes into lane 0 with FMA like the lanes, then
+ * the lanes are summed in the reference's order. */
+static inline float neon_dot_finish(float32x4_t lo, float32x4_t hi, const float *q,
+                                    const uint16_t *k, size_t i, size_t n) {
+    if (i < n) {
+        float l0 = vgetq_lane_f32(lo, 0);
+        for (; i < n; i++) l0 = __builtin_fmaf(q[i], fp16_to_fp32(k[i]), l0);
+        lo = vsetq_lane_f32(l0, lo, 0);
+    }
+    const float32x4_t s = vaddq_f32(lo, hi); /* l0+l4, l1+l5, l2+l6, l3+l7 */
+    const float32x4_t p = vpaddq_f32(s, s);  /* (l0+l4)+(l1+l5), (l2+l6)+(l3+l7) */
+    return vgetq_lane_f32(p, 0) + vgetq_lane_f32(p, 1);
+}
+
+static float neon_dot_f16(const float *q, const uint16_t *k, size_t n) {
+    float32x4_t lo = vdupq_n_f32(0.0f), hi = vdupq_n_f32(0.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        lo = vfmaq_f32(lo, vld1q_f32(q + i), neon_load_f16x4(k + i));
+        hi = vfmaq_f32(hi, vld1q_f32(q + i + 4), neon_load_f16x4(k + i + 4));
+    }
+    return neon_dot_finish(lo, hi, q, k, i, n);
+}
+
+/* Four keys with the query loaded once; each key's lanes take the same
+ * operations as in neon_dot_f16. */
+static void neon_dot4_f16(const float *q, const uint16_t *const k[4], size_t n, float out[4]) {
+    float32x4_t lo[4], hi[4];
+    for (int j = 0; j < 4; j++) lo[j] = hi[j] = vdupq_n_f32(0.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const float32x4_t q0 = vld1q_f32(q + i), q1 = vld1q_f32(q + i + 4);
+        for (int j = 0; j < 4; j++) {
+            lo[j] = vfmaq_f32(lo[j], q0, neon_load_f16x4(k[j] + i));
+            hi[j] = vfmaq_f32(hi[j], q1, neon_load_f16x4(k[j] + i + 4));
+        }
+    }
+    for (int j = 0; j < 4; j++) out[j] = neon_dot_finish(lo[j], hi[j], q, k[j], i, n);
+}
+
+/* acc[i] = fma(w, v[i], acc[i]) for every i, vector or tail alike. */
+static void neon_axpy_f16(float *acc, float w, const uint16_t *v, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        vst1q_f32(acc + i, vfmaq_n_f32(vld1q_f32(acc + i), neon_load_f16x4(v + i), w));
+        vst1q_f32(acc + i + 4, vfmaq_n_f32(vld1q_f32(acc + i + 4), neon_load_f16x4(v + i + 4), w));
+    }
+    for (; i < n; i++) acc[i] = __builtin_fmaf(w, fp16_to_fp32(v[i]), acc[i]);
+}
+
+/* axpy over many rows with 64 columns of acc in registers at a time: the
+ * same fused multiply-add per element and row, in row order, as
+ * neon_axpy_f16. */
+static void neon_axpy_rows_f16(float *acc, const float *w, const uint16_t *const *v, size_t nk,
+                               size_t n) {
+    size_t c = 0;
+    for (; c + 64 <= n; c += 64) {
+        float32x4_t a[16];
+        for (int u = 0; u < 16; u++) a[u] = vld1q_f32(acc + c + 4 * u);
+        for (size_t j = 0; j < nk; j++) {
+            const float wj = w[j];
+            const uint16_t *vr = v[j] + c;
+            for (int u = 0; u < 16; u++) a[u] = vfmaq_n_f32(a[u], neon_load_f16x4(vr + 4 * u), wj);
+        }
+        for (int u = 0; u < 16; u++) vst1q_f32(acc + c + 4 * u, a[u]);
+    }
+    if (c < n)
+        for (size_t j = 0; j < nk; j++) neon_axpy_f16(acc + c, w[j], v[j] + c, n - c);
+}
+
+static void neon_scale(float *acc, float s, size_t n) {
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(acc + i, vmulq_n_f32(vld1q_f32(acc + i), s));
+    for (; i < n; i++) acc[i] *= s;
+}
+
+/* FCVTN rounds to nearest even (the FPCR's default mode), subnormals
+ * kept, as fp32_to_fp16 does; FCVTL back is exact. */
+static void neon_scale_round_f16(float *out, const float *x, float s, size_t n) {
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t v = vmulq_n_f32(vld1q_f32(x + i), s);
+        vst1q_f32(out + i, vcvt_f32_f16(vcvt_f16_f32(v)));
+    }
+    for (; i < n; i++) out[i] = fp16_to_fp32(fp32_to_fp16(x[i] * s));
+}
+
+KV_F16_WRAPPERS(neon)
+
+/* The 32 codes of block ib of a quantized row as eight vectors of four
+ * floats, in element order; returns the scale. */
+static inline __attribute__((always_inline)) float neon_block_codes(kv_format f, const void *row,
+                                                                    size_t ib, float32x4_t c[8]) {
+    int8x16_t a, b; /* elements 0..15, 16..31 */
+    float d;
+    if (f == KV_FMT_Q8_0) {
+        const block_q8_0 *bl = (const block_q8_0 *)row + ib;
+        a = vld1q_s8(bl->qs);
+        b = vld1q_s8(bl->qs + 16);
+        d = fp16_to_fp32(bl->d);
+    } else if (f == KV_FMT_Q5_0) {
+        int8_t ci[32];
+        d = q5_0_codes(row, ib, ci);
+        a = vld1q_s8(ci);
+        b = vld1q_s8(ci + 16);
+    } else {
+        const block_q4_0 *bl = (const block_q4_0 *)row + ib;
+        const uint8x16_t raw = vld1q_u8(bl->qs);
+        a = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(15))), vdupq_n_s8(8));
+        b = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(raw, 4)), vdupq_n_s8(8));
+        d = fp16_to_fp32(bl->d);
+    }
+    const int16x8_t h[4] = {vmovl_s8(vget_low_s8(a)), vmovl_s8(vget_high_s8(a)),
+                            vmovl_s8(vget_low_s8(b)), vmovl_s8(vget_high_s8(b))};
+    for (int u = 0; u < 4; u++) {
+        c[2 * u] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(h[u])));
+        c[2 * u + 1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(h[u])));
+    }
+    return d;
+}
+
+/* ref_dot_q's lanes: 0..3 in lo, 4..7 in hi. */
+static inline __attribute__((always_inline)) void neon_dot_block(kv_format f, const float *q,
+                                                                 const void *k, size_t ib,
+                                                                 float32x4_t *lo, float32x4_t *hi) {
+    float32x4_t c[8], plo = vdupq_n_f32(0.0f), phi = vdupq_n_f32(0.0f);
+    const float d = neon_block_codes(f, k, ib, c);
+    for (int u = 0; u < 4; u++) {
+        plo = vfmaq_f32(plo, vld1q_f32(q + 8 * u), c[2 * u]);
+        phi = vfmaq_f32(phi, vld1q_f32(q + 8 * u + 4), c[2 * u + 1]);
+    }
+    *lo = vfmaq_n_f32(*lo, plo, d);
+    *hi = vfmaq_n_f32(*hi, phi, d);
+}
+
+static inline __attribute__((always_inline)) float neon_dot_q(kv_format f, const float *q,
+                                                              const void *k, size_t n) {
+    float32x4_t lo = vdupq_n_f32(0.0f), hi = vdupq_n_f32(0.0f);
+    for (size_t ib = 0; ib < n / 32; ib++) neon_dot_block(f, q + 32 * ib, k, ib, &lo, &hi);
+    return neon_dot_finish(lo, hi, q, NULL, n, n);
+}
+
+static inline __attribute__((always_inline)) void
+neon_dot4_q(kv_format f, const float *q, const void *const k[4], size_t n, float out[4]) {
+    float32x4_t lo[4], hi[4];
+    for (int j = 0; j < 4; j++) lo[j] = hi[j] = vdupq_n_f32(0.0f);
+    for (size_t ib = 0; ib < n / 32; ib++)
+        for (int j = 0; j < 4; j++) neon_dot_block(f, q + 32 * ib, k[j], ib, &lo[j], &hi[j]);
+    for (int j = 0; j < 4; j++) out[j] = neon_dot_finish(lo[j], hi[j], q, NULL, n, n);
+}
+
+/* ref_axpy_rows_q's fused multiply-adds, a block's 32 columns of acc in
+ * registers across the rows. */
+static inline __attribute__((always_inline)) void neon_axpy_rows_q(kv_format f, float *acc,
+                                                                   const float *w,
+                                                                   const void *const *v, size_t nk,
+                                                                   size_t n) {
+    for (size_t ib = 0; ib < n / 32; ib++) {
+        float *ac = acc + 32 * ib;
+        float32x4_t a[8];
+        for (int u = 0; u < 8; u++) a[u] = vld1q_f32(ac + 4 * u);
+        for (size_t j = 0; j < nk; j++) {
+            float32x4_t c[8];
+            const float wd = w[j] * neon_block_codes(f, v[j], ib, c);
+            for (int u = 0; u < 8; u++) a[u] = vfmaq_n_f32(a[u], c[u], wd);
+        }
+        for (int u = 0; u < 8; u++) vst1q_f32(ac + 4 * u, a[u]);
+    }
+}
+
+#define NEON_Q_KERNELS(fmt, sfx)                                                                   \
+    static float neon_dot_##sfx(const float *q, const void *k, size_t n) {                         \
+        return neon_dot_q(fmt, q, k, n);                                                           \
+    }                                                                                              \
+    static void neon_dot4_##sfx(const float *q, const void *const k[4], size_t n, float out[4]) {  \
+        neon_dot4_q(fmt, q, k, n, out);                                                            \
+    }                                                                                              \
+    static void neon_axpy_rows_##sfx(float *acc, const float *w, const void *const *v, size_t nk,  \
+                                     size_t n) {                                                   \
+        neon_axpy_rows_q(fmt, acc, w, v, nk, n);                                                   \
+    }
+
+NEON_Q_KERNELS(KV_FMT_Q8_0, q8_0)
+NEON_Q_KERNELS(KV_FMT_Q4_0, q4_0)
+NEON_Q_KERNELS(KV_FMT_Q5_0, q5_0)
+
+static const attn_kernels neon_kernels = {
+    .dot_f16 = neon_dot_f16,
+    .axpy_f16 = neon_axpy_f16,
+    .scale = neon_scale,
+    .dot4_f16 = neon_dot4_f16,
+    .axpy_rows_f16 = neon_axpy_rows_f16,
+    .scale_round_f16 = neon_scale_round_f16,
+    .kv = {KV_OPS_F16(neon), KV_OPS_Q8_0(neon), KV_OPS_Q4_0(neon), KV_OPS_Q5_0(neon)},
+};
+#endif
+
+static const attn_kernels *chosen = &ref_kernels;
+static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
+
+static void choose(void) {
+    const char *want = getenv("CELLM_KERNELS"); /* "ref": the scalar kernels, as quant.c */
+    if (want && !strcmp(want, "ref")) return;
+#if defined(__x86_64__)
+    if (avx512_cpu_supported() && !(want && !strcmp(want, "avx2")))
+        chosen = &avx512_kernels; /* "avx2": the AVX2 kernels, as quant.c */
+    else if (avx2_cpu_supported())
+        chosen = &avx2_kernels;
+#elif defined(__aarch64__)
+    chosen = &neon_kernels; /* NEON is baseline on AArch64 */
+#endif
+}
+
+const attn_kernels *attn_kernels_get(void) {
+    pthread_once(&choose_once, choose);
+    return chosen;
+}
+
+const attn_kernels *attn_kernels_ref(void) {
+    return &ref_kernels;
+}
+
+const attn_kernels *attn_kernels_variant(const char *name) {
+    if (!strcmp(name, "ref")) return &ref_kernels;
+#if defined(__x86_64__)
+    if (!strcmp(name, "avx2") && avx2_cpu_supported()) return &avx2_kernels;
+    if (!strcmp(name, "avx512") && avx512_cpu_supported()) return &avx512_kernels;
+#elif defined(__aarch64__)
+    if (!strcmp(name, "neon")) return &neon_kernels;
+#endif
+    return NULL;
+}
+
+/* ------------------------------------------------------------ rotation */
+
+#define ROT_MAX 1024
+
+static float rot_signs[ROT_MAX];
+static pthread_once_t rot_once = PTHREAD_ONCE_INIT;
+
+/* The signs of S: the low bit of a splitmix64 sequence from a fixed seed. */
+static void rot_fill(void) {
+    uint64_t st = 0x7C3A5E1F0B9D2468ull;
+    for (int i = 0; i < ROT_MAX; i++) {
+        uint64_t z = (st += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        rot_signs[i] = z & 1 ? -1.0f : 1.0f;
+    }
+}
+
+/* x = W x (unnormalised Walsh-Hadamard, butterflies of growing span). */
+static void fwht(float *x, size_t n) {
+    for (size_t h = 1; h < n; h *= 2)
+        for (size_t i = 0; i < n; i += 2 * h)
+            for (size_t j = i; j < i + h; j++) {
+                const float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+}
+
+void attn_rotate(float *x, size_t n) {
+    assert(n >= 1 && n <= ROT_MAX && (n & (n - 1)) == 0);
+    (void)pthread_once(&rot_once, rot_fill);
+    for (size_t i = 0; i < n; i++) x[i] *= rot_signs[i];
+    fwht(x, n);
+    const float s = 1.0f / sqrtf((float)n);
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+void attn_unrotate(float *x, size_t n) {
+    assert(n >= 1 && n <= ROT_MAX && (n & (n - 1)) == 0);
+    (void)pthread_once(&rot_once, rot_fill);
+    fwht(x, n);
+    const float s = 1.0f / sqrtf((float)n);
+    for (size_t i = 0; i < n; i++) x[i] *= rot_signs[i] * s;
+}

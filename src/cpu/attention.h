@@ -1,0 +1,85 @@
+/*
+ * attention.h — the small vector kernels attention runs over K/V rows as
+ * the KV cache stores them: a dot product of an f32 query with a key, and
+ * acc += w * v for value rows, and their batched forms. Rows are f16, or
+ * Q8_0 / Q5_0 / Q4_0 blocks of 32 (kernels/blocks.h) read directly,
+ * without dequantizing them first. A scalar version, an AVX2/F16C one, an AVX-512
+ * one (f16 rows) and a NEON one, chosen once. Each reduces in a fixed order, so results depend only
+ * on their inputs, and each batched form returns exactly what its single
+ * form returns.
+ *
+ * Also the fixed rotation of the rotated 4-bit KV type: a randomized
+ * Hadamard transform over a head.
+ */
+#ifndef CELLM_ATTENTION_H
+#define CELLM_ATTENTION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/kv_format.h"
+
+/* The kernels of one row format. Quantized rows need n a multiple of 32,
+ * and hold each head's 32-element blocks in order, so a head of a row
+ * starts kv_row_bytes(format, head_dim) bytes after the previous one.
+ * In every format:
+ *   dot(q, k, n): sum of q[i] * k[i];
+ *   dot4: dot for four keys, bit for bit;
+ *   axpy_rows(acc, w, v, nk, n): acc[i] += w[j] * v[j][i] for rows j in
+ *     order, bit for bit the same whatever nk (one row at a time or many);
+ *   store(dst, x, n): x rounded into the format (the same bits in every
+ *     variant: the scalar f16 conversion or the scalar quantizers). */
+typedef struct attn_kv_ops {
+    float (*dot)(const float *q, const void *k, size_t n);
+    void (*dot4)(const float *q, const void *const k[4], size_t n, float out[4]);
+    void (*axpy_rows)(float *acc, const float *w, const void *const *v, size_t nk, size_t n);
+    void (*store)(void *dst, const float *x, size_t n);
+} attn_kv_ops;
+
+/* The n values a row of `format` holds (scalar; for tests and tools). */
+void attn_kv_dequantize(kv_format format, const void *row, float *out, size_t n);
+
+typedef struct attn_kernels {
+    float (*dot_f16)(const float *q, const uint16_t *k, size_t n);
+    void (*axpy_f16)(float *acc, float w, const uint16_t *v, size_t n);
+    void (*scale)(float *acc, float s, size_t n);
+    /* out[j] = dot_f16(q, k[j], n) for four keys, bit for bit: four
+     * independent sums instead of one at a time. */
+    void (*dot4_f16)(const float *q, const uint16_t *const k[4], size_t n, float out[4]);
+    /* for j in 0..nk-1, in order: axpy_f16(acc, w[j], v[j], n), bit for
+     * bit, with acc held in registers across the rows. */
+    void (*axpy_rows_f16)(float *acc, const float *w, const uint16_t *const *v, size_t nk,
+                          size_t n);
+    /* out[i] = x[i] * s rounded to the nearest f16 (ties to even) and back
+     * to f32: the values of fp16_to_fp32(fp32_to_fp16(x[i] * s)) for every
+     * finite x[i] * s. out may be x. */
+    void (*scale_round_f16)(float *out, const float *x, float s, size_t n);
+    /* The row kernels of each format; kv[KV_FMT_F16] are the f16 ones
+     * above. */
+    attn_kv_ops kv[KV_FMT_COUNT];
+} attn_kernels;
+
+/* The best variant for this CPU: AVX-512 where the CPU runs the avx512
+ * matmul kernels, else AVX2/F16C, NEON on AArch64; the scalar one when
+ * $CELLM_KERNELS is "ref", AVX2 when it is "avx2". Thread-safe. */
+const attn_kernels *attn_kernels_get(void);
+
+/* The scalar variant (tests compare the fast one against it). */
+const attn_kernels *attn_kernels_ref(void);
+
+/* The variant named "ref", "avx2", "avx512" (x86-64) or "neon" (AArch64);
+ * NULL when this build or CPU cannot run it. For tests. */
+const attn_kernels *attn_kernels_variant(const char *name);
+
+/* The rotation of the rotated 4-bit KV type, over one head of n elements
+ * (n a power of two, 1..1024): x = H x with H = W S / sqrt(n), S a fixed
+ * diagonal of random signs (from a fixed seed, the same for every head,
+ * layer and model), W the n x n Walsh-Hadamard matrix. H is orthogonal, so
+ * (H q) . (H k) = q . k and sum w_j H v_j = H (sum w_j v_j): attention runs
+ * in the rotated space and un-rotates its output once per head.
+ * attn_unrotate applies H^T = S W / sqrt(n). In place, scalar, a fixed
+ * order of operations. */
+void attn_rotate(float *x, size_t n);
+void attn_unrotate(float *x, size_t n);
+
+#endif /* CELLM_ATTENTION_H */

@@ -1,0 +1,725 @@
+/*
+ * forward.c — the decoder forward pass over a flat batch (see forward.h).
+ *
+ * For every layer, top to bottom:
+ *   norm → Q, K, V (+ biases) → (QK-norm) → RoPE → store K, V in the paged cache →
+ *   attention through the block table → output → (post-norm) → (× scale) →
+ *   residual → norm → gate, up → activation → down (or, in a mixture of
+ *   experts, the router's top k experts' MLPs, weighted) → (post-norm) →
+ *   (× scale) → residual
+ * then the final norm and the classifier, for the rows that want logits.
+ * Architecture differences are fields of the model and layer descriptions.
+ *
+ * Every step treats each row alone with a fixed order of operations, so a
+ * row's result does not depend on the other rows of the batch or on the
+ * number of threads (DESIGN.md: batch-invariant).
+ */
+#include "cpu/forward.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/attention.h"
+#include "format/kernels/fp16.h"
+#include "cpu/matmul.h"
+#include "format/quant.h"
+#include "base/xmath.h"
+
+struct forward_ctx {
+    const model *m;
+    kv_cache *kv;
+    threadpool *tp;
+    const attn_kernels *ak;
+    int32_t max_rows, max_logit_rows;
+    float *x;      /* [rows][n_embd] the residual stream */
+    float *xb;     /* [rows][max(n_embd, q_dim)] normed input / attention output */
+    float *q;      /* [rows][n_head * head_dim] */
+    float *k;      /* [rows][n_head_kv * head_dim] */
+    float *v;      /* [rows][n_head_kv * head_dim_v] */
+    float *att;    /* [rows][n_head * head_dim_v] */
+    float *hb;     /* [rows][max(n_ff, n_embd)] */
+    float *hb2;    /* [rows][n_ff] */
+    float *logits; /* [max_logit_rows][n_vocab] */
+    /* Mixture of experts (NULL when dense): */
+    float *router;  /* [rows][n_expert] router logits, then probabilities */
+    int32_t *sel;   /* [rows][n_expert_used] the chosen experts, ascending */
+    float *sel_w;   /* [rows][n_expert_used] their weights */
+    int32_t *grp;   /* [rows] the batch rows routed to one expert */
+    float *grp_w;   /* [rows] their weights for that expert */
+    float *xg;      /* [rows][n_embd] those rows' normed inputs, gathered */
+    float *og;      /* [rows][n_embd] the expert's outputs for them */
+    float *moe_out; /* [rows][n_embd] the weighted sum over each row's experts */
+    float *bcx;     /* [rows][3 * n_embd] a short-convolution layer's B, C, x (lfm2) */
+    float *acc;     /* [threads][head_dim_v + head_dim + max_ctx] attention scratch */
+    size_t acc_stride;
+    void *scratch; /* quantized activations for matmul */
+    int32_t *logit_rows;
+};
+
+static int32_t max_i32(int32_t a, int32_t b) {
+    return a > b ? a : b;
+}
+
+/* Sizes of each buffer in floats, shared by forward_bytes and create. */
+typedef struct fwd_sizes {
+    size_t x, xb, q, k, v, att, hb, hb2, logits, acc, scratch;
+    size_t router, sel, xg; /* mixture of experts: sel and sel_w, xg and og and moe_out */
+    size_t bcx;
+} fwd_sizes;
+
+static size_t scratch_for(const weight *w, int32_t rows) {
+    return matmul_scratch_size(w->type, w->ne0, rows);
+}
+
+static size_t acc_per_thread(const model *m, int32_t max_ctx) {
+    return (size_t)m->head_dim_v + (size_t)m->head_dim + (size_t)max_ctx;
+}
+
+static fwd_sizes sizes_for(const model *m, int32_t rows, int32_t logit_rows, int n_threads,
+                           int32_t max_ctx) {
+    fwd_sizes s;
+    size_t r = (size_t)rows;
+    int32_t qd = m->n_head * m->head_dim, vd = m->n_head * m->head_dim_v;
+    s.x = r * (size_t)m->n_embd;
+    s.xb = r * (size_t)max_i32(max_i32(m->n_embd, qd), vd);
+    s.q = r * (size_t)qd;
+    s.k = r * (size_t)(m->n_head_kv * m->head_dim);
+    s.v = r * (size_t)(m->n_head_kv * m->head_dim_v);
+    s.att = r * (size_t)vd;
+    int32_t ff = max_i32(m->n_ff, m->n_ff_exp);
+    s.hb = r * (size_t)max_i32(ff, m->n_embd);
+    s.hb2 = r * (size_t)ff;
+    s.router = r * (size_t)m->n_expert;
+    s.sel = r * (size_t)m->n_expert_used;
+    s.xg = m->n_expert ? r * (size_t)m->n_embd : 0;
+    s.bcx = m->n_conv_layers ? r * 3 * (size_t)m->n_embd : 0;
+    s.logits = (size_t)logit_rows * (size_t)m->n_vocab;
+    s.acc = (size_t)n_threads * acc_per_thread(m, max_ctx);
+    /* The largest quantized activation buffer any matmul needs. */
+    size_t sc = scratch_for(&m->output, logit_rows);
+    for (int32_t il = 0; il < m->n_layer; il++) {
+        const layer_desc *L = &m->layers[il];
+        const weight *ws[] = {&L->wq,      &L->wk,        &L->wv,      &L->wo,
+                              &L->w_gate,  &L->w_up,      &L->w_down,  &L->ffn_gate_inp,
+                              &L->up_exps, &L->down_exps, &L->conv_in, &L->conv_out};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+            if (!ws[i]->data) continue;
+            size_t b = scratch_for(ws[i], rows);
+            if (b > sc) sc = b;
+        }
+    }
+    s.scratch = sc;
+    return s;
+}
+
+size_t forward_bytes(const model *m, int32_t max_rows, int32_t max_logit_rows, int n_threads,
+                     int32_t max_ctx) {
+    fwd_sizes s = sizes_for(m, max_rows, max_logit_rows, n_threads, max_ctx);
+    return (s.x + s.xb + s.q + s.k + s.v + s.att + s.hb + s.hb2 + s.logits + s.acc + s.router +
+            2 * s.sel + 3 * s.xg + s.bcx) *
+               sizeof(float) +
+           s.scratch + (size_t)max_rows * sizeof(int32_t) +
+           (m->n_expert ? (size_t)max_rows * (sizeof(int32_t) + sizeof(float)) : 0);
+}
+
+void forward_free(forward_ctx *f) {
+    if (!f) return;
+    free(f->x);
+    free(f->xb);
+    free(f->q);
+    free(f->k);
+    free(f->v);
+    free(f->att);
+    free(f->hb);
+    free(f->hb2);
+    free(f->logits);
+    free(f->acc);
+    free(f->scratch);
+    free(f->logit_rows);
+    free(f->router);
+    free(f->sel);
+    free(f->sel_w);
+    free(f->grp);
+    free(f->grp_w);
+    free(f->xg);
+    free(f->og);
+    free(f->moe_out);
+    free(f->bcx);
+    free(f);
+}
+
+cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_t max_rows,
+                            int32_t max_logit_rows, forward_ctx **out, cellm_error *err) {
+    *out = NULL;
+    if (max_rows < 1 || max_rows > 65536 || max_logit_rows < 1 || max_logit_rows > max_rows)
+        return err_set(err, CELLM_ERR_INVALID_ARG, "batch limits %d rows / %d logit rows are bad",
+                       max_rows, max_logit_rows);
+    forward_ctx *f = calloc(1, sizeof *f);
+    if (!f) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    f->m = m;
+    f->kv = kv;
+    f->tp = tp;
+    f->ak = attn_kernels_get();
+    f->max_rows = max_rows;
+    f->max_logit_rows = max_logit_rows;
+    fwd_sizes s = sizes_for(m, max_rows, max_logit_rows, tp_size(tp), kv->max_ctx);
+    f->acc_stride = acc_per_thread(m, kv->max_ctx);
+    f->x = malloc(s.x * sizeof(float));
+    f->xb = malloc(s.xb * sizeof(float));
+    f->q = malloc(s.q * sizeof(float));
+    f->k = malloc(s.k * sizeof(float));
+    f->v = malloc(s.v * sizeof(float));
+    f->att = malloc(s.att * sizeof(float));
+    f->hb = malloc(s.hb * sizeof(float));
+    f->hb2 = malloc(s.hb2 * sizeof(float));
+    f->logits = malloc(s.logits * sizeof(float));
+    f->acc = malloc(s.acc * sizeof(float));
+    f->scratch = malloc(s.scratch ? s.scratch : 1);
+    f->logit_rows = malloc((size_t)max_rows * sizeof(int32_t));
+    bool moe_ok = true;
+    if (m->n_expert) {
+        f->router = malloc(s.router * sizeof(float));
+        f->sel = malloc(s.sel * sizeof(int32_t));
+        f->sel_w = malloc(s.sel * sizeof(float));
+        f->grp = malloc((size_t)max_rows * sizeof(int32_t));
+        f->grp_w = malloc((size_t)max_rows * sizeof(float));
+        f->xg = malloc(s.xg * sizeof(float));
+        f->og = malloc(s.xg * sizeof(float));
+        f->moe_out = malloc(s.xg * sizeof(float));
+        moe_ok =
+            f->router && f->sel && f->sel_w && f->grp && f->grp_w && f->xg && f->og && f->moe_out;
+    }
+    if (m->n_conv_layers && !(f->bcx = malloc(s.bcx * sizeof(float)))) moe_ok = false;
+    if (!f->x || !f->xb || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2 || !f->logits ||
+        !f->acc || !f->scratch || !f->logit_rows || !moe_ok) {
+        forward_free(f);
+        return err_set(err, CELLM_ERR_NO_MEMORY, "cannot allocate %zu bytes of activations",
+                       forward_bytes(m, max_rows, max_logit_rows, tp_size(tp), kv->max_ctx));
+    }
+    *out = f;
+    return CELLM_OK;
+}
+
+/* ------------------------------------------------------------ row kernels */
+
+/* out = x / rms(x) * w, over n elements. */
+static void rmsnorm(float *out, const float *x, const float *w, int32_t n, float eps) {
+    double ss = 0;
+    for (int32_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int32_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+/* cos/sin of every rotated pair at position `pos`, computed as ggml does
+ * (theta multiplied by base^(-2/d) pair after pair, in float), so rotations
+ * match llama.cpp's to the last bit of theta. pow, sin and cos are
+ * xmath.h's, the same bits on every CPU. */
+static void rope_cache(const model *m, int32_t pos, float base, float scale, float *cs, float *sn) {
+    float theta_scale = xm_powf(base, -2.0f / (float)m->rope_dim);
+    float theta = (float)pos;
+    for (int32_t i = 0; i < m->rope_dim / 2; i++) {
+        float ff = m->rope_freqs ? m->rope_freqs[i] : 1.0f;
+        float t = scale * (theta / ff);
+        xm_sincosf(t, &sn[i], &cs[i]);
+        cs[i] *= m->rope_mscale;
+        sn[i] *= m->rope_mscale;
+        theta *= theta_scale;
+    }
+}
+
+/* Rotates the first rope_dim dimensions of one head. */
+static void rope_head(const model *m, float *h, const float *cs, const float *sn) {
+    int32_t half = m->rope_dim / 2;
+    for (int32_t i = 0; i < half; i++) {
+        int32_t a = m->rope == ROPE_NEOX ? i : 2 * i;
+        int32_t b = m->rope == ROPE_NEOX ? i + half : 2 * i + 1;
+        float x0 = h[a], x1 = h[b];
+        h[a] = x0 * cs[i] - x1 * sn[i];
+        h[b] = x0 * sn[i] + x1 * cs[i];
+    }
+}
+
+/* GELU with the tanh approximation, evaluated as llama.cpp's CPU backend
+ * does (its GGML_GELU_FP16 table): the input rounded to f16, the result
+ * rounded to f16, and the tails cut off at |x| >= 10. Matching this keeps
+ * cellm within llama.cpp's own noise on GELU models. */
+static float gelu_tanh_f16(float h) {
+    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+    return 0.5f * h * (1.0f + xm_tanhf(k * h * (1.0f + 0.044715f * h * h)));
+}
+
+/* The result depends only on the f16 of x, so it is a table of all 65536
+ * f16 inputs, filled once (128 KiB): a lookup instead of tanhf per
+ * element, same values. */
+static uint16_t gelu_table[1 << 16];
+static pthread_once_t gelu_once = PTHREAD_ONCE_INIT;
+static void gelu_table_fill(void) {
+    for (uint32_t i = 0; i < (1u << 16); i++)
+        gelu_table[i] = fp32_to_fp16(gelu_tanh_f16(fp16_to_fp32((uint16_t)i)));
+}
+
+static float gelu_tanh(float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    return fp16_to_fp32(gelu_table[fp32_to_fp16(x)]);
+}
+
+static float silu(float x) {
+    return x / (1.0f + xm_expf(-x));
+}
+
+/* ------------------------------------------------------------ the steps */
+
+typedef struct step {
+    forward_ctx *f;
+    const fwd_row *rows;
+    int32_t n;
+    const layer_desc *L;
+    int32_t il;
+    int32_t ff; /* width of the MLP's hidden rows (n_ff, or an expert's) */
+} step;
+
+/* xb = norm(x) with the layer's attention (which = 0) or MLP (1) norm, or
+ * the final norm (2). */
+static void task_norm(void *arg, int ith, int nth, int which) {
+    step *s = arg;
+    const model *m = s->f->m;
+    const weight *w = which == 0 ? &s->L->attn_norm : which == 1 ? &s->L->ffn_norm : &m->out_norm;
+    long b, e;
+    tp_split(s->n, ith, nth, &b, &e);
+    for (long r = b; r < e; r++)
+        rmsnorm(s->f->xb + r * m->n_embd, s->f->x + r * m->n_embd, w->data, m->n_embd, m->norm_eps);
+}
+static void task_attn_norm(void *arg, int ith, int nth) {
+    task_norm(arg, ith, nth, 0);
+}
+static void task_ffn_norm(void *arg, int ith, int nth) {
+    task_norm(arg, ith, nth, 1);
+}
+
+static void add_bias(float *x, const float *b, int32_t n) {
+    for (int32_t i = 0; i < n; i++) x[i] += b[i];
+}
+
+/* Q/K/V biases, QK-norm, RoPE, and K/V into the cache, per row. */
+static void task_qk(void *arg, int ith, int nth) {
+    step *s = arg;
+    forward_ctx *f = s->f;
+    const model *m = f->m;
+    const layer_desc *L = s->L;
+    int32_t hd = m->head_dim, hdv = m->head_dim_v, qd = m->n_head * hd, kd = m->n_head_kv * hd,
+            vd = m->n_head_kv * hdv;
+    long b, e;
+    tp_split(s->n, ith, nth, &b, &e);
+    for (long r = b; r < e; r++) {
+        float *q = f->q + r * qd, *k = f->k + r * kd, *v = f->v + r * vd;
+        int32_t pos = s->rows[r].pos;
+        if (L->bq.data) add_bias(q, L->bq.data, qd);
+        if (L->bk.data) add_bias(k, L->bk.data, kd);
+        if (L->bv.data) add_bias(v, L->bv.data, vd);
+        float cs[512], sn[512]; /* rope_dim <= head_dim <= 1024 (model_load checks) */
+        if (!L->nope) rope_cache(m, pos, L->rope_base, L->rope_scale, cs, sn);
+        if (L->qk_norm_full) { /* across all heads at once (olmoe) */
+            rmsnorm(q, q, L->q_norm.data, qd, m->norm_eps);
+            rmsnorm(k, k, L->k_norm.data, kd, m->norm_eps);
+        }
+        bool per_head = L->q_norm.data && !L->qk_norm_full;
+        for (int32_t h = 0; h < m->n_head; h++) {
+            if (per_head) rmsnorm(q + h * hd, q + h * hd, L->q_norm.data, hd, m->norm_eps);
+            if (!L->nope) rope_head(m, q + h * hd, cs, sn);
+        }
+        for (int32_t h = 0; h < m->n_head_kv; h++) {
+            if (per_head) rmsnorm(k + h * hd, k + h * hd, L->k_norm.data, hd, m->norm_eps);
+            if (!L->nope) rope_head(m, k + h * hd, cs, sn);
+        }
+        /* Into the cache in its KV type, each head on its own (rotated
+         * first for the rotated type: k and v are not read again). */
+        const kv_cache *kv = f->kv;
+        const attn_kv_ops *kops = &f->ak->kv[kv->kformat], *vops = &f->ak->kv[kv->vformat];
+        uint8_t *kc = kv_k(kv, s->rows[r].seq, L->kv_group, L->kv_index, pos);
+        uint8_t *vc = kv_v(kv, s->rows[r].seq, L->kv_group, L->kv_index, pos);
+        size_t kb = kv_row_bytes(kv->kformat, (size_t)hd),
+               vb = kv_row_bytes(kv->vformat, (size_t)hdv);
+        for (int32_t h = 0; h < m->n_head_kv; h++) {
+            if (kv->rotated) {
+                attn_rotate(k + h * hd, (size_t)hd);
+                attn_rotate(v + h * hdv, (size_t)hdv);
+            }
+            kops->store(kc + h * kb, k + h * hd, (size_t)hd);
+            vops->store(vc + h * vb, v + h * hdv, (size_t)hdv);
+        }
+    }
+}
+
+/* Attention of every (row, head) pair over the row's visible positions,
+ * read through the block table in position order, from rows of the
+ * cache's format (the kernels read quantized rows directly). The rounding
+ * follows llama.cpp's (non-flash) attention: with f16 K, Q is rounded to
+ * f16 like the K it meets (quantized K meets the f32 Q); the softmax is
+ * taken in f32 with a double sum, and the probabilities are rounded to
+ * f16 before they weight V. With the rotated type, Q is rotated like the
+ * keys were, and the weighted sum of rotated values is un-rotated once. */
+static void task_attention(void *arg, int ith, int nth) {
+    step *s = arg;
+    forward_ctx *f = s->f;
+    const model *m = f->m;
+    const layer_desc *L = s->L;
+    const attn_kernels *ak = f->ak;
+    const kv_cache *kv = f->kv;
+    const attn_kv_ops *kops = &ak->kv[kv->kformat], *vops = &ak->kv[kv->vformat];
+    int32_t hd = m->head_dim, hdv = m->head_dim_v, group = m->n_head / m->n_head_kv;
+    size_t kb = kv_row_bytes(kv->kformat, (size_t)hd), vb = kv_row_bytes(kv->vformat, (size_t)hdv);
+    float *acc = f->acc + (size_t)ith * f->acc_stride, *q16 = acc + hdv, *sc = q16 + hd;
+    long b, e;
+    tp_split((long)s->n * m->n_head, ith, nth, &b, &e);
+    for (long t = b; t < e; t++) {
+        long r = t / m->n_head;
+        int32_t h = (int32_t)(t % m->n_head), kvh = h / group;
+        const kv_seq *seq = s->rows[r].seq;
+        int32_t pos = s->rows[r].pos;
+        int32_t lo = L->window > 0 && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
+        const float *q = f->q + r * (long)m->n_head * hd + (long)h * hd;
+        if (kv->kformat == KV_FMT_F16)
+            ak->scale_round_f16(q16, q, 1.0f, (size_t)hd);
+        else
+            memcpy(q16, q, (size_t)hd * sizeof(float));
+        if (kv->rotated) attn_rotate(q16, (size_t)hd);
+        float mx = -INFINITY;
+        /* Scores four keys at a time (dot4 gives each the bits dot would),
+         * then the rest one by one. */
+        int32_t p = lo;
+        for (; p + 4 <= pos + 1; p += 4) {
+            const void *kr[4];
+            float d4[4];
+            for (int j = 0; j < 4; j++)
+                kr[j] = (const uint8_t *)kv_k(kv, seq, L->kv_group, L->kv_index, p + j) + kvh * kb;
+            kops->dot4(q16, kr, (size_t)hd, d4);
+            for (int j = 0; j < 4; j++) sc[p + j - lo] = d4[j];
+        }
+        for (; p <= pos; p++) {
+            const void *kr = (const uint8_t *)kv_k(kv, seq, L->kv_group, L->kv_index, p) + kvh * kb;
+            sc[p - lo] = kops->dot(q16, kr, (size_t)hd);
+        }
+        for (p = lo; p <= pos; p++) {
+            float x = sc[p - lo] * m->attn_scale;
+            if (m->attn_softcap > 0) x = m->attn_softcap * xm_tanhf(x / m->attn_softcap);
+            sc[p - lo] = x;
+            if (x > mx) mx = x;
+        }
+        double sum = 0;
+        for (p = lo; p <= pos; p++) {
+            float w = xm_expf(sc[p - lo] - mx);
+            sc[p - lo] = w;
+            sum += w;
+        }
+        float inv = (float)(1.0 / sum);
+        ak->scale_round_f16(sc, sc, inv, (size_t)(pos - lo + 1)); /* the weights, f16-rounded */
+        memset(acc, 0, (size_t)hdv * sizeof(float));
+        /* The weighted values, a chunk of rows at a time with acc in
+         * registers (axpy_rows: the bits of one row at a time). */
+        for (p = lo; p <= pos;) {
+            enum { CHUNK = 32 };
+            const void *vr[CHUNK];
+            int cnt = 0;
+            const float *w = sc + (p - lo);
+            for (; cnt < CHUNK && p <= pos; cnt++, p++)
+                vr[cnt] = (const uint8_t *)kv_v(kv, seq, L->kv_group, L->kv_index, p) + kvh * vb;
+            vops->axpy_rows(acc, w, vr, (size_t)cnt, (size_t)hdv);
+        }
+        if (kv->rotated) attn_unrotate(acc, (size_t)hdv);
+        memcpy(f->att + r * (long)m->n_head * hdv + (long)h * hdv, acc,
+               (size_t)hdv * sizeof(float));
+    }
+}
+
+/* The residual: x += y, after the layer's post-norm of y where it has one. */
+static void residual_add(step *s, float *y, const weight *post, int ith, int nth) {
+    const model *m = s->f->m;
+    long b, e;
+    tp_split(s->n, ith, nth, &b, &e);
+    for (long r = b; r < e; r++) {
+        float *x = s->f->x + r * m->n_embd;
+        float *yr = y + r * m->n_embd;
+        if (post->data) rmsnorm(yr, yr, post->data, m->n_embd, m->norm_eps); /* in place */
+        if (m->residual_scale != 1.0f)
+            for (int32_t i = 0; i < m->n_embd; i++) x[i] += yr[i] * m->residual_scale;
+        else
+            for (int32_t i = 0; i < m->n_embd; i++) x[i] += yr[i];
+    }
+}
+static void task_attn_residual(void *arg, int ith, int nth) {
+    step *s = arg;
+    residual_add(s, s->f->hb, &s->L->post_attn_norm, ith, nth);
+}
+static void task_ffn_residual(void *arg, int ith, int nth) {
+    step *s = arg;
+    residual_add(s, s->f->hb, &s->L->post_ffn_norm, ith, nth);
+}
+
+/* hb2 = act(gate) * up, with gate in hb2 and up in hb, rows of s->ff. */
+static void task_act(void *arg, int ith, int nth) {
+    step *s = arg;
+    const model *m = s->f->m;
+    int32_t ff = s->ff;
+    long b, e;
+    tp_split(s->n, ith, nth, &b, &e);
+    for (long r = b; r < e; r++) {
+        float *g = s->f->hb2 + r * ff;
+        const float *u = s->f->hb + r * ff;
+        if (m->act == ACT_GELU_TANH) {
+            (void)pthread_once(&gelu_once, gelu_table_fill);
+            for (int32_t i = 0; i < ff; i++) g[i] = gelu_tanh(g[i]) * u[i];
+        } else
+            for (int32_t i = 0; i < ff; i++) g[i] = silu(g[i]) * u[i];
+    }
+}
+
+/* A task over the batch's rows (norms, Q/K prep, residuals, activation):
+ * with fewer rows than ROWS_INLINE (decoding), the calling thread does them
+ * all, as one thread would inside the pool anyway, and the hand-off to the
+ * others is skipped. The same code runs per row either way. */
+#define ROWS_INLINE 4
+static void run_rows(forward_ctx *f, void (*fn)(void *, int, int), step *s) {
+    if (s->n < ROWS_INLINE)
+        fn(s, 0, 1);
+    else
+        tp_run(f->tp, fn, s);
+}
+
+static void mm(forward_ctx *f, const weight *w, const float *x, int32_t rows, float *y) {
+    matmul(f->tp, w->data, w->type, w->ne1, w->ne0, x, rows, y, f->scratch);
+}
+
+/* Two or three weights on the same input (mm() on each gives the same
+ * bits): one quantization of x, one parallel task for all their rows. */
+static void mm_shared(forward_ctx *f, const weight *const *w, float *const *y, int nw,
+                      const float *x, int32_t rows) {
+    matmul_job jobs[3];
+    for (int i = 0; i < nw; i++)
+        jobs[i] = (matmul_job){.w = w[i]->data, .type = w[i]->type, .n = w[i]->ne1, .y = y[i]};
+    matmul_multi(f->tp, jobs, nw, w[0]->ne0, x, rows, f->scratch);
+}
+
+/* The router of one row: softmax over the experts' logits (in place), the
+ * n_used most probable (ties to the lower id), listed in ascending expert
+ * order with their probabilities, renormalised to sum 1 where the family
+ * does so. */
+static void route_row(const model *m, float *p, int32_t *sel, float *w) {
+    int32_t ne = m->n_expert, k = m->n_expert_used;
+    float mx = -INFINITY;
+    for (int32_t e = 0; e < ne; e++)
+        if (p[e] > mx) mx = p[e];
+    double sum = 0;
+    for (int32_t e = 0; e < ne; e++) {
+        p[e] = xm_expf(p[e] - mx);
+        sum += p[e];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int32_t e = 0; e < ne; e++) p[e] *= inv;
+    /* k passes of "the best not yet chosen": k and the expert count are small. */
+    uint8_t chosen[1024] = {0}; /* n_expert <= 1024 (model_load checks) */
+    for (int32_t j = 0; j < k; j++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < ne; e++)
+            if (!chosen[e] && (best < 0 || p[e] > p[best])) best = e;
+        chosen[best] = 1;
+    }
+    int32_t n = 0;
+    float tot = 0;
+    for (int32_t e = 0; e < ne; e++)
+        if (chosen[e]) {
+            sel[n] = e;
+            w[n++] = p[e];
+            tot += p[e];
+        }
+    if (m->moe_norm_topk)
+        for (int32_t j = 0; j < k; j++) w[j] /= tot;
+}
+
+/* The mixture of experts on the normed rows in xb, into hb: the router
+ * picks each row's experts; then, expert by expert, the rows routed to it
+ * are gathered and go through its gate, up and down matrices as one batch
+ * (one read of the expert's weights for all of them), and each row adds
+ * its weighted result. A row's sum runs over its experts in ascending
+ * order and every matmul treats a row alone, so the result does not depend
+ * on the other rows of the batch. Experts no row picked are not read. */
+static void moe(forward_ctx *f, step *s) {
+    const model *m = f->m;
+    const layer_desc *L = s->L;
+    int32_t n = s->n, d = m->n_embd, k = m->n_expert_used, ne = m->n_expert;
+    mm(f, &L->ffn_gate_inp, f->xb, n, f->router);
+    for (int32_t r = 0; r < n; r++)
+        route_row(m, f->router + (size_t)r * ne, f->sel + (size_t)r * k, f->sel_w + (size_t)r * k);
+    memset(f->moe_out, 0, (size_t)n * (size_t)d * sizeof(float));
+    for (int32_t e = 0; e < ne; e++) {
+        int32_t cnt = 0;
+        for (int32_t r = 0; r < n; r++)
+            for (int32_t j = 0; j < k; j++)
+                if (f->sel[(size_t)r * k + j] == e) {
+                    f->grp[cnt] = r;
+                    f->grp_w[cnt++] = f->sel_w[(size_t)r * k + j];
+                }
+        if (!cnt) continue;
+        for (int32_t i = 0; i < cnt; i++)
+            memcpy(f->xg + (size_t)i * d, f->xb + (size_t)f->grp[i] * d, (size_t)d * sizeof(float));
+        weight g = model_expert(&L->gate_exps, ne, e), u = model_expert(&L->up_exps, ne, e),
+               dn = model_expert(&L->down_exps, ne, e);
+        mm_shared(f, (const weight *const[]){&g, &u}, (float *const[]){f->hb2, f->hb}, 2, f->xg,
+                  cnt);
+        step se = *s;
+        se.n = cnt;
+        se.ff = m->n_ff_exp;
+        run_rows(f, task_act, &se);
+        mm(f, &dn, f->hb2, cnt, f->og);
+        for (int32_t i = 0; i < cnt; i++) {
+            float *o = f->moe_out + (size_t)f->grp[i] * d;
+            const float *y = f->og + (size_t)i * d;
+            float w = f->grp_w[i];
+            for (int32_t c = 0; c < d; c++) o[c] += w * y[c];
+        }
+    }
+    memcpy(f->hb, f->moe_out, (size_t)n * (size_t)d * sizeof(float));
+}
+
+/* A short-convolution block (lfm2) on the normed rows in xb, into hb:
+ * in_proj gives B, C and x; each channel's causal convolution of width
+ * conv_l runs over B * x of the sequence's last conv_l - 1 rows (its state)
+ * and this row's; C times that goes through out_proj. The state advances
+ * row by row in batch order, which is each sequence's position order, so
+ * a row sees the same inputs whether its sequence comes in one chunk, in
+ * pieces or token by token. */
+static void conv_block(forward_ctx *f, step *s) {
+    const model *m = f->m;
+    const layer_desc *L = s->L;
+    int32_t n = s->n, d = m->n_embd, w = m->conv_l;
+    mm(f, &L->conv_in, f->xb, n, f->bcx);
+    const float *k = L->conv_k.data; /* [d][w] */
+    for (int32_t r = 0; r < n; r++) {
+        const float *b = f->bcx + (size_t)r * 3 * (size_t)d, *c = b + d, *x = b + 2 * d;
+        float *st = s->rows[r].seq->conv + (size_t)L->conv_index * (size_t)(w - 1) * (size_t)d;
+        float *y = f->xb + (size_t)r * d;
+        for (int32_t ch = 0; ch < d; ch++) {
+            const float *kc = k + (size_t)ch * w;
+            float bx = b[ch] * x[ch], acc = 0;
+            for (int32_t i = 0; i < w - 1; i++) acc += kc[i] * st[(size_t)i * d + ch];
+            acc += kc[w - 1] * bx;
+            for (int32_t i = 0; i + 1 < w - 1; i++)
+                st[(size_t)i * d + ch] = st[(size_t)(i + 1) * d + ch];
+            st[(size_t)(w - 2) * d + ch] = bx;
+            y[ch] = c[ch] * acc;
+        }
+    }
+    mm(f, &L->conv_out, f->xb, n, f->hb);
+}
+
+/* Checks the batch, reserves KV blocks for its new positions. */
+static cellm_status prepare(forward_ctx *f, const fwd_row *rows, int32_t n, cellm_error *err) {
+    if (n < 1 || n > f->max_rows)
+        return err_set(err, CELLM_ERR_INVALID_ARG, "batch of %d rows (limit %d)", n, f->max_rows);
+    int32_t n_logits = 0;
+    for (int32_t r = 0; r < n; r++) {
+        if (!rows[r].seq) return err_set(err, CELLM_ERR_INVALID_ARG, "row %d has no sequence", r);
+        if (rows[r].token < 0 || rows[r].token >= f->m->n_vocab)
+            return err_set(err, CELLM_ERR_INVALID_ARG, "row %d: token %d is not in 0..%d", r,
+                           rows[r].token, f->m->n_vocab - 1);
+        n_logits += rows[r].logits;
+    }
+    if (n_logits > f->max_logit_rows)
+        return err_set(err, CELLM_ERR_INVALID_ARG, "%d rows want logits (limit %d)", n_logits,
+                       f->max_logit_rows);
+    /* Each sequence's rows must continue it in order: row positions are
+     * n_pos, n_pos + 1, ... in batch order. Count them per sequence using
+     * n_pos as a cursor, then reserve and rewind. */
+    cellm_status st = CELLM_OK;
+    int32_t r = 0;
+    for (; r < n; r++) {
+        kv_seq *s = rows[r].seq;
+        if (rows[r].pos != s->n_pos) {
+            st = err_set(err, CELLM_ERR_INVALID_ARG,
+                         "row %d: position %d does not continue its sequence (next is %d)", r,
+                         rows[r].pos, s->n_pos);
+            break;
+        }
+        if ((st = kv_seq_reserve(f->kv, s, 1, err))) break;
+        s->n_pos++;
+    }
+    /* Rewind the cursors; blocks reserved stay with their sequences. */
+    for (int32_t i = r - 1; i >= 0; i--) rows[i].seq->n_pos--;
+    return st;
+}
+
+cellm_status forward_run(forward_ctx *f, const fwd_row *rows, int32_t n, const float **logits,
+                         cellm_error *err) {
+    return forward_run_embd(f, rows, NULL, n, logits, err);
+}
+
+cellm_status forward_run_embd(forward_ctx *f, const fwd_row *rows, const float *const *embd,
+                              int32_t n, const float **logits, cellm_error *err) {
+    cellm_status st = prepare(f, rows, n, err);
+    if (st) return st;
+    const model *m = f->m;
+    int32_t d = m->n_embd;
+    for (int32_t r = 0; r < n; r++) {
+        if (embd && embd[r]) {
+            /* An image's row: its embedding as it is (no embedding scale). */
+            memcpy(f->x + (size_t)r * d, embd[r], (size_t)d * sizeof(float));
+            continue;
+        }
+        matrix_get_row(m->tok_embd.data, m->tok_embd.type, d, rows[r].token, f->x + (size_t)r * d);
+        if (m->emb_scale != 1.0f)
+            for (int32_t i = 0; i < d; i++) f->x[(size_t)r * d + i] *= m->emb_scale;
+    }
+    step s = {f, rows, n, NULL, 0, m->n_ff};
+    for (int32_t il = 0; il < m->n_layer; il++) {
+        const layer_desc *L = &m->layers[il];
+        s.L = L;
+        s.il = il;
+        run_rows(f, task_attn_norm, &s);
+        if (L->is_conv) {
+            conv_block(f, &s);
+        } else {
+            mm_shared(f, (const weight *const[]){&L->wq, &L->wk, &L->wv},
+                      (float *const[]){f->q, f->k, f->v}, 3, f->xb, n);
+            run_rows(f, task_qk, &s);
+            tp_run(f->tp, task_attention, &s);
+            mm(f, &L->wo, f->att, n, f->hb);
+        }
+        run_rows(f, task_attn_residual, &s);
+        run_rows(f, task_ffn_norm, &s);
+        if (L->ffn_gate_inp.data) {
+            moe(f, &s);
+        } else {
+            mm_shared(f, (const weight *const[]){&L->w_gate, &L->w_up},
+                      (float *const[]){f->hb2, f->hb}, 2, f->xb, n);
+            run_rows(f, task_act, &s);
+            mm(f, &L->w_down, f->hb2, n, f->hb);
+        }
+        run_rows(f, task_ffn_residual, &s);
+    }
+    /* The classifier, only for rows that want logits: gather their normed
+     * states into xb, in batch order. */
+    int32_t nl = 0;
+    for (int32_t r = 0; r < n; r++) {
+        if (!rows[r].logits) continue;
+        rmsnorm(f->xb + (size_t)nl * d, f->x + (size_t)r * d, m->out_norm.data, d, m->norm_eps);
+        nl++;
+    }
+    if (nl) {
+        mm(f, &m->output, f->xb, nl, f->logits);
+        if (m->logit_scale != 1.0f)
+            for (size_t i = 0; i < (size_t)nl * (size_t)m->n_vocab; i++)
+                f->logits[i] *= m->logit_scale;
+        if (m->logit_softcap > 0) {
+            float c = m->logit_softcap;
+            for (size_t i = 0; i < (size_t)nl * (size_t)m->n_vocab; i++)
+                f->logits[i] = c * xm_tanhf(f->logits[i] / c);
+        }
+    }
+    /* Advance the sequences and drop blocks that left their windows. */
+    for (int32_t r = 0; r < n; r++) rows[r].seq->n_pos = rows[r].pos + 1;
+    for (int32_t r = 0; r < n; r++) kv_seq_trim(f->kv, rows[r].seq);
+    *logits = f->logits;
+    return CELLM_OK;
+}

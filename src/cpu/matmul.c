@@ -1,0 +1,159 @@
+/*
+ * matmul.c — quantized matrix times a batch of activation rows (see
+ * matmul.h).
+ */
+#include "cpu/matmul.h"
+
+#include <stdbool.h>
+
+#include "format/quant.h"
+
+#define TILE_ROWS 16 /* weight rows kept hot while every activation row passes */
+
+typedef struct mm_task {
+    const quant_type_info *wt, *xt;
+    const uint8_t *w;
+    size_t w_row, x_row; /* bytes per weight row, per quantized activation row */
+    int64_t n, k, m;
+    const float *x;
+    float *y;
+    uint8_t *xq;
+} mm_task;
+
+/* One or several weights on one input (matmul, matmul_multi): their rows
+ * taken as one range, split across the threads in one task. */
+typedef struct mm_multi {
+    mm_task t[MATMUL_MAX_MULTI];
+    int n_t;
+    long total; /* rows of all the weights */
+} mm_multi;
+
+static void quantize_rows(void *arg, int ith, int nth) {
+    mm_task *t = arg;
+    long b, e;
+    tp_split((long)t->m, ith, nth, &b, &e);
+    for (long r = b; r < e; r++)
+        t->xt->from_float(t->x + (size_t)r * (size_t)t->k, t->xq + (size_t)r * t->x_row,
+                          (size_t)t->k);
+}
+
+/* One tile of weight rows [j0, j1) against every activation row: groups of
+ * eight, then four activation rows through dot8_y and dot4_y (each weight
+ * block unpacked once for all of them), then the rest one at a time. Every
+ * (weight row, activation row) pair gets the same arithmetic as vec_dot
+ * whichever path takes it, so results do not depend on m, the tile or the
+ * thread split. */
+static void dot_tile(const mm_task *t, long j0, long j1) {
+    const quant_type_info *wt = t->wt;
+    const size_t n = (size_t)t->n, k = (size_t)t->k;
+    float out[8];
+    int64_t r = 0;
+    if (wt->dot8_y) {
+        for (; r + 8 <= t->m; r += 8) {
+            const uint8_t *xq = t->xq + (size_t)r * t->x_row;
+            float *yr = t->y + (size_t)r * n;
+            for (long j = j0; j < j1; j++) {
+                wt->dot8_y(k, t->w + (size_t)j * t->w_row, 0, xq, t->x_row, out);
+                for (int i = 0; i < 8; i++) yr[(size_t)i * n + (size_t)j] = out[i];
+            }
+        }
+    }
+    if (wt->dot4_y) {
+        for (; r + 4 <= t->m; r += 4) {
+            const uint8_t *xq = t->xq + (size_t)r * t->x_row;
+            float *yr = t->y + (size_t)r * n;
+            for (long j = j0; j < j1; j++) {
+                wt->dot4_y(k, t->w + (size_t)j * t->w_row, 0, xq, t->x_row, out);
+                for (int i = 0; i < 4; i++) yr[(size_t)i * n + (size_t)j] = out[i];
+            }
+        }
+    }
+    for (; r < t->m; r++) {
+        const uint8_t *xq = t->xq + (size_t)r * t->x_row;
+        float *yr = t->y + (size_t)r * n;
+        /* One weight row at a time (the tile's rows stay in L1 for the
+         * next activation row). A tile of four weight rows was tried and
+         * taken out: four interleaved streams prefetch worse, a matvec
+         * from memory ran at half speed and a step with 2 sessions lost
+         * 40%; two rows (AVX-512 Q4_0) ran at a third of the speed from
+         * memory (docs/kernels.md). */
+        for (long j = j0; j < j1; j++) yr[j] = wt->vec_dot(k, t->w + (size_t)j * t->w_row, xq);
+    }
+}
+
+/* This thread's share of the concatenated rows of every weight. */
+static void dot_rows_multi(void *arg, int ith, int nth) {
+    mm_multi *mt = arg;
+    long b, e, base = 0;
+    tp_split(mt->total, ith, nth, &b, &e);
+    for (int i = 0; i < mt->n_t; base += (long)mt->t[i].n, i++) {
+        const mm_task *t = &mt->t[i];
+        long lo = b > base ? b - base : 0, hi = e - base < (long)t->n ? e - base : (long)t->n;
+        for (long j0 = lo; j0 < hi; j0 += TILE_ROWS)
+            dot_tile(t, j0, j0 + TILE_ROWS < hi ? j0 + TILE_ROWS : hi);
+    }
+}
+
+size_t matmul_scratch_size(uint32_t type, int64_t k, int64_t m) {
+    const quant_type_info *wt = quant_type_get(type);
+    if (!wt || !wt->vec_dot) return 0;
+    uint64_t row;
+    if (!quant_nbytes(wt->vec_dot_type, (uint64_t)k, &row)) return 0;
+    return (size_t)row * (size_t)m;
+}
+
+static mm_task make_task(const void *w, uint32_t type, int64_t n, int64_t k, const float *x,
+                         int64_t m, float *y, void *scratch) {
+    mm_task t = {
+        .wt = quant_type_get(type), .w = w, .n = n, .k = k, .m = m, .x = x, .y = y, .xq = scratch};
+    t.xt = quant_type_get(t.wt->vec_dot_type);
+    uint64_t wr, xr;
+    quant_nbytes(type, (uint64_t)k, &wr);
+    quant_nbytes(t.wt->vec_dot_type, (uint64_t)k, &xr);
+    t.w_row = (size_t)wr;
+    t.x_row = (size_t)xr;
+    return t;
+}
+
+static void quantize_input(threadpool *tp, mm_task *t) {
+    if (t->m < 4)
+        quantize_rows(t, 0, 1); /* not worth a dispatch */
+    else
+        tp_run(tp, quantize_rows, t);
+}
+
+void matmul(threadpool *tp, const void *w, uint32_t type, int64_t n, int64_t k, const float *x,
+            int64_t m, float *y, void *scratch) {
+    mm_multi mt = {.n_t = 1, .total = (long)n};
+    mt.t[0] = make_task(w, type, n, k, x, m, y, scratch);
+    quantize_input(tp, &mt.t[0]);
+    tp_run(tp, dot_rows_multi, &mt);
+}
+
+void matmul_multi(threadpool *tp, const matmul_job *jobs, int n_jobs, int64_t k, const float *x,
+                  int64_t m, void *scratch) {
+    mm_multi mt = {.n_t = 0, .total = 0};
+    bool shared = n_jobs <= MATMUL_MAX_MULTI;
+    for (int i = 0; i < n_jobs && shared; i++)
+        shared = quant_type_get(jobs[i].type)->vec_dot_type ==
+                 quant_type_get(jobs[0].type)->vec_dot_type;
+    if (!shared) { /* one input format per call: each weight on its own */
+        for (int i = 0; i < n_jobs; i++)
+            matmul(tp, jobs[i].w, jobs[i].type, jobs[i].n, k, x, m, jobs[i].y, scratch);
+        return;
+    }
+    for (int i = 0; i < n_jobs; i++) {
+        mt.t[i] = make_task(jobs[i].w, jobs[i].type, jobs[i].n, k, x, m, jobs[i].y, scratch);
+        mt.total += (long)jobs[i].n;
+    }
+    mt.n_t = n_jobs;
+    quantize_input(tp, &mt.t[0]); /* the same quantized rows serve every weight */
+    tp_run(tp, dot_rows_multi, &mt);
+}
+
+void matrix_get_row(const void *w, uint32_t type, int64_t k, int64_t row, float *out) {
+    const quant_type_info *wt = quant_type_get(type);
+    uint64_t rb;
+    quant_nbytes(type, (uint64_t)k, &rb);
+    wt->to_float((const uint8_t *)w + (size_t)rb * (size_t)row, out, (size_t)k);
+}

@@ -1,0 +1,52 @@
+/*
+ * matmul.h — y = x·Wᵀ for a quantized weight matrix W (n rows of k
+ * elements, any type with a vec_dot in the type table) and m activation
+ * rows x (f32). The activation rows are quantized once to W's vec_dot_type,
+ * then each thread takes a contiguous range of W's rows and, for each small
+ * tile of them, runs every activation row over the tile while it is in
+ * cache, so one read of the weights serves the whole batch.
+ *
+ * Every y[r][j] is one vec_dot call on row r alone: a row's result is
+ * bit-identical whatever m is and however many threads run.
+ */
+#ifndef CELLM_MATMUL_H
+#define CELLM_MATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/threadpool.h"
+
+/* Bytes of scratch matmul needs to quantize `m` rows of `k` elements for a
+ * weight of `type` (0 if the type has no vec_dot). */
+size_t matmul_scratch_size(uint32_t type, int64_t k, int64_t m);
+
+/* y[m][n] = x[m][k] · W[n][k]ᵀ. `scratch` holds matmul_scratch_size()
+ * bytes. `type` must have a vec_dot; k must be whole blocks of it and of its
+ * vec_dot_type (the model loader checks both). */
+void matmul(threadpool *tp, const void *w, uint32_t type, int64_t n, int64_t k, const float *x,
+            int64_t m, float *y, void *scratch);
+
+/* One weight of matmul_multi: y[m][n] = x · Wᵀ. */
+typedef struct matmul_job {
+    const void *w;
+    uint32_t type;
+    int64_t n;
+    float *y;
+} matmul_job;
+
+#define MATMUL_MAX_MULTI 4
+
+/* matmul() of up to MATMUL_MAX_MULTI weights on the same input x[m][k]
+ * (Q, K and V; gate and up): x is quantized once and all their rows are
+ * one parallel task, so two hand-offs between threads instead of two per
+ * weight. Each y[r][j] is the same vec_dot as matmul() gives. Weights
+ * whose vec_dot_type differs from the first's run as separate matmuls.
+ * `scratch` as for matmul() with the first weight's type. */
+void matmul_multi(threadpool *tp, const matmul_job *jobs, int n_jobs, int64_t k, const float *x,
+                  int64_t m, void *scratch);
+
+/* Dequantizes row `row` of a matrix of `type` with `k` elements per row. */
+void matrix_get_row(const void *w, uint32_t type, int64_t k, int64_t row, float *out);
+
+#endif /* CELLM_MATMUL_H */

@@ -1,0 +1,314 @@
+/*
+ * x86_avx512.c — AVX-512 (F, BW, VL) with VNNI versions of the 32-element
+ * dot products (Q4_0, Q5_0, Q8_0 against A8; Q4_1 against A8S) and of Q4_K
+ * against Q8_K: the single dot and the tiles of four (and, for the
+ * 32-element types, eight) activation rows that batched matmul spends its
+ * time in. quant.c puts them in the table over the AVX2 ones when the CPU
+ * and OS have all four extensions.
+ *
+ * They return bit for bit what the AVX2 kernels return
+ * (tests/test_kernels_simd.c checks it), so a table can mix the two. One
+ * 512-bit register holds two blocks: its low half is the AVX2 kernels'
+ * even-block accumulator, its high half their odd-block one. VPDPBUSD
+ * forms the same exact integer sums as VPMADDUBSW + VPMADDWD (no pair
+ * saturates: see dot_i8x32), the scale of each block is the same float
+ * product, and the end is the same: add the halves, sum eight lanes, add
+ * the minimum term. What changes is the work per block: one instruction
+ * for the integer dot, codes and scales of two blocks loaded at once from
+ * the A8 rows. Q4_K keeps dot_tile_k's arithmetic: exact integer sums per
+ * super-block, then the reference's float expression.
+ */
+#if defined(__x86_64__)
+
+#include <assert.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "format/kernels/blocks.h"
+#include "format/kernels/kernels.h"
+#include "format/kernels/x86_common.h"
+
+/* How far ahead of the block being read the Q4_0 and Q4_K loops prefetch
+ * their weight row (into the next rows: matmul's rows are contiguous). The
+ * hardware prefetcher alone left a matvec from memory about 20% slower
+ * than from cache (docs/benchmarks.md); 4-16 KiB ahead all closed most of
+ * that gap, 8 KiB was best. A prefetch never faults past the end. */
+#define PREFETCH_AHEAD 8192
+
+/* The address is formed as an integer: it may lie past the row's object. */
+static inline void prefetch_ahead(const void *p, size_t extra) {
+    __builtin_prefetch((const void *)((uintptr_t)p + PREFETCH_AHEAD + extra), 0, 3);
+}
+#define AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+
+/* libgcc's checks include the OS saving the ZMM and mask registers. */
+bool avx512_cpu_supported(void) {
+    __builtin_cpu_init();
+    return avx2_cpu_supported() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vnni");
+}
+
+/* sum of x * y over each group of four bytes: x unsigned (q4_1) or, for
+ * the signed kinds, |x| against y negated where x < 0 — the products of
+ * dot_i8x32, summed exactly. */
+AVX512 static inline __attribute__((always_inline)) __m512i
+dot_pairs_512(int kind, __m512i qx, __m512i ax, __mmask64 neg, __m512i qy) {
+    const __m512i zero = _mm512_setzero_si512();
+    if (kind == W_Q4_1) return _mm512_dpbusd_epi32(zero, qx, qy);
+    return _mm512_dpbusd_epi32(zero, ax, _mm512_mask_sub_epi8(qy, neg, zero, qy));
+}
+
+AVX512 static inline __attribute__((always_inline)) __m256i dot_pairs_256(int kind, __m256i qx,
+                                                                          __m256i qy) {
+    const __m256i zero = _mm256_setzero_si256();
+    if (kind == W_Q4_1) return _mm256_dpbusd_epi32(zero, qx, qy);
+    const __mmask32 neg = _mm256_movepi8_mask(qx);
+    return _mm256_dpbusd_epi32(zero, _mm256_abs_epi8(qx), _mm256_mask_sub_epi8(qy, neg, zero, qy));
+}
+
+/* One weight row against ny (1, 4 or 8) activation rows of stride ys, into
+ * out[j]; the arithmetic of dot_tile_32 in x86_avx2.c, two blocks at a
+ * time. */
+AVX512 static inline __attribute__((always_inline)) void
+dot_row_512(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny, float *out) {
+    assert(n % QK8_0 == 0);
+    const size_t xbytes = kind == W_Q4_0   ? sizeof(block_q4_0)
+                          : kind == W_Q4_1 ? sizeof(block_q4_1)
+                          : kind == W_Q5_0 ? sizeof(block_q5_0)
+                                           : sizeof(block_q8_0);
+    const size_t nb = n / QK8_0;
+    const float *yd[8], *ysum[8];
+    const int8_t *yq[8];
+    __m512 acc[8];
+    __m128 mins[8]; /* Q4_1's minimum term: even blocks in lane 0, odd in lane 1 */
+#pragma GCC unroll 8
+    for (int j = 0; j < ny; j++) {
+        const uint8_t *row = y + j * ys;
+        yd[j] = a8_scales(row);
+        ysum[j] = a8s_sums(row, nb);
+        yq[j] = kind == W_Q4_1 ? a8s_codes(row, nb) : a8_codes(row, nb);
+        acc[j] = _mm512_setzero_ps();
+        mins[j] = _mm_setzero_ps();
+    }
+    /* Lanes 0..7 take the first scale of a pair, 8..15 the second. */
+    const __m512i pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i dm_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+    size_t ib = 0;
+    if (kind == W_Q4_0 || kind == W_Q4_1) {
+        /* The 4-bit kinds have their own loop: fewer instructions per
+         * block pair. The nibbles go to VPDPBUSD's unsigned side as they
+         * are; for Q4_0 the -8 offset comes off the integer sums as 8
+         * times the group sums of y, so p[k] is the same exact integer.
+         * The two scale products are taken in two lanes and then spread;
+         * Q4_1's minimum term is the same FMA on its block sums as in the
+         * loop below. */
+        const __m512i nib_shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+        const __m512i low4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+        const __m512i zero = _mm512_setzero_si512();
+        const size_t qs_at = kind == W_Q4_0 ? 2 : 4; /* the codes follow d (and m) */
+        for (; ib + 2 <= nb; ib += 2) {
+            const uint8_t *b0 = x + ib * xbytes, *b1 = b0 + xbytes;
+            /* One prefetch per two pairs (72-80 bytes, about a line):
+             * one per pair cost Q4_0 4% from memory (0.60 against 0.575
+             * ns a block, one thread). */
+            if (!(ib & 2)) prefetch_ahead(b0, 0);
+            /* qs of block 0 in 128-bit lanes 0 and 1, of block 1 in 2 and
+             * 3; lanes 1 and 3 shifted down four bits: elements 0..31 of
+             * block 0, then of block 1, the order of the A8 codes. */
+            const __m256i r0 =
+                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + qs_at)));
+            const __m256i r1 =
+                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b1 + qs_at)));
+            const __m512i raw = _mm512_inserti64x4(_mm512_castsi256_si512(r0), r1, 1);
+            const __m512i qx = _mm512_and_si512(_mm512_srlv_epi64(raw, nib_shift), low4);
+            __m128 dx2, mx2 = _mm_setzero_ps();
+            if (kind == W_Q4_0) {
+                uint16_t h0, h1;
+                memcpy(&h0, b0, 2);
+                memcpy(&h1, b1, 2);
+                dx2 = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(h0), h1, 1));
+            } else {
+                /* d0, m0, d1, m1 converted at once, then d0, d1 and m0, m1. */
+                int h0, h1;
+                memcpy(&h0, b0, 4);
+                memcpy(&h1, b1, 4);
+                const __m128 dm = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(h0), h1, 1));
+                dx2 = _mm_shuffle_ps(dm, dm, _MM_SHUFFLE(2, 0, 2, 0));
+                mx2 = _mm_shuffle_ps(dm, dm, _MM_SHUFFLE(3, 1, 3, 1));
+            }
+#pragma GCC unroll 8
+            for (int j = 0; j < ny; j++) {
+                const __m512i qy = _mm512_loadu_si512((const void *)(yq[j] + ib * QK8_0));
+                __m512i p = _mm512_dpbusd_epi32(zero, qx, qy);
+                if (kind == W_Q4_0) p = _mm512_sub_epi32(p, _mm512_dpbusd_epi32(zero, eight, qy));
+                const __m128 d2 = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(yd[j] + ib)));
+                const __m512 s =
+                    _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(_mm_mul_ps(dx2, d2)));
+                acc[j] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[j]);
+                if (kind == W_Q4_1) {
+                    const __m128 s2 =
+                        _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(ysum[j] + ib)));
+                    mins[j] = _mm_fmadd_ps(mx2, s2, mins[j]);
+                }
+            }
+        }
+    }
+    for (; kind != W_Q4_0 && kind != W_Q4_1 && ib + 2 <= nb; ib += 2) {
+        /* The F16 scale (and Q4_1's minimum) at the start of both blocks,
+         * converted at once: d0, m0, d1, m1. */
+        const uint8_t *b0 = x + ib * xbytes, *b1 = b0 + xbytes;
+        int h0, h1;
+        memcpy(&h0, b0, 4);
+        memcpy(&h1, b1, 4);
+        const __m128 dm = _mm_cvtph_ps(_mm_setr_epi32(h0, h1, 0, 0));
+        const __m512 dxv = _mm512_permutexvar_ps(dm_idx, _mm512_castps128_ps512(dm));
+        const __m128 mxv = _mm_shuffle_ps(dm, dm, _MM_SHUFFLE(3, 1, 3, 1));
+        const __m512i qx =
+            _mm512_inserti64x4(_mm512_castsi256_si512(codes_w32(kind, b0)), codes_w32(kind, b1), 1);
+        const __m512i ax = _mm512_abs_epi8(qx);
+        const __mmask64 neg = _mm512_movepi8_mask(qx);
+#pragma GCC unroll 8
+        for (int j = 0; j < ny; j++) {
+            const __m512i qy = _mm512_loadu_si512((const void *)(yq[j] + ib * QK8_0));
+            const __m512i p = dot_pairs_512(kind, qx, ax, neg, qy);
+            const __m128 d2 = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(yd[j] + ib)));
+            const __m512 dyv = _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(d2));
+            acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(dxv, dyv), _mm512_cvtepi32_ps(p), acc[j]);
+            if (kind == W_Q4_1) {
+                const __m128 s2 =
+                    _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(ysum[j] + ib)));
+                mins[j] = _mm_fmadd_ps(mxv, s2, mins[j]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < ny; j++) {
+        __m256 even = _mm512_castps512_ps256(acc[j]);
+        float min_even = _mm_cvtss_f32(mins[j]), min_odd = _mm_cvtss_f32(_mm_movehdup_ps(mins[j]));
+        const __m256 odd = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[j]), 1));
+        if (ib < nb) { /* an odd count: the last block is an even one */
+            float dx, mx = 0.0f;
+            const __m256i qx = load_w32(kind, x + ib * xbytes, &dx, &mx);
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)(yq[j] + ib * QK8_0));
+            const __m256i p = dot_pairs_256(kind, qx, qy);
+            even = _mm256_fmadd_ps(_mm256_set1_ps(dx * yd[j][ib]), _mm256_cvtepi32_ps(p), even);
+            if (kind == W_Q4_1) min_even = __builtin_fmaf(mx, ysum[j][ib], min_even);
+        }
+        out[j] = hsum_f32x8(_mm256_add_ps(even, odd)) + (min_even + min_odd);
+    }
+}
+
+#define DOT32_512(name, kind)                                                                      \
+    AVX512 float avx512_vec_dot_##name(size_t n, const void *x, const void *y) {                   \
+        float out[1];                                                                              \
+        dot_row_512(kind, n, x, y, 0, 1, out);                                                     \
+        return out[0];                                                                             \
+    }                                                                                              \
+    AVX512 void avx512_dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys, \
+                                     float out[4]) {                                               \
+        (void)xs;                                                                                  \
+        dot_row_512(kind, n, x, y, ys, 4, out);                                                    \
+    }                                                                                              \
+    AVX512 void avx512_dot8_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys, \
+                                     float out[8]) {                                               \
+        (void)xs;                                                                                  \
+        dot_row_512(kind, n, x, y, ys, 8, out);                                                    \
+    }
+
+DOT32_512(q4_0_a8, W_Q4_0)
+DOT32_512(q4_1_a8s, W_Q4_1)
+DOT32_512(q5_0_a8, W_Q5_0)
+DOT32_512(q8_0_a8, W_Q8_0)
+
+/* Q4_K against Q8_K, one weight row against ny (1 or 4) activation rows:
+ * the integer sums of each super-block exactly, then the reference's float
+ * expression, as dot_tile_k in x86_avx2.c. Bytes 32c..32c+31 of the codes
+ * hold groups 2c and 2c + 1 (low and high nibbles): broadcast to both
+ * halves of a register and the high half shifted down four bits, they line
+ * up with the 64 contiguous activation codes of those two groups, one load.
+ * VPMADDUBSW forms the pairs (<= 2 * 15 * 127: no saturation), VPDPWSSD
+ * multiplies them by the group's scale and adds them into 32-bit lanes. The
+ * block's integer sum and its minimum sum are reduced together and both
+ * products taken in two lanes: the same exact integers, the same float
+ * products, the same order of the additions. */
+AVX512 static inline __attribute__((always_inline)) void
+dot_tile_q4k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny, float *out) {
+    assert(n % QK_K == 0);
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const __m512i nib_shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+    /* Words 0..15 take the scale of group 2c, 16..31 of group 2c + 1. */
+    __m512i sidx[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++)
+        sidx[c] = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * c)),
+                                     _mm256_set1_epi16((short)(2 * c + 1)), 1);
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (size_t ib = 0; ib < n / QK_K; ib++) {
+        const block_q4_K *xb = (const block_q4_K *)x + ib;
+        prefetch_ahead(xb, 0);
+        prefetch_ahead(xb, 64);
+        prefetch_ahead(xb, 128);
+        uint8_t sc[8], m[8];
+        k4_scales_mins(xb->scales, sc, m);
+        uint64_t sc8;
+        memcpy(&sc8, sc, 8);
+        const __m512i s16 =
+            _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
+        /* the mins as words, each twice: m0, m0, m1, m1, ... */
+        const __m128i m8 = _mm_loadl_epi64((const __m128i *)m);
+        const __m256i m2 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+        __m512i q[4], scale[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            const __m512i raw =
+                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xb->qs + 32 * c)));
+            q[c] = _mm512_and_si512(_mm512_srlv_epi64(raw, nib_shift), low4);
+            scale[c] = _mm512_permutexvar_epi16(sidx[c], s16);
+        }
+        /* d and dmin, adjacent F16 values, at once; both lanes times y's d. */
+        uint32_t ddm;
+        memcpy(&ddm, &xb->d, 4);
+        const __m128 dxm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)ddm));
+#pragma GCC unroll 4
+        for (int j = 0; j < ny; j++) {
+            const block_q8_K *yb = (const block_q8_K *)(y + j * ys) + ib;
+            __m512i isum = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                const __m512i yc = _mm512_loadu_si512((const void *)(yb->qs + 64 * c));
+                isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[c], yc), scale[c]);
+            }
+            /* The minimum sum: m[g] times each of group g's two sums of 16. */
+            const __m256i mp =
+                _mm256_madd_epi16(m2, _mm256_loadu_si256((const __m256i *)yb->bsums));
+            const __m256i i8 =
+                _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
+            const __m256i t = _mm256_hadd_epi32(i8, mp);
+            const __m128i t4 =
+                _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+            /* lane 0: the integer sum, lane 1: the minimum sum (exact). */
+            const __m128i both = _mm_hadd_epi32(t4, _mm_setzero_si128());
+            const __m128 prod =
+                _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(yb->d), dxm), _mm_cvtepi32_ps(both));
+            /* yb->d * dx * is - yb->d * dmin * msum, as the reference. */
+            sum[j] += _mm_cvtss_f32(prod) - _mm_cvtss_f32(_mm_movehdup_ps(prod));
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < ny; j++) out[j] = sum[j];
+}
+
+AVX512 float avx512_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y) {
+    float out[1];
+    dot_tile_q4k_512(n, x, y, 0, 1, out);
+    return out[0];
+}
+
+AVX512 void avx512_dot4_y_q4_k_q8_k(size_t n, const void *x, size_t xs, const void *y, size_t ys,
+                                    float out[4]) {
+    (void)xs;
+    dot_tile_q4k_512(n, x, y, ys, 4, out);
+}
+
+#endif /* __x86_64__ */

@@ -1,0 +1,453 @@
+/*
+ * engine.h — the insides of the public engine API, shared by engine.c (the
+ * handles, submission, the engine thread and its step loop, the QoS policy
+ * and trimming), scheduler.c (the queues and the plan of each step's flat
+ * batch) and session.c (chat sessions and the KV they keep).
+ *
+ * Threads and locks. Application threads call the public functions; one
+ * engine thread per engine runs steps (and every callback); the thread
+ * pool's workers only ever run forward-pass tasks for the engine thread.
+ * `cellm_engine.mu` guards what application threads and the engine thread
+ * share: the incoming list, the stop flag, the published stats, the QoS
+ * policy, pending trims and session frees, in each request the `cancel`,
+ * `done`, `refs` and `result` fields, and in each session `turn` and the
+ * free handshake. Everything else the engine thread owns alone (the KV
+ * cache, the forward context, the running and waiting queues, each
+ * request's sequence state, each session's kept KV), or is written once
+ * before the engine thread can see it (a request's fixed parameters, set
+ * before it is put on the incoming list under `mu`).
+ */
+#ifndef CELLM_ENGINE_H
+#define CELLM_ENGINE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cellm.h"
+#include "model/chat.h"
+#include "cpu/forward.h"
+#include "text/grammar.h"
+#include "runtime/sampler.h"
+#include "text/stop.h"
+#include "text/tokenizer.h"
+
+struct cellm_model {
+    model *m;
+    tokenizer *tok;
+    bool has_chat; /* false: chat_err says why messages cannot be served */
+    chat_tpl chat; /* owned; valid when has_chat */
+    char chat_err[CELLM_ERR_MSG_MAX];
+    /* The prefix tree of the token bytes, for grammars: built by the
+     * first request with a grammar (engine_grammar.c), under gv_mu. */
+    pthread_mutex_t gv_mu;
+    grammar_vocab *gv;
+};
+
+/* A grammar handle: the compiled grammar and its references. */
+struct cellm_grammar {
+    grammar *g;
+    atomic_int refs;
+};
+
+#define REQ_MAX_STOP 16
+
+/* Work an application thread hands to the engine thread (engine_run_job):
+ * fn(e, arg) runs between two steps, where the engine thread owns the KV
+ * cache. */
+typedef struct engine_job {
+    void (*fn)(cellm_engine *e, void *arg);
+    void *arg;
+    bool done; /* guarded by mu */
+    struct engine_job *next;
+} engine_job;
+
+/* A chat session (session.c). */
+struct cellm_session {
+    cellm_engine *e;
+
+    /* Fixed at creation. */
+    cellm_sampling sampling; /* logit_bias points to `bias` */
+    cellm_logit_bias *bias;
+    int32_t max_tokens;
+
+    /* The conversation: contents owned (roles are static strings). The
+     * owner's while no turn runs; the engine thread's while one does (it
+     * appends the reply, or takes back the user message, before clearing
+     * `turn` under mu). Capacity for two more is reserved at each send, so
+     * the engine thread never allocates. */
+    cellm_chat_message *msgs;
+    int32_t n_msgs, cap_msgs;
+
+    /* Engine thread only: the kept KV. seq.n_pos positions hold the K/V
+     * of kept[0 .. seq.n_pos). While a turn runs, its request holds the
+     * blocks (the two swap block tables at admission and at the end). */
+    kv_seq seq;
+    int32_t *kept; /* [engine max_ctx] */
+    int32_t n_kept_blocks;
+    cellm_session *lru_prev, *lru_next; /* idle with kept blocks: e->lru list */
+    bool in_lru;
+
+    /* Guarded by e->mu. */
+    cellm_request *turn;      /* the turn in flight, NULL when idle */
+    bool free_pending;        /* freed from a callback mid-turn: freed when it ends */
+    bool dropped;             /* the engine thread has let go of it (after a free) */
+    cellm_session *next_free; /* e->session_frees */
+};
+
+struct cellm_request {
+    cellm_engine *e;
+
+    /* Fixed at submit, before the engine thread sees the request. */
+    uint64_t arrival; /* submission order; ties between equal priorities */
+    int32_t priority;
+    int32_t max_tokens;                             /* < 0: no limit but the context */
+    int32_t stop[1 + REQ_MAX_STOP + CHAT_MAX_STOP]; /* EOS, the caller's, end of turn */
+    int32_t n_stop;
+    cellm_piece_fn on_piece;
+    cellm_done_fn on_done;
+    void *user;
+    double t_submit;
+    int32_t n_prompt;
+    /* Log-probabilities (cellm_token_logprob): of completion tokens, of
+     * prompt tokens, and how many alternatives. */
+    bool lp_gen, lp_prompt;
+    int32_t lp_top;
+    cellm_logprob_fn on_logprob;
+    /* Structured output: the grammar (a reference of the request's own),
+     * its state (engine thread only) and the masked logits, n_vocab. */
+    cellm_grammar *grammar;
+    grammar_state *gst;
+    float *grammar_row;
+
+    /* Engine thread only (and the owner after `done`, read-only). */
+    cellm_request *next; /* incoming list (under mu) or waiting queue */
+    int32_t *tokens;     /* prompt, then completion; capacity cap */
+    int32_t n_tokens, cap;
+    kv_seq seq; /* seq.n_pos tokens of `tokens` are in the KV cache */
+    sampler *smp;
+    stop_matcher *stops; /* NULL without stop strings */
+    int32_t stop_token;  /* what ended it, for the result (-1: none) */
+    int32_t stop_index;
+    tok_stream ts;
+    char *piece; /* tok_stream output, piece_cap bytes */
+    size_t piece_cap;
+    int32_t plan_n;   /* rows planned for this step */
+    bool detached;    /* freed by the owner from a callback: no more callbacks */
+    bool cancel_seen; /* the engine's copy of `cancel` for this step */
+    double t_first_step, t_first_token;
+    int32_t n_preempt;
+    char err[CELLM_ERR_MSG_MAX];
+    /* prompt_logprobs: prompt tokens reported so far (tokens[0 .. lp_done));
+     * the rows that report the rest ask for logits (req_row_logits), and
+     * the prefix cache may only stand in for rows already reported. */
+    int32_t lp_done;
+    cellm_top_logprob lp_top_buf[CELLM_MAX_TOP_LOGPROBS];
+
+    /* Speculative decoding (spec.c), engine thread only. The guesses of
+     * this step sit at tokens[n_tokens .. n_tokens + n_draft), past the
+     * pending token, and the step feeds them after it. */
+    int32_t n_draft;
+    int32_t spec_k;    /* guesses to try next: adapts to how many were kept */
+    int32_t spec_room; /* guesses it may make this step */
+    kv_seq dseq;       /* the draft model's KV of tokens[0 .. dseq.n_pos) */
+    bool has_dseq;     /* dseq's tables exist */
+    /* Prompt lookup's back-off: whether this step's guesses came from
+     * lookup, its passes in a row that kept under a quarter of them, and
+     * the steps it sits out before it guesses again. */
+    bool spec_looked;
+    int32_t lk_miss, lk_skip;
+    /* CELLM_SPEC_ACCEPT_RESAMPLE on a sampled request without a grammar:
+     * the distribution each guess was drawn from, [p.draft_max]. NULL:
+     * the exact rule. */
+    sampler_dist *spec_q;
+
+    /* A turn of a session (fixed at submit), and what the engine thread
+     * does with it. */
+    cellm_session *session;
+    bool adopted;     /* took the session's kept KV at admission */
+    int32_t n_cached; /* prompt tokens whose KV it took */
+    char *reply;      /* the text streamed, for the history; reply_cap bytes */
+    size_t reply_len, reply_cap;
+
+    /* Guarded by e->mu. */
+    bool cancel;
+    bool done; /* finished and the done callback has returned */
+    int refs;  /* the owner's handle + the engine's, until done */
+    cellm_result result;
+};
+
+struct cellm_engine {
+    const cellm_model *model;
+    cellm_engine_params p;
+    int32_t logit_rows;
+    size_t act_bytes;
+
+    /* Engine thread only (after creation). */
+    kv_cache *kv;
+    threadpool *tp;
+    forward_ctx *fwd;
+    fwd_row *rows;           /* [p.max_batch_tokens] */
+    cellm_request **running; /* [p.max_seqs], priority high to low, then oldest first */
+    int32_t n_running;
+    cellm_request *waiting; /* queue in the same order */
+    int32_t n_waiting;
+    cellm_request **fed; /* [p.max_seqs] the requests in this step's batch */
+    int32_t n_fed;
+    uint64_t n_steps, n_preempt, n_prompt_tok, n_gen_tok;
+    uint64_t n_sampled;
+    double t_sample;  /* seconds in sampler_sample */
+    double t_grammar; /* seconds masking and advancing grammars (part of t_sample) */
+    uint64_t n_grammar, n_grammar_mask;
+    double t_grammar_mask;
+    double win_t0; /* tokens/s window */
+    uint64_t win_prompt, win_gen;
+    double rate_prompt, rate_gen;
+    cellm_qos qos_now;                  /* the policy of this step */
+    double step_t0, step_t1;            /* when the last step started and ended (0: none) */
+    double rest_s;                      /* seconds rested */
+    cellm_session *lru_head, *lru_tail; /* idle sessions with kept KV, least recent first */
+    int32_t n_lru, blocks_kept;
+    uint64_t n_prefix_tok; /* prompt positions taken from the prefix cache */
+
+    /* Speculative decoding (spec.c): on with a draft model or lookup. The
+     * draft model has its own KV pool and forward context; drows and dreq
+     * are its batch and the requests drafting in it. */
+    bool spec_on;
+    kv_cache *dkv;
+    forward_ctx *dfwd;
+    fwd_row *drows;       /* [p.max_batch_tokens] */
+    cellm_request **dreq; /* [p.max_seqs] */
+    int32_t *dfirst;      /* [p.max_seqs] row of each drafting request's logits */
+    uint64_t n_draft_tok, n_draft_acc, n_spec_pass, n_draft_steps;
+
+    /* Guarded by mu. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work; /* the engine thread waits here for requests */
+    pthread_cond_t cv_done; /* cellm_wait and cellm_request_free wait here */
+    cellm_request *incoming;
+    int32_t n_incoming;
+    uint64_t next_arrival;
+    bool stop;
+    cellm_stats stats;              /* published by the engine thread */
+    cellm_qos qos;                  /* the policy set by cellm_engine_set_qos */
+    uint64_t events;                /* bumped by what must end a rest early: see engine_rest */
+    int trim_level;                 /* pending trim, 0: none */
+    uint64_t trim_asked, trim_done; /* tickets: a trim covers every one asked before it */
+    size_t trim_released;           /* by the last trim */
+    size_t bytes_released;
+    uint64_t n_trims;
+    cellm_session *session_frees; /* sessions whose KV the engine thread must drop */
+    engine_job *jobs;             /* engine_run_job's, to run at the next intake */
+
+    pthread_t thread;        /* the engine thread, unless manual */
+    bool manual;             /* manual_steps: no engine thread; see cellm_engine_step */
+    pthread_mutex_t step_mu; /* manual: one stepping thread at a time */
+    atomic_bool failed;      /* set once, after `error` is written */
+    char error[CELLM_ERR_MSG_MAX];
+};
+
+/* True when r's row at position pos asks for logits: its last token (and
+ * the guesses after it), and, while prompt_logprobs has prompt tokens left
+ * to report, each row whose logits give the next prompt token's. */
+static inline bool req_row_logits(const cellm_request *r, int32_t pos) {
+    if (pos + 1 >= r->n_tokens) return true;
+    return r->lp_prompt && pos + 1 >= r->lp_done && pos + 1 < r->n_prompt;
+}
+
+/* ---- scheduler.c (engine thread only) ---- */
+
+/* Puts `r` in the waiting queue at its place (priority, then arrival). */
+void sched_enqueue(cellm_engine *e, cellm_request *r);
+
+/* Takes `r` out of the running or waiting queue, wherever it is. */
+void sched_remove(cellm_engine *e, cellm_request *r);
+
+/* Plans one step: sets plan_n of running requests (preempting and
+ * admitting as blocks allow), then fills e->rows and e->fed. Returns the
+ * number of rows. May finish requests that can never fit. */
+int32_t sched_plan_step(cellm_engine *e);
+
+/* Preempts every running request (CELLM_TRIM_CRITICAL): blocks back to the
+ * pool, requests back to the waiting queue. Returns how many. */
+int32_t sched_preempt_all(cellm_engine *e);
+
+/* ---- spec.c: speculative decoding ---- */
+
+/* Checks the speculation parameters and the draft model against the
+ * engine's model (same family, same vocabulary); NULL when they suit,
+ * else what is wrong (written into msg). */
+const char *spec_check(const cellm_model *cm, const cellm_engine_params *p, char *msg, size_t cap);
+
+/* Rows of logits a step may ask for: every sequence's pending token and
+ * its guesses, within the batch. */
+int32_t spec_logit_rows(const cellm_engine_params *p);
+
+/* Bytes the draft model takes from the budget: its activations, and its
+ * KV for max_seqs sequences (0 without a draft model). */
+size_t spec_draft_act_bytes(const cellm_engine_params *p);
+size_t spec_draft_kv_bytes(const cellm_engine_params *p);
+
+/* Makes the draft model's pool (kv_bytes) and forward context. */
+cellm_status spec_create(cellm_engine *e, size_t kv_bytes, cellm_error *err);
+void spec_destroy(cellm_engine *e);
+
+/* Before a step is planned: the guesses of every running request that
+ * decodes (r->n_draft, written after its pending token), from prompt
+ * lookup or the draft model's passes. */
+void spec_propose(cellm_engine *e);
+
+/* Up to k guesses for what follows tok[0..n_tok): the tokens after the
+ * latest earlier occurrence of its last n tokens, n = ngram_max .. 1,
+ * written to out. Returns how many (0: no match). */
+int32_t spec_lookup(const int32_t *tok, int32_t n_tok, int32_t ngram_max, int32_t k, int32_t *out);
+
+/* A draft's greedy guess in a row of logits (the lowest id on ties) and,
+ * when p_min > 0 asks for it, the probability it gives it (*prob = 1
+ * otherwise). Shared by the engine and cellm run (tools/rt.c). */
+int32_t spec_draft_pick(const float *row, int32_t n, float p_min, float *prob);
+
+/* After a pass checked r's n_guess guesses and kept `kept`: when they
+ * came from prompt lookup and it keeps under a quarter of its guesses
+ * pass after pass (a summary that paraphrases its document), lookup sits
+ * out a growing number of steps (2, 4, .. 32) before it tries again; a
+ * good pass resets it. The draft, if any, guesses meanwhile. */
+void spec_lookup_result(cellm_request *r, int32_t n_guess, int32_t kept);
+
+/* The next guess count after n_guess guesses of an allowed k, of which
+ * `kept` were kept: 2 more (up to draft_max) when every guess of a full k
+ * was kept, else one more than were kept. */
+int32_t spec_next_k(int32_t k, int32_t n_guess, int32_t kept, int32_t draft_max);
+
+/* The token at position pos of a sequence under the resample rule, from
+ * its logits row and its sampler: the standard rule against the guess
+ * made there, drawn from q (q NULL: no guess, a draw from the sampler's
+ * distribution); the random numbers are keyed by the sampler's seed and
+ * pos, and its PRNG is not used. */
+int32_t spec_sample(sampler *smp, const float *row, int32_t pos, int32_t guess,
+                    const sampler_dist *q);
+
+/* The draft's guess at position pos under the resample rule: drawn from
+ * spec_draft_sample's distribution (into *q) with the number keyed by
+ * the seed in sp and pos. */
+int32_t spec_draft_guess(const float *row, int32_t n, const sampler_params *sp, int32_t pos,
+                         sampler_dist *q, float *prob);
+
+/* A uniform number in [0, 1) keyed by (seed, pos, stream): the resample
+ * rule's random numbers, the same whatever else the engine runs. */
+double spec_uniform(uint64_t seed, int32_t pos, int32_t stream);
+
+/* The draft's distribution for the resample rule from a row of its
+ * logits, under the request's sampling parameters, into *q (best first),
+ * and the guess drawn from it at u (*prob: its probability). */
+int32_t spec_draft_sample(const float *row, int32_t n, const sampler_params *sp, double u,
+                          sampler_dist *q, float *prob);
+
+/* After a request's guesses were checked: the draft's KV beyond what was
+ * kept goes (engine thread). */
+void spec_after(cellm_engine *e, cellm_request *r);
+
+/* Drops a request's draft KV (preempted, finished, or memory is short). */
+void spec_drop(cellm_engine *e, cellm_request *r);
+
+/* Drops the draft KV of every running request and gives the draft pool's
+ * free pages back; returns the bytes given back. */
+size_t spec_trim(cellm_engine *e);
+
+/* ---- session.c (engine thread only) ---- */
+
+/* At admission of a session's turn: takes the session's kept KV as far as
+ * it agrees with the turn's prompt (always leaving its last token to
+ * compute), and sets r->n_cached. */
+void session_adopt(cellm_engine *e, cellm_request *r);
+
+/* Undoes session_adopt for a turn that could not be admitted after all:
+ * the KV it took goes back to the session, kept. */
+void session_unadopt(cellm_engine *e, cellm_request *r);
+
+/* At the end of a session's turn, before its done callback: the reply goes
+ * into the history (or the user message comes out again), the turn's KV
+ * becomes the session's kept KV. */
+void session_turn_end(cellm_engine *e, cellm_request *r, cellm_finish_reason why);
+
+/* Drops the kept KV of the least recently used idle session; false when
+ * no session keeps any. */
+bool session_drop_lru(cellm_engine *e);
+
+/* Drops the kept KV of every idle session. Returns the blocks freed. */
+int32_t session_drop_all(cellm_engine *e);
+
+/* Lets go of a session being freed: drops its kept KV and block tables. */
+void session_release_kv(cellm_engine *e, cellm_session *s);
+
+/* Puts an idle session with kept blocks at the recent end of the list of
+ * sessions whose blocks may be dropped (recounting its blocks). */
+void session_keep(cellm_engine *e, cellm_session *s);
+
+/* A new session on e with the sampling and max_tokens of `params` (NULL:
+ * defaults; the system message is ignored) and the messages msgs[0..n)
+ * (roles "system", "user" or "assistant"; contents copied). Sets the
+ * thread's last error on failure. Caller's thread. */
+cellm_status session_new_with(cellm_engine *e, const cellm_session_params *params,
+                              const cellm_chat_message *msgs, int32_t n, cellm_session **out);
+
+/* Frees what the session owns apart from its KV, and the session. */
+void session_destroy(cellm_session *s);
+
+/* ---- engine.c ---- */
+
+/* Ends a request on the engine thread: frees its KV blocks, flushes its
+ * text, runs its done callback and wakes its waiters. */
+void engine_finish(cellm_engine *e, cellm_request *r, cellm_finish_reason why, cellm_status st,
+                   const char *msg);
+
+/* cellm_submit, with `s` the session whose turn this is (or NULL); for a
+ * turn, `s->turn` is set under mu as the request is queued, and it fails
+ * with CELLM_ERR_INVALID_ARG when a turn is already in flight. Sets the
+ * thread's last error on failure. */
+cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm_session *s,
+                           cellm_request **out);
+
+/* Checks sampling parameters as cellm_submit does (the sampler checks the
+ * rest when a request is made); sets the thread's last error. */
+cellm_status engine_check_sampling(const cellm_sampling *sampling);
+
+/* True on the engine thread (in a callback), or, for a manual engine, on
+ * the thread running its step. */
+bool engine_on_thread(const cellm_engine *e);
+
+/* Waits, with e->mu held, for the engine to make progress (then the caller
+ * checks its condition again): on cv_done for an engine with its own
+ * thread; for a manual engine by running one step on this thread (mu is
+ * released meanwhile). */
+void engine_wait_locked(cellm_engine *e);
+
+/* Runs fn(e, arg) on the engine thread between two steps and waits for it
+ * (on the engine thread itself, or from a callback, it runs at once). Not
+ * after cellm_engine_free has begun. */
+void engine_run_job(cellm_engine *e, void (*fn)(cellm_engine *e, void *arg), void *arg);
+
+/* Records a message as the calling thread's last error; returns `code`. */
+cellm_status engine_fail(cellm_status code, const char *msg);
+
+/* Structured output (engine_grammar.c). At submit: gives r its own
+ * reference to g, a state, and the masked-row buffer (the model's token
+ * trie is built by the first such request). */
+cellm_status engine_grammar_attach(cellm_engine *e, cellm_request *r, const cellm_grammar *g,
+                                   cellm_error *err);
+/* Engine thread: the logits of `row` with every token the grammar does not
+ * allow at -inf (the stop tokens allowed only where the text is whole). */
+const float *engine_grammar_mask(cellm_engine *e, cellm_request *r, const float *row);
+/* Engine thread: whether the grammar allows token t now (a stop token
+ * where the text is whole; another token whose bytes continue it). */
+bool engine_grammar_allows(cellm_engine *e, cellm_request *r, int32_t t);
+/* Engine thread: advances r's grammar over token t (not a stop token);
+ * false when t cannot continue the text. */
+bool engine_grammar_take(cellm_engine *e, cellm_request *r, int32_t t);
+/* Frees what attach made. */
+void engine_grammar_release(cellm_request *r);
+/* Frees the model's token trie (cellm_model_free). */
+void engine_grammar_model_free(cellm_model *cm);
+
+#endif /* CELLM_ENGINE_H */
