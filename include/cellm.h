@@ -268,7 +268,24 @@ typedef struct cellm_engine_params {
      * guesses differently). Greedy requests and requests with a grammar
      * use the exact rule either way. */
     int32_t spec_accept;
+    /* Where the forward pass runs (cellm_device). CELLM_DEVICE_AUTO (0,
+     * default): a GPU through Vulkan where the library has the Vulkan
+     * backend and finds a usable GPU, else the CPU (a Vulkan device that
+     * is a CPU emulation, such as Mesa's lavapipe, is never picked by
+     * AUTO); when it falls back it says why once, through the log
+     * callback. CELLM_DEVICE_CPU: the CPU. CELLM_DEVICE_VULKAN: the first
+     * Vulkan device (a GPU before an emulation), or creation fails with
+     * CELLM_ERR_UNSUPPORTED and a message saying why. The scheduler, the
+     * prefix cache, sessions and sampling are the same on every device. */
+    int32_t device;
 } cellm_engine_params;
+
+/* cellm_engine_params.device. */
+typedef enum cellm_device {
+    CELLM_DEVICE_AUTO = 0,
+    CELLM_DEVICE_CPU = 1,
+    CELLM_DEVICE_VULKAN = 2
+} cellm_device;
 
 /* cellm_engine_params.spec_accept. */
 typedef enum cellm_spec_accept {

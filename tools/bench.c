@@ -75,7 +75,7 @@ static void usage(FILE *out) {
         "                        the largest session count must fit at -c positions each\n"
         "  -c, --ctx-size N      positions per session (default 1024)\n"
         "  -p, --prompt-tokens N each session's prompt padded to N tokens (default: a line)\n"
-        "  --kv-type T           KV cache type: " CLI_KV_TYPES " (default f16)\n"
+        "  --kv-type T           KV cache type: " CLI_KV_TYPES " (default f16)\n" CLI_DEVICE_USAGE
         "  --ignore-eos          EOS banned: every session generates -n tokens\n"
         "  --sampling            only the sampling cost (greedy; top-p 0.9 at temperature 0.8)\n"
         "  --load                only model load to the first token of a 16-token prompt\n"
@@ -832,6 +832,8 @@ int cmd_bench(int argc, char **argv) {
             prompt_tokens = (int32_t)u;
             i++;
         } else if (!strcmp(a, "--kv-type") && v && cli_parse_kv_type(v, &ep.kv_type)) {
+            i++;
+        } else if (!strcmp(a, "--device") && v && cli_parse_device(v, &ep.device)) {
             i++;
         } else if (!strcmp(a, "--sampling")) {
             sampling_only = true;

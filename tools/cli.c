@@ -13,6 +13,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "runtime/device.h"
 #include "store.h"
 
 void cli_error(const char *fmt, ...) {
@@ -32,6 +33,10 @@ bool cli_parse_spec_accept(const char *s, int32_t *out) {
     else
         return false;
     return true;
+}
+
+bool cli_parse_device(const char *s, int32_t *out) {
+    return device_parse(s, out);
 }
 
 bool cli_parse_kv_type(const char *s, cellm_kv_type *out) {

@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "base/util.h"
 
@@ -20,6 +21,13 @@ bool cli_parse_size(const char *s, size_t *out);
 
 /* Parses a non-negative decimal integer no larger than `max`. */
 bool cli_parse_uint(const char *s, unsigned long long max, unsigned long long *out);
+
+/* Parses a device name (CLI_DEVICES) for --device into a cellm_device. */
+#define CLI_DEVICES "auto, cpu, vulkan"
+#define CLI_DEVICE_USAGE                                                                           \
+    "  --device D            where the model runs: " CLI_DEVICES " (default auto: a GPU\n"         \
+    "                        through Vulkan where one is usable, else the CPU)\n"
+bool cli_parse_device(const char *s, int32_t *out);
 
 /* Parses a KV cache type name (CLI_KV_TYPES) for --kv-type. */
 #define CLI_KV_TYPES "f16, q8_0, q4_0, q4_0h, k5v4h"

@@ -21,11 +21,12 @@
 
 static void usage(FILE *out) {
     fprintf(out, "usage: cellm perplexity MODEL FILE [-c N] [--chunks K] [-t THREADS]\n"
-                 "                        [--kv-type T]\n\n"
+                 "                        [--kv-type T] [--device D]\n\n"
                  "Perplexity of MODEL over the text in FILE, in chunks of N tokens (default 512),\n"
                  "scoring the second half of each chunk as llama.cpp's perplexity tool does.\n"
                  "--chunks limits how many chunks are used (default: all). --kv-type stores\n"
-                 "the KV cache as " CLI_KV_TYPES " (default f16).\n");
+                 "the KV cache as " CLI_KV_TYPES " (default f16). --device runs it on\n" CLI_DEVICES
+                 " (default auto).\n");
 }
 
 static void log_softmax_at(const float *x, int32_t n, double *lse) {
@@ -55,6 +56,11 @@ int cmd_perplexity(int argc, char **argv) {
             kv_name = argv[i + 1];
             if (!cli_parse_kv_type(argv[++i], &o.kv_type)) {
                 cli_error("perplexity: --kv-type needs one of " CLI_KV_TYPES);
+                return 2;
+            }
+        } else if (!strcmp(a, "--device") && i + 1 < argc) {
+            if (!cli_parse_device(argv[++i], &o.device)) {
+                cli_error("perplexity: --device needs one of " CLI_DEVICES);
                 return 2;
             }
         } else if (!strcmp(a, "--chunks") && i + 1 < argc) {
@@ -142,7 +148,7 @@ int cmd_perplexity(int argc, char **argv) {
             int32_t n = n_ctx - 1 - j < LOGIT_ROWS ? n_ctx - 1 - j : LOGIT_ROWS;
             for (int32_t i = 0; i < n; i++) rows[i] = (fwd_row){&s, chunk[j + i], j + i, true};
             const float *out;
-            if (forward_run(r.fwd, rows, n, &out, &err) != CELLM_OK) goto done_chunk;
+            if (backend_run(&r.fwd, rows, n, &out, &err) != CELLM_OK) goto done_chunk;
             for (int32_t i = 0; i < n; i++) {
                 double lse;
                 log_softmax_at(out + (size_t)i * V, V, &lse);

@@ -46,7 +46,8 @@ cellm_status rt_open(const char *name_or_path, const rt_opts *o, rt *r, cellm_er
         r->tp = o->tp;
     else if ((st = tp_create(threads, &r->tp, err)))
         goto fail;
-    if ((st = forward_create(r->m, r->kv, r->tp, r->batch, logit_rows, &r->fwd, err))) goto fail;
+    if ((st = device_backend(o->device, r->m, r->kv, r->tp, r->batch, logit_rows, &r->fwd, err)))
+        goto fail;
     return CELLM_OK;
 fail:
     rt_close(r);
@@ -54,7 +55,7 @@ fail:
 }
 
 void rt_close(rt *r) {
-    forward_free(r->fwd);
+    backend_free(&r->fwd);
     if (r->own_tp) tp_destroy(r->tp);
     kv_cache_free(r->kv);
     cellm_model_free(r->cm);
@@ -70,7 +71,7 @@ cellm_status rt_feed_last(rt *r, kv_seq *s, const int32_t *tok, int32_t n, const
         for (int32_t j = 0; j < c; j++)
             rows[j] = (fwd_row){s, tok[i + j], s->n_pos + j, logits && i + j == n - 1};
         const float *lg;
-        cellm_status st = forward_run(r->fwd, rows, c, &lg, err);
+        cellm_status st = backend_run(&r->fwd, rows, c, &lg, err);
         if (st) return st;
         if (logits && i + c == n) *logits = lg;
     }
@@ -104,7 +105,7 @@ cellm_status rt_feed_image(rt *r, kv_seq *s, const int32_t *tok, int32_t n, int3
             in[j] = tok[i + j] == image_token ? embd + (size_t)next++ * (size_t)d : NULL;
         }
         const float *lg;
-        cellm_status st = forward_run_embd(r->fwd, rows, in, c, &lg, err);
+        cellm_status st = backend_run_embd(&r->fwd, rows, in, c, &lg, err);
         if (st) return st;
         if (logits && i + c == n) memcpy(logits, lg, sizeof(float) * (size_t)r->m->n_vocab);
     }
@@ -118,7 +119,7 @@ cellm_status rt_feed_all(rt *r, kv_seq *s, const int32_t *tok, int32_t n, const 
         return err_set(err, CELLM_ERR_INVALID_ARG, "rt_feed_all: %d rows (1..%d)", (int)n,
                        RT_SPEC_MAX + 1);
     for (int32_t j = 0; j < n; j++) rows[j] = (fwd_row){s, tok[j], s->n_pos + j, true};
-    return forward_run(r->fwd, rows, n, logits, err);
+    return backend_run(&r->fwd, rows, n, logits, err);
 }
 
 void rt_sampling_init(rt_sampling *rs) {

@@ -27,8 +27,8 @@ typedef struct rt {
     tokenizer *tok;
     kv_cache *kv;
     threadpool *tp;
-    bool own_tp; /* false: tp is another rt's (a draft model shares its target's) */
-    forward_ctx *fwd;
+    bool own_tp;   /* false: tp is another rt's (a draft model shares its target's) */
+    backend fwd;   /* runs the forward pass on rt_opts.device */
     int32_t batch; /* rows per forward call */
     int32_t ctx;
 } rt;
@@ -44,6 +44,7 @@ typedef struct rt_opts {
      * passes that much longer. */
     int32_t slack;
     threadpool *tp; /* a pool to share, not owned; NULL: its own of `threads` */
+    int32_t device; /* cellm_device: 0 (auto) */
 } rt_opts;
 
 /* Resolves `name_or_path` (fetching a known model if needed) and opens it. */

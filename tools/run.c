@@ -80,7 +80,8 @@ static void usage(FILE *out) {
             "                        the model's projector (a SmolVLM mmproj GGUF file)\n"
             "  -n, --n-predict N     at most N tokens per answer; -1: no limit (default 1024)\n"
             "  -c, --ctx-size N      context length (default: the model's, at most 4096)\n"
-            "  --kv-type T           KV cache type: " CLI_KV_TYPES " (default f16)\n"
+            "  --kv-type T           KV cache type: " CLI_KV_TYPES
+            " (default f16)\n" CLI_DEVICE_USAGE
             "  -t, --threads N       threads (default: cores, at most 4)\n"
             "  --chat-template NAME  the chat format: the model's own Jinja template by default;\n"
             "                        chatml, gemma or llama3 for a built-in one, or a Jinja text\n"
@@ -619,6 +620,12 @@ int cmd_run(int argc, char **argv) {
             NEED_ARG();
             if (!cli_parse_kv_type(v, &o.kv_type)) {
                 cli_error("run: --kv-type needs one of " CLI_KV_TYPES);
+                return 2;
+            }
+        } else if (!strcmp(a, "--device")) {
+            NEED_ARG();
+            if (!cli_parse_device(v, &o.device)) {
+                cli_error("run: --device needs one of " CLI_DEVICES);
                 return 2;
             }
         } else if (!strcmp(a, "--chat-template")) {

@@ -201,7 +201,7 @@ static void usage(FILE *out) {
         "  --mem-budget SIZE     cap on the whole process (weights, engine, KV), e.g. 512M;\n"
         "                        refused at start when -np requests of -c positions cannot fit\n"
         "                        (default: none, and a 256M KV + activations budget)\n"
-        "  --kv-type T           KV cache type: " CLI_KV_TYPES " (default f16)\n"
+        "  --kv-type T           KV cache type: " CLI_KV_TYPES " (default f16)\n" CLI_DEVICE_USAGE
         "  --chat-template F     chatml, gemma or llama3 instead of the model's own\n"
         "  -n, --n-predict N     max_tokens when a request gives none (default -1: the context)\n"
         "  --temp T              temperature when a request gives none (default 1, as OpenAI)\n"
@@ -268,6 +268,7 @@ static const char *const valued[] = {"--host",
                                      "--drain-timeout",
                                      "--affinity-tokens",
                                      "--kv-type",
+                                     "--device",
                                      "-md",
                                      "--model-draft",
                                      "--lookup",
@@ -347,6 +348,12 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
         } else if (!strcmp(a, "--kv-type")) {
             if (!cli_parse_kv_type(v, &o->engine.kv_type)) {
                 cli_error("serve: --kv-type needs one of " CLI_KV_TYPES);
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--device")) {
+            if (!cli_parse_device(v, &o->engine.device)) {
+                cli_error("serve: --device needs one of " CLI_DEVICES);
                 return 2;
             }
             i++;

@@ -723,3 +723,26 @@ cellm_status forward_run_embd(forward_ctx *f, const fwd_row *rows, const float *
     *logits = f->logits;
     return CELLM_OK;
 }
+
+/* ------------------------------------------------------------ the seam */
+
+static cellm_status cpu_run(void *impl, const fwd_row *rows, const float *const *embd, int32_t n,
+                            const float **logits, cellm_error *err) {
+    return forward_run_embd(impl, rows, embd, n, logits, err);
+}
+
+static void cpu_free(void *impl) {
+    forward_free(impl);
+}
+
+static const backend_ops cpu_ops = {"cpu", cpu_run, cpu_free};
+
+cellm_status forward_backend(const model *m, kv_cache *kv, threadpool *tp, int32_t max_rows,
+                             int32_t max_logit_rows, backend *out, cellm_error *err) {
+    forward_ctx *f;
+    *out = (backend){0};
+    cellm_status st = forward_create(m, kv, tp, max_rows, max_logit_rows, &f, err);
+    if (st) return st;
+    *out = (backend){&cpu_ops, f};
+    return CELLM_OK;
+}

@@ -11,16 +11,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "base/threadpool.h"
+#include "model/backend.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
-#include "base/threadpool.h"
-
-typedef struct fwd_row {
-    kv_seq *seq;
-    int32_t token;
-    int32_t pos; /* must be the sequence's next position(s), in order */
-    bool logits; /* return logits for this row */
-} fwd_row;
 
 typedef struct forward_ctx forward_ctx;
 
@@ -47,5 +41,10 @@ cellm_status forward_run(forward_ctx *f, const fwd_row *rows, int32_t n_rows, co
  * cache). `embd` may be NULL: every row is a token. */
 cellm_status forward_run_embd(forward_ctx *f, const fwd_row *rows, const float *const *embd,
                               int32_t n, const float **logits, cellm_error *err);
+
+/* The CPU backend (model/backend.h): forward_create()'s context behind the
+ * seam; the backend owns it (backend_free frees it). */
+cellm_status forward_backend(const model *m, kv_cache *kv, threadpool *tp, int32_t max_rows,
+                             int32_t max_logit_rows, backend *out, cellm_error *err);
 
 #endif /* CELLM_FORWARD_H */

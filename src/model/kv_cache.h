@@ -96,6 +96,16 @@ typedef struct kv_group {
     int32_t lru_head, lru_tail;
 } kv_group;
 
+/* Where a GPU backend keeps the blocks' contents (model/backend.h): the
+ * cache then never touches groups[].mem, and a copy-on-write asks
+ * copy(user, group, dst, src) to copy block src to block dst before any
+ * later write to either (the backend does it at the start of the pass that
+ * reserved it). Set by the backend when it is made, cleared when it goes. */
+typedef struct kv_storage {
+    void *user;
+    void (*copy)(void *user, int32_t group, int32_t dst, int32_t src);
+} kv_storage;
+
 typedef struct kv_cache {
     cellm_kv_type type;
     kv_format kformat, vformat; /* how a K (V) row is stored */
@@ -113,6 +123,7 @@ typedef struct kv_cache {
     uint64_t n_cow, n_evict;       /* copies on write; idle blocks evicted for new ones */
     int32_t seq_slack;             /* kv_seq_init's kv_seq.slack (0 unless set) */
     size_t conv_floats;            /* a sequence's convolution state; 0: none */
+    kv_storage ext;                /* ext.copy NULL: the blocks' contents are in groups[].mem */
 } kv_cache;
 
 /* A sequence's view of the cache: its length and block tables. */
@@ -222,7 +233,8 @@ int32_t kv_seq_lookup(kv_cache *c, kv_seq *s, const int32_t *tokens, int32_t n);
 int32_t kv_first_block(int32_t window, int32_t n_pos);
 
 /* The bytes (the group's block_bytes) of block index b of group g of s, for
- * saving; NULL when the sequence has no block there. */
+ * saving; NULL when the sequence has no block there. Both this and
+ * kv_seq_set_block need the contents in host memory (c->ext.copy NULL). */
 const uint8_t *kv_seq_block(const kv_cache *c, const kv_seq *s, int32_t g, int32_t b);
 
 /* Gives s a new block at index b of group g (which has none) holding

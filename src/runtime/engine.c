@@ -593,7 +593,7 @@ static int engine_step_once(cellm_engine *e, bool block) {
     }
     const float *logits = NULL;
     err_clear(&err);
-    if (forward_run(e->fwd, e->rows, n_rows, &logits, &err) != CELLM_OK) {
+    if (backend_run(&e->fwd, e->rows, n_rows, &logits, &err) != CELLM_OK) {
         /* The scheduler counted the blocks, so this is a bug or a bad
          * input we did not catch at submit: fail the step's requests,
          * keep serving the others. */
@@ -697,6 +697,7 @@ cellm_engine_params cellm_engine_default_params(void) {
     p.draft_max = 8;
     p.draft_min = 1;
     p.draft_p_min = 0.5f;
+    p.device = CELLM_DEVICE_AUTO;
     return p;
 }
 
@@ -774,7 +775,7 @@ static cellm_status process_budget_fit(const cellm_model *cm, cellm_engine_param
 /* Frees what engine_create made, in reverse; the thread is not running. */
 static void engine_destroy(cellm_engine *e) {
     spec_destroy(e);
-    forward_free(e->fwd);
+    backend_free(&e->fwd);
     tp_destroy(e->tp);
     kv_cache_free(e->kv);
     free(e->rows);
@@ -807,6 +808,8 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
     if (p.max_ctx == 0)
         p.max_ctx = m->n_ctx_train > 0 && m->n_ctx_train < 4096 ? m->n_ctx_train : 4096;
     if (kv_type_check(m, p.kv_type, &err)) return fail(&err);
+    if (!device_name(p.device))
+        return fail_msg(CELLM_ERR_INVALID_ARG, "device must be CELLM_DEVICE_AUTO, _CPU or _VULKAN");
     const char *bad_qos = qos_check(&p.qos, p.n_threads);
     if (bad_qos) return fail_msg(CELLM_ERR_INVALID_ARG, bad_qos);
     char spec_msg[CELLM_ERR_MSG_MAX];
@@ -860,7 +863,8 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
     }
     if (kv_cache_create(m, kv_budget, p.max_ctx, p.max_seqs, kv_chunk, p.kv_type, &e->kv, &err) ||
         tp_create(p.n_threads, &e->tp, &err) ||
-        forward_create(m, e->kv, e->tp, p.max_batch_tokens, e->logit_rows, &e->fwd, &err) ||
+        device_backend(p.device, m, e->kv, e->tp, p.max_batch_tokens, e->logit_rows, &e->fwd,
+                       &err) ||
         spec_create(e, draft_kv, &err)) {
         engine_destroy(e);
         return fail(&err);

@@ -29,6 +29,7 @@
 #include "model/chat.h"
 #include "cpu/forward.h"
 #include "text/grammar.h"
+#include "runtime/device.h"
 #include "runtime/sampler.h"
 #include "text/stop.h"
 #include "text/tokenizer.h"
@@ -187,7 +188,7 @@ struct cellm_engine {
     /* Engine thread only (after creation). */
     kv_cache *kv;
     threadpool *tp;
-    forward_ctx *fwd;
+    backend fwd;             /* runs the forward pass (runtime/device.h) */
     fwd_row *rows;           /* [p.max_batch_tokens] */
     cellm_request **running; /* [p.max_seqs], priority high to low, then oldest first */
     int32_t n_running;
@@ -216,7 +217,7 @@ struct cellm_engine {
      * are its batch and the requests drafting in it. */
     bool spec_on;
     kv_cache *dkv;
-    forward_ctx *dfwd;
+    backend dfwd;
     fwd_row *drows;       /* [p.max_batch_tokens] */
     cellm_request **dreq; /* [p.max_seqs] */
     int32_t *dfirst;      /* [p.max_seqs] row of each drafting request's logits */

@@ -153,6 +153,10 @@ cellm_status cellm_session_save(cellm_session *s, const char *path) {
     if (busy) return engine_fail(CELLM_ERR_INVALID_ARG, "the session's turn has not finished");
     if (engine_on_thread(e))
         return engine_fail(CELLM_ERR_INVALID_ARG, "cellm_session_save called from a callback");
+    if (e->kv->ext.copy)
+        return engine_fail(CELLM_ERR_UNSUPPORTED,
+                           "session files need the KV cache in host memory, and this engine "
+                           "keeps it on its GPU");
     snapshot sn;
     memset(&sn, 0, sizeof sn);
     sn.s = s;
@@ -538,6 +542,10 @@ cellm_status cellm_session_restore(cellm_engine *e, const char *path,
         return engine_fail(CELLM_ERR_INVALID_ARG, "cellm_session_restore: a NULL argument");
     if (engine_on_thread(e))
         return engine_fail(CELLM_ERR_INVALID_ARG, "cellm_session_restore called from a callback");
+    if (e->kv->ext.copy)
+        return engine_fail(CELLM_ERR_UNSUPPORTED,
+                           "session files need the KV cache in host memory, and this engine "
+                           "keeps it on its GPU");
     if (params) {
         cellm_status st = engine_check_sampling(&params->sampling);
         if (st) return st;

@@ -154,11 +154,12 @@ cellm_status spec_create(cellm_engine *e, size_t kv_bytes, cellm_error *err) {
     e->dfirst = malloc((size_t)p->max_seqs * sizeof *e->dfirst);
     if (!e->drows || !e->dreq || !e->dfirst)
         return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory for the draft model's batch");
-    return forward_create(d, e->dkv, e->tp, p->max_batch_tokens, p->max_seqs, &e->dfwd, err);
+    return device_backend(p->device, d, e->dkv, e->tp, p->max_batch_tokens, p->max_seqs, &e->dfwd,
+                          err);
 }
 
 void spec_destroy(cellm_engine *e) {
-    forward_free(e->dfwd);
+    backend_free(&e->dfwd);
     kv_cache_free(e->dkv);
     free(e->drows);
     free(e->dreq);
@@ -364,7 +365,7 @@ static void draft_run(cellm_engine *e, int32_t n) {
     }
     if (n_rows == 0) return;
     err_clear(&err);
-    if (forward_run(e->dfwd, e->drows, n_rows, &logits, &err) != CELLM_OK) goto fail;
+    if (backend_run(&e->dfwd, e->drows, n_rows, &logits, &err) != CELLM_OK) goto fail;
     e->n_draft_steps++;
     int32_t li = 0;
     n_act = 0;
@@ -386,7 +387,7 @@ static void draft_run(cellm_engine *e, int32_t n) {
             e->drows[i] = (fwd_row){&r->dseq, r->tokens[pos], pos, true};
         }
         err_clear(&err);
-        if (forward_run(e->dfwd, e->drows, n_act, &logits, &err) != CELLM_OK) goto fail;
+        if (backend_run(&e->dfwd, e->drows, n_act, &logits, &err) != CELLM_OK) goto fail;
         e->n_draft_steps++;
         int32_t m = 0;
         for (int32_t i = 0; i < n_act; i++) {

@@ -1,0 +1,35 @@
+/*
+ * device.h — picks the backend that runs an engine's forward pass
+ * (model/backend.h) from cellm_engine_params.device: the CPU, or a Vulkan
+ * GPU where the build has the Vulkan backend and finds one. The engine, the
+ * draft model of speculative decoding and the command's own runs
+ * (tools/rt.c) all make their backend here.
+ */
+#ifndef CELLM_DEVICE_H
+#define CELLM_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/threadpool.h"
+#include "model/backend.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
+
+/* The name of a cellm_device ("auto", "cpu", "vulkan"); NULL when it is
+ * none. */
+const char *device_name(int32_t device);
+
+/* The cellm_device named `name`; false when it names none. */
+bool device_parse(const char *name, int32_t *device);
+
+/* Makes the backend for `device` over model m and its KV cache kv, for
+ * batches of up to max_rows rows of which max_logit_rows ask for logits.
+ * AUTO takes a usable Vulkan GPU and otherwise the CPU, logging once per
+ * process why it did not take the GPU; VULKAN fails with
+ * CELLM_ERR_UNSUPPORTED and the reason when it cannot run there. */
+cellm_status device_backend(int32_t device, const model *m, kv_cache *kv, threadpool *tp,
+                            int32_t max_rows, int32_t max_logit_rows, backend *out,
+                            cellm_error *err);
+
+#endif /* CELLM_DEVICE_H */
