@@ -24,6 +24,7 @@
 #include "cpu/attention.h"
 #include "format/kernels/fp16.h"
 #include "cpu/matmul.h"
+#include "model/batch.h"
 #include "format/quant.h"
 #include "base/xmath.h"
 
@@ -212,23 +213,6 @@ static void rmsnorm(float *out, const float *x, const float *w, int32_t n, float
     for (int32_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
 }
 
-/* cos/sin of every rotated pair at position `pos`, computed as ggml does
- * (theta multiplied by base^(-2/d) pair after pair, in float), so rotations
- * match llama.cpp's to the last bit of theta. pow, sin and cos are
- * xmath.h's, the same bits on every CPU. */
-static void rope_cache(const model *m, int32_t pos, float base, float scale, float *cs, float *sn) {
-    float theta_scale = xm_powf(base, -2.0f / (float)m->rope_dim);
-    float theta = (float)pos;
-    for (int32_t i = 0; i < m->rope_dim / 2; i++) {
-        float ff = m->rope_freqs ? m->rope_freqs[i] : 1.0f;
-        float t = scale * (theta / ff);
-        xm_sincosf(t, &sn[i], &cs[i]);
-        cs[i] *= m->rope_mscale;
-        sn[i] *= m->rope_mscale;
-        theta *= theta_scale;
-    }
-}
-
 /* Rotates the first rope_dim dimensions of one head. */
 static void rope_head(const model *m, float *h, const float *cs, const float *sn) {
     int32_t half = m->rope_dim / 2;
@@ -320,7 +304,7 @@ static void task_qk(void *arg, int ith, int nth) {
         if (L->bk.data) add_bias(k, L->bk.data, kd);
         if (L->bv.data) add_bias(v, L->bv.data, vd);
         float cs[512], sn[512]; /* rope_dim <= head_dim <= 1024 (model_load checks) */
-        if (!L->nope) rope_cache(m, pos, L->rope_base, L->rope_scale, cs, sn);
+        if (!L->nope) model_rope_angles(m, pos, L->rope_base, L->rope_scale, cs, sn);
         if (L->qk_norm_full) { /* across all heads at once (olmoe) */
             rmsnorm(q, q, L->q_norm.data, qd, m->norm_eps);
             rmsnorm(k, k, L->k_norm.data, kd, m->norm_eps);
@@ -614,42 +598,6 @@ static void conv_block(forward_ctx *f, step *s) {
     mm(f, &L->conv_out, f->xb, n, f->hb);
 }
 
-/* Checks the batch, reserves KV blocks for its new positions. */
-static cellm_status prepare(forward_ctx *f, const fwd_row *rows, int32_t n, cellm_error *err) {
-    if (n < 1 || n > f->max_rows)
-        return err_set(err, CELLM_ERR_INVALID_ARG, "batch of %d rows (limit %d)", n, f->max_rows);
-    int32_t n_logits = 0;
-    for (int32_t r = 0; r < n; r++) {
-        if (!rows[r].seq) return err_set(err, CELLM_ERR_INVALID_ARG, "row %d has no sequence", r);
-        if (rows[r].token < 0 || rows[r].token >= f->m->n_vocab)
-            return err_set(err, CELLM_ERR_INVALID_ARG, "row %d: token %d is not in 0..%d", r,
-                           rows[r].token, f->m->n_vocab - 1);
-        n_logits += rows[r].logits;
-    }
-    if (n_logits > f->max_logit_rows)
-        return err_set(err, CELLM_ERR_INVALID_ARG, "%d rows want logits (limit %d)", n_logits,
-                       f->max_logit_rows);
-    /* Each sequence's rows must continue it in order: row positions are
-     * n_pos, n_pos + 1, ... in batch order. Count them per sequence using
-     * n_pos as a cursor, then reserve and rewind. */
-    cellm_status st = CELLM_OK;
-    int32_t r = 0;
-    for (; r < n; r++) {
-        kv_seq *s = rows[r].seq;
-        if (rows[r].pos != s->n_pos) {
-            st = err_set(err, CELLM_ERR_INVALID_ARG,
-                         "row %d: position %d does not continue its sequence (next is %d)", r,
-                         rows[r].pos, s->n_pos);
-            break;
-        }
-        if ((st = kv_seq_reserve(f->kv, s, 1, err))) break;
-        s->n_pos++;
-    }
-    /* Rewind the cursors; blocks reserved stay with their sequences. */
-    for (int32_t i = r - 1; i >= 0; i--) rows[i].seq->n_pos--;
-    return st;
-}
-
 cellm_status forward_run(forward_ctx *f, const fwd_row *rows, int32_t n, const float **logits,
                          cellm_error *err) {
     return forward_run_embd(f, rows, NULL, n, logits, err);
@@ -657,7 +605,7 @@ cellm_status forward_run(forward_ctx *f, const fwd_row *rows, int32_t n, const f
 
 cellm_status forward_run_embd(forward_ctx *f, const fwd_row *rows, const float *const *embd,
                               int32_t n, const float **logits, cellm_error *err) {
-    cellm_status st = prepare(f, rows, n, err);
+    cellm_status st = batch_reserve(f->m, f->kv, rows, n, f->max_rows, f->max_logit_rows, err);
     if (st) return st;
     const model *m = f->m;
     int32_t d = m->n_embd;
@@ -717,9 +665,7 @@ cellm_status forward_run_embd(forward_ctx *f, const fwd_row *rows, const float *
                 f->logits[i] = c * xm_tanhf(f->logits[i] / c);
         }
     }
-    /* Advance the sequences and drop blocks that left their windows. */
-    for (int32_t r = 0; r < n; r++) rows[r].seq->n_pos = rows[r].pos + 1;
-    for (int32_t r = 0; r < n; r++) kv_seq_trim(f->kv, rows[r].seq);
+    batch_advance(f->kv, rows, n);
     *logits = f->logits;
     return CELLM_OK;
 }

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/xmath.h"
 #include "format/quant.h"
 
 typedef struct arch_row {
@@ -455,4 +456,19 @@ void model_free(model *m) {
     free(m->layers);
     gguf_close(m->file);
     free(m);
+}
+
+/* Computed as ggml does, so rotations match llama.cpp's to the last bit of
+ * theta. */
+void model_rope_angles(const model *m, int32_t pos, float base, float scale, float *cs, float *sn) {
+    float theta_scale = xm_powf(base, -2.0f / (float)m->rope_dim);
+    float theta = (float)pos;
+    for (int32_t i = 0; i < m->rope_dim / 2; i++) {
+        float ff = m->rope_freqs ? m->rope_freqs[i] : 1.0f;
+        float t = scale * (theta / ff);
+        xm_sincosf(t, &sn[i], &cs[i]);
+        cs[i] *= m->rope_mscale;
+        sn[i] *= m->rope_mscale;
+        theta *= theta_scale;
+    }
 }

@@ -95,6 +95,13 @@ cellm_status model_load(const char *path, model **out, cellm_error *err);
 /* Expert e's rows of a stacked expert matrix, as a matrix of its own (a
  * view into the map). */
 weight model_expert(const weight *stacked, int32_t n_expert, int32_t e);
+
+/* The cos and sin of each of the rope_dim / 2 rotated pairs of a head at
+ * position `pos`, for a layer of RoPE base `base` and position scale
+ * `scale`, into cs[] and sn[]: computed as ggml computes them (theta
+ * multiplied by base^(-2/d) pair after pair, in float), with xmath.h's pow,
+ * sin and cos, so they are the same bits on every CPU, for every backend. */
+void model_rope_angles(const model *m, int32_t pos, float base, float scale, float *cs, float *sn);
 void model_free(model *m);
 
 #endif /* CELLM_MODEL_H */
