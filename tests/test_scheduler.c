@@ -472,6 +472,6 @@ int main(void) {
         cmocka_unit_test(test_adopt_and_give_back),
         cmocka_unit_test(test_prefix_at_admission),
     };
-    if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
+    /* Whole under every build (no CELLM_TEST_FILTER: a few milliseconds). */
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
