@@ -124,14 +124,12 @@ struct cellm_request {
     grammar_state *gst;
     float *grammar_row;
 
-    /* Engine thread only (and the owner after `done`, read-only). Its
-     * place in the scheduler: priority and arrival (submission order; set
-     * at submit), sched.n_tokens (how many of `tokens` there are so far),
-     * the plan (sched.plan_n), the guesses (sched.n_draft), the prompt
-     * tokens whose log-probabilities were reported (sched.lp_done: the
-     * rows that report the rest ask for logits, and the prefix cache may
-     * only stand in for rows already reported), preemptions and cached
-     * tokens. */
+    /* Engine thread only (and the owner after `done`, read-only). */
+    /* What the scheduler knows of it (scheduler.h): its priority and
+     * arrival (submission order), set at submit; how many of `tokens`
+     * there are (sched.n_tokens); this step's rows, its guesses, the prompt
+     * tokens whose log-probabilities were reported, its preemptions and
+     * the prompt tokens it found cached. */
     sched_item sched;
     cellm_request *next; /* incoming list (under mu) */
     int32_t *tokens;     /* prompt, then completion; capacity cap */
