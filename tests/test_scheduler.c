@@ -2,8 +2,9 @@
  * test_scheduler.c — the scheduler (src/runtime/scheduler.c) alone, with
  * no engine and no model: fake requests over a small KV cache of a tiny
  * model description (one layer, one head of 4), steps "run" by reserving
- * each planned row's KV exactly as the forward pass does (which must
- * never fail: the plan counted the blocks) and appending a token to every
+ * each planned row's KV with batch_reserve, as every backend does before
+ * its pass (which must never fail: the plan counted the blocks), and
+ * appending a token to every
  * request whose rows reached the end of its tokens. Checked: admission
  * under the block budget, priority order, preemption of the lowest
  * priority when blocks run out (after the hook that frees idle KV),
@@ -22,6 +23,7 @@
 
 #include <cmocka.h>
 
+#include "model/batch.h"
 #include "runtime/scheduler.h"
 
 #define CTX 256
@@ -37,6 +39,7 @@ typedef struct fake_req {
 } fake_req;
 
 typedef struct rig {
+    model m;
     kv_cache *kv;
     sched s;
     fake_req reqs[MAX_REQS];
@@ -112,10 +115,12 @@ static void hook_unadopt(void *ctx, sched_item *it) {
 
 /* -------------------------------------------------------------------- rig */
 
-/* A model with one full-attention layer of one KV head of 4: tiny blocks. */
+/* A model with one full-attention layer of one KV head of 4: tiny blocks
+ * (and room in the vocabulary for every request's tokens). */
 static model tiny_model(void) {
     model m;
     memset(&m, 0, sizeof m);
+    m.n_vocab = 1 << 20;
     m.n_head_kv = 1;
     m.head_dim = m.head_dim_v = 4;
     m.n_kv_groups = 1;
@@ -127,15 +132,16 @@ static model tiny_model(void) {
 static void rig_init(rig *g, int32_t n_blocks, int32_t max_seqs, int32_t max_batch_tokens,
                      int32_t logit_rows) {
     memset(g, 0, sizeof *g);
-    model m = tiny_model();
+    g->m = tiny_model();
     cellm_error err;
     err_clear(&err);
     kv_cache *probe;
-    assert_int_equal(kv_cache_create(&m, 1 << 20, CTX, 1, 1, CELLM_KV_F16, &probe, &err), CELLM_OK);
+    assert_int_equal(kv_cache_create(&g->m, 1 << 20, CTX, 1, 1, CELLM_KV_F16, &probe, &err),
+                     CELLM_OK);
     size_t block = probe->groups[0].block_bytes;
     kv_cache_free(probe);
-    assert_int_equal(kv_cache_create(&m, (size_t)n_blocks * block, CTX, max_seqs, max_batch_tokens,
-                                     CELLM_KV_F16, &g->kv, &err),
+    assert_int_equal(kv_cache_create(&g->m, (size_t)n_blocks * block, CTX, max_seqs,
+                                     max_batch_tokens, CELLM_KV_F16, &g->kv, &err),
                      CELLM_OK);
     assert_int_equal(g->kv->groups[0].n_blocks, n_blocks);
     kv_cache_set_prefix(g->kv, false);
@@ -189,15 +195,16 @@ static void hold(rig *g, kv_seq *seq, int32_t n) {
     seq->n_pos += n;
 }
 
-/* Plans a step and runs it as the engine would, without a model: each
- * row's block reserved in batch order, as forward_run does (it must fit:
- * the plan counted the blocks), the sequences advanced, and each request
+/* Plans a step and runs it as the engine would, without computing: the
+ * rows' blocks reserved and the sequences advanced as every backend does
+ * (batch_reserve must succeed: the plan counted the blocks and the rows of
+ * logits), and each request
  * whose rows reached the end of its tokens given its next token, or
  * finished at its length. Returns the plan: each fed request's name and
  * rows, in batch order ("A40 B40"). */
 static const char *step(rig *g) {
     sched *s = &g->s;
-    int32_t n = sched_plan_step(s), n_logits = 0, r = 0;
+    int32_t n = sched_plan_step(s), r = 0;
     assert_true(n <= s->lim.max_batch_tokens);
     g->plan[0] = '\0';
     for (int32_t i = 0; i < s->n_fed; i++) {
@@ -210,19 +217,17 @@ static const char *step(rig *g) {
             assert_ptr_equal(s->rows[r].seq, it->seq);
             assert_int_equal(s->rows[r].pos, it->seq->n_pos + j);
             assert_int_equal(s->rows[r].token, it->tokens[it->seq->n_pos + j]);
-            n_logits += s->rows[r].logits;
         }
     }
     assert_int_equal(r, n);
-    assert_true(n_logits <= s->lim.logit_rows);
-    cellm_error err;
-    err_clear(&err);
-    for (int32_t i = 0; i < n; i++) {
-        kv_seq *q = s->rows[i].seq;
-        assert_int_equal(kv_seq_reserve(g->kv, q, 1, &err), CELLM_OK);
-        q->n_pos++;
+    if (n > 0) {
+        cellm_error err;
+        err_clear(&err);
+        assert_int_equal(batch_reserve(&g->m, g->kv, s->rows, n, s->lim.max_batch_tokens,
+                                       s->lim.logit_rows, &err),
+                         CELLM_OK);
+        batch_advance(g->kv, s->rows, n);
     }
-    for (int32_t i = 0; i < n; i++) kv_seq_trim(g->kv, s->rows[i].seq);
     for (int32_t i = 0; i < s->n_fed; i++) {
         sched_item *it = s->fed[i];
         fake_req *q = req_of(it);

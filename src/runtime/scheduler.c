@@ -17,7 +17,8 @@
  *     left of the budget;
  *  3. waiting requests are admitted, in order, while the KV blocks of their
  *     whole input fit next to what is planned, and get a first chunk.
- * Blocks are counted exactly as forward_run reserves them. When a running
+ * Blocks are counted exactly as a pass reserves them (batch_reserve, which
+ * every backend calls before it computes). When a running
  * request's row does not fit, the tail of the running queue (lowest
  * priority, most recent) is preempted: its blocks go back to the pool and
  * it returns to the waiting queue, to be recomputed from its tokens later
