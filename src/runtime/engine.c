@@ -143,10 +143,10 @@ static void publish_locked(cellm_engine *e) {
     }
     s->blocks_free = s->blocks_total - s->blocks_used;
     s->bytes_in_use = e->act_bytes + kv_used;
-    s->n_running = e->n_running;
-    s->n_waiting = e->n_waiting;
+    s->n_running = e->sched.n_running;
+    s->n_waiting = e->sched.n_waiting;
     s->n_steps = e->n_steps;
-    s->n_preemptions = e->n_preempt;
+    s->n_preemptions = e->sched.n_preempt;
     s->n_prompt_tokens = e->n_prompt_tok;
     s->n_completion_tokens = e->n_gen_tok;
     s->prompt_tokens_per_s = e->rate_prompt;
@@ -164,7 +164,7 @@ static void publish_locked(cellm_engine *e) {
     s->blocks_cached = 0;
     for (int32_t g = 0; g < e->kv->n_groups; g++)
         s->blocks_cached += kv_cache_idle_blocks(e->kv, g);
-    s->n_prefix_tokens = e->n_prefix_tok;
+    s->n_prefix_tokens = e->sched.n_prefix_tok;
     s->n_draft_tokens = e->n_draft_tok;
     s->n_draft_accepted = e->n_draft_acc;
     s->n_spec_passes = e->n_spec_pass;
@@ -216,7 +216,7 @@ static void request_release(cellm_request *r) {
 
 void engine_finish(cellm_engine *e, cellm_request *r, cellm_finish_reason why, cellm_status st,
                    const char *msg) {
-    sched_remove(e, r);
+    sched_remove(&e->sched, &r->sched);
     size_t n = 0;
     if (tok_stream_flush(&r->ts, r->piece, r->piece_cap, &n, NULL) == CELLM_OK)
         deliver(r, r->piece, n);
@@ -238,9 +238,9 @@ void engine_finish(cellm_engine *e, cellm_request *r, cellm_finish_reason why, c
     res.finish_reason = why;
     res.status = st;
     res.n_prompt_tokens = r->n_prompt;
-    res.n_completion_tokens = r->n_tokens - r->n_prompt;
-    res.n_preemptions = r->n_preempt;
-    res.n_cached_tokens = r->n_cached;
+    res.n_completion_tokens = r->sched.n_tokens - r->n_prompt;
+    res.n_preemptions = r->sched.n_preempt;
+    res.n_cached_tokens = r->sched.n_cached;
     res.queue_ms = ((r->t_first_step > 0 ? r->t_first_step : t) - r->t_submit) * 1e3;
     res.first_token_ms = r->t_first_token > 0 ? (r->t_first_token - r->t_submit) * 1e3 : 0;
     res.total_ms = (t - r->t_submit) * 1e3;
@@ -276,8 +276,8 @@ static void fail_fed(cellm_engine *e, const cellm_error *err) {
         snprintf(e->error, sizeof e->error, "%s", err->msg);
         atomic_store_explicit(&e->failed, true, memory_order_release);
     }
-    for (int32_t i = 0; i < e->n_fed; i++)
-        engine_finish(e, e->fed[i], CELLM_FINISH_ERROR, err->code, err->msg);
+    for (int32_t i = 0; i < e->sched.n_fed; i++)
+        engine_finish(e, req_of(e->sched.fed[i]), CELLM_FINISH_ERROR, err->code, err->msg);
 }
 
 static bool is_stop(const cellm_request *r, int32_t t) {
@@ -315,12 +315,12 @@ static int take_token(cellm_engine *e, cellm_request *r, int32_t t, const float 
         r->stop_token = t;
         /* With the prompt's log-probabilities (echo) the stop token gets its
          * own too, last: harnesses take the final item as the generated one. */
-        if (r->lp_gen && r->lp_prompt) report_logprob(e, r, row, t, r->n_tokens, false);
+        if (r->lp_gen && r->lp_prompt) report_logprob(e, r, row, t, r->sched.n_tokens, false);
         return CELLM_FINISH_STOP;
     }
     if (r->gst && !engine_grammar_take(e, r, t)) return CELLM_FINISH_ERROR;
-    if (r->lp_gen) report_logprob(e, r, row, t, r->n_tokens, false);
-    r->tokens[r->n_tokens++] = t;
+    if (r->lp_gen) report_logprob(e, r, row, t, r->sched.n_tokens, false);
+    r->tokens[r->sched.n_tokens++] = t;
     sampler_accept(r->smp, t, NULL); /* t is in the vocabulary: cannot fail */
     e->n_gen_tok++;
     e->win_gen++;
@@ -328,8 +328,8 @@ static int take_token(cellm_engine *e, cellm_request *r, int32_t t, const float 
     if (tok_stream_push(&r->ts, t, r->piece, r->piece_cap, &n, NULL) == CELLM_OK &&
         deliver(r, r->piece, n))
         return CELLM_FINISH_STOP;
-    int32_t n_gen = r->n_tokens - r->n_prompt;
-    if ((r->max_tokens >= 0 && n_gen >= r->max_tokens) || r->n_tokens >= r->cap)
+    int32_t n_gen = r->sched.n_tokens - r->n_prompt;
+    if ((r->max_tokens >= 0 && n_gen >= r->max_tokens) || r->sched.n_tokens >= r->cap)
         return CELLM_FINISH_LENGTH;
     return -1;
 }
@@ -347,10 +347,10 @@ static void finish_taken(cellm_engine *e, cellm_request *r, int why) {
  * made there (-1: none), which only the resample rule looks at. */
 static int32_t sample_timed(cellm_engine *e, cellm_request *r, const float *row, int32_t j) {
     double t0 = now_s();
+    int32_t pos = r->sched.n_tokens;
     int32_t t = !r->spec_q ? sampler_sample(r->smp, row)
-                : j < 0
-                    ? spec_sample(r->smp, row, r->n_tokens, -1, NULL)
-                    : spec_sample(r->smp, row, r->n_tokens, r->tokens[r->n_tokens], &r->spec_q[j]);
+                : j < 0    ? spec_sample(r->smp, row, pos, -1, NULL)
+                           : spec_sample(r->smp, row, pos, r->tokens[pos], &r->spec_q[j]);
     /* With a grammar: the token drawn from the whole distribution stands
      * when the grammar allows it; only otherwise is the vocabulary masked
      * and the token drawn again from what the grammar allows. (As
@@ -369,7 +369,7 @@ static int32_t sample_timed(cellm_engine *e, cellm_request *r, const float *row,
  * were kept; then takes the KV of rejected guesses back (spec.c). */
 static void verify(cellm_engine *e, cellm_request *r, const float *rows, int32_t n_vocab,
                    double t_now) {
-    int32_t nd = r->n_draft, first = r->n_tokens; /* guesses at tokens[first ..] */
+    int32_t nd = r->sched.n_draft, first = r->sched.n_tokens; /* guesses at tokens[first ..] */
     int why = -1, kept = 0;
     for (int32_t j = 0; j <= nd; j++) {
         int32_t guess = j < nd ? r->tokens[first + j] : -1;
@@ -407,15 +407,15 @@ static void verify(cellm_engine *e, cellm_request *r, const float *rows, int32_t
 static void report_prompt(cellm_engine *e, cellm_request *r, int32_t from, int32_t to,
                           const float *logits, int32_t *li) {
     size_t n_vocab = (size_t)e->model->m->n_vocab;
-    if (from == 0 && r->lp_done == 0) {
+    if (from == 0 && r->sched.lp_done == 0) {
         report_logprob(e, r, NULL, r->tokens[0], 0, true);
-        r->lp_done = 1;
+        r->sched.lp_done = 1;
     }
-    for (int32_t pos = from; pos < to && pos + 1 < r->n_tokens; pos++) {
-        if (!req_row_logits(r, pos)) continue;
+    for (int32_t pos = from; pos < to && pos + 1 < r->sched.n_tokens; pos++) {
+        if (!sched_row_logits(&r->sched, pos)) continue;
         const float *row = logits + (size_t)(*li)++ * n_vocab;
         report_logprob(e, r, row, r->tokens[pos + 1], pos + 1, true);
-        r->lp_done = pos + 2;
+        r->sched.lp_done = pos + 2;
     }
 }
 
@@ -424,19 +424,19 @@ static void report_prompt(cellm_engine *e, cellm_request *r, int32_t from, int32
  * the check of its guesses, if it made any). */
 static void step_outputs(cellm_engine *e, const float *logits, double t_now) {
     int32_t n_vocab = e->model->m->n_vocab, li = 0;
-    for (int32_t i = 0; i < e->n_fed; i++) {
-        cellm_request *r = e->fed[i];
-        if (r->lp_prompt && r->lp_done < r->n_prompt)
-            report_prompt(e, r, r->seq.n_pos - r->plan_n, r->seq.n_pos, logits, &li);
-        int32_t n_rows = r->seq.n_pos - r->n_tokens + 1; /* rows with logits */
-        if (n_rows <= 0) continue;                       /* mid-prompt: no logits */
+    for (int32_t i = 0; i < e->sched.n_fed; i++) {
+        cellm_request *r = req_of(e->sched.fed[i]);
+        if (r->lp_prompt && r->sched.lp_done < r->n_prompt)
+            report_prompt(e, r, r->seq.n_pos - r->sched.plan_n, r->seq.n_pos, logits, &li);
+        int32_t n_rows = r->seq.n_pos - r->sched.n_tokens + 1; /* rows with logits */
+        if (n_rows <= 0) continue;                             /* mid-prompt: no logits */
         const float *row = logits + (size_t)li * (size_t)n_vocab;
         li += n_rows;
         if (r->max_tokens == 0) { /* the prompt alone was asked for */
             engine_finish(e, r, CELLM_FINISH_LENGTH, CELLM_OK, NULL);
             continue;
         }
-        if (r->n_draft > 0) {
+        if (r->sched.n_draft > 0) {
             verify(e, r, row, n_vocab, t_now);
             continue;
         }
@@ -448,7 +448,7 @@ static void step_outputs(cellm_engine *e, const float *logits, double t_now) {
 /* Gives memory back at `level` (cellm_trim_level); returns the bytes the
  * OS got back. */
 static size_t trim_now(cellm_engine *e, int level) {
-    if (level >= CELLM_TRIM_CRITICAL) sched_preempt_all(e);
+    if (level >= CELLM_TRIM_CRITICAL) sched_preempt_all(&e->sched);
     if (level >= CELLM_TRIM_MODERATE) session_drop_all(e);
     size_t draft = spec_trim(e); /* the draft's KV goes first, at every level */
     return draft + kv_cache_release_free(e->kv);
@@ -459,7 +459,7 @@ static size_t trim_now(cellm_engine *e, int level) {
  * policy. Returns false when the thread should end. */
 static bool step_intake(cellm_engine *e, bool block) {
     pthread_mutex_lock(&e->mu);
-    while (block && !e->stop && !e->incoming && e->n_running == 0 && !e->waiting &&
+    while (block && !e->stop && !e->incoming && e->sched.n_running == 0 && !e->sched.waiting &&
            !e->trim_level && !e->session_frees && !e->jobs) {
         e->win_t0 = 0; /* idle time is not in the rates */
         pthread_cond_wait(&e->cv_work, &e->mu);
@@ -469,11 +469,16 @@ static bool step_intake(cellm_engine *e, bool block) {
         cellm_request *r = e->incoming;
         e->incoming = r->next;
         e->n_incoming--;
-        sched_enqueue(e, r);
+        sched_enqueue(&e->sched, &r->sched);
     }
-    for (int32_t i = 0; i < e->n_running; i++)
-        e->running[i]->cancel_seen = e->running[i]->cancel || stopping;
-    for (cellm_request *r = e->waiting; r; r = r->next) r->cancel_seen = r->cancel || stopping;
+    for (int32_t i = 0; i < e->sched.n_running; i++) {
+        cellm_request *r = req_of(e->sched.running[i]);
+        r->cancel_seen = r->cancel || stopping;
+    }
+    for (sched_item *it = e->sched.waiting; it; it = it->next) {
+        cellm_request *r = req_of(it);
+        r->cancel_seen = r->cancel || stopping;
+    }
     e->qos_now = e->qos;
     int trim = e->trim_level;
     uint64_t trim_ticket = e->trim_asked;
@@ -485,11 +490,13 @@ static bool step_intake(cellm_engine *e, bool block) {
     pthread_mutex_unlock(&e->mu);
 
     tp_set_threads(e->tp, e->qos_now.n_threads > 0 ? e->qos_now.n_threads : tp_size(e->tp));
-    for (int32_t i = e->n_running - 1; i >= 0; i--)
-        if (e->running[i]->cancel_seen)
-            engine_finish(e, e->running[i], CELLM_FINISH_CANCELLED, CELLM_OK, NULL);
-    for (cellm_request *r = e->waiting, *next; r; r = next) {
-        next = r->next;
+    for (int32_t i = e->sched.n_running - 1; i >= 0; i--) {
+        cellm_request *r = req_of(e->sched.running[i]);
+        if (r->cancel_seen) engine_finish(e, r, CELLM_FINISH_CANCELLED, CELLM_OK, NULL);
+    }
+    for (sched_item *it = e->sched.waiting, *next; it; it = next) {
+        next = it->next;
+        cellm_request *r = req_of(it);
         if (r->cancel_seen) engine_finish(e, r, CELLM_FINISH_CANCELLED, CELLM_OK, NULL);
     }
     while (frees) {
@@ -572,28 +579,30 @@ static int engine_step_once(cellm_engine *e, bool block) {
     cellm_error err;
     if (!step_intake(e, block)) return -1;
     double at = block ? next_step_at(e) : 0;
-    if (at > 0 && (e->n_running > 0 || e->waiting) && now_s() < at) {
+    if (at > 0 && (e->sched.n_running > 0 || e->sched.waiting) && now_s() < at) {
         engine_rest(e, at); /* then take in what came meanwhile */
         return 0;
     }
     spec_propose(e);
-    int32_t n_rows = sched_plan_step(e);
+    int32_t n_rows = sched_plan_step(&e->sched);
     if (n_rows == 0) return 0;
     double t0 = now_s();
     if (e->win_t0 == 0) e->win_t0 = t0;
-    for (int32_t i = 0; i < e->n_fed; i++)
-        if (e->fed[i]->t_first_step == 0) e->fed[i]->t_first_step = t0;
+    for (int32_t i = 0; i < e->sched.n_fed; i++) {
+        cellm_request *r = req_of(e->sched.fed[i]);
+        if (r->t_first_step == 0) r->t_first_step = t0;
+    }
     /* Rows before each request's last token: prompt (or recomputed) rows,
      * whether or not they ask for logits (prompt_logprobs). */
     int32_t n_prompt_rows = 0;
-    for (int32_t i = 0; i < e->n_fed; i++) {
-        const cellm_request *r = e->fed[i];
-        int32_t before_last = r->n_tokens - 1 - r->seq.n_pos;
-        n_prompt_rows += before_last < 0 ? 0 : before_last < r->plan_n ? before_last : r->plan_n;
+    for (int32_t i = 0; i < e->sched.n_fed; i++) {
+        const sched_item *it = e->sched.fed[i];
+        int32_t before_last = it->n_tokens - 1 - it->seq->n_pos;
+        n_prompt_rows += before_last < 0 ? 0 : before_last < it->plan_n ? before_last : it->plan_n;
     }
     const float *logits = NULL;
     err_clear(&err);
-    if (backend_run(&e->fwd, e->rows, n_rows, &logits, &err) != CELLM_OK) {
+    if (backend_run(&e->fwd, e->sched.rows, n_rows, &logits, &err) != CELLM_OK) {
         /* The scheduler counted the blocks, so this is a bug or a bad
          * input we did not catch at submit: fail the step's requests,
          * keep serving the others. */
@@ -633,7 +642,7 @@ static int manual_step(cellm_engine *e, int *more) {
     int r = engine_step_once(e, false);
     if (more) {
         pthread_mutex_lock(&e->mu);
-        *more = e->n_running > 0 || e->waiting || e->incoming || e->trim_level ||
+        *more = e->sched.n_running > 0 || e->sched.waiting || e->incoming || e->trim_level ||
                 e->session_frees || e->jobs;
         pthread_mutex_unlock(&e->mu);
     }
@@ -677,6 +686,35 @@ void engine_run_job(cellm_engine *e, void (*fn)(cellm_engine *e, void *arg), voi
     pthread_cond_signal(&e->cv_work);
     while (!j.done) engine_wait_locked(e);
     pthread_mutex_unlock(&e->mu);
+}
+
+/* ------------------------------------------------------ the scheduler's hooks */
+
+/* A request that has outgrown the whole KV cache. */
+static void hook_finish(void *e, sched_item *it) {
+    engine_finish(e, req_of(it), CELLM_FINISH_LENGTH, CELLM_OK, NULL);
+}
+
+/* A preempted request's draft KV goes with its blocks. */
+static void hook_preempted(void *e, sched_item *it) {
+    spec_drop(e, req_of(it));
+}
+
+/* Idle sessions' kept blocks go before anything is preempted. */
+static bool hook_reclaim(void *e) {
+    return session_drop_lru(e);
+}
+
+/* A session's turn takes its session's kept KV at admission. */
+static bool hook_adopt(void *e, sched_item *it) {
+    cellm_request *r = req_of(it);
+    if (!r->session || r->adopted) return false;
+    session_adopt(e, r);
+    return true;
+}
+
+static void hook_unadopt(void *e, sched_item *it) {
+    session_unadopt(e, req_of(it));
 }
 
 /* ----------------------------------------------------------------- engines */
@@ -777,10 +815,8 @@ static void engine_destroy(cellm_engine *e) {
     spec_destroy(e);
     backend_free(&e->fwd);
     tp_destroy(e->tp);
+    sched_free(&e->sched);
     kv_cache_free(e->kv);
-    free(e->rows);
-    free(e->running);
-    free(e->fed);
     free(e);
 }
 
@@ -845,13 +881,6 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
         free(e);
         return fail(&err);
     }
-    e->rows = malloc((size_t)p.max_batch_tokens * sizeof *e->rows);
-    e->running = malloc((size_t)p.max_seqs * sizeof *e->running);
-    e->fed = malloc((size_t)p.max_seqs * sizeof *e->fed);
-    if (!e->rows || !e->running || !e->fed) {
-        engine_destroy(e);
-        return fail_msg(CELLM_ERR_NO_MEMORY, "out of memory");
-    }
     /* A draft model's pool gets its share of the KV budget in proportion
      * to what max_seqs sequences need in each. */
     size_t kv_budget = p.mem_budget_bytes - e->act_bytes, draft_kv = 0;
@@ -871,6 +900,12 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
     }
     e->kv->seq_slack = slack;
     kv_cache_set_prefix(e->kv, p.prefix_cache != 0);
+    sched_limits lim = {p.max_seqs, p.max_batch_tokens, e->logit_rows};
+    sched_hooks hooks = {e, hook_finish, hook_preempted, hook_reclaim, hook_adopt, hook_unadopt};
+    if (sched_init(&e->sched, e->kv, &lim, &hooks, &err)) {
+        engine_destroy(e);
+        return fail(&err);
+    }
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv_work, NULL);
     pthread_cond_init(&e->cv_done, NULL);
@@ -1196,7 +1231,7 @@ cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm
     }
     r->e = e;
     r->stop_token = r->stop_index = -1;
-    r->n_prompt = r->n_tokens = (int32_t)ids.n;
+    r->n_prompt = r->sched.n_tokens = (int32_t)ids.n;
     /* Room for the whole completion, so the engine never grows it. */
     int64_t cap = p->max_tokens < 0 ? max_ctx : (int64_t)r->n_prompt + p->max_tokens;
     r->cap = (int32_t)(cap > max_ctx ? max_ctx : cap);
@@ -1234,7 +1269,7 @@ cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm
         }
     }
     r->max_tokens = p->max_tokens;
-    r->priority = p->priority;
+    r->sched.priority = p->priority;
     r->on_piece = p->on_piece;
     r->on_done = p->on_done;
     r->user = p->user;
@@ -1267,6 +1302,9 @@ cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm
         return fail_msg(CELLM_ERR_NO_MEMORY, "out of memory for the request's guesses");
     }
     r->seq.tokens = r->tokens; /* its full blocks go into the prefix cache */
+    r->sched.seq = &r->seq;
+    r->sched.tokens = r->tokens;
+    r->sched.lp_end = r->lp_prompt ? r->n_prompt : 0;
     r->seq.n_keep = r->n_prompt;
     tok_stream_init(&r->ts, cm->tok, 0);
     r->refs = 2;
@@ -1287,7 +1325,7 @@ cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm
         session->turn = r;
         r->session = session;
     }
-    r->arrival = e->next_arrival++;
+    r->sched.arrival = e->next_arrival++;
     r->next = e->incoming;
     e->incoming = r;
     e->n_incoming++;
@@ -1328,7 +1366,7 @@ cellm_status cellm_request_tokens(cellm_request *r, const int32_t **ids, int32_t
     if (!r || !ids || !n)
         return fail_msg(CELLM_ERR_INVALID_ARG, "cellm_request_tokens: a NULL argument");
     *ids = r->tokens + r->n_prompt;
-    *n = r->n_tokens - r->n_prompt;
+    *n = r->sched.n_tokens - r->n_prompt;
     return CELLM_OK;
 }
 

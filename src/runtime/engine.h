@@ -1,8 +1,10 @@
 /*
  * engine.h — the insides of the public engine API, shared by engine.c (the
  * handles, submission, the engine thread and its step loop, the QoS policy
- * and trimming), scheduler.c (the queues and the plan of each step's flat
- * batch) and session.c (chat sessions and the KV they keep).
+ * and trimming), session.c (chat sessions and the KV they keep) and spec.c
+ * (speculative decoding). The scheduler (scheduler.h: the queues and the
+ * plan of each step's flat batch) sees none of this: a request embeds its
+ * sched_item, and the engine gives the scheduler hooks back to itself.
  *
  * Threads and locks. Application threads call the public functions; one
  * engine thread per engine runs steps (and every callback); the thread
@@ -23,6 +25,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "cellm.h"
@@ -31,6 +34,7 @@
 #include "text/grammar.h"
 #include "runtime/device.h"
 #include "runtime/sampler.h"
+#include "runtime/scheduler.h"
 #include "text/stop.h"
 #include "text/tokenizer.h"
 
@@ -101,8 +105,6 @@ struct cellm_request {
     cellm_engine *e;
 
     /* Fixed at submit, before the engine thread sees the request. */
-    uint64_t arrival; /* submission order; ties between equal priorities */
-    int32_t priority;
     int32_t max_tokens;                             /* < 0: no limit but the context */
     int32_t stop[1 + REQ_MAX_STOP + CHAT_MAX_STOP]; /* EOS, the caller's, end of turn */
     int32_t n_stop;
@@ -123,9 +125,15 @@ struct cellm_request {
     float *grammar_row;
 
     /* Engine thread only (and the owner after `done`, read-only). */
-    cellm_request *next; /* incoming list (under mu) or waiting queue */
+    /* What the scheduler knows of it (scheduler.h): its priority and
+     * arrival (submission order), set at submit; how many of `tokens`
+     * there are (sched.n_tokens); this step's rows, its guesses, the prompt
+     * tokens whose log-probabilities were reported, its preemptions and
+     * the prompt tokens it found cached. */
+    sched_item sched;
+    cellm_request *next; /* incoming list (under mu) */
     int32_t *tokens;     /* prompt, then completion; capacity cap */
-    int32_t n_tokens, cap;
+    int32_t cap;
     kv_seq seq; /* seq.n_pos tokens of `tokens` are in the KV cache */
     sampler *smp;
     stop_matcher *stops; /* NULL without stop strings */
@@ -134,22 +142,15 @@ struct cellm_request {
     tok_stream ts;
     char *piece; /* tok_stream output, piece_cap bytes */
     size_t piece_cap;
-    int32_t plan_n;   /* rows planned for this step */
     bool detached;    /* freed by the owner from a callback: no more callbacks */
     bool cancel_seen; /* the engine's copy of `cancel` for this step */
     double t_first_step, t_first_token;
-    int32_t n_preempt;
     char err[CELLM_ERR_MSG_MAX];
-    /* prompt_logprobs: prompt tokens reported so far (tokens[0 .. lp_done));
-     * the rows that report the rest ask for logits (req_row_logits), and
-     * the prefix cache may only stand in for rows already reported. */
-    int32_t lp_done;
     cellm_top_logprob lp_top_buf[CELLM_MAX_TOP_LOGPROBS];
 
     /* Speculative decoding (spec.c), engine thread only. The guesses of
-     * this step sit at tokens[n_tokens .. n_tokens + n_draft), past the
-     * pending token, and the step feeds them after it. */
-    int32_t n_draft;
+     * this step (sched.n_draft) sit past the pending token, and the step
+     * feeds them after it. */
     int32_t spec_k;    /* guesses to try next: adapts to how many were kept */
     int32_t spec_room; /* guesses it may make this step */
     kv_seq dseq;       /* the draft model's KV of tokens[0 .. dseq.n_pos) */
@@ -167,9 +168,8 @@ struct cellm_request {
     /* A turn of a session (fixed at submit), and what the engine thread
      * does with it. */
     cellm_session *session;
-    bool adopted;     /* took the session's kept KV at admission */
-    int32_t n_cached; /* prompt tokens whose KV it took */
-    char *reply;      /* the text streamed, for the history; reply_cap bytes */
+    bool adopted; /* took the session's kept KV at admission (sched.n_cached: how much) */
+    char *reply;  /* the text streamed, for the history; reply_cap bytes */
     size_t reply_len, reply_cap;
 
     /* Guarded by e->mu. */
@@ -188,15 +188,9 @@ struct cellm_engine {
     /* Engine thread only (after creation). */
     kv_cache *kv;
     threadpool *tp;
-    backend fwd;             /* runs the forward pass (runtime/device.h) */
-    fwd_row *rows;           /* [p.max_batch_tokens] */
-    cellm_request **running; /* [p.max_seqs], priority high to low, then oldest first */
-    int32_t n_running;
-    cellm_request *waiting; /* queue in the same order */
-    int32_t n_waiting;
-    cellm_request **fed; /* [p.max_seqs] the requests in this step's batch */
-    int32_t n_fed;
-    uint64_t n_steps, n_preempt, n_prompt_tok, n_gen_tok;
+    backend fwd; /* runs the forward pass (runtime/device.h) */
+    sched sched; /* the queues of requests (their sched items) and each step's batch */
+    uint64_t n_steps, n_prompt_tok, n_gen_tok;
     uint64_t n_sampled;
     double t_sample;  /* seconds in sampler_sample */
     double t_grammar; /* seconds masking and advancing grammars (part of t_sample) */
@@ -210,7 +204,6 @@ struct cellm_engine {
     double rest_s;                      /* seconds rested */
     cellm_session *lru_head, *lru_tail; /* idle sessions with kept KV, least recent first */
     int32_t n_lru, blocks_kept;
-    uint64_t n_prefix_tok; /* prompt positions taken from the prefix cache */
 
     /* Speculative decoding (spec.c): on with a draft model or lookup. The
      * draft model has its own KV pool and forward context; drows and dreq
@@ -249,30 +242,10 @@ struct cellm_engine {
     char error[CELLM_ERR_MSG_MAX];
 };
 
-/* True when r's row at position pos asks for logits: its last token (and
- * the guesses after it), and, while prompt_logprobs has prompt tokens left
- * to report, each row whose logits give the next prompt token's. */
-static inline bool req_row_logits(const cellm_request *r, int32_t pos) {
-    if (pos + 1 >= r->n_tokens) return true;
-    return r->lp_prompt && pos + 1 >= r->lp_done && pos + 1 < r->n_prompt;
+/* The request whose scheduler item `it` is. */
+static inline cellm_request *req_of(sched_item *it) {
+    return (cellm_request *)((char *)it - offsetof(cellm_request, sched));
 }
-
-/* ---- scheduler.c (engine thread only) ---- */
-
-/* Puts `r` in the waiting queue at its place (priority, then arrival). */
-void sched_enqueue(cellm_engine *e, cellm_request *r);
-
-/* Takes `r` out of the running or waiting queue, wherever it is. */
-void sched_remove(cellm_engine *e, cellm_request *r);
-
-/* Plans one step: sets plan_n of running requests (preempting and
- * admitting as blocks allow), then fills e->rows and e->fed. Returns the
- * number of rows. May finish requests that can never fit. */
-int32_t sched_plan_step(cellm_engine *e);
-
-/* Preempts every running request (CELLM_TRIM_CRITICAL): blocks back to the
- * pool, requests back to the waiting queue. Returns how many. */
-int32_t sched_preempt_all(cellm_engine *e);
 
 /* ---- spec.c: speculative decoding ---- */
 

@@ -116,7 +116,7 @@ void session_adopt(cellm_engine *e, cellm_request *r) {
     r->seq.n_keep = r->n_prompt;
     s->seq.tokens = s->kept;
     r->adopted = true;
-    r->n_cached = d;
+    r->sched.n_cached = d;
 }
 
 void session_unadopt(cellm_engine *e, cellm_request *r) {
@@ -126,7 +126,7 @@ void session_unadopt(cellm_engine *e, cellm_request *r) {
     r->seq.n_keep = r->n_prompt;
     s->seq.tokens = s->kept;
     r->adopted = false;
-    r->n_cached = 0;
+    r->sched.n_cached = 0;
     lru_push(e, s);
 }
 
@@ -144,8 +144,8 @@ void session_turn_end(cellm_engine *e, cellm_request *r, cellm_finish_reason why
     }
     /* (Not admitted: the session still keeps what it kept before.) */
     if (why == CELLM_FINISH_ERROR) kv_seq_reset(e->kv, &s->seq); /* what it holds is unknown */
-    bool no_turn =
-        why == CELLM_FINISH_ERROR || (why == CELLM_FINISH_CANCELLED && r->n_tokens == r->n_prompt);
+    bool no_turn = why == CELLM_FINISH_ERROR ||
+                   (why == CELLM_FINISH_CANCELLED && r->sched.n_tokens == r->n_prompt);
     if (no_turn) {
         s->n_msgs--;
         free((char *)s->msgs[s->n_msgs].content);

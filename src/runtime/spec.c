@@ -171,21 +171,21 @@ void spec_drop(cellm_engine *e, cellm_request *r) {
         kv_seq_free(e->dkv, &r->dseq);
         r->has_dseq = false;
     }
-    r->n_draft = 0;
+    r->sched.n_draft = 0;
 }
 
 size_t spec_trim(cellm_engine *e) {
     if (!e->dkv) return 0;
-    for (int32_t i = 0; i < e->n_running; i++) spec_drop(e, e->running[i]);
+    for (int32_t i = 0; i < e->sched.n_running; i++) spec_drop(e, req_of(e->sched.running[i]));
     return kv_cache_release_free(e->dkv);
 }
 
 void spec_after(cellm_engine *e, cellm_request *r) {
-    r->n_draft = 0;
+    r->sched.n_draft = 0;
     if (!r->has_dseq) return;
     /* Positions before the pending token hold kept tokens; the draft's KV
      * from the pending token's position on is of guesses. */
-    int32_t valid = r->n_tokens - 1;
+    int32_t valid = r->sched.n_tokens - 1;
     if (r->dseq.n_pos > valid && !kv_seq_truncate(e->dkv, &r->dseq, valid))
         kv_seq_reset(e->dkv, &r->dseq);
 }
@@ -297,7 +297,7 @@ static int32_t draft_guess(const cellm_engine *e, cellm_request *r, const float 
                            float *prob) {
     int32_t n_vocab = e->p.draft_model->m->n_vocab;
     if (!r->spec_q) return spec_draft_pick(row, n_vocab, e->p.draft_p_min, prob);
-    return spec_draft_guess(row, n_vocab, sampler_get_params(r->smp), r->n_tokens + j,
+    return spec_draft_guess(row, n_vocab, sampler_get_params(r->smp), r->sched.n_tokens + j,
                             &r->spec_q[j], prob);
 }
 
@@ -317,12 +317,14 @@ int32_t spec_next_k(int32_t k, int32_t n_guess, int32_t kept, int32_t draft_max)
  * token array, the context, max_tokens and the batch. */
 static int32_t room_for(const cellm_engine *e, const cellm_request *r) {
     int32_t k = r->spec_k > 0 ? r->spec_k : e->p.draft_max;
-    int32_t lim = r->cap - r->n_tokens;
+    int32_t lim = r->cap - r->sched.n_tokens;
     if (lim < k) k = lim;
-    lim = e->kv->max_ctx - r->n_tokens; /* rows at positions n_tokens - 1 .. n_tokens - 1 + k */
+    /* Rows at positions n_tokens - 1 .. n_tokens - 1 + k. */
+    lim = e->kv->max_ctx - r->sched.n_tokens;
     if (lim < k) k = lim;
     if (r->max_tokens >= 0) {
-        lim = r->max_tokens - (r->n_tokens - r->n_prompt) - 1; /* the last token is not guessed */
+        /* The last token is not guessed. */
+        lim = r->max_tokens - (r->sched.n_tokens - r->n_prompt) - 1;
         if (lim < k) k = lim;
     }
     lim = e->p.max_batch_tokens - 1;
@@ -350,7 +352,7 @@ static void draft_run(cellm_engine *e, int32_t n) {
     /* Pass 0: what each has not seen yet; those that see it all get logits. */
     for (int32_t i = 0; i < n; i++) {
         cellm_request *r = e->dreq[i];
-        int32_t from = r->dseq.n_pos, want = r->n_tokens - from;
+        int32_t from = r->dseq.n_pos, want = r->sched.n_tokens - from;
         int32_t feed = want < budget - n_rows ? want : budget - n_rows;
         bool whole = feed == want;
         /* Whole: room for the catch-up and the guesses fed after it. */
@@ -375,15 +377,15 @@ static void draft_run(cellm_engine *e, int32_t n) {
         float p;
         int32_t t = draft_guess(e, r, logits + (size_t)li++ * (size_t)n_vocab, 0, &p);
         if (p < e->p.draft_p_min) continue;
-        r->tokens[r->n_tokens] = t;
-        r->n_draft = 1;
-        if (r->n_draft < r->spec_room) e->dreq[n_act++] = r;
+        r->tokens[r->sched.n_tokens] = t;
+        r->sched.n_draft = 1;
+        if (r->sched.n_draft < r->spec_room) e->dreq[n_act++] = r;
     }
     /* Further passes: one row per request still guessing. */
     while (n_act > 0) {
         for (int32_t i = 0; i < n_act; i++) {
             cellm_request *r = e->dreq[i];
-            int32_t pos = r->n_tokens + r->n_draft - 1;
+            int32_t pos = r->sched.n_tokens + r->sched.n_draft - 1;
             e->drows[i] = (fwd_row){&r->dseq, r->tokens[pos], pos, true};
         }
         err_clear(&err);
@@ -393,10 +395,11 @@ static void draft_run(cellm_engine *e, int32_t n) {
         for (int32_t i = 0; i < n_act; i++) {
             cellm_request *r = e->dreq[i];
             float p;
-            int32_t t = draft_guess(e, r, logits + (size_t)i * (size_t)n_vocab, r->n_draft, &p);
+            int32_t t =
+                draft_guess(e, r, logits + (size_t)i * (size_t)n_vocab, r->sched.n_draft, &p);
             if (p < e->p.draft_p_min) continue;
-            r->tokens[r->n_tokens + r->n_draft++] = t;
-            if (r->n_draft < r->spec_room) e->dreq[m++] = r;
+            r->tokens[r->sched.n_tokens + r->sched.n_draft++] = t;
+            if (r->sched.n_draft < r->spec_room) e->dreq[m++] = r;
         }
         n_act = m;
     }
@@ -404,7 +407,7 @@ static void draft_run(cellm_engine *e, int32_t n) {
 fail:
     /* The blocks were counted, so this is a bug; guesses are only a
      * speed-up: drop them and the draft's KV, and decode plainly. */
-    for (int32_t i = 0; i < e->n_running; i++) spec_drop(e, e->running[i]);
+    for (int32_t i = 0; i < e->sched.n_running; i++) spec_drop(e, req_of(e->sched.running[i]));
 }
 
 void spec_propose(cellm_engine *e) {
@@ -412,13 +415,13 @@ void spec_propose(cellm_engine *e) {
     /* The step's rows for guesses: what spec_step_rows leaves after every
      * decoding request's pending token. */
     int32_t rows = e->p.spec_step_rows > 0 ? e->p.spec_step_rows : 1 + e->p.draft_max;
-    for (int32_t i = 0; i < e->n_running; i++)
-        rows -= e->running[i]->seq.n_pos == e->running[i]->n_tokens - 1;
+    for (int32_t i = 0; i < e->sched.n_running; i++)
+        rows -= e->sched.running[i]->seq->n_pos == e->sched.running[i]->n_tokens - 1;
     int32_t n_cand = 0;
-    for (int32_t i = 0; i < e->n_running; i++) {
-        cellm_request *r = e->running[i];
-        r->n_draft = 0;
-        if (r->seq.n_pos != r->n_tokens - 1) continue; /* not decoding */
+    for (int32_t i = 0; i < e->sched.n_running; i++) {
+        cellm_request *r = req_of(e->sched.running[i]);
+        r->sched.n_draft = 0;
+        if (r->seq.n_pos != r->sched.n_tokens - 1) continue; /* not decoding */
         int32_t k = room_for(e, r);
         /* Under the resample rule the guesses decide the text: they must
          * not depend on the other requests. */
@@ -429,16 +432,16 @@ void spec_propose(cellm_engine *e) {
         if (e->p.lookup_ngram > 0 && r->lk_skip > 0) {
             r->lk_skip--;
         } else if (e->p.lookup_ngram > 0) {
-            int32_t n =
-                spec_lookup(r->tokens, r->n_tokens, e->p.lookup_ngram, k, r->tokens + r->n_tokens);
+            int32_t n = spec_lookup(r->tokens, r->sched.n_tokens, e->p.lookup_ngram, k,
+                                    r->tokens + r->sched.n_tokens);
             if (n >= e->p.draft_min && n > 0) {
-                r->n_draft = n;
+                r->sched.n_draft = n;
                 r->spec_looked = true;
                 rows += k - n;
                 /* A guess from earlier text is certain to its source: q
                  * is all on it. */
                 for (int32_t j = 0; r->spec_q && j < n; j++)
-                    r->spec_q[j] = (sampler_dist){1, {r->tokens[r->n_tokens + j]}, {1.0f}};
+                    r->spec_q[j] = (sampler_dist){1, {r->tokens[r->sched.n_tokens + j]}, {1.0f}};
                 continue;
             }
         }
@@ -454,8 +457,8 @@ void spec_propose(cellm_engine *e) {
         e->dreq[n_cand++] = r;
     }
     if (n_cand > 0) draft_run(e, n_cand);
-    for (int32_t i = 0; i < e->n_running; i++) {
-        cellm_request *r = e->running[i];
-        if (r->n_draft < e->p.draft_min) r->n_draft = 0;
+    for (int32_t i = 0; i < e->sched.n_running; i++) {
+        cellm_request *r = req_of(e->sched.running[i]);
+        if (r->sched.n_draft < e->p.draft_min) r->sched.n_draft = 0;
     }
 }
