@@ -11,7 +11,9 @@ set(CELLM_VULKAN AUTO CACHE STRING "Build the Vulkan compute backend: AUTO, ON o
 set_property(CACHE CELLM_VULKAN PROPERTY STRINGS AUTO ON OFF)
 
 set(CELLM_HAVE_VULKAN OFF)
-if(NOT CELLM_VULKAN STREQUAL "OFF")
+if(CELLM_VULKAN STREQUAL "OFF")
+  message(STATUS "cellm: Vulkan backend off (CELLM_VULKAN=OFF)")
+else()
   find_path(VULKAN_HEADER_DIR vulkan/vulkan.h)
   find_program(GLSLC_EXECUTABLE glslc)
   if(VULKAN_HEADER_DIR AND GLSLC_EXECUTABLE)
@@ -58,7 +60,7 @@ foreach(entry ${CELLM_VK_SHADERS})
   # Vulkan 1.1 is the floor (phones' drivers); -O for the drivers that
   # compile SPIR-V as given.
   add_custom_command(OUTPUT ${spv}
-    COMMAND ${GLSLC_EXECUTABLE} --target-env=vulkan1.1 -O -Werror ${parts}
+    COMMAND ${GLSLC_EXECUTABLE} --target-env=vulkan1.1 -Werror ${parts}
             -o ${spv} ${shader_dir}/${src}
     DEPENDS ${shader_dir}/${src} ${shader_includes}
     COMMENT "glslc ${name}"

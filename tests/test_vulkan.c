@@ -20,6 +20,7 @@
 #include <math.h>
 
 #include "format/quant.h"
+#include "test_common.h"
 #include "vulkan/vk_device.h"
 #include "vulkan/vk_matmul.h"
 
@@ -166,11 +167,16 @@ static void test_asan_vulkan_no_loader(void **state) {
     assert_int_equal(vk_live_objects(), 0);
 }
 
-enum { ROWS = 256, COLS = 512, XR = 64 };
+enum { ROWS = 128, COLS = 512, XR = 64 };
 
 /* Byte offsets of the operands in their buffers: not multiples of the
  * storage alignment, so the shader's own offsets are exercised. */
 enum { W_OFF = 36, X_OFF = 20, Y_OFF = 12 };
+
+/* The rows also run alone: both ends of the first tiles of 8 rows, and
+ * rows of the 64-row batch's later tiles. */
+static const int single[] = {0, 1, 7, 8, 9, 16, 40, 63};
+enum { NS = sizeof single / sizeof single[0] };
 
 /* For one weight type: quantize a random matrix with the CPU's own
  * quantizer, run it on the device for 64, 17, 3 and 1 activation rows in
@@ -193,9 +199,9 @@ static void check_matmul(vk_device *dev, vk_recorder *rec, uint32_t type) {
         qi->to_float(w + (size_t)o * row_bytes, deq + (size_t)o * COLS, COLS);
     }
     for (int i = 0; i < XR * COLS; i++) x[i] = frand(&seed) * (i % 89 == 0 ? 6.0f : 1.0f);
-    /* y: the 64-row result, then 17 rows, 3 rows, and 64 single rows. */
+    /* y: the 64-row result, then 17 rows, 3 rows, and the single rows. */
     const int sizes[3] = {XR, 17, 3};
-    size_t y_floats = (size_t)ROWS * (XR + 17 + 3 + XR);
+    size_t y_floats = (size_t)ROWS * (XR + 17 + 3 + NS);
     vk_buffer *wb, *xb, *yb;
     cellm_error err;
     assert_int_equal(vk_buffer_create(dev, W_OFF + w_bytes, VK_BUF_DEVICE, &wb, &err), CELLM_OK);
@@ -217,10 +223,10 @@ static void check_matmul(vk_device *dev, vk_recorder *rec, uint32_t type) {
                          CELLM_OK);
         y_at += (size_t)ROWS * sizes[s];
     }
-    for (int r = 0; r < XR; r++)
+    for (int k = 0; k < NS; k++)
         assert_int_equal(vk_matmul(rec, type, wb, W_OFF, ROWS, COLS, xb,
-                                   X_OFF + sizeof(float) * COLS * r, yb,
-                                   Y_OFF + sizeof(float) * (y_at + (size_t)ROWS * r), 1, &err),
+                                   X_OFF + sizeof(float) * COLS * single[k], yb,
+                                   Y_OFF + sizeof(float) * (y_at + (size_t)ROWS * k), 1, &err),
                          CELLM_OK);
     assert_int_equal(vk_recorder_submit(rec, &err), CELLM_OK);
     float *y = malloc(sizeof(float) * y_floats);
@@ -247,7 +253,8 @@ static void check_matmul(vk_device *dev, vk_recorder *rec, uint32_t type) {
     /* Batch invariance: the bits of a row alone, among 3, 17 and 64. */
     assert_memory_equal(y17, y64, sizeof(float) * ROWS * 17);
     assert_memory_equal(y3, y64, sizeof(float) * ROWS * 3);
-    assert_memory_equal(y1, y64, sizeof(float) * ROWS * XR);
+    for (int k = 0; k < NS; k++)
+        assert_memory_equal(y1 + ROWS * k, y64 + ROWS * single[k], sizeof(float) * ROWS);
     print_message("    %-5s worst relative error %.2g\n", qi->name, worst);
     vk_buffer_free(wb);
     vk_buffer_free(xb);
@@ -336,6 +343,32 @@ static void test_asan_vulkan_descriptor_pools(void **state) {
     assert_int_equal(vk_live_objects(), 0);
 }
 
+/* `cellm devices` lists the device the library opens, and with no loader
+ * says so and still exits 0. */
+static void test_vulkan_devices_command(void **state) {
+    (void)state;
+    vk_device *dev = open_device(NULL);
+    char name[256];
+    snprintf(name, sizeof name, "%s", vk_device_get_info(dev)->name);
+    vk_device_close(dev);
+    char cmd[1024], *out;
+    snprintf(cmd, sizeof cmd, "%s devices 2>&1", test_cellm_bin());
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
+    assert_non_null(strstr(out, "Vulkan: built in"));
+    assert_non_null(strstr(out, name));
+    assert_non_null(strstr(out, "<- default"));
+    assert_non_null(strstr(out, "subgroup size"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "CELLM_VULKAN_LOADER=libvulkan-cellm-missing.so %s devices 2>&1",
+             test_cellm_bin());
+    assert_int_equal(test_run_cmd(cmd, &out), 0);
+    assert_non_null(strstr(out, "no Vulkan device: no Vulkan loader"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s devices --bogus 2>&1", test_cellm_bin());
+    assert_int_equal(test_run_cmd(cmd, &out), 2);
+    free(out);
+}
+
 /* A build without the backend: every entry point says so. */
 static void test_vulkan_not_built(void **state) {
     (void)state;
@@ -367,6 +400,7 @@ int main(void) {
         cmocka_unit_test(test_asan_vulkan_no_loader),
         cmocka_unit_test(test_vulkan_matmul),
         cmocka_unit_test(test_asan_vulkan_descriptor_pools),
+        cmocka_unit_test(test_vulkan_devices_command),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

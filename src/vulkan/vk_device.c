@@ -220,7 +220,7 @@ cellm_status vk_enumerate(vk_device_info *out, uint32_t cap, uint32_t *n, cellm_
     return st;
 }
 
-/* Higher is preferred by vk_device_open. */
+/* Higher is preferred by vk_pick_best. */
 static int type_rank(vk_device_type t) {
     switch (t) {
     case VK_TYPE_DISCRETE:
@@ -234,6 +234,14 @@ static int type_rank(vk_device_type t) {
     default:
         return 0;
     }
+}
+
+int vk_pick_best(const vk_device_info *infos, uint32_t n) {
+    int pick = -1;
+    for (uint32_t i = 0; i < n; i++)
+        if (infos[i].usable && (pick < 0 || type_rank(infos[i].type) > type_rank(infos[pick].type)))
+            pick = (int)i;
+    return pick;
 }
 
 static cellm_status create_device(vk_device *d, bool no_push, cellm_error *err) {
@@ -306,7 +314,7 @@ cellm_status vk_device_open(const vk_open_params *params, vk_device **out, cellm
     uint32_t n = 0;
     st = list_physical(&d->fn, d->inst, &phys, &n, err);
     if (st == CELLM_OK) {
-        int pick = -1, best = -1;
+        int pick = -1;
         if (p.index >= 0) {
             if ((uint32_t)p.index >= n) {
                 st = err_set(err, CELLM_ERR_INVALID_ARG,
@@ -323,14 +331,15 @@ cellm_status vk_device_open(const vk_open_params *params, vk_device **out, cellm
                                  p.index, d->info.name);
             }
         } else {
-            for (uint32_t i = 0; i < n; i++) {
-                vk_device_info info;
-                vk_describe(&d->fn, phys[i], i, &info);
-                if (info.usable && type_rank(info.type) > best) {
-                    best = type_rank(info.type);
-                    pick = (int)i;
-                }
+            vk_device_info *infos = calloc(n, sizeof *infos);
+            if (!infos) {
+                free(phys);
+                vk_device_close(d);
+                return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
             }
+            for (uint32_t i = 0; i < n; i++) vk_describe(&d->fn, phys[i], i, &infos[i]);
+            pick = vk_pick_best(infos, n);
+            free(infos);
             if (pick < 0)
                 st = err_set(err, CELLM_ERR_UNSUPPORTED,
                              "none of the %u Vulkan devices is usable: cellm needs Vulkan 1.1 "

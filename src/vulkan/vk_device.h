@@ -76,6 +76,11 @@ typedef struct vk_device_info {
  * device: CELLM_ERR_UNSUPPORTED and a message saying which. */
 cellm_status vk_enumerate(vk_device_info *out, uint32_t cap, uint32_t *n, cellm_error *err);
 
+/* The index in infos[0..n) of the device vk_device_open takes by default:
+ * the first usable one of the best type (discrete > integrated > virtual >
+ * cpu > other), or -1 when none is usable. */
+int vk_pick_best(const vk_device_info *infos, uint32_t n);
+
 /* "1.3.230" from an api_version, into buf (at least 16 bytes). */
 const char *vk_version_str(uint32_t api_version, char *buf, size_t cap);
 

@@ -41,6 +41,12 @@ cellm_status vk_enumerate(vk_device_info *out, uint32_t cap, uint32_t *n, cellm_
     return unsupported(err);
 }
 
+int vk_pick_best(const vk_device_info *infos, uint32_t n) {
+    (void)infos;
+    (void)n;
+    return -1;
+}
+
 vk_open_params vk_open_default_params(void) {
     vk_open_params p = {.index = -1, .timeout_ms = 60000, .staging_bytes = (size_t)64 << 20};
     return p;

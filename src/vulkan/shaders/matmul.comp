@@ -1,4 +1,5 @@
 #version 450
+#extension GL_EXT_control_flow_attributes : require
 // matmul.comp — y[r][o] = sum_i W[o][i] * x[r][i] for a weight matrix W
 // stored as in the GGUF file (rows of whole blocks of one type, chosen by
 // -DW_<TYPE> at build time: cmake/vulkan.cmake builds one module per type),
@@ -7,8 +8,8 @@
 // Batch invariance (docs/gpu.md): a workgroup computes OUTS outputs for TR
 // activation rows. Each output's dot product is split over K in chunks of
 // 32 elements; lane l of LANES takes chunks l, l + LANES, l + 2 LANES, ...,
-// sums each chunk in element order with fma and adds the chunk sums in
-// chunk order; the LANES partial sums are then added through shared
+// sums each chunk with fma in an order fixed by the type (its 4 groups of
+// 8 values, elem() below) and adds the chunk sums in chunk order; the LANES partial sums are then added through shared
 // memory in a fixed tree. Nothing of that depends on the number of rows,
 // on which tile a row falls in or on the device's subgroup size, and every
 // row of a tile runs the same arithmetic (`precise` keeps the compiler from
@@ -39,7 +40,11 @@ layout(push_constant) uniform Push {
     uint y_stride; // floats from y[r] to y[r + 1]
 } pc;
 
-shared float red[OUTS * LANES * TR];
+// The activation tile of one step: TR rows of the LANES * 32 columns the
+// lanes work on, read once for all OUTS outputs. Then the partial sums'
+// reduction (OUTS * LANES * TR floats). 16 KiB: Vulkan's least limit.
+const uint SPAN = LANES * 32u;
+shared float sh[TR * SPAN];
 
 uint byte_at(uint off) {
     return (wd[off >> 2] >> ((off & 3u) * 8u)) & 0xFFu;
@@ -61,152 +66,156 @@ float f16_at(uint off) {
     return unpackHalf2x16(u16_at(off)).x;
 }
 
+// Each type decodes a chunk of 32 elements in 4 groups of 8:
+//   chunk_begin(row, c): the chunk's scales (kept in the globals below);
+//   load8(g, v): the 8 values of group g;
+//   elem(g, i): which element of the chunk v[i] is.
+uint cb;      // byte offset of the chunk's block
+float cd, cm; // the chunk's scale and offset (or second scale)
+uint cg;      // the chunk's index within its super-block (K-quants)
+
 #if defined(W_F32)
 uint row_bytes(uint k) { return k * 4u; }
-void load_chunk(uint row, uint c, out float w[32]) {
-    uint base = (row >> 2) + c * 32u;
-    for (uint j = 0u; j < 32u; j++) w[j] = uintBitsToFloat(wd[base + j]);
+void chunk_begin(uint row, uint c) { cb = row + c * 128u; }
+void load8(uint g, out float v[8]) {
+    uint w0 = (cb >> 2) + 8u * g;
+    for (uint i = 0u; i < 8u; i++) v[i] = uintBitsToFloat(wd[w0 + i]);
 }
+uint elem(uint g, uint i) { return 8u * g + i; }
 #elif defined(W_F16)
 uint row_bytes(uint k) { return k * 2u; }
-void load_chunk(uint row, uint c, out float w[32]) {
-    uint base = row + c * 64u;
-    for (uint j = 0u; j < 16u; j++) {
-        vec2 v = unpackHalf2x16(u32_at(base + 4u * j));
-        w[2u * j] = v.x;
-        w[2u * j + 1u] = v.y;
+void chunk_begin(uint row, uint c) { cb = row + c * 64u; }
+void load8(uint g, out float v[8]) {
+    for (uint i = 0u; i < 4u; i++) {
+        vec2 h = unpackHalf2x16(u32_at(cb + 16u * g + 4u * i));
+        v[2u * i] = h.x;
+        v[2u * i + 1u] = h.y;
     }
 }
-#elif defined(W_Q4_0)
-// x = d * (q - 8); element j < 16 in the low nibble of qs[j], j + 16 in its high nibble.
+uint elem(uint g, uint i) { return 8u * g + i; }
+#elif defined(W_Q4_0) || defined(W_Q4_1) || defined(W_Q5_0)
+// Group g is byte 4g .. 4g + 3 of qs: 4 low nibbles (elements 4g + i) and
+// 4 high nibbles (elements 16 + 4g + i).
+uint elem(uint g, uint i) { return i < 4u ? 4u * g + i : 12u + 4u * g + i; }
+#if defined(W_Q4_0)
+// x = d * (q - 8)
 uint row_bytes(uint k) { return k / 32u * 18u; }
-void load_chunk(uint row, uint c, out float w[32]) {
-    uint b = row + c * 18u;
-    float d = f16_at(b);
-    for (uint q = 0u; q < 4u; q++) {
-        uint u = u32_at(b + 2u + 4u * q);
-        for (uint i = 0u; i < 4u; i++) {
-            uint v = (u >> (8u * i)) & 0xFFu;
-            w[4u * q + i] = d * float(int(v & 15u) - 8);
-            w[4u * q + i + 16u] = d * float(int(v >> 4) - 8);
-        }
+void chunk_begin(uint row, uint c) { cb = row + c * 18u; cd = f16_at(cb); }
+void load8(uint g, out float v[8]) {
+    uint u = u32_at(cb + 2u + 4u * g);
+    for (uint i = 0u; i < 4u; i++) {
+        v[i] = cd * float(int((u >> (8u * i)) & 15u) - 8);
+        v[i + 4u] = cd * float(int((u >> (8u * i + 4u)) & 15u) - 8);
     }
 }
 #elif defined(W_Q4_1)
-// x = d * q + m, nibbles as Q4_0.
+// x = d * q + m
 uint row_bytes(uint k) { return k / 32u * 20u; }
-void load_chunk(uint row, uint c, out float w[32]) {
-    uint b = row + c * 20u;
-    float d = f16_at(b), m = f16_at(b + 2u);
-    for (uint q = 0u; q < 4u; q++) {
-        uint u = u32_at(b + 4u + 4u * q);
-        for (uint i = 0u; i < 4u; i++) {
-            uint v = (u >> (8u * i)) & 0xFFu;
-            w[4u * q + i] = d * float(v & 15u) + m;
-            w[4u * q + i + 16u] = d * float(v >> 4) + m;
-        }
+void chunk_begin(uint row, uint c) { cb = row + c * 20u; cd = f16_at(cb); cm = f16_at(cb + 2u); }
+void load8(uint g, out float v[8]) {
+    uint u = u32_at(cb + 4u + 4u * g);
+    for (uint i = 0u; i < 4u; i++) {
+        v[i] = cd * float((u >> (8u * i)) & 15u) + cm;
+        v[i + 4u] = cd * float((u >> (8u * i + 4u)) & 15u) + cm;
     }
 }
-#elif defined(W_Q5_0)
+#else
 // x = d * (q - 16); bit 4 of element j is bit j of qh.
 uint row_bytes(uint k) { return k / 32u * 22u; }
-void load_chunk(uint row, uint c, out float w[32]) {
-    uint b = row + c * 22u;
-    float d = f16_at(b);
-    uint qh = u32_at(b + 2u);
-    for (uint q = 0u; q < 4u; q++) {
-        uint u = u32_at(b + 6u + 4u * q);
-        for (uint i = 0u; i < 4u; i++) {
-            uint j = 4u * q + i;
-            uint v = (u >> (8u * i)) & 0xFFu;
-            uint q0 = (v & 15u) | (((qh >> j) & 1u) << 4);
-            uint q1 = (v >> 4) | (((qh >> (j + 16u)) & 1u) << 4);
-            w[j] = d * float(int(q0) - 16);
-            w[j + 16u] = d * float(int(q1) - 16);
-        }
+uint qh;
+void chunk_begin(uint row, uint c) { cb = row + c * 22u; cd = f16_at(cb); qh = u32_at(cb + 2u); }
+void load8(uint g, out float v[8]) {
+    uint u = u32_at(cb + 6u + 4u * g);
+    for (uint i = 0u; i < 4u; i++) {
+        uint j = 4u * g + i;
+        uint q0 = ((u >> (8u * i)) & 15u) | (((qh >> j) & 1u) << 4);
+        uint q1 = ((u >> (8u * i + 4u)) & 15u) | (((qh >> (j + 16u)) & 1u) << 4);
+        v[i] = cd * float(int(q0) - 16);
+        v[i + 4u] = cd * float(int(q1) - 16);
     }
 }
+#endif
 #elif defined(W_Q8_0)
 // x = d * q, q signed bytes.
 uint row_bytes(uint k) { return k / 32u * 34u; }
-void load_chunk(uint row, uint c, out float w[32]) {
-    uint b = row + c * 34u;
-    float d = f16_at(b);
-    for (uint q = 0u; q < 8u; q++) {
-        int u = int(u32_at(b + 2u + 4u * q));
-        for (uint i = 0u; i < 4u; i++) w[4u * q + i] = float(bitfieldExtract(u, int(8u * i), 8)) * d;
+void chunk_begin(uint row, uint c) { cb = row + c * 34u; cd = f16_at(cb); }
+void load8(uint g, out float v[8]) {
+    for (uint h = 0u; h < 2u; h++) {
+        int u = int(u32_at(cb + 2u + 8u * g + 4u * h));
+        for (uint i = 0u; i < 4u; i++) v[4u * h + i] = float(bitfieldExtract(u, int(8u * i), 8)) * cd;
     }
 }
+uint elem(uint g, uint i) { return 8u * g + i; }
 #elif defined(W_Q4_K) || defined(W_Q5_K)
-// 8 groups of 32 per super-block: x = d * sc[g] * q - dmin * m[g], the
-// 6-bit scales and mins packed in 12 bytes (blocks.h, kq_scale_min).
-void scale_min(uint s, uint g, out uint sc, out uint m) {
-    if (g < 4u) {
-        sc = byte_at(s + g) & 63u;
-        m = byte_at(s + g + 4u) & 63u;
-    } else {
-        uint b4 = byte_at(s + g + 4u);
-        sc = (b4 & 15u) | ((byte_at(s + g - 4u) >> 6) << 4);
-        m = (b4 >> 4) | ((byte_at(s + g) >> 6) << 4);
-    }
-}
+// 8 groups of 32 per super-block (a chunk is one): x = d * sc * q - dmin * m,
+// the 6-bit scales and mins packed in 12 bytes (blocks.h, kq_scale_min).
 #if defined(W_Q4_K)
 uint row_bytes(uint k) { return k / 256u * 144u; }
+const uint BLOCK = 144u, QS = 16u;
 #else
 uint row_bytes(uint k) { return k / 256u * 176u; }
+const uint BLOCK = 176u, QS = 48u; // qh (32 bytes) at 16
 #endif
-void load_chunk(uint row, uint c, out float w[32]) {
-    uint g = c & 7u;
-#if defined(W_Q4_K)
-    uint b = row + (c >> 3) * 144u;
-    uint qs = b + 16u;
-#else
-    uint b = row + (c >> 3) * 176u;
-    uint qh = b + 16u, qs = b + 48u;
-#endif
-    float d = f16_at(b), dmin = f16_at(b + 2u);
-    uint sc, m;
-    scale_min(b + 4u, g, sc, m);
-    float dl = d * float(sc), ml = dmin * float(m);
-    uint shift = 4u * (g & 1u);
-    for (uint q = 0u; q < 8u; q++) {
-        uint u = u32_at(qs + 32u * (g >> 1) + 4u * q);
+void chunk_begin(uint row, uint c) {
+    cb = row + (c >> 3) * BLOCK;
+    cg = c & 7u;
+    uint s = cb + 4u, sc, m;
+    if (cg < 4u) {
+        sc = byte_at(s + cg) & 63u;
+        m = byte_at(s + cg + 4u) & 63u;
+    } else {
+        uint b4 = byte_at(s + cg + 4u);
+        sc = (b4 & 15u) | ((byte_at(s + cg - 4u) >> 6) << 4);
+        m = (b4 >> 4) | ((byte_at(s + cg) >> 6) << 4);
+    }
+    cd = f16_at(cb) * float(sc);
+    cm = f16_at(cb + 2u) * float(m);
+}
+void load8(uint g, out float v[8]) {
+    uint shift = 4u * (cg & 1u);
+    for (uint h = 0u; h < 2u; h++) {
+        uint u = u32_at(cb + QS + 32u * (cg >> 1) + 8u * g + 4u * h);
 #if defined(W_Q5_K)
-        uint h = u32_at(qh + 4u * q);
+        uint hb = u32_at(cb + 16u + 8u * g + 4u * h);
 #endif
         for (uint i = 0u; i < 4u; i++) {
-            uint v = (u >> (8u * i + shift)) & 15u;
+            uint q = (u >> (8u * i + shift)) & 15u;
 #if defined(W_Q5_K)
-            v |= ((h >> (8u * i + g)) & 1u) << 4;
+            q |= ((hb >> (8u * i + cg)) & 1u) << 4;
 #endif
-            w[4u * q + i] = dl * float(v) - ml;
+            v[4u * h + i] = cd * float(q) - cm;
         }
     }
 }
+uint elem(uint g, uint i) { return 8u * g + i; }
 #elif defined(W_Q6_K)
 // 16 groups of 16: x = d * scales[g] * (q - 32), q 6 bits: low 4 from ql,
 // top 2 from qh (blocks.h). Chunk c is elements 32k .. 32k + 31 of half h
-// of super-block c / 8 (k = c % 4, h = (c / 4) % 2).
+// of super-block c / 8 (k = c % 4, h = (c / 4) % 2); cd and cm are the
+// scales of its two groups of 16.
 uint row_bytes(uint k) { return k / 256u * 210u; }
-void load_chunk(uint row, uint c, out float w[32]) {
-    uint b = row + (c >> 3) * 210u;
-    uint g = c & 7u, h = g >> 2, k = g & 3u;
-    float d = f16_at(b + 208u);
-    int s0 = bitfieldExtract(int(byte_at(b + 192u + 2u * g)), 0, 8);
-    int s1 = bitfieldExtract(int(byte_at(b + 193u + 2u * g)), 0, 8);
-    float dl0 = d * float(s0), dl1 = d * float(s1);
-    uint ql = b + 64u * h + 32u * (k & 1u), qh = b + 128u + 32u * h;
+void chunk_begin(uint row, uint c) {
+    cb = row + (c >> 3) * 210u;
+    cg = c & 7u;
+    float d = f16_at(cb + 208u);
+    cd = d * float(bitfieldExtract(int(byte_at(cb + 192u + 2u * cg)), 0, 8));
+    cm = d * float(bitfieldExtract(int(byte_at(cb + 193u + 2u * cg)), 0, 8));
+}
+void load8(uint g, out float v[8]) {
+    uint h = cg >> 2, k = cg & 3u;
+    uint ql = cb + 64u * h + 32u * (k & 1u), qh = cb + 128u + 32u * h;
     uint lshift = k < 2u ? 0u : 4u;
-    for (uint q = 0u; q < 8u; q++) {
-        uint u = u32_at(ql + 4u * q), hb = u32_at(qh + 4u * q);
+    float dl = g < 2u ? cd : cm;
+    for (uint p = 0u; p < 2u; p++) {
+        uint u = u32_at(ql + 8u * g + 4u * p), hb = u32_at(qh + 8u * g + 4u * p);
         for (uint i = 0u; i < 4u; i++) {
             uint lo = (u >> (8u * i + lshift)) & 15u;
             uint hi = (hb >> (8u * i + 2u * k)) & 3u;
-            uint l = 4u * q + i;
-            w[l] = (l < 16u ? dl0 : dl1) * float(int(lo | (hi << 4)) - 32);
+            v[4u * p + i] = dl * float(int(lo | (hi << 4)) - 32);
         }
     }
 }
+uint elem(uint g, uint i) { return 8u * g + i; }
 #else
 #error "matmul.comp: build with -DW_<TYPE>"
 #endif
@@ -224,30 +233,47 @@ void main() {
     precise float acc[TR];
     for (uint r = 0u; r < TR; r++) acc[r] = 0.0;
     uint nc = pc.K / 32u;
-    for (uint c = lane; c < nc; c += LANES) {
-        float w[32];
-        load_chunk(row, c, w);
-        for (uint r = 0u; r < TR; r++) {
-            uint xr = min(r0 + r, pc.n_rows - 1u); // past n_rows: a copy, not written
-            uint xb = pc.x_off + xr * pc.x_stride + c * 32u;
-            precise float s = 0.0;
-            for (uint j = 0u; j < 32u; j++) s = fma(w[j], xd[xb + j], s);
-            acc[r] += s;
+    uint steps = (nc + LANES - 1u) / LANES;
+    for (uint k = 0u; k < steps; k++) {
+        // Past n_rows or K: copies of the last row or column, never used.
+        [[dont_unroll]] for (uint t = tid; t < TR * SPAN; t += LANES * OUTS) {
+            uint xr = min(r0 + t / SPAN, pc.n_rows - 1u);
+            uint col = min(k * SPAN + t % SPAN, pc.K - 1u);
+            sh[t] = xd[pc.x_off + xr * pc.x_stride + col];
         }
+        barrier();
+        uint c = k * LANES + lane;
+        if (c < nc) {
+            chunk_begin(row, c);
+            precise float s[TR];
+            for (uint r = 0u; r < TR; r++) s[r] = 0.0;
+            // A loop, not unrolled: lavapipe (LLVM) compiles the unrolled
+            // chunk for seconds.
+            [[dont_unroll]] for (uint g = 0u; g < 4u; g++) {
+                float v[8];
+                load8(g, v);
+                for (uint i = 0u; i < 8u; i++) {
+                    uint xb = lane * 32u + elem(g, i);
+                    for (uint r = 0u; r < TR; r++) s[r] = fma(v[i], sh[r * SPAN + xb], s[r]);
+                }
+            }
+            for (uint r = 0u; r < TR; r++) acc[r] += s[r];
+        }
+        barrier();
     }
     uint me = (ol * LANES + lane) * TR;
-    for (uint r = 0u; r < TR; r++) red[me + r] = acc[r];
+    for (uint r = 0u; r < TR; r++) sh[me + r] = acc[r];
     barrier();
     for (uint st = LANES / 2u; st > 0u; st >>= 1) {
         if (lane < st) {
             uint other = me + st * TR;
             for (uint r = 0u; r < TR; r++) {
-                precise float v = red[me + r] + red[other + r];
-                red[me + r] = v;
+                precise float v = sh[me + r] + sh[other + r];
+                sh[me + r] = v;
             }
         }
         barrier();
     }
     if (lane < TR && o < pc.N && r0 + lane < pc.n_rows)
-        yd[pc.y_off + (r0 + lane) * pc.y_stride + o] = red[ol * LANES * TR + lane];
+        yd[pc.y_off + (r0 + lane) * pc.y_stride + o] = sh[ol * LANES * TR + lane];
 }
