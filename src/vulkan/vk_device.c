@@ -14,16 +14,11 @@
 
 const char *vk_device_type_name(vk_device_type type) {
     switch (type) {
-    case VK_TYPE_INTEGRATED:
-        return "integrated";
-    case VK_TYPE_DISCRETE:
-        return "discrete";
-    case VK_TYPE_VIRTUAL:
-        return "virtual";
-    case VK_TYPE_CPU:
-        return "cpu";
-    default:
-        return "other";
+    case VK_TYPE_INTEGRATED: return "integrated";
+    case VK_TYPE_DISCRETE: return "discrete";
+    case VK_TYPE_VIRTUAL: return "virtual";
+    case VK_TYPE_CPU: return "cpu";
+    default: return "other";
     }
 }
 
@@ -129,8 +124,8 @@ void vk_describe(const vk_fns *fn, VkPhysicalDevice phys, uint32_t index, vk_dev
     VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
     VkPhysicalDeviceSubgroupProperties sub = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
-    VkPhysicalDeviceDriverProperties drv = {.sType =
-                                                VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES};
+    VkPhysicalDeviceDriverProperties drv = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES};
     bool has_driver = c.ext_driver || c.api >= VK_API_VERSION_1_2;
     if (c.api >= VK_API_VERSION_1_1) {
         p2.pNext = &sub;
@@ -142,20 +137,11 @@ void vk_describe(const vk_fns *fn, VkPhysicalDevice phys, uint32_t index, vk_dev
     const VkPhysicalDeviceProperties *p = &p2.properties;
     snprintf(info->name, sizeof info->name, "%s", p->deviceName);
     switch (p->deviceType) {
-    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU:
-        info->type = VK_TYPE_INTEGRATED;
-        break;
-    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU:
-        info->type = VK_TYPE_DISCRETE;
-        break;
-    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU:
-        info->type = VK_TYPE_VIRTUAL;
-        break;
-    case VK_PHYSICAL_DEVICE_TYPE_CPU:
-        info->type = VK_TYPE_CPU;
-        break;
-    default:
-        info->type = VK_TYPE_OTHER;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: info->type = VK_TYPE_INTEGRATED; break;
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: info->type = VK_TYPE_DISCRETE; break;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: info->type = VK_TYPE_VIRTUAL; break;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: info->type = VK_TYPE_CPU; break;
+    default: info->type = VK_TYPE_OTHER;
     }
     if (has_driver && c.api >= VK_API_VERSION_1_1)
         snprintf(info->driver, sizeof info->driver, "%.120s%s%.120s", drv.driverName,
@@ -223,16 +209,11 @@ cellm_status vk_enumerate(vk_device_info *out, uint32_t cap, uint32_t *n, cellm_
 /* Higher is preferred by vk_pick_best. */
 static int type_rank(vk_device_type t) {
     switch (t) {
-    case VK_TYPE_DISCRETE:
-        return 4;
-    case VK_TYPE_INTEGRATED:
-        return 3;
-    case VK_TYPE_VIRTUAL:
-        return 2;
-    case VK_TYPE_CPU:
-        return 1;
-    default:
-        return 0;
+    case VK_TYPE_DISCRETE: return 4;
+    case VK_TYPE_INTEGRATED: return 3;
+    case VK_TYPE_VIRTUAL: return 2;
+    case VK_TYPE_CPU: return 1;
+    default: return 0;
     }
 }
 
@@ -318,8 +299,7 @@ cellm_status vk_device_open(const vk_open_params *params, vk_device **out, cellm
         if (p.index >= 0) {
             if ((uint32_t)p.index >= n) {
                 st = err_set(err, CELLM_ERR_INVALID_ARG,
-                             "no Vulkan device %d: there are %u (see `cellm devices`)", p.index,
-                             n);
+                             "no Vulkan device %d: there are %u (see `cellm devices`)", p.index, n);
             } else {
                 vk_describe(&d->fn, phys[p.index], (uint32_t)p.index, &d->info);
                 if (d->info.usable)
@@ -446,7 +426,8 @@ cellm_status vk_buffer_create(vk_device *d, size_t bytes, vk_buffer_kind kind, v
     }
     if (type < 0) {
         vk_buffer_free(b);
-        return err_set(err, CELLM_ERR_UNSUPPORTED, "the Vulkan device has no memory type for a %s buffer",
+        return err_set(err, CELLM_ERR_UNSUPPORTED,
+                       "the Vulkan device has no memory type for a %s buffer",
                        kind == VK_BUF_DEVICE ? "device" : "host-visible");
     }
     VkMemoryAllocateInfo ai = {
@@ -490,8 +471,10 @@ void vk_buffer_free(vk_buffer *b) {
         d->fn.vkFreeMemory(d->dev, b->mem, NULL);
         vk_live_add(-1);
     }
-    if (b->prev) b->prev->next = b->next;
-    else d->buffers = b->next;
+    if (b->prev)
+        b->prev->next = b->next;
+    else
+        d->buffers = b->next;
     if (b->next) b->next->prev = b->prev;
     if (d->staging == b) d->staging = NULL;
     if (d->readback == b) d->readback = NULL;
@@ -522,8 +505,8 @@ static cellm_status sync_mapped(const vk_buffer *b, bool invalidate, cellm_error
     VkResult r = invalidate ? d->fn.vkInvalidateMappedMemoryRanges(d->dev, 1, &range)
                             : d->fn.vkFlushMappedMemoryRanges(d->dev, 1, &range);
     if (r != VK_SUCCESS)
-        return vk_fail(err, invalidate ? "vkInvalidateMappedMemoryRanges" : "vkFlushMappedMemoryRanges",
-                       r);
+        return vk_fail(
+            err, invalidate ? "vkInvalidateMappedMemoryRanges" : "vkFlushMappedMemoryRanges", r);
     return CELLM_OK;
 }
 
@@ -575,7 +558,8 @@ cellm_status vk_buffer_download(const vk_buffer *src, size_t offset, void *dst, 
     if ((st = ensure_staging(d, &d->readback, VK_BUF_READBACK, err)) != CELLM_OK) return st;
     for (size_t done = 0; done < bytes;) {
         size_t n = bytes - done < d->staging_bytes ? bytes - done : d->staging_bytes;
-        if ((st = staged_copy(d, src, offset + done, d->readback, 0, n, err)) != CELLM_OK) return st;
+        if ((st = staged_copy(d, src, offset + done, d->readback, 0, n, err)) != CELLM_OK)
+            return st;
         if ((st = sync_mapped(d->readback, true, err)) != CELLM_OK) return st;
         memcpy((char *)dst + done, d->readback->map, n);
         done += n;

@@ -17,67 +17,67 @@
 
 /* The functions cellm calls: X(name) for each, loaded through
  * vkGetInstanceProcAddr (instance level) or vkGetDeviceProcAddr. */
-#define VK_INSTANCE_FNS(X)                                                                        \
-    X(vkDestroyInstance)                                                                          \
-    X(vkEnumeratePhysicalDevices)                                                                 \
-    X(vkGetPhysicalDeviceProperties)                                                              \
-    X(vkGetPhysicalDeviceProperties2)                                                             \
-    X(vkGetPhysicalDeviceFeatures2)                                                               \
-    X(vkGetPhysicalDeviceMemoryProperties)                                                        \
-    X(vkGetPhysicalDeviceQueueFamilyProperties)                                                   \
-    X(vkEnumerateDeviceExtensionProperties)                                                       \
-    X(vkCreateDevice)                                                                             \
+#define VK_INSTANCE_FNS(X)                                                                         \
+    X(vkDestroyInstance)                                                                           \
+    X(vkEnumeratePhysicalDevices)                                                                  \
+    X(vkGetPhysicalDeviceProperties)                                                               \
+    X(vkGetPhysicalDeviceProperties2)                                                              \
+    X(vkGetPhysicalDeviceFeatures2)                                                                \
+    X(vkGetPhysicalDeviceMemoryProperties)                                                         \
+    X(vkGetPhysicalDeviceQueueFamilyProperties)                                                    \
+    X(vkEnumerateDeviceExtensionProperties)                                                        \
+    X(vkCreateDevice)                                                                              \
     X(vkGetDeviceProcAddr)
 
-#define VK_DEVICE_FNS(X)                                                                          \
-    X(vkDestroyDevice)                                                                            \
-    X(vkGetDeviceQueue)                                                                           \
-    X(vkDeviceWaitIdle)                                                                           \
-    X(vkCreateBuffer)                                                                             \
-    X(vkDestroyBuffer)                                                                            \
-    X(vkGetBufferMemoryRequirements)                                                              \
-    X(vkAllocateMemory)                                                                           \
-    X(vkFreeMemory)                                                                               \
-    X(vkBindBufferMemory)                                                                         \
-    X(vkMapMemory)                                                                                \
-    X(vkUnmapMemory)                                                                              \
-    X(vkFlushMappedMemoryRanges)                                                                  \
-    X(vkInvalidateMappedMemoryRanges)                                                             \
-    X(vkCreateShaderModule)                                                                       \
-    X(vkDestroyShaderModule)                                                                      \
-    X(vkCreateDescriptorSetLayout)                                                                \
-    X(vkDestroyDescriptorSetLayout)                                                               \
-    X(vkCreatePipelineLayout)                                                                     \
-    X(vkDestroyPipelineLayout)                                                                    \
-    X(vkCreateComputePipelines)                                                                   \
-    X(vkDestroyPipeline)                                                                          \
-    X(vkCreateDescriptorPool)                                                                     \
-    X(vkDestroyDescriptorPool)                                                                    \
-    X(vkResetDescriptorPool)                                                                      \
-    X(vkAllocateDescriptorSets)                                                                   \
-    X(vkUpdateDescriptorSets)                                                                     \
-    X(vkCreateCommandPool)                                                                        \
-    X(vkDestroyCommandPool)                                                                       \
-    X(vkAllocateCommandBuffers)                                                                   \
-    X(vkBeginCommandBuffer)                                                                       \
-    X(vkEndCommandBuffer)                                                                         \
-    X(vkResetCommandBuffer)                                                                       \
-    X(vkCmdBindPipeline)                                                                          \
-    X(vkCmdBindDescriptorSets)                                                                    \
-    X(vkCmdPushConstants)                                                                         \
-    X(vkCmdDispatch)                                                                              \
-    X(vkCmdPipelineBarrier)                                                                       \
-    X(vkCmdCopyBuffer)                                                                            \
-    X(vkCmdFillBuffer)                                                                            \
-    X(vkCmdResetQueryPool)                                                                        \
-    X(vkCmdWriteTimestamp)                                                                        \
-    X(vkCreateQueryPool)                                                                          \
-    X(vkDestroyQueryPool)                                                                         \
-    X(vkGetQueryPoolResults)                                                                      \
-    X(vkCreateFence)                                                                              \
-    X(vkDestroyFence)                                                                             \
-    X(vkResetFences)                                                                              \
-    X(vkWaitForFences)                                                                            \
+#define VK_DEVICE_FNS(X)                                                                           \
+    X(vkDestroyDevice)                                                                             \
+    X(vkGetDeviceQueue)                                                                            \
+    X(vkDeviceWaitIdle)                                                                            \
+    X(vkCreateBuffer)                                                                              \
+    X(vkDestroyBuffer)                                                                             \
+    X(vkGetBufferMemoryRequirements)                                                               \
+    X(vkAllocateMemory)                                                                            \
+    X(vkFreeMemory)                                                                                \
+    X(vkBindBufferMemory)                                                                          \
+    X(vkMapMemory)                                                                                 \
+    X(vkUnmapMemory)                                                                               \
+    X(vkFlushMappedMemoryRanges)                                                                   \
+    X(vkInvalidateMappedMemoryRanges)                                                              \
+    X(vkCreateShaderModule)                                                                        \
+    X(vkDestroyShaderModule)                                                                       \
+    X(vkCreateDescriptorSetLayout)                                                                 \
+    X(vkDestroyDescriptorSetLayout)                                                                \
+    X(vkCreatePipelineLayout)                                                                      \
+    X(vkDestroyPipelineLayout)                                                                     \
+    X(vkCreateComputePipelines)                                                                    \
+    X(vkDestroyPipeline)                                                                           \
+    X(vkCreateDescriptorPool)                                                                      \
+    X(vkDestroyDescriptorPool)                                                                     \
+    X(vkResetDescriptorPool)                                                                       \
+    X(vkAllocateDescriptorSets)                                                                    \
+    X(vkUpdateDescriptorSets)                                                                      \
+    X(vkCreateCommandPool)                                                                         \
+    X(vkDestroyCommandPool)                                                                        \
+    X(vkAllocateCommandBuffers)                                                                    \
+    X(vkBeginCommandBuffer)                                                                        \
+    X(vkEndCommandBuffer)                                                                          \
+    X(vkResetCommandBuffer)                                                                        \
+    X(vkCmdBindPipeline)                                                                           \
+    X(vkCmdBindDescriptorSets)                                                                     \
+    X(vkCmdPushConstants)                                                                          \
+    X(vkCmdDispatch)                                                                               \
+    X(vkCmdPipelineBarrier)                                                                        \
+    X(vkCmdCopyBuffer)                                                                             \
+    X(vkCmdFillBuffer)                                                                             \
+    X(vkCmdResetQueryPool)                                                                         \
+    X(vkCmdWriteTimestamp)                                                                         \
+    X(vkCreateQueryPool)                                                                           \
+    X(vkDestroyQueryPool)                                                                          \
+    X(vkGetQueryPoolResults)                                                                       \
+    X(vkCreateFence)                                                                               \
+    X(vkDestroyFence)                                                                              \
+    X(vkResetFences)                                                                               \
+    X(vkWaitForFences)                                                                             \
     X(vkQueueSubmit)
 
 #define VK_FN_FIELD(name) PFN_##name name;
@@ -120,8 +120,8 @@ struct vk_buffer {
     VkDeviceMemory mem;
     size_t size;
     vk_buffer_kind kind;
-    void *map;     /* mapped for the host kinds */
-    bool coherent; /* host writes and reads need no flush or invalidate */
+    void *map;              /* mapped for the host kinds */
+    bool coherent;          /* host writes and reads need no flush or invalidate */
     vk_buffer *prev, *next; /* the device's list */
 };
 
@@ -144,7 +144,7 @@ struct vk_recorder {
     VkFence fence;
     VkQueryPool queries; /* two timestamps, or VK_NULL_HANDLE */
     VkDescriptorPool pools[VK_POOL_MAX];
-    uint32_t n_pools;            /* pools made */
+    uint32_t n_pools;             /* pools made */
     uint32_t pool_cur, pool_used; /* the pool in use and the sets taken from it */
     const vk_pipeline *bound;     /* the pipeline bound last in this recording */
     bool recording, pending, timed;

@@ -30,9 +30,8 @@ bool vk_built(void) {
 
 const char *vk_result_str(VkResult r) {
     switch (r) {
-#define R(x)                                                                                      \
-    case x:                                                                                       \
-        return #x;
+#define R(x)                                                                                       \
+    case x: return #x;
         R(VK_SUCCESS)
         R(VK_NOT_READY)
         R(VK_TIMEOUT)
@@ -55,8 +54,7 @@ const char *vk_result_str(VkResult r) {
         R(VK_ERROR_FRAGMENTATION)
         R(VK_ERROR_INVALID_OPAQUE_CAPTURE_ADDRESS)
 #undef R
-    default:
-        return "VkResult (unknown)";
+    default: return "VkResult (unknown)";
     }
 }
 
@@ -75,9 +73,12 @@ cellm_status vk_fail(cellm_error *err, const char *call, VkResult r) {
 /* The loader's names, most specific first. */
 static const char *const loader_names[] = {
 #if defined(__APPLE__)
-    "libvulkan.1.dylib", "libvulkan.dylib", "libMoltenVK.dylib",
+    "libvulkan.1.dylib",
+    "libvulkan.dylib",
+    "libMoltenVK.dylib",
 #else
-    "libvulkan.so.1", "libvulkan.so",
+    "libvulkan.so.1",
+    "libvulkan.so",
 #endif
 };
 
@@ -91,8 +92,8 @@ static cellm_status open_loader(vk_fns *fn, cellm_error *err) {
         size_t n = sizeof loader_names / sizeof loader_names[0], len = 0;
         for (size_t i = 0; i < n && !fn->lib; i++) {
             fn->lib = dlopen(loader_names[i], RTLD_NOW | RTLD_LOCAL);
-            int w = snprintf(tried + len, sizeof tried - len, "%s%s", i ? ", " : "",
-                             loader_names[i]);
+            int w =
+                snprintf(tried + len, sizeof tried - len, "%s%s", i ? ", " : "", loader_names[i]);
             if (w > 0 && (size_t)w < sizeof tried - len) len += (size_t)w;
         }
     }
@@ -115,9 +116,9 @@ static cellm_status open_loader(vk_fns *fn, cellm_error *err) {
 }
 
 #define LOAD_GLOBAL(name) fn->name = (PFN_##name)fn->vkGetInstanceProcAddr(NULL, #name);
-#define LOAD_INSTANCE(name)                                                                       \
+#define LOAD_INSTANCE(name)                                                                        \
     if (!(fn->name = (PFN_##name)fn->vkGetInstanceProcAddr(*inst, #name))) missing = #name;
-#define LOAD_DEVICE(name)                                                                         \
+#define LOAD_DEVICE(name)                                                                          \
     if (!(fn->name = (PFN_##name)fn->vkGetDeviceProcAddr(dev, #name))) missing = #name;
 
 cellm_status vk_instance_open(vk_fns *fn, VkInstance *inst, cellm_error *err) {
@@ -200,12 +201,11 @@ void vk_instance_close(vk_fns *fn, VkInstance inst) {
 cellm_status vk_load_device_fns(vk_fns *fn, VkDevice dev, bool push_descriptor, cellm_error *err) {
     const char *missing = NULL;
     VK_DEVICE_FNS(LOAD_DEVICE)
-    if (missing)
-        return err_set(err, CELLM_ERR_UNSUPPORTED, "the Vulkan driver lacks %s", missing);
+    if (missing) return err_set(err, CELLM_ERR_UNSUPPORTED, "the Vulkan driver lacks %s", missing);
     fn->vkCmdPushDescriptorSetKHR = NULL;
     if (push_descriptor) {
-        fn->vkCmdPushDescriptorSetKHR =
-            (PFN_vkCmdPushDescriptorSetKHR)fn->vkGetDeviceProcAddr(dev, "vkCmdPushDescriptorSetKHR");
+        fn->vkCmdPushDescriptorSetKHR = (PFN_vkCmdPushDescriptorSetKHR)fn->vkGetDeviceProcAddr(
+            dev, "vkCmdPushDescriptorSetKHR");
         if (!fn->vkCmdPushDescriptorSetKHR)
             return err_set(err, CELLM_ERR_UNSUPPORTED,
                            "the Vulkan driver lacks vkCmdPushDescriptorSetKHR");

@@ -22,26 +22,16 @@ typedef struct matmul_push {
 
 static int shader_of(uint32_t type) {
     switch (type) {
-    case QT_F32:
-        return VK_SHADER_MATMUL_F32;
-    case QT_F16:
-        return VK_SHADER_MATMUL_F16;
-    case QT_Q4_0:
-        return VK_SHADER_MATMUL_Q4_0;
-    case QT_Q4_1:
-        return VK_SHADER_MATMUL_Q4_1;
-    case QT_Q5_0:
-        return VK_SHADER_MATMUL_Q5_0;
-    case QT_Q8_0:
-        return VK_SHADER_MATMUL_Q8_0;
-    case QT_Q4_K:
-        return VK_SHADER_MATMUL_Q4_K;
-    case QT_Q5_K:
-        return VK_SHADER_MATMUL_Q5_K;
-    case QT_Q6_K:
-        return VK_SHADER_MATMUL_Q6_K;
-    default:
-        return -1;
+    case QT_F32: return VK_SHADER_MATMUL_F32;
+    case QT_F16: return VK_SHADER_MATMUL_F16;
+    case QT_Q4_0: return VK_SHADER_MATMUL_Q4_0;
+    case QT_Q4_1: return VK_SHADER_MATMUL_Q4_1;
+    case QT_Q5_0: return VK_SHADER_MATMUL_Q5_0;
+    case QT_Q8_0: return VK_SHADER_MATMUL_Q8_0;
+    case QT_Q4_K: return VK_SHADER_MATMUL_Q4_K;
+    case QT_Q5_K: return VK_SHADER_MATMUL_Q5_K;
+    case QT_Q6_K: return VK_SHADER_MATMUL_Q6_K;
+    default: return -1;
     }
 }
 
@@ -110,7 +100,15 @@ cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_e
 cellm_status vk_matmul(vk_recorder *rec, uint32_t type, const vk_buffer *w, size_t w_off,
                        uint32_t rows, uint32_t cols, const vk_buffer *x, size_t x_off,
                        const vk_buffer *y, size_t y_off, uint32_t n_rows, cellm_error *err) {
-    vk_matmul_args a = {.type = type, .w = w, .w_off = w_off, .rows = rows, .cols = cols,
-                        .x = x, .x_off = x_off, .y = y, .y_off = y_off, .n_rows = n_rows};
+    vk_matmul_args a = {.type = type,
+                        .w = w,
+                        .w_off = w_off,
+                        .rows = rows,
+                        .cols = cols,
+                        .x = x,
+                        .x_off = x_off,
+                        .y = y,
+                        .y_off = y_off,
+                        .n_rows = n_rows};
     return vk_matmul_record(rec, &a, err);
 }

@@ -97,7 +97,8 @@ static cellm_status pipeline_create(vk_device *d, vk_shader_id id, vk_pipeline *
         VkSpecializationMapEntry map[4];
         uint32_t n_spec = desc->n_spec < 4 ? desc->n_spec : 4;
         for (uint32_t i = 0; i < n_spec; i++) {
-            spec[i] = desc->spec[i] == VK_SPEC_SUBGROUP_SIZE ? d->info.subgroup_size : desc->spec[i];
+            spec[i] =
+                desc->spec[i] == VK_SPEC_SUBGROUP_SIZE ? d->info.subgroup_size : desc->spec[i];
             map[i] = (VkSpecializationMapEntry){.constantID = i, .offset = 4 * i, .size = 4};
         }
         VkSpecializationInfo si = {
@@ -211,8 +212,8 @@ cellm_status vk_recorder_create(vk_device *d, vk_recorder **out, cellm_error *er
 static cellm_status wait_pending(vk_recorder *rec, cellm_error *err) {
     if (!rec->pending) return CELLM_OK;
     vk_device *d = rec->dev;
-    VkResult r = d->fn.vkWaitForFences(d->dev, 1, &rec->fence, VK_TRUE,
-                                       (uint64_t)d->timeout_ms * 1000000u);
+    VkResult r =
+        d->fn.vkWaitForFences(d->dev, 1, &rec->fence, VK_TRUE, (uint64_t)d->timeout_ms * 1000000u);
     if (r == VK_TIMEOUT)
         return err_set(err, CELLM_ERR_IO, "Vulkan: a submission timed out after %u ms",
                        d->timeout_ms);
@@ -225,7 +226,8 @@ void vk_recorder_free(vk_recorder *rec) {
     if (!rec) return;
     vk_device *d = rec->dev;
     if (rec->pending && wait_pending(rec, NULL) != CELLM_OK) d->fn.vkDeviceWaitIdle(d->dev);
-    for (uint32_t i = 0; i < rec->n_pools; i++) d->fn.vkDestroyDescriptorPool(d->dev, rec->pools[i], NULL);
+    for (uint32_t i = 0; i < rec->n_pools; i++)
+        d->fn.vkDestroyDescriptorPool(d->dev, rec->pools[i], NULL);
     if (rec->queries) d->fn.vkDestroyQueryPool(d->dev, rec->queries, NULL);
     if (rec->fence) d->fn.vkDestroyFence(d->dev, rec->fence, NULL);
     if (rec->cmd_pool) d->fn.vkDestroyCommandPool(d->dev, rec->cmd_pool, NULL);
@@ -255,7 +257,8 @@ cellm_status vk_recorder_begin(vk_recorder *rec, cellm_error *err) {
     rec->recording = false;
     err_clear(&rec->error);
     rec->bound = NULL;
-    for (uint32_t i = 0; i < rec->n_pools; i++) d->fn.vkResetDescriptorPool(d->dev, rec->pools[i], 0);
+    for (uint32_t i = 0; i < rec->n_pools; i++)
+        d->fn.vkResetDescriptorPool(d->dev, rec->pools[i], 0);
     rec->pool_cur = rec->pool_used = 0;
     VkCommandBufferBeginInfo bi = {
         .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
@@ -337,9 +340,10 @@ cellm_status vk_recorder_dispatch(vk_recorder *rec, const vk_pipeline *p, const 
     }
     for (int i = 0; i < 3; i++)
         if (groups[i] == 0 || groups[i] > d->info.max_workgroups[i]) {
-            err_set(&e, CELLM_ERR_INVALID_ARG,
-                    "Vulkan dispatch of %s: %u workgroups in dimension %d (the device takes 1 to %u)",
-                    p->desc->spirv, groups[i], i, d->info.max_workgroups[i]);
+            err_set(
+                &e, CELLM_ERR_INVALID_ARG,
+                "Vulkan dispatch of %s: %u workgroups in dimension %d (the device takes 1 to %u)",
+                p->desc->spirv, groups[i], i, d->info.max_workgroups[i]);
             return keep(rec, &e, err);
         }
     VkDescriptorBufferInfo info[MAX_BINDINGS];
@@ -356,9 +360,10 @@ cellm_status vk_recorder_dispatch(vk_recorder *rec, const vk_pipeline *p, const 
         }
         size_t base = b[i].offset - b[i].offset % d->storage_align;
         if (end - base > d->info.max_storage_range) {
-            err_set(&e, CELLM_ERR_UNSUPPORTED,
-                    "Vulkan dispatch of %s: binding %u spans %zu bytes, the device binds at most %llu",
-                    p->desc->spirv, i, end - base, (unsigned long long)d->info.max_storage_range);
+            err_set(
+                &e, CELLM_ERR_UNSUPPORTED,
+                "Vulkan dispatch of %s: binding %u spans %zu bytes, the device binds at most %llu",
+                p->desc->spirv, i, end - base, (unsigned long long)d->info.max_storage_range);
             return keep(rec, &e, err);
         }
         info[i] = (VkDescriptorBufferInfo){.buffer = buf->buf, .offset = base, .range = end - base};
@@ -395,8 +400,9 @@ cellm_status vk_recorder_dispatch(vk_recorder *rec, const vk_pipeline *p, const 
 /* A memory barrier from the stages in `src` to those in `dst`. */
 static void barrier(vk_recorder *rec, VkPipelineStageFlags src, VkAccessFlags src_access,
                     VkPipelineStageFlags dst, VkAccessFlags dst_access) {
-    VkMemoryBarrier mb = {
-        .sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = src_access, .dstAccessMask = dst_access};
+    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                          .srcAccessMask = src_access,
+                          .dstAccessMask = dst_access};
     rec->dev->fn.vkCmdPipelineBarrier(rec->cmd, src, dst, 0, 1, &mb, 0, NULL, 0, NULL);
 }
 
@@ -405,7 +411,8 @@ static const VkPipelineStageFlags WORK_STAGES =
 
 void vk_recorder_barrier(vk_recorder *rec) {
     if (!rec->recording) return;
-    barrier(rec, WORK_STAGES, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, WORK_STAGES,
+    barrier(rec, WORK_STAGES, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+            WORK_STAGES,
             VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
                 VK_ACCESS_TRANSFER_WRITE_BIT);
 }
@@ -423,10 +430,13 @@ static bool in_range(const vk_buffer *b, size_t off, size_t bytes) {
 }
 
 cellm_status vk_recorder_copy(vk_recorder *rec, const vk_buffer *src, size_t src_off,
-                              const vk_buffer *dst, size_t dst_off, size_t bytes, cellm_error *err) {
+                              const vk_buffer *dst, size_t dst_off, size_t bytes,
+                              cellm_error *err) {
     if (!rec->recording) return not_recording(rec, err);
-    if (!in_range(src, src_off, bytes)) return range_error(rec, "copy source", src, src_off, bytes, err);
-    if (!in_range(dst, dst_off, bytes)) return range_error(rec, "copy destination", dst, dst_off, bytes, err);
+    if (!in_range(src, src_off, bytes))
+        return range_error(rec, "copy source", src, src_off, bytes, err);
+    if (!in_range(dst, dst_off, bytes))
+        return range_error(rec, "copy destination", dst, dst_off, bytes, err);
     if (bytes == 0) return CELLM_OK;
     VkBufferCopy c = {.srcOffset = src_off, .dstOffset = dst_off, .size = bytes};
     rec->dev->fn.vkCmdCopyBuffer(rec->cmd, src->buf, dst->buf, 1, &c);
@@ -462,8 +472,9 @@ cellm_status vk_recorder_submit(vk_recorder *rec, cellm_error *err) {
     if (r != VK_SUCCESS) return vk_fail(err, "vkEndCommandBuffer", r);
     r = d->fn.vkResetFences(d->dev, 1, &rec->fence);
     if (r != VK_SUCCESS) return vk_fail(err, "vkResetFences", r);
-    VkSubmitInfo si = {
-        .sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &rec->cmd};
+    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                       .commandBufferCount = 1,
+                       .pCommandBuffers = &rec->cmd};
     r = d->fn.vkQueueSubmit(d->queue, 1, &si, rec->fence);
     if (r != VK_SUCCESS) return vk_fail(err, "vkQueueSubmit", r);
     rec->pending = true;

@@ -11,13 +11,22 @@
 
 /* matmul.comp: W (weights as stored in the file), X (f32 rows), Y (f32
  * rows); push constants: vk_matmul.c's matmul_push (8 words). */
-#define MATMUL(name) {name, 3, 32, 0, {0}}
+#define MATMUL(name)                                                                               \
+    {                                                                                              \
+        name, 3, 32, 0, {                                                                          \
+            0                                                                                      \
+        }                                                                                          \
+    }
 
 static const vk_shader_desc shaders[VK_SHADER_COUNT] = {
-    [VK_SHADER_MATMUL_F32] = MATMUL("matmul_f32"),   [VK_SHADER_MATMUL_F16] = MATMUL("matmul_f16"),
-    [VK_SHADER_MATMUL_Q4_0] = MATMUL("matmul_q4_0"), [VK_SHADER_MATMUL_Q4_1] = MATMUL("matmul_q4_1"),
-    [VK_SHADER_MATMUL_Q5_0] = MATMUL("matmul_q5_0"), [VK_SHADER_MATMUL_Q8_0] = MATMUL("matmul_q8_0"),
-    [VK_SHADER_MATMUL_Q4_K] = MATMUL("matmul_q4_k"), [VK_SHADER_MATMUL_Q5_K] = MATMUL("matmul_q5_k"),
+    [VK_SHADER_MATMUL_F32] = MATMUL("matmul_f32"),
+    [VK_SHADER_MATMUL_F16] = MATMUL("matmul_f16"),
+    [VK_SHADER_MATMUL_Q4_0] = MATMUL("matmul_q4_0"),
+    [VK_SHADER_MATMUL_Q4_1] = MATMUL("matmul_q4_1"),
+    [VK_SHADER_MATMUL_Q5_0] = MATMUL("matmul_q5_0"),
+    [VK_SHADER_MATMUL_Q8_0] = MATMUL("matmul_q8_0"),
+    [VK_SHADER_MATMUL_Q4_K] = MATMUL("matmul_q4_k"),
+    [VK_SHADER_MATMUL_Q5_K] = MATMUL("matmul_q5_k"),
     [VK_SHADER_MATMUL_Q6_K] = MATMUL("matmul_q6_k"),
 };
 

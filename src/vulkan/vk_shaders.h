@@ -15,7 +15,7 @@
 
 /* One embedded module (generated: vk_spirv.c in the build folder). */
 typedef struct vk_spirv {
-    const char *name; /* as cmake/vulkan.cmake names it: "matmul_q4_0" */
+    const char *name;          /* as cmake/vulkan.cmake names it: "matmul_q4_0" */
     const unsigned char *code; /* 4-byte aligned */
     size_t bytes;
 } vk_spirv;
@@ -27,11 +27,11 @@ extern const unsigned vk_spirv_count;
 enum { VK_SPEC_SUBGROUP_SIZE = 0xFFFFFFFFu };
 
 typedef struct vk_shader_desc {
-    const char *spirv;     /* module name in vk_spirv_table */
-    uint32_t n_bindings;   /* storage buffers at bindings 0..n-1 of set 0 */
-    uint32_t push_bytes;   /* push constant block size (multiple of 4, <= 128) */
-    uint32_t n_spec;       /* specialization constants 0..n_spec-1 */
-    uint32_t spec[4];      /* their values; VK_SPEC_SUBGROUP_SIZE: the device's */
+    const char *spirv;   /* module name in vk_spirv_table */
+    uint32_t n_bindings; /* storage buffers at bindings 0..n-1 of set 0 */
+    uint32_t push_bytes; /* push constant block size (multiple of 4, <= 128) */
+    uint32_t n_spec;     /* specialization constants 0..n_spec-1 */
+    uint32_t spec[4];    /* their values; VK_SPEC_SUBGROUP_SIZE: the device's */
 } vk_shader_desc;
 
 /* The description of a shader id (vk_shaders.c). */

@@ -155,7 +155,8 @@ void vk_recorder_barrier(vk_recorder *rec) {
 }
 
 cellm_status vk_recorder_copy(vk_recorder *rec, const vk_buffer *src, size_t src_off,
-                              const vk_buffer *dst, size_t dst_off, size_t bytes, cellm_error *err) {
+                              const vk_buffer *dst, size_t dst_off, size_t bytes,
+                              cellm_error *err) {
     (void)rec;
     (void)src;
     (void)src_off;
