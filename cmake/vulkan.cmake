@@ -47,7 +47,13 @@ set(CELLM_VK_SHADERS
     "matmul_q8_0|matmul.comp|-DW_Q8_0"
     "matmul_q4_k|matmul.comp|-DW_Q4_K"
     "matmul_q5_k|matmul.comp|-DW_Q5_K"
-    "matmul_q6_k|matmul.comp|-DW_Q6_K")
+    "matmul_q6_k|matmul.comp|-DW_Q6_K"
+    "rmsnorm|rmsnorm.comp"
+    "qk_prep|qk_prep.comp"
+    "attention|attention.comp"
+    "act|act.comp"
+    "add|add.comp"
+    "logits|logits.comp")
 
 set(shader_dir ${PROJECT_SOURCE_DIR}/src/vulkan/shaders)
 file(GLOB shader_includes CONFIGURE_DEPENDS ${shader_dir}/*.glsl)

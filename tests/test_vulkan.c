@@ -68,6 +68,14 @@ static void test_asan_vulkan_open(void **state) {
     assert_true(info->index < n);
     assert_string_equal(info->name, infos[info->index].name);
     assert_true(vk_live_objects() > 0);
+    /* Every shader the library carries makes a pipeline. */
+    for (int id = 0; id < VK_SHADER_COUNT; id++) {
+        const vk_pipeline *pipe = NULL;
+        err_clear(&err);
+        if (vk_pipeline_get(dev, (vk_shader_id)id, &pipe, &err) != CELLM_OK)
+            print_error("shader %d: %s\n", id, err.msg);
+        assert_non_null(pipe);
+    }
     /* A device index past the list is refused with a message. */
     vk_open_params p = vk_open_default_params();
     p.index = (int)n;

@@ -153,6 +153,12 @@ typedef enum vk_shader_id {
     VK_SHADER_MATMUL_Q4_K,
     VK_SHADER_MATMUL_Q5_K,
     VK_SHADER_MATMUL_Q6_K,
+    VK_SHADER_RMSNORM,
+    VK_SHADER_QK_PREP,
+    VK_SHADER_ATTENTION,
+    VK_SHADER_ACT,
+    VK_SHADER_ADD,
+    VK_SHADER_LOGITS,
     VK_SHADER_COUNT
 } vk_shader_id;
 

@@ -13,7 +13,7 @@
 
 #include "vulkan/vk_internal.h"
 
-enum { MAX_BINDINGS = 8 };
+enum { MAX_BINDINGS = 12 }; /* storage buffers of one shader at most */
 
 /* ---- pipelines ---- */
 

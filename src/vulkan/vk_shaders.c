@@ -28,6 +28,14 @@ static const vk_shader_desc shaders[VK_SHADER_COUNT] = {
     [VK_SHADER_MATMUL_Q4_K] = MATMUL("matmul_q4_k"),
     [VK_SHADER_MATMUL_Q5_K] = MATMUL("matmul_q5_k"),
     [VK_SHADER_MATMUL_Q6_K] = MATMUL("matmul_q6_k"),
+    /* The forward pass's other shaders: bindings and push constants as
+     * each .comp declares them. */
+    [VK_SHADER_RMSNORM] = {"rmsnorm", 4, 24, 0, {0}},
+    [VK_SHADER_QK_PREP] = {"qk_prep", 9, 60, 0, {0}},
+    [VK_SHADER_ATTENTION] = {"attention", 5, 48, 0, {0}},
+    [VK_SHADER_ACT] = {"act", 2, 8, 0, {0}},
+    [VK_SHADER_ADD] = {"add", 2, 8, 0, {0}},
+    [VK_SHADER_LOGITS] = {"logits", 1, 12, 0, {0}},
 };
 
 const vk_shader_desc *vk_shader_get(vk_shader_id id) {
