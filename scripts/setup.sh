@@ -18,10 +18,15 @@ cellm_pkg_installed() {
 }
 
 cellm_install_packages() {
+    # libvulkan-dev (the headers) and glslc (GLSL to SPIR-V) build the Vulkan
+    # backend; the library still links no Vulkan library (docs/gpu.md).
     local pkgs=(cmake ninja-build gcc libc6-dev libcmocka-dev libcjson-dev libedit-dev
-        libmicrohttpd-dev libpng-dev libjpeg-dev)
+        libmicrohttpd-dev libpng-dev libjpeg-dev libvulkan-dev glslc)
     if [ "${1:-}" = "--test" ]; then
         pkgs+=(clang libclang-rt-14-dev clang-format)
+        # test_vulkan runs the Vulkan backend on Mesa's lavapipe, a CPU Vulkan
+        # driver (with the loader, libvulkan1).
+        pkgs+=(mesa-vulkan-drivers libvulkan1)
         # The Java binding's build and test (bindings/java): any JDK >= 11.
         command -v javac >/dev/null 2>&1 || pkgs+=(default-jdk-headless)
         # serve_page_e2e drives the server's chat page in headless Chromium.

@@ -8,6 +8,7 @@
 #include "cellm.h"
 #include "cli.h"
 #include "convert.h"
+#include "devices.h"
 #include "inspect.h"
 #include "quantize.h"
 #include "run.h"
@@ -30,6 +31,7 @@ static const command commands[] = {
     {"tokenize", cmd_tokenize, "show the token ids and pieces of a text"},
     {"bench", cmd_bench, "decode tokens/s with 1..16 sessions; the sampler's cost per token"},
     {"bench-kernels", cmd_bench_kernels, "measure matvec kernels against memory bandwidth"},
+    {"devices", cmd_devices, "list the Vulkan GPUs found and what each can do"},
     {"quantize", cmd_quantize, "re-quantize a model file (Q4_0 ... Q8_0, Q4_K_M, Q5_K_M, Q6_K)"},
     {"convert", cmd_convert, "convert a Hugging Face checkpoint folder into a GGUF file"},
     {NULL, NULL, NULL},

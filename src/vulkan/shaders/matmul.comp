@@ -1,0 +1,279 @@
+#version 450
+#extension GL_EXT_control_flow_attributes : require
+// matmul.comp — y[r][o] = sum_i W[o][i] * x[r][i] for a weight matrix W
+// stored as in the GGUF file (rows of whole blocks of one type, chosen by
+// -DW_<TYPE> at build time: cmake/vulkan.cmake builds one module per type),
+// f32 activation rows x and f32 output rows y.
+//
+// Batch invariance (docs/gpu.md): a workgroup computes OUTS outputs for TR
+// activation rows. Each output's dot product is split over K in chunks of
+// 32 elements; lane l of LANES takes chunks l, l + LANES, l + 2 LANES, ...,
+// sums each chunk with fma in an order fixed by the type (its 4 groups of
+// 8 values, elem() below) and adds the chunk sums in chunk order; the LANES partial sums are then added through shared
+// memory in a fixed tree. Nothing of that depends on the number of rows,
+// on which tile a row falls in or on the device's subgroup size, and every
+// row of a tile runs the same arithmetic (`precise` keeps the compiler from
+// contracting or reordering it), so a row's outputs have the same bits in
+// a batch of 1 (decode) as in a batch of thousands (prefill).
+//
+// Weights are read as 32-bit words and unpacked (blocks may start at any
+// even byte: Q4_0's are 18 bytes), which every Vulkan 1.1 device runs.
+
+layout(local_size_x = 128) in;
+
+const uint LANES = 16u; // partial sums per output
+const uint OUTS = 8u;   // outputs per workgroup: LANES * OUTS = 128 invocations
+const uint TR = 8u;     // activation rows per workgroup
+
+layout(std430, binding = 0) readonly buffer Wbuf { uint wd[]; };
+layout(std430, binding = 1) readonly buffer Xbuf { float xd[]; };
+layout(std430, binding = 2) writeonly buffer Ybuf { float yd[]; };
+
+layout(push_constant) uniform Push {
+    uint K;        // columns of W (input size), a whole number of blocks
+    uint N;        // rows of W (outputs)
+    uint n_rows;   // activation rows
+    uint w_off;    // bytes from the start of binding 0 to W
+    uint x_off;    // floats from the start of binding 1 to x[0][0]
+    uint y_off;    // floats from the start of binding 2 to y[0][0]
+    uint x_stride; // floats from x[r] to x[r + 1]
+    uint y_stride; // floats from y[r] to y[r + 1]
+} pc;
+
+// The activation tile of one step: TR rows of the LANES * 32 columns the
+// lanes work on, read once for all OUTS outputs. Then the partial sums'
+// reduction (OUTS * LANES * TR floats). 16 KiB: Vulkan's least limit.
+const uint SPAN = LANES * 32u;
+shared float sh[TR * SPAN];
+
+uint byte_at(uint off) {
+    return (wd[off >> 2] >> ((off & 3u) * 8u)) & 0xFFu;
+}
+
+// 16 bits at an even byte offset.
+uint u16_at(uint off) {
+    return (wd[off >> 2] >> ((off & 2u) * 8u)) & 0xFFFFu;
+}
+
+// 32 bits at an even byte offset.
+uint u32_at(uint off) {
+    uint i = off >> 2;
+    if ((off & 2u) == 0u) return wd[i];
+    return (wd[i] >> 16) | (wd[i + 1u] << 16);
+}
+
+float f16_at(uint off) {
+    return unpackHalf2x16(u16_at(off)).x;
+}
+
+// Each type decodes a chunk of 32 elements in 4 groups of 8:
+//   chunk_begin(row, c): the chunk's scales (kept in the globals below);
+//   load8(g, v): the 8 values of group g;
+//   elem(g, i): which element of the chunk v[i] is.
+uint cb;      // byte offset of the chunk's block
+float cd, cm; // the chunk's scale and offset (or second scale)
+uint cg;      // the chunk's index within its super-block (K-quants)
+
+#if defined(W_F32)
+uint row_bytes(uint k) { return k * 4u; }
+void chunk_begin(uint row, uint c) { cb = row + c * 128u; }
+void load8(uint g, out float v[8]) {
+    uint w0 = (cb >> 2) + 8u * g;
+    for (uint i = 0u; i < 8u; i++) v[i] = uintBitsToFloat(wd[w0 + i]);
+}
+uint elem(uint g, uint i) { return 8u * g + i; }
+#elif defined(W_F16)
+uint row_bytes(uint k) { return k * 2u; }
+void chunk_begin(uint row, uint c) { cb = row + c * 64u; }
+void load8(uint g, out float v[8]) {
+    for (uint i = 0u; i < 4u; i++) {
+        vec2 h = unpackHalf2x16(u32_at(cb + 16u * g + 4u * i));
+        v[2u * i] = h.x;
+        v[2u * i + 1u] = h.y;
+    }
+}
+uint elem(uint g, uint i) { return 8u * g + i; }
+#elif defined(W_Q4_0) || defined(W_Q4_1) || defined(W_Q5_0)
+// Group g is byte 4g .. 4g + 3 of qs: 4 low nibbles (elements 4g + i) and
+// 4 high nibbles (elements 16 + 4g + i).
+uint elem(uint g, uint i) { return i < 4u ? 4u * g + i : 12u + 4u * g + i; }
+#if defined(W_Q4_0)
+// x = d * (q - 8)
+uint row_bytes(uint k) { return k / 32u * 18u; }
+void chunk_begin(uint row, uint c) { cb = row + c * 18u; cd = f16_at(cb); }
+void load8(uint g, out float v[8]) {
+    uint u = u32_at(cb + 2u + 4u * g);
+    for (uint i = 0u; i < 4u; i++) {
+        v[i] = cd * float(int((u >> (8u * i)) & 15u) - 8);
+        v[i + 4u] = cd * float(int((u >> (8u * i + 4u)) & 15u) - 8);
+    }
+}
+#elif defined(W_Q4_1)
+// x = d * q + m
+uint row_bytes(uint k) { return k / 32u * 20u; }
+void chunk_begin(uint row, uint c) { cb = row + c * 20u; cd = f16_at(cb); cm = f16_at(cb + 2u); }
+void load8(uint g, out float v[8]) {
+    uint u = u32_at(cb + 4u + 4u * g);
+    for (uint i = 0u; i < 4u; i++) {
+        v[i] = cd * float((u >> (8u * i)) & 15u) + cm;
+        v[i + 4u] = cd * float((u >> (8u * i + 4u)) & 15u) + cm;
+    }
+}
+#else
+// x = d * (q - 16); bit 4 of element j is bit j of qh.
+uint row_bytes(uint k) { return k / 32u * 22u; }
+uint qh;
+void chunk_begin(uint row, uint c) { cb = row + c * 22u; cd = f16_at(cb); qh = u32_at(cb + 2u); }
+void load8(uint g, out float v[8]) {
+    uint u = u32_at(cb + 6u + 4u * g);
+    for (uint i = 0u; i < 4u; i++) {
+        uint j = 4u * g + i;
+        uint q0 = ((u >> (8u * i)) & 15u) | (((qh >> j) & 1u) << 4);
+        uint q1 = ((u >> (8u * i + 4u)) & 15u) | (((qh >> (j + 16u)) & 1u) << 4);
+        v[i] = cd * float(int(q0) - 16);
+        v[i + 4u] = cd * float(int(q1) - 16);
+    }
+}
+#endif
+#elif defined(W_Q8_0)
+// x = d * q, q signed bytes.
+uint row_bytes(uint k) { return k / 32u * 34u; }
+void chunk_begin(uint row, uint c) { cb = row + c * 34u; cd = f16_at(cb); }
+void load8(uint g, out float v[8]) {
+    for (uint h = 0u; h < 2u; h++) {
+        int u = int(u32_at(cb + 2u + 8u * g + 4u * h));
+        for (uint i = 0u; i < 4u; i++) v[4u * h + i] = float(bitfieldExtract(u, int(8u * i), 8)) * cd;
+    }
+}
+uint elem(uint g, uint i) { return 8u * g + i; }
+#elif defined(W_Q4_K) || defined(W_Q5_K)
+// 8 groups of 32 per super-block (a chunk is one): x = d * sc * q - dmin * m,
+// the 6-bit scales and mins packed in 12 bytes (blocks.h, kq_scale_min).
+#if defined(W_Q4_K)
+uint row_bytes(uint k) { return k / 256u * 144u; }
+const uint BLOCK = 144u, QS = 16u;
+#else
+uint row_bytes(uint k) { return k / 256u * 176u; }
+const uint BLOCK = 176u, QS = 48u; // qh (32 bytes) at 16
+#endif
+void chunk_begin(uint row, uint c) {
+    cb = row + (c >> 3) * BLOCK;
+    cg = c & 7u;
+    uint s = cb + 4u, sc, m;
+    if (cg < 4u) {
+        sc = byte_at(s + cg) & 63u;
+        m = byte_at(s + cg + 4u) & 63u;
+    } else {
+        uint b4 = byte_at(s + cg + 4u);
+        sc = (b4 & 15u) | ((byte_at(s + cg - 4u) >> 6) << 4);
+        m = (b4 >> 4) | ((byte_at(s + cg) >> 6) << 4);
+    }
+    cd = f16_at(cb) * float(sc);
+    cm = f16_at(cb + 2u) * float(m);
+}
+void load8(uint g, out float v[8]) {
+    uint shift = 4u * (cg & 1u);
+    for (uint h = 0u; h < 2u; h++) {
+        uint u = u32_at(cb + QS + 32u * (cg >> 1) + 8u * g + 4u * h);
+#if defined(W_Q5_K)
+        uint hb = u32_at(cb + 16u + 8u * g + 4u * h);
+#endif
+        for (uint i = 0u; i < 4u; i++) {
+            uint q = (u >> (8u * i + shift)) & 15u;
+#if defined(W_Q5_K)
+            q |= ((hb >> (8u * i + cg)) & 1u) << 4;
+#endif
+            v[4u * h + i] = cd * float(q) - cm;
+        }
+    }
+}
+uint elem(uint g, uint i) { return 8u * g + i; }
+#elif defined(W_Q6_K)
+// 16 groups of 16: x = d * scales[g] * (q - 32), q 6 bits: low 4 from ql,
+// top 2 from qh (blocks.h). Chunk c is elements 32k .. 32k + 31 of half h
+// of super-block c / 8 (k = c % 4, h = (c / 4) % 2); cd and cm are the
+// scales of its two groups of 16.
+uint row_bytes(uint k) { return k / 256u * 210u; }
+void chunk_begin(uint row, uint c) {
+    cb = row + (c >> 3) * 210u;
+    cg = c & 7u;
+    float d = f16_at(cb + 208u);
+    cd = d * float(bitfieldExtract(int(byte_at(cb + 192u + 2u * cg)), 0, 8));
+    cm = d * float(bitfieldExtract(int(byte_at(cb + 193u + 2u * cg)), 0, 8));
+}
+void load8(uint g, out float v[8]) {
+    uint h = cg >> 2, k = cg & 3u;
+    uint ql = cb + 64u * h + 32u * (k & 1u), qh = cb + 128u + 32u * h;
+    uint lshift = k < 2u ? 0u : 4u;
+    float dl = g < 2u ? cd : cm;
+    for (uint p = 0u; p < 2u; p++) {
+        uint u = u32_at(ql + 8u * g + 4u * p), hb = u32_at(qh + 8u * g + 4u * p);
+        for (uint i = 0u; i < 4u; i++) {
+            uint lo = (u >> (8u * i + lshift)) & 15u;
+            uint hi = (hb >> (8u * i + 2u * k)) & 3u;
+            v[4u * p + i] = dl * float(int(lo | (hi << 4)) - 32);
+        }
+    }
+}
+uint elem(uint g, uint i) { return 8u * g + i; }
+#else
+#error "matmul.comp: build with -DW_<TYPE>"
+#endif
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint ol = tid / LANES, lane = tid % LANES;
+    uint tile = gl_WorkGroupID.z * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    if (tile * OUTS >= pc.N) return; // the same for the whole workgroup
+    uint o = tile * OUTS + ol;
+    uint oc = min(o, pc.N - 1u); // past N: computes a copy, writes nothing
+    uint r0 = gl_WorkGroupID.y * TR;
+    uint row = pc.w_off + oc * row_bytes(pc.K);
+
+    precise float acc[TR];
+    for (uint r = 0u; r < TR; r++) acc[r] = 0.0;
+    uint nc = pc.K / 32u;
+    uint steps = (nc + LANES - 1u) / LANES;
+    for (uint k = 0u; k < steps; k++) {
+        // Past n_rows or K: copies of the last row or column, never used.
+        [[dont_unroll]] for (uint t = tid; t < TR * SPAN; t += LANES * OUTS) {
+            uint xr = min(r0 + t / SPAN, pc.n_rows - 1u);
+            uint col = min(k * SPAN + t % SPAN, pc.K - 1u);
+            sh[t] = xd[pc.x_off + xr * pc.x_stride + col];
+        }
+        barrier();
+        uint c = k * LANES + lane;
+        if (c < nc) {
+            chunk_begin(row, c);
+            precise float s[TR];
+            for (uint r = 0u; r < TR; r++) s[r] = 0.0;
+            // A loop, not unrolled: lavapipe (LLVM) compiles the unrolled
+            // chunk for seconds.
+            [[dont_unroll]] for (uint g = 0u; g < 4u; g++) {
+                float v[8];
+                load8(g, v);
+                for (uint i = 0u; i < 8u; i++) {
+                    uint xb = lane * 32u + elem(g, i);
+                    for (uint r = 0u; r < TR; r++) s[r] = fma(v[i], sh[r * SPAN + xb], s[r]);
+                }
+            }
+            for (uint r = 0u; r < TR; r++) acc[r] += s[r];
+        }
+        barrier();
+    }
+    uint me = (ol * LANES + lane) * TR;
+    for (uint r = 0u; r < TR; r++) sh[me + r] = acc[r];
+    barrier();
+    for (uint st = LANES / 2u; st > 0u; st >>= 1) {
+        if (lane < st) {
+            uint other = me + st * TR;
+            for (uint r = 0u; r < TR; r++) {
+                precise float v = sh[me + r] + sh[other + r];
+                sh[me + r] = v;
+            }
+        }
+        barrier();
+    }
+    if (lane < TR && o < pc.N && r0 + lane < pc.n_rows)
+        yd[pc.y_off + (r0 + lane) * pc.y_stride + o] = sh[ol * LANES * TR + lane];
+}

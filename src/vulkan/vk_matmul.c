@@ -1,0 +1,114 @@
+/*
+ * vk_matmul.c — records matmul.comp (vk_matmul.h): picks the module of the
+ * weight type, binds the three operands from their offsets rounded down to
+ * the device's alignment (the remainders go to the shader as push
+ * constants), and covers the outputs with workgroups of MM_OUTS outputs
+ * by MM_ROWS activation rows. Output tiles past the device's first
+ * workgroup-count limit continue in the third dimension (Gemma 3's 262144
+ * vocabulary rows are 32768 tiles; some devices stop at 65535).
+ */
+#include <string.h>
+
+#include "format/quant.h"
+#include "vulkan/vk_internal.h"
+#include "vulkan/vk_matmul.h"
+
+enum { MM_OUTS = 8, MM_ROWS = 8 }; /* OUTS and TR of matmul.comp */
+
+/* The push constants of matmul.comp, in its order. */
+typedef struct matmul_push {
+    uint32_t K, N, n_rows, w_off, x_off, y_off, x_stride, y_stride;
+} matmul_push;
+
+static int shader_of(uint32_t type) {
+    switch (type) {
+    case QT_F32: return VK_SHADER_MATMUL_F32;
+    case QT_F16: return VK_SHADER_MATMUL_F16;
+    case QT_Q4_0: return VK_SHADER_MATMUL_Q4_0;
+    case QT_Q4_1: return VK_SHADER_MATMUL_Q4_1;
+    case QT_Q5_0: return VK_SHADER_MATMUL_Q5_0;
+    case QT_Q8_0: return VK_SHADER_MATMUL_Q8_0;
+    case QT_Q4_K: return VK_SHADER_MATMUL_Q4_K;
+    case QT_Q5_K: return VK_SHADER_MATMUL_Q5_K;
+    case QT_Q6_K: return VK_SHADER_MATMUL_Q6_K;
+    default: return -1;
+    }
+}
+
+bool vk_matmul_supports(uint32_t type) {
+    return shader_of(type) >= 0;
+}
+
+cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_error *err) {
+    vk_device *d = vk_recorder_device(rec);
+    int shader = shader_of(a->type);
+    const quant_type_info *qi = quant_type_get(a->type);
+    if (shader < 0 || !qi)
+        return err_set(err, CELLM_ERR_UNSUPPORTED, "Vulkan matmul: no kernel for weight type %s",
+                       qi ? qi->name : "(unknown)");
+    uint64_t row_bytes;
+    if (a->rows == 0 || a->n_rows == 0 || a->cols == 0 || a->cols % 32 ||
+        !quant_nbytes(a->type, a->cols, &row_bytes))
+        return err_set(err, CELLM_ERR_INVALID_ARG,
+                       "Vulkan matmul: %u x %u %s weights against %u rows (columns must be whole "
+                       "blocks)",
+                       a->rows, a->cols, qi->name, a->n_rows);
+    uint32_t xs = a->x_stride ? a->x_stride : a->cols, ys = a->y_stride ? a->y_stride : a->rows;
+    size_t w_shift = vk_binding_shift(d, a->w_off), x_shift = vk_binding_shift(d, a->x_off),
+           y_shift = vk_binding_shift(d, a->y_off);
+    /* F32 rows are read as words; other blocks are read from even bytes. */
+    if (a->w_off % (a->type == QT_F32 ? 4 : 2) || a->x_off % 4 || a->y_off % 4 || xs < a->cols ||
+        ys < a->rows)
+        return err_set(err, CELLM_ERR_INVALID_ARG,
+                       "Vulkan matmul: misaligned offsets or short strides (w %zu, x %zu, y %zu, "
+                       "strides %u, %u)",
+                       a->w_off, a->x_off, a->y_off, xs, ys);
+    uint64_t w_bytes = row_bytes * a->rows;
+    uint64_t x_bytes = ((uint64_t)(a->n_rows - 1) * xs + a->cols) * 4;
+    uint64_t y_bytes = ((uint64_t)(a->n_rows - 1) * ys + a->rows) * 4;
+    if (w_shift + w_bytes > UINT32_MAX || (x_shift + x_bytes) / 4 > UINT32_MAX ||
+        (y_shift + y_bytes) / 4 > UINT32_MAX)
+        return err_set(err, CELLM_ERR_UNSUPPORTED, "Vulkan matmul: operands past 4 GiB");
+    const vk_pipeline *pipe;
+    cellm_status st = vk_pipeline_get(d, (vk_shader_id)shader, &pipe, err);
+    if (st != CELLM_OK) return st;
+    vk_binding b[3] = {
+        {a->w, a->w_off, (size_t)w_bytes},
+        {a->x, a->x_off, (size_t)x_bytes},
+        {a->y, a->y_off, (size_t)y_bytes},
+    };
+    /* The bindings start at the offsets rounded down: the shader adds the
+     * remainders (binding 0 in bytes, 1 and 2 in floats). The ranges above
+     * run from the unrounded offsets; the recorder extends them back. */
+    matmul_push pc = {
+        .K = a->cols,
+        .N = a->rows,
+        .n_rows = a->n_rows,
+        .w_off = (uint32_t)w_shift,
+        .x_off = (uint32_t)(x_shift / 4),
+        .y_off = (uint32_t)(y_shift / 4),
+        .x_stride = xs,
+        .y_stride = ys,
+    };
+    const vk_device_info *info = vk_device_get_info(d);
+    uint32_t tiles = (a->rows + MM_OUTS - 1) / MM_OUTS;
+    uint32_t gx = tiles < info->max_workgroups[0] ? tiles : info->max_workgroups[0];
+    uint32_t groups[3] = {gx, (a->n_rows + MM_ROWS - 1) / MM_ROWS, (tiles + gx - 1) / gx};
+    return vk_recorder_dispatch(rec, pipe, b, 3, &pc, sizeof pc, groups, err);
+}
+
+cellm_status vk_matmul(vk_recorder *rec, uint32_t type, const vk_buffer *w, size_t w_off,
+                       uint32_t rows, uint32_t cols, const vk_buffer *x, size_t x_off,
+                       const vk_buffer *y, size_t y_off, uint32_t n_rows, cellm_error *err) {
+    vk_matmul_args a = {.type = type,
+                        .w = w,
+                        .w_off = w_off,
+                        .rows = rows,
+                        .cols = cols,
+                        .x = x,
+                        .x_off = x_off,
+                        .y = y,
+                        .y_off = y_off,
+                        .n_rows = n_rows};
+    return vk_matmul_record(rec, &a, err);
+}

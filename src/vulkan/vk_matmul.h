@@ -1,0 +1,48 @@
+/*
+ * vk_matmul.h — the matrix products of the Vulkan backend: weights as the
+ * GGUF file stores them (uploaded once), f32 activation rows in and f32
+ * output rows out, recorded into a step's command buffer (vk_device.h).
+ * Batch-invariant like the CPU's matmul: a row's outputs have the same bits
+ * whatever other rows share the dispatch (docs/gpu.md).
+ */
+#ifndef CELLM_VK_MATMUL_H
+#define CELLM_VK_MATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vulkan/vk_device.h"
+
+/* True when vk_matmul takes weights of this GGML type id (F32, F16, Q4_0,
+ * Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K). */
+bool vk_matmul_supports(uint32_t type);
+
+/* One matrix product, its operands given as buffer + byte offset:
+ *   y[r * y_stride + o] = sum_i W[o][i] * x[r * x_stride + i]
+ * for r < n_rows and o < rows, where W is `rows` rows of `cols` elements of
+ * `type` (cols a whole number of the type's blocks) starting at w_off, and
+ * x and y are f32 (x_off, y_off multiples of 4). The shader's pipeline is
+ * made on first use. Records nothing else: put a vk_recorder_barrier
+ * between it and what reads y. */
+typedef struct vk_matmul_args {
+    uint32_t type;
+    const vk_buffer *w;
+    size_t w_off;
+    uint32_t rows, cols;
+    const vk_buffer *x;
+    size_t x_off;
+    uint32_t x_stride; /* floats between activation rows; 0: cols */
+    const vk_buffer *y;
+    size_t y_off;
+    uint32_t y_stride; /* floats between output rows; 0: rows */
+    uint32_t n_rows;
+} vk_matmul_args;
+
+cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_error *err);
+
+/* vk_matmul_record with packed rows (strides cols and rows). */
+cellm_status vk_matmul(vk_recorder *rec, uint32_t type, const vk_buffer *w, size_t w_off,
+                       uint32_t rows, uint32_t cols, const vk_buffer *x, size_t x_off,
+                       const vk_buffer *y, size_t y_off, uint32_t n_rows, cellm_error *err);
+
+#endif /* CELLM_VK_MATMUL_H */

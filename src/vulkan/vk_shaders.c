@@ -1,0 +1,50 @@
+/*
+ * vk_shaders.c — the shader table: for each vk_shader_id, the embedded
+ * SPIR-V module it is built from, its storage bindings, its push constant
+ * block and its specialization constants. Adding a shader: its .comp in
+ * src/vulkan/shaders, a line in cmake/vulkan.cmake, an id in vk_device.h
+ * and a row here (docs/gpu.md).
+ */
+#include <string.h>
+
+#include "vulkan/vk_shaders.h"
+
+/* matmul.comp: W (weights as stored in the file), X (f32 rows), Y (f32
+ * rows); push constants: vk_matmul.c's matmul_push (8 words). */
+#define MATMUL(name)                                                                               \
+    {                                                                                              \
+        name, 3, 32, 0, {                                                                          \
+            0                                                                                      \
+        }                                                                                          \
+    }
+
+static const vk_shader_desc shaders[VK_SHADER_COUNT] = {
+    [VK_SHADER_MATMUL_F32] = MATMUL("matmul_f32"),
+    [VK_SHADER_MATMUL_F16] = MATMUL("matmul_f16"),
+    [VK_SHADER_MATMUL_Q4_0] = MATMUL("matmul_q4_0"),
+    [VK_SHADER_MATMUL_Q4_1] = MATMUL("matmul_q4_1"),
+    [VK_SHADER_MATMUL_Q5_0] = MATMUL("matmul_q5_0"),
+    [VK_SHADER_MATMUL_Q8_0] = MATMUL("matmul_q8_0"),
+    [VK_SHADER_MATMUL_Q4_K] = MATMUL("matmul_q4_k"),
+    [VK_SHADER_MATMUL_Q5_K] = MATMUL("matmul_q5_k"),
+    [VK_SHADER_MATMUL_Q6_K] = MATMUL("matmul_q6_k"),
+    /* The forward pass's other shaders: bindings and push constants as
+     * each .comp declares them. */
+    [VK_SHADER_RMSNORM] = {"rmsnorm", 4, 24, 0, {0}},
+    [VK_SHADER_QK_PREP] = {"qk_prep", 9, 60, 0, {0}},
+    [VK_SHADER_ATTENTION] = {"attention", 5, 48, 0, {0}},
+    [VK_SHADER_ACT] = {"act", 2, 8, 0, {0}},
+    [VK_SHADER_ADD] = {"add", 2, 8, 0, {0}},
+    [VK_SHADER_LOGITS] = {"logits", 1, 12, 0, {0}},
+};
+
+const vk_shader_desc *vk_shader_get(vk_shader_id id) {
+    if ((unsigned)id >= VK_SHADER_COUNT || !shaders[id].spirv) return NULL;
+    return &shaders[id];
+}
+
+const vk_spirv *vk_spirv_find(const char *name) {
+    for (unsigned i = 0; i < vk_spirv_count; i++)
+        if (!strcmp(vk_spirv_table[i].name, name)) return &vk_spirv_table[i];
+    return NULL;
+}
