@@ -76,6 +76,14 @@ static void test_asan_vulkan_open(void **state) {
             print_error("shader %d: %s\n", id, err.msg);
         assert_non_null(pipe);
     }
+    /* Other specialization constants make another pipeline, once. */
+    const vk_pipeline *deflt, *one, *again;
+    const uint32_t spec1[4] = {1, 0, 0, 0};
+    assert_int_equal(vk_pipeline_get(dev, VK_SHADER_MATMUL_Q4_0, &deflt, &err), CELLM_OK);
+    assert_int_equal(vk_pipeline_get_spec(dev, VK_SHADER_MATMUL_Q4_0, spec1, &one, &err), CELLM_OK);
+    assert_int_equal(vk_pipeline_get_spec(dev, VK_SHADER_MATMUL_Q4_0, spec1, &again, &err),
+                     CELLM_OK);
+    assert_true(one != deflt && one == again);
     /* A device index past the list is refused with a message. */
     vk_open_params p = vk_open_default_params();
     p.index = (int)n;

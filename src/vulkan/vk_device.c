@@ -349,7 +349,11 @@ void vk_device_close(vk_device *d) {
         d->fn.vkDeviceWaitIdle(d->dev);
         while (d->recorders) vk_recorder_free(d->recorders);
         while (d->buffers) vk_buffer_free(d->buffers);
-        for (int i = 0; i < VK_SHADER_COUNT; i++) vk_pipeline_destroy(d, d->pipes[i]);
+        while (d->pipes) {
+            vk_pipeline *p = d->pipes;
+            d->pipes = p->next;
+            vk_pipeline_destroy(d, p);
+        }
         d->fn.vkDestroyDevice(d->dev, NULL);
         vk_live_add(-1);
     }

@@ -170,6 +170,12 @@ typedef struct vk_pipeline vk_pipeline;
 cellm_status vk_pipeline_get(vk_device *dev, vk_shader_id id, const vk_pipeline **out,
                              cellm_error *err);
 
+/* The pipeline of a shader with its specialization constants 0..3 set to
+ * spec[0..3] instead of the table's (as many as the shader declares are
+ * used), made on first use of that combination and kept until close. */
+cellm_status vk_pipeline_get_spec(vk_device *dev, vk_shader_id id, const uint32_t spec[4],
+                                  const vk_pipeline **out, cellm_error *err);
+
 /* ---- recording ---- */
 
 typedef struct vk_recorder vk_recorder;

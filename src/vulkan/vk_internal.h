@@ -126,6 +126,9 @@ struct vk_buffer {
 };
 
 struct vk_pipeline {
+    vk_shader_id id;
+    uint32_t spec[4];  /* the specialization constants it was made with */
+    vk_pipeline *next; /* the device's list */
     VkDescriptorSetLayout set_layout;
     VkPipelineLayout layout;
     VkPipeline pipe;
@@ -167,7 +170,7 @@ struct vk_device {
     uint32_t timeout_ms;
     size_t staging_bytes;
     bool use_push;
-    vk_pipeline *pipes[VK_SHADER_COUNT];
+    vk_pipeline *pipes;     /* every pipeline made, by shader and constants */
     vk_buffer *buffers;     /* every live buffer, for vk_device_close */
     vk_recorder *recorders; /* every live recorder */
     vk_buffer *staging;     /* VK_BUF_UPLOAD, made on first upload */

@@ -13,7 +13,7 @@
 #include "vulkan/vk_internal.h"
 #include "vulkan/vk_matmul.h"
 
-enum { MM_OUTS = 8, MM_ROWS = 8 }; /* OUTS and TR of matmul.comp */
+enum { MM_OUTS = 8, MM_ROWS = 8 }; /* OUTS and (the default) TR of matmul.comp */
 
 /* The push constants of matmul.comp, in its order. */
 typedef struct matmul_push {
@@ -69,8 +69,12 @@ cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_e
     if (w_shift + w_bytes > UINT32_MAX || (x_shift + x_bytes) / 4 > UINT32_MAX ||
         (y_shift + y_bytes) / 4 > UINT32_MAX)
         return err_set(err, CELLM_ERR_UNSUPPORTED, "Vulkan matmul: operands past 4 GiB");
+    /* A single row (decode) gets the pipeline of one row per workgroup;
+     * its arithmetic per row is the same (matmul.comp), so the row's bits
+     * are those it has in any batch. */
+    const uint32_t tr = a->n_rows == 1 ? 1 : MM_ROWS, spec[4] = {tr, 0, 0, 0};
     const vk_pipeline *pipe;
-    cellm_status st = vk_pipeline_get(d, (vk_shader_id)shader, &pipe, err);
+    cellm_status st = vk_pipeline_get_spec(d, (vk_shader_id)shader, spec, &pipe, err);
     if (st != CELLM_OK) return st;
     vk_binding b[3] = {
         {a->w, a->w_off, (size_t)w_bytes},
@@ -93,7 +97,7 @@ cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_e
     const vk_device_info *info = vk_device_get_info(d);
     uint32_t tiles = (a->rows + MM_OUTS - 1) / MM_OUTS;
     uint32_t gx = tiles < info->max_workgroups[0] ? tiles : info->max_workgroups[0];
-    uint32_t groups[3] = {gx, (a->n_rows + MM_ROWS - 1) / MM_ROWS, (tiles + gx - 1) / gx};
+    uint32_t groups[3] = {gx, (a->n_rows + tr - 1) / tr, (tiles + gx - 1) / gx};
     return vk_recorder_dispatch(rec, pipe, b, 3, &pc, sizeof pc, groups, err);
 }
 

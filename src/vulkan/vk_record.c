@@ -34,8 +34,8 @@ void vk_pipeline_destroy(vk_device *d, vk_pipeline *p) {
     free(p);
 }
 
-static cellm_status pipeline_create(vk_device *d, vk_shader_id id, vk_pipeline **out,
-                                    cellm_error *err) {
+static cellm_status pipeline_create(vk_device *d, vk_shader_id id, const uint32_t spec_in[4],
+                                    vk_pipeline **out, cellm_error *err) {
     const vk_shader_desc *desc = vk_shader_get(id);
     const vk_spirv *spv = desc ? vk_spirv_find(desc->spirv) : NULL;
     if (!spv || desc->n_bindings > MAX_BINDINGS)
@@ -43,6 +43,8 @@ static cellm_status pipeline_create(vk_device *d, vk_shader_id id, vk_pipeline *
     vk_pipeline *p = calloc(1, sizeof *p);
     if (!p) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
     p->desc = desc;
+    p->id = id;
+    memcpy(p->spec, spec_in, sizeof p->spec);
     VkDescriptorSetLayoutBinding binds[MAX_BINDINGS];
     for (uint32_t i = 0; i < desc->n_bindings; i++)
         binds[i] = (VkDescriptorSetLayoutBinding){
@@ -97,8 +99,7 @@ static cellm_status pipeline_create(vk_device *d, vk_shader_id id, vk_pipeline *
         VkSpecializationMapEntry map[4];
         uint32_t n_spec = desc->n_spec < 4 ? desc->n_spec : 4;
         for (uint32_t i = 0; i < n_spec; i++) {
-            spec[i] =
-                desc->spec[i] == VK_SPEC_SUBGROUP_SIZE ? d->info.subgroup_size : desc->spec[i];
+            spec[i] = p->spec[i];
             map[i] = (VkSpecializationMapEntry){.constantID = i, .offset = 4 * i, .size = 4};
         }
         VkSpecializationInfo si = {
@@ -132,17 +133,33 @@ static cellm_status pipeline_create(vk_device *d, vk_shader_id id, vk_pipeline *
     return CELLM_OK;
 }
 
+cellm_status vk_pipeline_get_spec(vk_device *d, vk_shader_id id, const uint32_t spec[4],
+                                  const vk_pipeline **out, cellm_error *err) {
+    *out = NULL;
+    const vk_shader_desc *desc = vk_shader_get(id);
+    if (!desc) return err_set(err, CELLM_ERR_INVALID_ARG, "no Vulkan shader %d", (int)id);
+    uint32_t want[4] = {0};
+    for (uint32_t i = 0; i < desc->n_spec && i < 4; i++) {
+        want[i] = spec ? spec[i] : desc->spec[i];
+        if (want[i] == VK_SPEC_SUBGROUP_SIZE) want[i] = d->info.subgroup_size;
+    }
+    for (vk_pipeline *p = d->pipes; p; p = p->next)
+        if (p->id == id && !memcmp(p->spec, want, sizeof want)) {
+            *out = p;
+            return CELLM_OK;
+        }
+    vk_pipeline *p;
+    cellm_status st = pipeline_create(d, id, want, &p, err);
+    if (st != CELLM_OK) return st;
+    p->next = d->pipes;
+    d->pipes = p;
+    *out = p;
+    return CELLM_OK;
+}
+
 cellm_status vk_pipeline_get(vk_device *d, vk_shader_id id, const vk_pipeline **out,
                              cellm_error *err) {
-    *out = NULL;
-    if ((unsigned)id >= VK_SHADER_COUNT)
-        return err_set(err, CELLM_ERR_INVALID_ARG, "no Vulkan shader %d", (int)id);
-    if (!d->pipes[id]) {
-        cellm_status st = pipeline_create(d, id, &d->pipes[id], err);
-        if (st != CELLM_OK) return st;
-    }
-    *out = d->pipes[id];
-    return CELLM_OK;
+    return vk_pipeline_get_spec(d, id, NULL, out, err);
 }
 
 /* ---- recorders ---- */

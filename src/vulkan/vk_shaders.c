@@ -11,10 +11,12 @@
 
 /* matmul.comp: W (weights as stored in the file), X (f32 rows), Y (f32
  * rows); push constants: vk_matmul.c's matmul_push (8 words). */
+/* Specialization constant 0 of matmul.comp: activation rows per workgroup
+ * (8; vk_matmul asks for 1 for a single row). */
 #define MATMUL(name)                                                                               \
     {                                                                                              \
-        name, 3, 32, 0, {                                                                          \
-            0                                                                                      \
+        name, 3, 32, 1, {                                                                          \
+            8, 0, 0, 0                                                                             \
         }                                                                                          \
     }
 

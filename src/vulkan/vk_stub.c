@@ -111,6 +111,15 @@ cellm_status vk_pipeline_get(vk_device *dev, vk_shader_id id, const vk_pipeline 
     return unsupported(err);
 }
 
+cellm_status vk_pipeline_get_spec(vk_device *dev, vk_shader_id id, const uint32_t spec[4],
+                                  const vk_pipeline **out, cellm_error *err) {
+    (void)dev;
+    (void)id;
+    (void)spec;
+    *out = NULL;
+    return unsupported(err);
+}
+
 size_t vk_binding_shift(const vk_device *dev, size_t offset) {
     (void)dev;
     (void)offset;

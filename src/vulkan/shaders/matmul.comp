@@ -23,7 +23,10 @@ layout(local_size_x = 128) in;
 
 const uint LANES = 16u; // partial sums per output
 const uint OUTS = 8u;   // outputs per workgroup: LANES * OUTS = 128 invocations
-const uint TR = 8u;     // activation rows per workgroup
+// Activation rows per workgroup: 8, or 1 for a single row (decode),
+// which then does not compute 7 copies. Every value below is `precise`, so
+// a row's bits are the same in either pipeline.
+layout(constant_id = 0) const uint TR = 8u;
 
 layout(std430, binding = 0) readonly buffer Wbuf { uint wd[]; };
 layout(std430, binding = 1) readonly buffer Xbuf { float xd[]; };
@@ -77,7 +80,7 @@ uint cg;      // the chunk's index within its super-block (K-quants)
 #if defined(W_F32)
 uint row_bytes(uint k) { return k * 4u; }
 void chunk_begin(uint row, uint c) { cb = row + c * 128u; }
-void load8(uint g, out float v[8]) {
+void load8(uint g, precise out float v[8]) {
     uint w0 = (cb >> 2) + 8u * g;
     for (uint i = 0u; i < 8u; i++) v[i] = uintBitsToFloat(wd[w0 + i]);
 }
@@ -85,7 +88,7 @@ uint elem(uint g, uint i) { return 8u * g + i; }
 #elif defined(W_F16)
 uint row_bytes(uint k) { return k * 2u; }
 void chunk_begin(uint row, uint c) { cb = row + c * 64u; }
-void load8(uint g, out float v[8]) {
+void load8(uint g, precise out float v[8]) {
     for (uint i = 0u; i < 4u; i++) {
         vec2 h = unpackHalf2x16(u32_at(cb + 16u * g + 4u * i));
         v[2u * i] = h.x;
@@ -101,7 +104,7 @@ uint elem(uint g, uint i) { return i < 4u ? 4u * g + i : 12u + 4u * g + i; }
 // x = d * (q - 8)
 uint row_bytes(uint k) { return k / 32u * 18u; }
 void chunk_begin(uint row, uint c) { cb = row + c * 18u; cd = f16_at(cb); }
-void load8(uint g, out float v[8]) {
+void load8(uint g, precise out float v[8]) {
     uint u = u32_at(cb + 2u + 4u * g);
     for (uint i = 0u; i < 4u; i++) {
         v[i] = cd * float(int((u >> (8u * i)) & 15u) - 8);
@@ -112,7 +115,7 @@ void load8(uint g, out float v[8]) {
 // x = d * q + m
 uint row_bytes(uint k) { return k / 32u * 20u; }
 void chunk_begin(uint row, uint c) { cb = row + c * 20u; cd = f16_at(cb); cm = f16_at(cb + 2u); }
-void load8(uint g, out float v[8]) {
+void load8(uint g, precise out float v[8]) {
     uint u = u32_at(cb + 4u + 4u * g);
     for (uint i = 0u; i < 4u; i++) {
         v[i] = cd * float((u >> (8u * i)) & 15u) + cm;
@@ -124,7 +127,7 @@ void load8(uint g, out float v[8]) {
 uint row_bytes(uint k) { return k / 32u * 22u; }
 uint qh;
 void chunk_begin(uint row, uint c) { cb = row + c * 22u; cd = f16_at(cb); qh = u32_at(cb + 2u); }
-void load8(uint g, out float v[8]) {
+void load8(uint g, precise out float v[8]) {
     uint u = u32_at(cb + 6u + 4u * g);
     for (uint i = 0u; i < 4u; i++) {
         uint j = 4u * g + i;
@@ -139,7 +142,7 @@ void load8(uint g, out float v[8]) {
 // x = d * q, q signed bytes.
 uint row_bytes(uint k) { return k / 32u * 34u; }
 void chunk_begin(uint row, uint c) { cb = row + c * 34u; cd = f16_at(cb); }
-void load8(uint g, out float v[8]) {
+void load8(uint g, precise out float v[8]) {
     for (uint h = 0u; h < 2u; h++) {
         int u = int(u32_at(cb + 2u + 8u * g + 4u * h));
         for (uint i = 0u; i < 4u; i++) v[4u * h + i] = float(bitfieldExtract(u, int(8u * i), 8)) * cd;
@@ -171,7 +174,7 @@ void chunk_begin(uint row, uint c) {
     cd = f16_at(cb) * float(sc);
     cm = f16_at(cb + 2u) * float(m);
 }
-void load8(uint g, out float v[8]) {
+void load8(uint g, precise out float v[8]) {
     uint shift = 4u * (cg & 1u);
     for (uint h = 0u; h < 2u; h++) {
         uint u = u32_at(cb + QS + 32u * (cg >> 1) + 8u * g + 4u * h);
@@ -201,7 +204,7 @@ void chunk_begin(uint row, uint c) {
     cd = d * float(bitfieldExtract(int(byte_at(cb + 192u + 2u * cg)), 0, 8));
     cm = d * float(bitfieldExtract(int(byte_at(cb + 193u + 2u * cg)), 0, 8));
 }
-void load8(uint g, out float v[8]) {
+void load8(uint g, precise out float v[8]) {
     uint h = cg >> 2, k = cg & 3u;
     uint ql = cb + 64u * h + 32u * (k & 1u), qh = cb + 128u + 32u * h;
     uint lshift = k < 2u ? 0u : 4u;
@@ -250,7 +253,7 @@ void main() {
             // A loop, not unrolled: lavapipe (LLVM) compiles the unrolled
             // chunk for seconds.
             [[dont_unroll]] for (uint g = 0u; g < 4u; g++) {
-                float v[8];
+                precise float v[8];
                 load8(g, v);
                 for (uint i = 0u; i < 8u; i++) {
                     uint xb = lane * 32u + elem(g, i);
