@@ -184,6 +184,33 @@ static void test_asan_vulkan_no_loader(void **state) {
     assert_int_equal(vk_live_objects(), 0);
 }
 
+/* A loader without a driver (the loader's driver list pointed at nothing):
+ * CELLM_ERR_UNSUPPORTED, "no Vulkan driver", nothing left alive. */
+static void test_asan_vulkan_no_driver(void **state) {
+    (void)state;
+    const char *vars[2] = {"VK_ICD_FILENAMES", "VK_DRIVER_FILES"};
+    char *saved[2];
+    for (int i = 0; i < 2; i++) {
+        saved[i] = getenv(vars[i]) ? strdup(getenv(vars[i])) : NULL;
+        setenv(vars[i], "/nonexistent/cellm_test_icd.json", 1);
+    }
+    vk_device *dev = (vk_device *)1;
+    cellm_error err;
+    err_clear(&err);
+    assert_int_equal(vk_device_open(NULL, &dev, &err), CELLM_ERR_UNSUPPORTED);
+    assert_null(dev);
+    assert_non_null(strstr(err.msg, "Vulkan"));
+    print_message("    %s\n", err.msg);
+    for (int i = 0; i < 2; i++) {
+        if (saved[i])
+            setenv(vars[i], saved[i], 1);
+        else
+            unsetenv(vars[i]);
+        free(saved[i]);
+    }
+    assert_int_equal(vk_live_objects(), 0);
+}
+
 enum { ROWS = 128, COLS = 512, XR = 64 };
 
 /* Byte offsets of the operands in their buffers: not multiples of the
@@ -425,6 +452,7 @@ int main(void) {
         cmocka_unit_test(test_asan_vulkan_open),
         cmocka_unit_test(test_asan_vulkan_buffers),
         cmocka_unit_test(test_asan_vulkan_no_loader),
+        cmocka_unit_test(test_asan_vulkan_no_driver),
         cmocka_unit_test(test_vulkan_matmul),
         cmocka_unit_test(test_asan_vulkan_descriptor_pools),
         cmocka_unit_test(test_vulkan_devices_command),
