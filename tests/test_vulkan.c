@@ -184,6 +184,33 @@ static void test_asan_vulkan_no_loader(void **state) {
     assert_int_equal(vk_live_objects(), 0);
 }
 
+/* A loader without a driver (the loader's driver list pointed at nothing):
+ * CELLM_ERR_UNSUPPORTED, "no Vulkan driver", nothing left alive. */
+static void test_asan_vulkan_no_driver(void **state) {
+    (void)state;
+    const char *vars[2] = {"VK_ICD_FILENAMES", "VK_DRIVER_FILES"};
+    char *saved[2];
+    for (int i = 0; i < 2; i++) {
+        saved[i] = getenv(vars[i]) ? strdup(getenv(vars[i])) : NULL;
+        setenv(vars[i], "/nonexistent/cellm_test_icd.json", 1);
+    }
+    vk_device *dev = (vk_device *)1;
+    cellm_error err;
+    err_clear(&err);
+    assert_int_equal(vk_device_open(NULL, &dev, &err), CELLM_ERR_UNSUPPORTED);
+    assert_null(dev);
+    assert_non_null(strstr(err.msg, "Vulkan"));
+    print_message("    %s\n", err.msg);
+    for (int i = 0; i < 2; i++) {
+        if (saved[i])
+            setenv(vars[i], saved[i], 1);
+        else
+            unsetenv(vars[i]);
+        free(saved[i]);
+    }
+    assert_int_equal(vk_live_objects(), 0);
+}
+
 enum { ROWS = 128, COLS = 512, XR = 64 };
 
 /* Byte offsets of the operands in their buffers: not multiples of the
@@ -301,6 +328,97 @@ static void test_vulkan_matmul(void **state) {
                      CELLM_ERR_UNSUPPORTED);
     assert_non_null(strstr(err.msg, "Q2_K"));
     vk_device_close(dev); /* with the recorder still alive */
+    assert_int_equal(vk_live_objects(), 0);
+}
+
+/* Ragged shapes through vk_matmul_record: 13 outputs (a partial tile of
+ * 8), 9 rows (a partial tile), strided x and y rows; the outputs past each
+ * row's end are left as they were. Q4_K (blocks of 256) and Q4_0 (18-byte
+ * blocks, a row of 8 blocks starting at odd word offsets). */
+static void test_vulkan_matmul_ragged(void **state) {
+    (void)state;
+    vk_device *dev = open_device(NULL);
+    vk_recorder *rec;
+    cellm_error err;
+    assert_int_equal(vk_recorder_create(dev, &rec, &err), CELLM_OK);
+    enum { N = 13, K = 256, R = 9, XS = K + 40, YS = N + 7 };
+    const uint32_t types[2] = {QT_Q4_K, QT_Q4_0};
+    for (int t = 0; t < 2; t++) {
+        const quant_type_info *qi = quant_type_get(types[t]);
+        uint64_t rb;
+        assert_true(quant_nbytes(types[t], K, &rb));
+        uint8_t *w = malloc(rb * N);
+        float wf[K], deq[N][K], x[R * XS], y[R * YS], y1[YS];
+        uint64_t seed = 17 + t;
+        for (int o = 0; o < N; o++) {
+            for (int i = 0; i < K; i++) wf[i] = frand(&seed);
+            qi->from_float(wf, w + o * rb, K);
+            qi->to_float(w + o * rb, deq[o], K);
+        }
+        for (int i = 0; i < R * XS; i++) x[i] = frand(&seed);
+        vk_buffer *wb, *xb, *yb, *y1b;
+        assert_int_equal(vk_buffer_create(dev, 2 + rb * N, VK_BUF_DEVICE, &wb, &err), CELLM_OK);
+        assert_int_equal(vk_buffer_create(dev, sizeof x, VK_BUF_DEVICE, &xb, &err), CELLM_OK);
+        assert_int_equal(vk_buffer_create(dev, sizeof y, VK_BUF_DEVICE, &yb, &err), CELLM_OK);
+        assert_int_equal(vk_buffer_create(dev, sizeof y1 * R, VK_BUF_DEVICE, &y1b, &err), CELLM_OK);
+        assert_int_equal(vk_buffer_upload(wb, 2, w, rb * N, &err), CELLM_OK);
+        assert_int_equal(vk_buffer_upload(xb, 0, x, sizeof x, &err), CELLM_OK);
+        assert_int_equal(vk_recorder_begin(rec, &err), CELLM_OK);
+        assert_int_equal(vk_recorder_fill(rec, yb, 0, sizeof y, 0x3F800000u, &err), CELLM_OK);
+        vk_recorder_barrier(rec);
+        vk_matmul_args a = {.type = types[t],
+                            .w = wb,
+                            .w_off = 2,
+                            .rows = N,
+                            .cols = K,
+                            .x = xb,
+                            .x_stride = XS,
+                            .y = yb,
+                            .y_stride = YS,
+                            .n_rows = R};
+        assert_int_equal(vk_matmul_record(rec, &a, &err), CELLM_OK);
+        for (int r = 0; r < R; r++) /* each row alone */
+            assert_int_equal(vk_matmul(rec, types[t], wb, 2, N, K, xb, sizeof(float) * XS * r, y1b,
+                                       sizeof y1 * r, 1, &err),
+                             CELLM_OK);
+        assert_int_equal(vk_recorder_submit(rec, &err), CELLM_OK);
+        assert_int_equal(vk_buffer_download(yb, 0, y, sizeof y, &err), CELLM_OK);
+        for (int r = 0; r < R; r++) {
+            for (int o = 0; o < N; o++) {
+                double ref = 0, mag = 0;
+                for (int i = 0; i < K; i++) {
+                    ref += (double)deq[o][i] * x[r * XS + i];
+                    mag += fabs((double)deq[o][i] * x[r * XS + i]);
+                }
+                if (!(fabs(y[r * YS + o] - ref) <= 1e-5 * mag)) {
+                    print_error("%s: row %d output %d: %.9g, reference %.9g\n", qi->name, r, o,
+                                y[r * YS + o], ref);
+                    fail();
+                }
+            }
+            for (int o = N; o < YS; o++) assert_true(y[r * YS + o] == 1.0f); /* untouched */
+            assert_int_equal(vk_buffer_download(y1b, sizeof y1 * r, y1, sizeof(float) * N, &err),
+                             CELLM_OK);
+            assert_memory_equal(y1, y + r * YS, sizeof(float) * N);
+        }
+        vk_buffer_free(wb);
+        vk_buffer_free(xb);
+        vk_buffer_free(yb);
+        vk_buffer_free(y1b);
+        free(w);
+    }
+    /* Misaligned and short operands are refused. */
+    vk_buffer *b;
+    assert_int_equal(vk_buffer_create(dev, 1 << 16, VK_BUF_DEVICE, &b, &err), CELLM_OK);
+    assert_int_equal(vk_recorder_begin(rec, &err), CELLM_OK);
+    assert_int_equal(vk_matmul(rec, QT_Q4_0, b, 1, 8, 64, b, 0, b, 0, 1, &err),
+                     CELLM_ERR_INVALID_ARG);
+    assert_int_equal(vk_matmul(rec, QT_Q4_0, b, 0, 8, 48, b, 0, b, 0, 1, &err),
+                     CELLM_ERR_INVALID_ARG);
+    assert_int_equal(vk_matmul(rec, QT_F32, b, 0, 1024, 64, b, 0, b, 0, 1, &err),
+                     CELLM_ERR_INVALID_ARG); /* 256 KiB of weights in a 64 KiB buffer */
+    assert_non_null(strstr(err.msg, "outside its buffer"));
+    vk_device_close(dev);
     assert_int_equal(vk_live_objects(), 0);
 }
 
@@ -425,7 +543,9 @@ int main(void) {
         cmocka_unit_test(test_asan_vulkan_open),
         cmocka_unit_test(test_asan_vulkan_buffers),
         cmocka_unit_test(test_asan_vulkan_no_loader),
+        cmocka_unit_test(test_asan_vulkan_no_driver),
         cmocka_unit_test(test_vulkan_matmul),
+        cmocka_unit_test(test_vulkan_matmul_ragged),
         cmocka_unit_test(test_asan_vulkan_descriptor_pools),
         cmocka_unit_test(test_vulkan_devices_command),
     };

@@ -392,10 +392,15 @@ cellm_status vk_buffer_create(vk_device *d, size_t bytes, vk_buffer_kind kind, v
     if (!b) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
     b->dev = d;
     b->size = bytes;
+    b->vk_bytes = (bytes + 3) & ~(size_t)3;
     b->kind = kind;
+    if (b->vk_bytes < bytes) {
+        free(b);
+        return err_set(err, CELLM_ERR_INVALID_ARG, "a Vulkan buffer of %zu bytes", bytes);
+    }
     VkBufferCreateInfo ci = {
         .sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
-        .size = bytes,
+        .size = b->vk_bytes,
         .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
                  VK_BUFFER_USAGE_TRANSFER_DST_BIT,
         .sharingMode = VK_SHARING_MODE_EXCLUSIVE,

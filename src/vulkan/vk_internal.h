@@ -118,7 +118,9 @@ struct vk_buffer {
     vk_device *dev;
     VkBuffer buf;
     VkDeviceMemory mem;
-    size_t size;
+    size_t size;     /* as asked for: what uploads, copies and bindings may touch */
+    size_t vk_bytes; /* the VkBuffer's size: size rounded up to 4, so that a
+                      * shader reading 32-bit words can read the last bytes */
     vk_buffer_kind kind;
     void *map;              /* mapped for the host kinds */
     bool coherent;          /* host writes and reads need no flush or invalidate */

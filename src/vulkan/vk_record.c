@@ -376,6 +376,10 @@ cellm_status vk_recorder_dispatch(vk_recorder *rec, const vk_pipeline *p, const 
             return keep(rec, &e, err);
         }
         size_t base = b[i].offset - b[i].offset % d->storage_align;
+        /* Whole 32-bit words: shaders read the last bytes of an odd-sized
+         * range as part of a word (the buffer has the room: vk_bytes). */
+        end = (end + 3) & ~(size_t)3;
+        if (end > buf->vk_bytes) end = buf->vk_bytes;
         if (end - base > d->info.max_storage_range) {
             err_set(
                 &e, CELLM_ERR_UNSUPPORTED,
