@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "cpu/forward.h"
+#include "runtime/device.h"
 #include "test_common.h"
 
 #define MAX_TOK 2048
@@ -128,13 +129,24 @@ static inline void load_fixture(const char *name, fixture *fx) {
     assert_true(fx->n >= 17);
 }
 
-/* An engine in miniature: model, KV cache, thread pool, forward context. */
+/* An engine in miniature: model, KV cache, thread pool, and the backend
+ * that runs the forward pass (the CPU unless a test picks a device). */
 typedef struct rig {
     model *m;
     kv_cache *kv;
     threadpool *tp;
-    forward_ctx *f;
+    backend f;
 } rig;
+
+/* The device rigs open on (cellm_device; test_vk_forward sets VULKAN),
+ * and the most chunks of the fixture's text perplexity_of scores (0: all;
+ * a slow emulated GPU scores fewer). */
+static int32_t rig_device = CELLM_DEVICE_CPU;
+static int rig_ppl_chunks = 0;
+/* perplexity_of's chunk size (0: the fixture's) and check_invariance's
+ * prompt length (0: 24, or 48 outside test_small), for the same reason. */
+static int rig_ppl_ctx = 0;
+static int rig_inv_n = 0;
 
 /* With the KV cache in type `kv_type`. */
 static inline void rig_open_kv(rig *r, const char *name, int threads, int32_t max_rows,
@@ -145,7 +157,7 @@ static inline void rig_open_kv(rig *r, const char *name, int threads, int32_t ma
     if (model_load(path, &r->m, &e) ||
         kv_cache_create(r->m, 256u << 20, 4096, 1, max_rows, kv_type, &r->kv, &e) ||
         tp_create(threads, &r->tp, &e) ||
-        forward_create(r->m, r->kv, r->tp, max_rows, max_logits, &r->f, &e)) {
+        device_backend(rig_device, r->m, r->kv, r->tp, max_rows, max_logits, &r->f, &e)) {
         print_error("%s\n", e.msg);
         fail();
     }
@@ -157,7 +169,7 @@ static inline void rig_open(rig *r, const char *name, int threads, int32_t max_r
 }
 
 static inline void rig_close(rig *r) {
-    forward_free(r->f);
+    backend_free(&r->f);
     tp_destroy(r->tp);
     kv_cache_free(r->kv);
     model_free(r->m);
@@ -174,7 +186,7 @@ static inline void feed(rig *r, kv_seq *s, const int32_t *tok, int n, int chunk,
         for (int j = 0; j < c; j++)
             rows[j] = (fwd_row){s, tok[i + j], s->n_pos + j, out && i + j >= first_logit};
         const float *lg;
-        if (forward_run(r->f, rows, c, &lg, &e)) {
+        if (backend_run(&r->f, rows, c, &lg, &e)) {
             print_error("%s\n", e.msg);
             fail();
         }
@@ -207,6 +219,8 @@ static inline double perplexity_of(const char *name, cellm_kv_type kv_type, doub
     rig r;
     rig_open_kv(&r, name, 2, 256, 64, kv_type);
     int V = r.m->n_vocab, ctx = c->ppl_ctx, chunks = c->ppl_chunks;
+    if (rig_ppl_chunks > 0 && rig_ppl_chunks < chunks) chunks = rig_ppl_chunks;
+    if (rig_ppl_ctx > 0 && rig_ppl_ctx < ctx) ctx = rig_ppl_ctx;
     float *lg = malloc(sizeof(float) * (size_t)V * 64);
     double *lsm = malloc(sizeof(double) * (size_t)V);
     int32_t bos = 0;
@@ -253,7 +267,7 @@ static inline void check_invariance(const char *name, cellm_kv_type kv_type) {
     fixture fx;
     load_fixture(name, &fx);
     const fx_case *c = &fx.c[0];
-    int n = test_small() ? 24 : 48; /* past one KV block either way */
+    int n = rig_inv_n > 0 ? rig_inv_n : test_small() ? 24 : 48; /* past one KV block */
     rig r1, r2;
     rig_open_kv(&r1, name, 1, 128, 128, kv_type);
     rig_open_kv(&r2, name, 2, 128, 128, kv_type);
@@ -286,7 +300,7 @@ static inline void check_invariance(const char *name, cellm_kv_type kv_type) {
     }
     /* Rows of one sequence must come in position order, which they do. */
     const float *lg;
-    assert_int_equal(forward_run(r2.f, rows, 2 * n, &lg, &e), CELLM_OK);
+    assert_int_equal(backend_run(&r2.f, rows, 2 * n, &lg, &e), CELLM_OK);
     for (int i = 0; i < n; i++) {
         memcpy(b + (size_t)i * V, lg + (size_t)(2 * i) * V, sizeof(float) * (size_t)V);
         memcpy(c2 + (size_t)i * V, lg + (size_t)(2 * i + 1) * V, sizeof(float) * (size_t)V);

@@ -320,7 +320,16 @@ static void test_vulkan_matmul(void **state) {
     assert_int_equal(vk_recorder_create(dev, &rec, &err), CELLM_OK);
     const uint32_t types[] = {QT_F32,  QT_F16,  QT_Q4_0, QT_Q4_1, QT_Q5_0,
                               QT_Q8_0, QT_Q4_K, QT_Q5_K, QT_Q6_K};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) check_matmul(dev, rec, types[i]);
+    /* Both kernels on this device: the cooperative one GPUs take and the
+     * lane-per-output one CPU emulations take (vk_matmul_lane_variant). */
+    static const char *const kernels[2] = {"coop", "lane"};
+    for (int k = 0; k < 2; k++) {
+        setenv("CELLM_VK_MATMUL", kernels[k], 1);
+        print_message("  %s kernel\n", kernels[k]);
+        for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+            check_matmul(dev, rec, types[i]);
+    }
+    unsetenv("CELLM_VK_MATMUL");
     /* A type without a kernel is refused, not run. */
     assert_false(vk_matmul_supports(QT_Q2_K));
     assert_int_equal(vk_recorder_begin(rec, &err), CELLM_OK);

@@ -17,6 +17,7 @@
 #include "format/gguf.h"
 #include "format/quant.h"
 #include "store.h"
+#include "vulkan/vk_device.h"
 
 /* The KV types an engine may use: bytes of 32 elements of a K and of a V
  * row (quantized rows must be whole blocks of 32). The rotated types have
@@ -75,6 +76,33 @@ static void str_copy(char *dst, size_t cap, gguf_str s) {
     size_t n = s.len < cap - 1 ? (size_t)s.len : cap - 1;
     memcpy(dst, s.ptr, n);
     dst[n] = '\0';
+}
+
+/* The GPU `--device auto` would run on: the first discrete device, else
+ * integrated, else virtual (a CPU emulation is never taken), and whether
+ * the weights and KV cache fit its device-local memory. */
+static void find_gpu(inspect_report *r) {
+    vk_device_info devs[16];
+    uint32_t n = 0;
+    cellm_error e;
+    err_clear(&e);
+    r->gpu_name[0] = 0;
+    if (vk_enumerate(devs, 16, &n, &e) != CELLM_OK) {
+        snprintf(r->gpu_why, sizeof r->gpu_why, "%s", e.msg);
+        return;
+    }
+    static const vk_device_type order[] = {VK_TYPE_DISCRETE, VK_TYPE_INTEGRATED, VK_TYPE_VIRTUAL};
+    for (size_t k = 0; k < 3 && !r->gpu_name[0]; k++)
+        for (uint32_t i = 0; i < n && i < 16; i++)
+            if (devs[i].usable && devs[i].type == order[k]) {
+                snprintf(r->gpu_name, sizeof r->gpu_name, "%s", devs[i].name);
+                r->gpu_bytes = devs[i].device_local_bytes;
+                r->gpu_fits = r->total_bytes <= r->gpu_bytes;
+                break;
+            }
+    if (!r->gpu_name[0])
+        snprintf(r->gpu_why, sizeof r->gpu_why, "no Vulkan GPU (%u device%s, none a usable GPU)", n,
+                 n == 1 ? "" : "s");
 }
 
 cellm_status inspect_model(const char *path, const inspect_opts *opts, inspect_report *r,
@@ -169,6 +197,7 @@ cellm_status inspect_model(const char *path, const inspect_opts *opts, inspect_r
     r->kv_bytes = r->kv_bytes_per_session * r->sessions;
     r->total_bytes = r->weights_bytes + r->kv_bytes;
     r->fits = r->budget == 0 || r->total_bytes <= r->budget;
+    find_gpu(r);
     return CELLM_OK;
 }
 
@@ -251,6 +280,13 @@ static void print_text(FILE *out, const inspect_report *r) {
         print_bytes(out, r->budget);
         fprintf(out, ": %s\n", r->fits ? "fits" : "does NOT fit");
     }
+    if (r->gpu_name[0]) {
+        fprintf(out, "  GPU         %s, ", r->gpu_name);
+        print_bytes(out, r->gpu_bytes);
+        fprintf(out, " device-local: %s\n", r->gpu_fits ? "fits" : "does NOT fit");
+    } else {
+        fprintf(out, "  GPU         none (%s): runs on the CPU\n", r->gpu_why);
+    }
 }
 
 static void print_json(FILE *out, const inspect_report *r) {
@@ -290,6 +326,15 @@ static void print_json(FILE *out, const inspect_report *r) {
         cJSON *o = cJSON_AddObjectToObject(bt, quant_type_get(i)->name);
         cJSON_AddNumberToObject(o, "count", (double)r->by_type[i].count);
         cJSON_AddNumberToObject(o, "bytes", (double)r->by_type[i].bytes);
+    }
+    cJSON *g = cJSON_AddObjectToObject(root, "gpu");
+    if (r->gpu_name[0]) {
+        cJSON_AddStringToObject(g, "name", r->gpu_name);
+        cJSON_AddNumberToObject(g, "device_local_bytes", (double)r->gpu_bytes);
+        cJSON_AddBoolToObject(g, "fits", r->gpu_fits);
+    } else {
+        cJSON_AddNullToObject(g, "name");
+        cJSON_AddStringToObject(g, "why", r->gpu_why);
     }
     cJSON *m = cJSON_AddObjectToObject(root, "memory");
     cJSON_AddNumberToObject(m, "ctx", (double)r->ctx);

@@ -41,6 +41,12 @@ typedef struct inspect_report {
     uint64_t expert_count, expert_used_count; /* mixture of experts; 0 when dense */
     uint64_t active_bytes; /* weights a token reads: the routed experts' share only */
     bool fits;
+    /* The Vulkan device `--device auto` would take (docs/gpu.md): its
+     * name and device-local memory, and whether the weights and KV cache
+     * fit there; gpu_name "" when there is none (gpu_why says why). */
+    char gpu_name[256], gpu_why[CELLM_ERR_MSG_MAX];
+    uint64_t gpu_bytes;
+    bool gpu_fits;
 } inspect_report;
 
 /* Fills `r` for the GGUF file at `path`. */

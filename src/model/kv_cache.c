@@ -419,8 +419,8 @@ cellm_status kv_seq_reserve(kv_cache *c, kv_seq *s, int32_t n, cellm_error *err)
             if (c->ext.copy)
                 c->ext.copy(c->ext.user, gi, id, old);
             else
-                memcpy(g->mem + (size_t)id * g->block_bytes,
-                       g->mem + (size_t)old * g->block_bytes, g->block_bytes);
+                memcpy(g->mem + (size_t)id * g->block_bytes, g->mem + (size_t)old * g->block_bytes,
+                       g->block_bytes);
             block_release(c, g, old);
             s->table[gi][first] = id;
             c->n_cow++;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cpu/forward.h"
+#include "vulkan/vk_forward.h"
 
 static const char *const names[] = {
     [CELLM_DEVICE_AUTO] = "auto", [CELLM_DEVICE_CPU] = "cpu", [CELLM_DEVICE_VULKAN] = "vulkan"};
@@ -26,14 +27,6 @@ bool device_parse(const char *name, int32_t *device) {
             return true;
         }
     return false;
-}
-
-/* The Vulkan backend, where the build has one that runs models. */
-static cellm_status vulkan_backend(bool gpu_only, const model *m, kv_cache *kv, int32_t max_rows,
-                                   int32_t max_logit_rows, backend *out, cellm_error *err) {
-    (void)gpu_only, (void)m, (void)kv, (void)max_rows, (void)max_logit_rows, (void)out;
-    return err_set(err, CELLM_ERR_UNSUPPORTED,
-                   "the Vulkan backend does not run a model's forward pass yet");
 }
 
 /* Whether AUTO has said why it runs on the CPU (once per process: an app
@@ -59,8 +52,8 @@ cellm_status device_backend(int32_t device, const model *m, kv_cache *kv, thread
     if (device != CELLM_DEVICE_CPU) {
         cellm_error verr;
         err_clear(&verr);
-        cellm_status st = vulkan_backend(device == CELLM_DEVICE_AUTO, m, kv, max_rows,
-                                         max_logit_rows, out, &verr);
+        cellm_status st =
+            vk_backend(device == CELLM_DEVICE_AUTO, m, kv, max_rows, max_logit_rows, out, &verr);
         if (st == CELLM_OK) return CELLM_OK;
         if (device == CELLM_DEVICE_VULKAN || st != CELLM_ERR_UNSUPPORTED) {
             *err = verr;

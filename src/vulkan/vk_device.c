@@ -331,6 +331,11 @@ cellm_status vk_device_open(const vk_open_params *params, vk_device **out, cellm
             vk_describe(&d->fn, d->phys, (uint32_t)pick, &d->info);
             st = create_device(d, p.no_push_descriptor, err);
             d->info.push_descriptor = d->use_push;
+            /* A CPU emulating a GPU (lavapipe) runs a step of a real
+             * model for tens of seconds on a small, busy machine: the
+             * default timeout, there to turn a GPU hang into an error,
+             * gives it ten minutes. */
+            if (d->info.type == VK_TYPE_CPU && p.timeout_ms == 60000) d->timeout_ms = 600000;
         }
     }
     free(phys);

@@ -89,7 +89,8 @@ typedef struct vk_device vk_device;
 typedef struct vk_open_params {
     int index;               /* a device index from vk_enumerate, or -1 for the best */
     bool no_push_descriptor; /* use descriptor pools even where push descriptors exist */
-    uint32_t timeout_ms;     /* how long a submission may run before it is an error */
+    uint32_t timeout_ms;     /* how long a submission may run before it is an error (the
+                              * default, 60 s, is 10 min on a CPU-emulated device) */
     size_t staging_bytes;    /* upload/download staging buffer (rounded to 4 bytes) */
 } vk_open_params;
 
@@ -153,6 +154,16 @@ typedef enum vk_shader_id {
     VK_SHADER_MATMUL_Q4_K,
     VK_SHADER_MATMUL_Q5_K,
     VK_SHADER_MATMUL_Q6_K,
+    /* One invocation per output, for CPU-emulated devices (vk_matmul.h). */
+    VK_SHADER_MATMULL_F32,
+    VK_SHADER_MATMULL_F16,
+    VK_SHADER_MATMULL_Q4_0,
+    VK_SHADER_MATMULL_Q4_1,
+    VK_SHADER_MATMULL_Q5_0,
+    VK_SHADER_MATMULL_Q8_0,
+    VK_SHADER_MATMULL_Q4_K,
+    VK_SHADER_MATMULL_Q5_K,
+    VK_SHADER_MATMULL_Q6_K,
     VK_SHADER_RMSNORM,
     VK_SHADER_QK_PREP,
     VK_SHADER_ATTENTION,

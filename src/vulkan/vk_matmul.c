@@ -7,6 +7,7 @@
  * workgroup-count limit continue in the third dimension (Gemma 3's 262144
  * vocabulary rows are 32768 tiles; some devices stop at 65535).
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "format/quant.h"
@@ -33,6 +34,13 @@ static int shader_of(uint32_t type) {
     case QT_Q6_K: return VK_SHADER_MATMUL_Q6_K;
     default: return -1;
     }
+}
+
+bool vk_matmul_lane_variant(const vk_device *d) {
+    const char *v = getenv("CELLM_VK_MATMUL");
+    if (v && !strcmp(v, "lane")) return true;
+    if (v && !strcmp(v, "coop")) return false;
+    return vk_device_get_info(d)->type == VK_TYPE_CPU;
 }
 
 bool vk_matmul_supports(uint32_t type) {
@@ -74,6 +82,14 @@ cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_e
      * are those it has in any batch. */
     const uint32_t tr = a->n_rows == 1 ? 1 : MM_ROWS, spec[4] = {tr, 0, 0, 0};
     const vk_pipeline *pipe;
+    /* A CPU emulating a GPU (lavapipe) pays a coroutine switch per
+     * invocation at each barrier: it takes the variant without any, one
+     * invocation per output, 128 outputs per workgroup (matmul.comp). */
+    uint32_t outs = MM_OUTS;
+    if (vk_matmul_lane_variant(d)) {
+        shader += VK_SHADER_MATMULL_F32 - VK_SHADER_MATMUL_F32;
+        outs = 128;
+    }
     cellm_status st = vk_pipeline_get_spec(d, (vk_shader_id)shader, spec, &pipe, err);
     if (st != CELLM_OK) return st;
     vk_binding b[3] = {
@@ -95,7 +111,7 @@ cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_e
         .y_stride = ys,
     };
     const vk_device_info *info = vk_device_get_info(d);
-    uint32_t tiles = (a->rows + MM_OUTS - 1) / MM_OUTS;
+    uint32_t tiles = (a->rows + outs - 1) / outs;
     uint32_t gx = tiles < info->max_workgroups[0] ? tiles : info->max_workgroups[0];
     uint32_t groups[3] = {gx, (a->n_rows + tr - 1) / tr, (tiles + gx - 1) / gx};
     return vk_recorder_dispatch(rec, pipe, b, 3, &pc, sizeof pc, groups, err);

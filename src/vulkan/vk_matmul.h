@@ -17,6 +17,11 @@
  * Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K). */
 bool vk_matmul_supports(uint32_t type);
 
+/* Whether matmuls on d take the variant with one invocation per output
+ * (no barriers): on a CPU-emulated device, or as $CELLM_VK_MATMUL says
+ * ("lane" or "coop": tests run both on one device). */
+bool vk_matmul_lane_variant(const vk_device *d);
+
 /* One matrix product, its operands given as buffer + byte offset:
  *   y[r * y_stride + o] = sum_i W[o][i] * x[r * x_stride + i]
  * for r < n_rows and o < rows, where W is `rows` rows of `cols` elements of

@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "vulkan/vk_device.h"
+#include "vulkan/vk_forward.h"
 #include "vulkan/vk_matmul.h"
 
 static cellm_status unsupported(cellm_error *err) {
@@ -195,6 +196,11 @@ double vk_recorder_gpu_ns(const vk_recorder *rec) {
     return -1;
 }
 
+bool vk_matmul_lane_variant(const vk_device *d) {
+    (void)d;
+    return false;
+}
+
 bool vk_matmul_supports(uint32_t type) {
     (void)type;
     return false;
@@ -220,5 +226,12 @@ cellm_status vk_matmul(vk_recorder *rec, uint32_t type, const vk_buffer *w, size
     (void)y;
     (void)y_off;
     (void)n_rows;
+    return unsupported(err);
+}
+
+cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, int32_t max_rows,
+                        int32_t max_logit_rows, backend *out, cellm_error *err) {
+    (void)gpu_only, (void)m, (void)kv, (void)max_rows, (void)max_logit_rows;
+    *out = (backend){0};
     return unsupported(err);
 }

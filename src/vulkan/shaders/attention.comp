@@ -24,9 +24,8 @@ layout(push_constant) uniform P {
     float scale;       // attn_scale
     float softcap;     // 0: none
     uint group;        // which table of the row
-    uint layer_words;  // the layer's slice in a block
-    uint k_row_words;
-    uint v_row_words;
+    uint k_row_words;  // the KV binding is the layer's slice: per block,
+    uint v_row_words;  // 16 K rows then 16 V rows, block_words in all
     uint block_words;
 } p;
 
@@ -41,7 +40,7 @@ float f16(float v) {
 int table_base;
 
 uint block_at(int pos) {
-    return uint(tables[table_base + pos / 16]) * p.block_words + p.layer_words;
+    return uint(tables[table_base + pos / 16]) * p.block_words;
 }
 
 float score(int pos, uint kvh) {

@@ -19,6 +19,14 @@
 // Weights are read as 32-bit words and unpacked (blocks may start at any
 // even byte: Q4_0's are 18 bytes), which every Vulkan 1.1 device runs.
 
+//
+// -DLANE_PER_OUTPUT builds the variant for
+// devices that emulate a GPU on a CPU (Mesa's lavapipe), where a barrier
+// costs a coroutine switch per invocation: one invocation per output adds
+// its chunk sums in chunk order, with no shared memory and no barrier. Its
+// bits differ from the cooperative variant's; a device uses one variant
+// for every batch, so a row's result still does not depend on the batch.
+
 layout(local_size_x = 128) in;
 
 const uint LANES = 16u; // partial sums per output
@@ -223,6 +231,37 @@ uint elem(uint g, uint i) { return 8u * g + i; }
 #error "matmul.comp: build with -DW_<TYPE>"
 #endif
 
+#ifdef LANE_PER_OUTPUT
+void main() {
+    uint tile = gl_WorkGroupID.z * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    uint o = tile * 128u + gl_LocalInvocationID.x;
+    if (o >= pc.N) return;
+    uint r0 = gl_WorkGroupID.y * TR;
+    uint row = pc.w_off + o * row_bytes(pc.K);
+    precise float acc[TR];
+    for (uint r = 0u; r < TR; r++) acc[r] = 0.0;
+    uint nc = pc.K / 32u;
+    for (uint c = 0u; c < nc; c++) {
+        chunk_begin(row, c);
+        precise float s[TR];
+        for (uint r = 0u; r < TR; r++) s[r] = 0.0;
+        [[dont_unroll]] for (uint g = 0u; g < 4u; g++) {
+            float v[8];
+            load8(g, v);
+            for (uint i = 0u; i < 8u; i++) {
+                uint col = c * 32u + elem(g, i);
+                for (uint r = 0u; r < TR; r++) {
+                    uint xr = min(r0 + r, pc.n_rows - 1u); // past n_rows: not written
+                    s[r] = fma(v[i], xd[pc.x_off + xr * pc.x_stride + col], s[r]);
+                }
+            }
+        }
+        for (uint r = 0u; r < TR; r++) acc[r] += s[r];
+    }
+    for (uint r = 0u; r < TR; r++)
+        if (r0 + r < pc.n_rows) yd[pc.y_off + (r0 + r) * pc.y_stride + o] = acc[r];
+}
+#else
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint ol = tid / LANES, lane = tid % LANES;
@@ -280,3 +319,4 @@ void main() {
     if (lane < TR && o < pc.N && r0 + lane < pc.n_rows)
         yd[pc.y_off + (r0 + lane) * pc.y_stride + o] = sh[ol * LANES * TR + lane];
 }
+#endif

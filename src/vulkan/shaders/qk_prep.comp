@@ -5,7 +5,8 @@
 // per-head RMSNorm (QK-norm), RoPE with the row's cos/sin (computed on the
 // host as the CPU backend computes them), and for a key/value head the
 // store of K and V into the row's KV block as f16, at the row's position,
-// through its sequence's block table.
+// through its sequence's block table. The KV binding is this layer's slice
+// of the pool: per block, K of 16 positions then V of 16 (vk_forward.c).
 layout(local_size_x = 64) in;
 
 layout(std430, set = 0, binding = 0) buffer Q { float q[]; };
@@ -27,10 +28,9 @@ layout(push_constant) uniform P {
     uint flags;          // 1: biases, 2: per-head QK-norm
     float eps;
     uint group;          // the layer's KV group: which table
-    uint layer_words;    // offset of the layer's slice in a block, in 32-bit words
-    uint k_row_words;    // one position's K (all heads), words
+    uint k_row_words;    // one position's K (all heads), in 32-bit words
     uint v_row_words;
-    uint block_words;
+    uint block_words;    // one block of this layer: 16 K rows then 16 V rows
 } p;
 
 shared float hs[1024];
@@ -81,7 +81,7 @@ void main() {
     ivec4 ri = rowinfo[r];
     int pos = ri.x;
     int blk = tables[(p.group == 0u ? ri.y : ri.z) + pos / 16];
-    uint at = uint(blk) * p.block_words + p.layer_words;
+    uint at = uint(blk) * p.block_words;
     uint kat = at + uint(pos % 16) * p.k_row_words + h * hd / 2u;
     for (uint i = t; i < hd / 2u; i += 64u)
         kv[kat + i] = packHalf2x16(vec2(hs[2u * i], hs[2u * i + 1u]));

@@ -1,0 +1,723 @@
+/*
+ * vk_forward.c — the Vulkan backend's forward pass (model/backend.h): the
+ * same pass as cpu/forward.c, recorded as one command buffer per step.
+ *
+ * At creation the weights the pass reads are uploaded once, each tensor
+ * into a device buffer of its own, straight from the GGUF map. The KV pool
+ * gets one device buffer per KV group, holding the blocks of the cache's
+ * tables (same ids, the same rows as f16) but laid out layer by layer: a
+ * slice per layer of the group, holding every block's part of that layer
+ * (16 K rows then 16 V rows: the CPU's layer_bytes). A dispatch binds one
+ * layer's slice, so no binding spans the pool (devices bind as little as
+ * 128 MiB at once: lavapipe, many phones). The cache's copy-on-write comes
+ * here (kv_storage) and is done on the device, slice by slice. Activation
+ * buffers are sized for the largest batch.
+ *
+ * A step: the host checks the batch and reserves its blocks (batch.h),
+ * then writes what only it knows into mapped upload buffers: each row's
+ * input (its token's embedding, dequantized on the host, or an image's
+ * row), its position and where its sequence's block table starts, the
+ * block tables themselves, and the RoPE angles of each row
+ * (model_rope_angles, the CPU's bits). One recording then holds the block
+ * copies and every layer:
+ *   rmsnorm → Q, K, V matmuls → qk_prep (bias, QK-norm, RoPE, K/V into
+ *   the cache) → attention → output matmul → (post-norm) → residual →
+ *   rmsnorm → gate, up matmuls → act → down matmul → (post-norm) → residual
+ * then the final norm of the rows that want logits, the classifier and
+ * its scale and soft-cap, and a copy of the logits into a readback buffer.
+ * It is submitted once and waited on once; only the logits come back.
+ *
+ * What it does not run yet (creation says so, and AUTO falls back to the
+ * CPU): mixtures of experts, short-convolution layers, QK-norm across all
+ * heads, KV types other than f16, and weight types vk_matmul lacks.
+ */
+#include "vulkan/vk_forward.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format/quant.h"
+#include "model/batch.h"
+#include "vulkan/vk_matmul.h"
+
+/* A weight on the device (buf NULL: the model has none there). */
+typedef struct vweight {
+    vk_buffer *buf;
+    uint32_t type;
+    uint32_t rows, cols;
+} vweight;
+
+typedef struct vlayer {
+    vweight attn_norm, wq, wk, wv, wo, post_attn_norm;
+    vweight ffn_norm, w_gate, w_up, w_down, post_ffn_norm;
+    vk_buffer *bias;    /* bq | bk | bv, or NULL */
+    vk_buffer *qk_norm; /* q_norm | k_norm (per head), or NULL */
+    uint32_t rope_cfg;  /* which of a row's RoPE angle sets */
+} vlayer;
+
+/* A copy-on-write the cache asked for, done at the start of the next
+ * recording. */
+typedef struct blk_copy {
+    int32_t group, dst, src;
+} blk_copy;
+
+/* The RoPE settings the layers use (gemma3: its local and global layers). */
+#define MAX_ROPE_CFG 4
+
+typedef struct vkf {
+    const model *m;
+    kv_cache *kv;
+    vk_device *dev;
+    vk_recorder *rec;
+    int32_t max_rows, max_logit_rows;
+    vlayer *layers;
+    vweight out_norm, output;
+    /* Every weight buffer, to free (tied weights are uploaded once). */
+    vk_buffer **owned;
+    int32_t n_owned, cap_owned;
+    vk_buffer *kvbuf[2];
+    size_t kv_slice[2]; /* bytes of a layer's slice of each group, 256-aligned */
+    /* Activations. */
+    vk_buffer *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits;
+    /* Written by the host each step (mapped). */
+    vk_buffer *in_x, *rowinfo, *tables, *rope, *lidx;
+    vk_buffer *readback;
+    float *host_logits; /* [max_logit_rows][n_vocab] */
+    float *host_x;      /* [max_rows][n_embd], staging for in_x */
+    int32_t *host_info; /* [max_rows][4] */
+    int32_t *host_tab;  /* block table words */
+    float *host_rope;   /* [max_rows][n_rope_cfg][pairs][2] */
+    int32_t *host_lidx;
+    size_t tab_cap; /* ints in `tables` */
+    float rope_base[MAX_ROPE_CFG], rope_scale[MAX_ROPE_CFG];
+    int32_t n_rope_cfg;
+    blk_copy *copies;
+    int32_t n_copies, cap_copies;
+    bool copy_overflow;
+    cellm_error copy_err;
+} vkf;
+
+/* ------------------------------------------------------------ creation */
+
+static cellm_status own(vkf *f, vk_buffer *b, cellm_error *err) {
+    if (f->n_owned == f->cap_owned) {
+        int32_t cap = f->cap_owned ? 2 * f->cap_owned : 64;
+        vk_buffer **n = realloc(f->owned, (size_t)cap * sizeof *n);
+        if (!n) {
+            vk_buffer_free(b);
+            return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+        }
+        f->owned = n;
+        f->cap_owned = cap;
+    }
+    f->owned[f->n_owned++] = b;
+    return CELLM_OK;
+}
+
+/* Bytes of a weight as the file stores it. */
+static size_t weight_bytes(const weight *w) {
+    uint64_t n = 0;
+    quant_nbytes(w->type, (uint64_t)w->ne0 * (uint64_t)w->ne1, &n);
+    return (size_t)n;
+}
+
+/* A device buffer holding `bytes` from host memory. */
+static cellm_status upload_new(vkf *f, const void *src, size_t bytes, vk_buffer **out,
+                               cellm_error *err) {
+    vk_buffer *b;
+    cellm_status st = vk_buffer_create(f->dev, bytes, VK_BUF_DEVICE, &b, err);
+    if (st) return st;
+    if ((st = own(f, b, err))) return st;
+    if ((st = vk_buffer_upload(b, 0, src, bytes, err))) return st;
+    *out = b;
+    return CELLM_OK;
+}
+
+/* Uploads a weight (none when w has no data), once per tensor: a tied
+ * classifier reuses the embedding's buffer. */
+static cellm_status upload_weight(vkf *f, const weight *w, vweight *out, cellm_error *err) {
+    memset(out, 0, sizeof *out);
+    if (!w->data) return CELLM_OK;
+    out->type = w->type;
+    out->rows = (uint32_t)w->ne1;
+    out->cols = (uint32_t)w->ne0;
+    if (w == &f->m->output && f->m->output.data == f->m->tok_embd.data && f->output.buf) {
+        out->buf = f->output.buf;
+        return CELLM_OK;
+    }
+    return upload_new(f, w->data, weight_bytes(w), &out->buf, err);
+}
+
+/* Two or three small f32 tensors side by side in one buffer (biases,
+ * norms); NULL when the first has no data. */
+static cellm_status upload_concat(vkf *f, const weight *const *w, int n, vk_buffer **out,
+                                  cellm_error *err) {
+    *out = NULL;
+    if (!w[0]->data) return CELLM_OK;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += weight_bytes(w[i]);
+    uint8_t *tmp = malloc(total);
+    if (!tmp) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        memcpy(tmp + at, w[i]->data, weight_bytes(w[i]));
+        at += weight_bytes(w[i]);
+    }
+    cellm_status st = upload_new(f, tmp, total, out, err);
+    free(tmp);
+    return st;
+}
+
+/* Why the backend cannot run `m` with this cache; NULL when it can. */
+static const char *cannot_run(const model *m, const kv_cache *kv, char *msg, size_t cap) {
+    if (m->n_expert) return "mixture-of-experts layers are not in the Vulkan backend yet";
+    if (m->n_conv_layers) return "short-convolution layers are not in the Vulkan backend yet";
+    if (kv->type != CELLM_KV_F16) return "the Vulkan backend keeps its KV cache as f16 only";
+    if (m->head_dim > 512 || m->head_dim_v > 512 || m->head_dim % 2 || m->head_dim_v % 2)
+        return "head sizes past 512, or odd, are not in the Vulkan backend";
+    if (m->n_head % m->n_head_kv) return "query heads must be a multiple of the KV heads";
+    if (!vk_matmul_supports(m->output.type)) {
+        snprintf(msg, cap, "the Vulkan backend has no matmul for %s weights (the classifier)",
+                 quant_type_get(m->output.type)->name);
+        return msg;
+    }
+    for (int32_t il = 0; il < m->n_layer; il++) {
+        const layer_desc *L = &m->layers[il];
+        if (L->qk_norm_full) return "QK-norm across all heads is not in the Vulkan backend yet";
+        const weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            if (!vk_matmul_supports(ws[i]->type)) {
+                snprintf(msg, cap, "the Vulkan backend has no matmul for %s weights (layer %d)",
+                         quant_type_get(ws[i]->type)->name, (int)il);
+                return msg;
+            }
+        const weight *f32s[] = {&L->attn_norm,     &L->ffn_norm, &L->post_attn_norm,
+                                &L->post_ffn_norm, &L->bq,       &L->q_norm};
+        for (size_t i = 0; i < sizeof f32s / sizeof f32s[0]; i++)
+            if (f32s[i]->data && f32s[i]->type != QT_F32) return "norms and biases must be F32";
+    }
+    if (m->out_norm.type != QT_F32) return "norms and biases must be F32";
+    return NULL;
+}
+
+/* kv_storage.copy: a copy-on-write, done at the start of the next
+ * recording (before anything the pass writes). */
+static void kv_copy(void *user, int32_t group, int32_t dst, int32_t src) {
+    vkf *f = user;
+    if (f->n_copies == f->cap_copies) {
+        f->copy_overflow = true; /* cannot happen: the cap covers a batch's */
+        return;
+    }
+    f->copies[f->n_copies++] = (blk_copy){group, dst, src};
+}
+
+static void vkf_free(void *impl) {
+    vkf *f = impl;
+    if (!f) return;
+    if (f->kv && f->kv->ext.user == f) f->kv->ext = (kv_storage){0};
+    vk_device_close(f->dev); /* frees every buffer, the recorder, the pipelines */
+    free(f->owned);
+    free(f->layers);
+    free(f->host_logits);
+    free(f->host_x);
+    free(f->host_info);
+    free(f->host_tab);
+    free(f->host_rope);
+    free(f->host_lidx);
+    free(f->copies);
+    free(f);
+}
+
+static cellm_status make_buf(vkf *f, size_t bytes, vk_buffer_kind kind, vk_buffer **out,
+                             cellm_error *err) {
+    cellm_status st = vk_buffer_create(f->dev, bytes ? bytes : 4, kind, out, err);
+    if (st) return st;
+    return own(f, *out, err);
+}
+
+static int32_t max_i32(int32_t a, int32_t b) {
+    return a > b ? a : b;
+}
+
+static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const *embd, int32_t n,
+                            const float **logits, cellm_error *err);
+
+static const backend_ops vk_ops = {"vulkan", vkf_run, vkf_free};
+
+cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, int32_t max_rows,
+                        int32_t max_logit_rows, backend *out, cellm_error *err) {
+    *out = (backend){0};
+    char msg[CELLM_ERR_MSG_MAX];
+    const char *why = cannot_run(m, kv, msg, sizeof msg);
+    if (why) return err_set(err, CELLM_ERR_UNSUPPORTED, "%s", why);
+    if (max_rows < 1 || max_logit_rows < 1 || max_logit_rows > max_rows)
+        return err_set(err, CELLM_ERR_INVALID_ARG, "batch limits %d rows / %d logit rows are bad",
+                       max_rows, max_logit_rows);
+    vkf *f = calloc(1, sizeof *f);
+    if (!f) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    f->m = m;
+    f->max_rows = max_rows;
+    f->max_logit_rows = max_logit_rows;
+    vk_open_params op = vk_open_default_params();
+    cellm_status st = vk_device_open(&op, &f->dev, err);
+    if (st) goto fail;
+    if (gpu_only && vk_device_get_info(f->dev)->type == VK_TYPE_CPU) {
+        st = err_set(err, CELLM_ERR_UNSUPPORTED, "the only Vulkan device is a CPU emulation (%s)",
+                     vk_device_get_info(f->dev)->name);
+        goto fail;
+    }
+    if ((st = vk_recorder_create(f->dev, &f->rec, err))) goto fail;
+
+    /* Weights. */
+    f->layers = calloc((size_t)m->n_layer, sizeof *f->layers);
+    if (!f->layers) {
+        st = err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+        goto fail;
+    }
+    if ((st = upload_weight(f, &m->out_norm, &f->out_norm, err))) goto fail;
+    if (m->output.data == m->tok_embd.data) {
+        /* Tied: the classifier is the embedding matrix; upload it once. */
+        if ((st = upload_new(f, m->output.data, weight_bytes(&m->output), &f->output.buf, err)))
+            goto fail;
+        f->output.type = m->output.type;
+        f->output.rows = (uint32_t)m->output.ne1;
+        f->output.cols = (uint32_t)m->output.ne0;
+    } else if ((st = upload_weight(f, &m->output, &f->output, err))) {
+        goto fail;
+    }
+    for (int32_t il = 0; il < m->n_layer; il++) {
+        const layer_desc *L = &m->layers[il];
+        vlayer *V = &f->layers[il];
+        if ((st = upload_weight(f, &L->attn_norm, &V->attn_norm, err)) ||
+            (st = upload_weight(f, &L->wq, &V->wq, err)) ||
+            (st = upload_weight(f, &L->wk, &V->wk, err)) ||
+            (st = upload_weight(f, &L->wv, &V->wv, err)) ||
+            (st = upload_weight(f, &L->wo, &V->wo, err)) ||
+            (st = upload_weight(f, &L->post_attn_norm, &V->post_attn_norm, err)) ||
+            (st = upload_weight(f, &L->ffn_norm, &V->ffn_norm, err)) ||
+            (st = upload_weight(f, &L->w_gate, &V->w_gate, err)) ||
+            (st = upload_weight(f, &L->w_up, &V->w_up, err)) ||
+            (st = upload_weight(f, &L->w_down, &V->w_down, err)) ||
+            (st = upload_weight(f, &L->post_ffn_norm, &V->post_ffn_norm, err)) ||
+            (st = upload_concat(f, (const weight *const[]){&L->bq, &L->bk, &L->bv}, 3, &V->bias,
+                                err)) ||
+            (st = upload_concat(f, (const weight *const[]){&L->q_norm, &L->k_norm}, 2, &V->qk_norm,
+                                err)))
+            goto fail;
+        /* The layer's RoPE setting among the distinct ones. */
+        int32_t c = 0;
+        while (c < f->n_rope_cfg &&
+               !(f->rope_base[c] == L->rope_base && f->rope_scale[c] == L->rope_scale))
+            c++;
+        if (c == f->n_rope_cfg) {
+            if (c == MAX_ROPE_CFG) {
+                st =
+                    err_set(err, CELLM_ERR_UNSUPPORTED, "more than %d RoPE settings", MAX_ROPE_CFG);
+                goto fail;
+            }
+            f->rope_base[c] = L->rope_base;
+            f->rope_scale[c] = L->rope_scale;
+            f->n_rope_cfg++;
+        }
+        V->rope_cfg = (uint32_t)c;
+    }
+
+    /* The KV pool, as the cache lays it out. */
+    uint64_t range = vk_device_get_info(f->dev)->max_storage_range;
+    for (int32_t g = 0; g < kv->n_groups; g++) {
+        const kv_group *kg = &kv->groups[g];
+        size_t slice = ((size_t)kg->n_blocks * kg->layer_bytes + 255) / 256 * 256;
+        if (slice > range) {
+            st = err_set(err, CELLM_ERR_UNSUPPORTED,
+                         "a layer's KV slice of %zu bytes passes the device's binding limit of "
+                         "%llu; lower the memory budget",
+                         slice, (unsigned long long)range);
+            goto fail;
+        }
+        f->kv_slice[g] = slice;
+        if ((st = make_buf(f, slice * (size_t)kg->n_layers, VK_BUF_DEVICE, &f->kvbuf[g], err)))
+            goto fail;
+    }
+
+    /* Activations for max_rows rows. */
+    size_t r = (size_t)max_rows, fl = sizeof(float);
+    int32_t qd = m->n_head * m->head_dim, kd = m->n_head_kv * m->head_dim,
+            vd = m->n_head_kv * m->head_dim_v, ad = m->n_head * m->head_dim_v;
+    if ((st = make_buf(f, r * (size_t)m->n_embd * fl, VK_BUF_DEVICE, &f->x, err)) ||
+        (st = make_buf(f, r * (size_t)max_i32(m->n_embd, max_i32(qd, ad)) * fl, VK_BUF_DEVICE,
+                       &f->xb, err)) ||
+        (st = make_buf(f, r * (size_t)qd * fl, VK_BUF_DEVICE, &f->q, err)) ||
+        (st = make_buf(f, r * (size_t)kd * fl, VK_BUF_DEVICE, &f->k, err)) ||
+        (st = make_buf(f, r * (size_t)vd * fl, VK_BUF_DEVICE, &f->v, err)) ||
+        (st = make_buf(f, r * (size_t)ad * fl, VK_BUF_DEVICE, &f->att, err)) ||
+        (st = make_buf(f, r * (size_t)max_i32(m->n_ff, m->n_embd) * fl, VK_BUF_DEVICE, &f->hb,
+                       err)) ||
+        (st = make_buf(f, r * (size_t)m->n_ff * fl, VK_BUF_DEVICE, &f->hb2, err)) ||
+        (st = make_buf(f, (size_t)max_logit_rows * (size_t)m->n_vocab * fl, VK_BUF_DEVICE,
+                       &f->logits, err)) ||
+        (st = make_buf(f, (size_t)max_logit_rows * (size_t)m->n_vocab * fl, VK_BUF_READBACK,
+                       &f->readback, err)))
+        goto fail;
+
+    /* What the host writes each step. Block tables: each row's sequence
+     * appears once per step with up to max_ctx / 16 blocks per group. */
+    size_t pairs = (size_t)m->rope_dim / 2;
+    f->tab_cap = (size_t)max_rows * (size_t)kv->n_groups * (size_t)kv->max_blocks_per_seq;
+    if ((st = make_buf(f, r * (size_t)m->n_embd * fl, VK_BUF_UPLOAD, &f->in_x, err)) ||
+        (st = make_buf(f, r * 4 * sizeof(int32_t), VK_BUF_UPLOAD, &f->rowinfo, err)) ||
+        (st = make_buf(f, f->tab_cap * sizeof(int32_t), VK_BUF_UPLOAD, &f->tables, err)) ||
+        (st = make_buf(f, r * (size_t)f->n_rope_cfg * pairs * 2 * fl, VK_BUF_UPLOAD, &f->rope,
+                       err)) ||
+        (st = make_buf(f, (size_t)max_logit_rows * sizeof(int32_t), VK_BUF_UPLOAD, &f->lidx, err)))
+        goto fail;
+    f->host_logits = malloc((size_t)max_logit_rows * (size_t)m->n_vocab * fl);
+    f->host_x = malloc(r * (size_t)m->n_embd * fl);
+    f->host_info = malloc(r * 4 * sizeof(int32_t));
+    f->host_tab = malloc(f->tab_cap * sizeof(int32_t));
+    f->host_rope = malloc((r * (size_t)f->n_rope_cfg * pairs * 2 + 1) * fl);
+    f->host_lidx = malloc((size_t)max_logit_rows * sizeof(int32_t));
+    f->cap_copies = 2 * max_rows;
+    f->copies = malloc((size_t)f->cap_copies * sizeof *f->copies);
+    if (!f->host_logits || !f->host_x || !f->host_info || !f->host_tab || !f->host_rope ||
+        !f->host_lidx || !f->copies) {
+        st = err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+        goto fail;
+    }
+    f->kv = kv;
+    kv->ext = (kv_storage){f, kv_copy};
+    *out = (backend){&vk_ops, f};
+    return CELLM_OK;
+fail:
+    vkf_free(f);
+    return st;
+}
+
+/* ------------------------------------------------------------ one step */
+
+/* Group counts for `n` elements at 256 per group, spread over y past the
+ * device's x limit. */
+static void groups_1d(const vkf *f, size_t n, uint32_t g[3]) {
+    size_t wg = (n + 255) / 256, lim = vk_device_get_info(f->dev)->max_workgroups[0];
+    if (lim > 65535) lim = 65535;
+    g[0] = (uint32_t)(wg < lim ? wg : lim);
+    g[1] = (uint32_t)((wg + g[0] - 1) / g[0]);
+    g[2] = 1;
+}
+
+typedef struct rec_ctx {
+    vkf *f;
+    cellm_error *err;
+    cellm_status st;
+} rec_ctx;
+
+static void dispatch(rec_ctx *c, vk_shader_id id, const vk_binding *b, uint32_t nb,
+                     const void *push, size_t push_bytes, const uint32_t g[3]) {
+    if (c->st) return;
+    const vk_pipeline *pipe;
+    if ((c->st = vk_pipeline_get(c->f->dev, id, &pipe, c->err))) return;
+    c->st = vk_recorder_dispatch(c->f->rec, pipe, b, nb, push, push_bytes, g, c->err);
+}
+
+/* y = x W^T for n rows. A matrix larger than one binding may span
+ * (Gemma 3's 262144-row classifier on a device that binds 128 MiB) goes
+ * as several products over ranges of its rows. */
+static void mm(rec_ctx *c, const vweight *w, const vk_buffer *x, int32_t n, const vk_buffer *y) {
+    if (c->st) return;
+    uint64_t row_bytes = 0;
+    quant_nbytes(w->type, w->cols, &row_bytes);
+    uint64_t range = vk_device_get_info(c->f->dev)->max_storage_range;
+    uint32_t per = (uint32_t)((range - 256) / row_bytes) / 128 * 128;
+    if (per == 0) per = w->rows; /* rows this wide fail in vk_matmul with a message */
+    for (uint32_t r0 = 0; r0 < w->rows && !c->st; r0 += per) {
+        uint32_t cnt = w->rows - r0 < per ? w->rows - r0 : per;
+        vk_matmul_args a = {.type = w->type,
+                            .w = w->buf,
+                            .w_off = (size_t)r0 * row_bytes,
+                            .rows = cnt,
+                            .cols = w->cols,
+                            .x = x,
+                            .x_off = 0,
+                            .x_stride = w->cols,
+                            .y = y,
+                            .y_off = (size_t)r0 * sizeof(float),
+                            .y_stride = w->rows,
+                            .n_rows = (uint32_t)n};
+        c->st = vk_matmul_record(c->f->rec, &a, c->err);
+    }
+}
+
+static void barrier(rec_ctx *c) {
+    if (!c->st) vk_recorder_barrier(c->f->rec);
+}
+
+typedef struct rms_push {
+    uint32_t n, x_stride, o_stride, has_weight, gather;
+    float eps;
+} rms_push;
+
+/* out rows = rmsnorm(x rows) (* w); n_rows rows of the model's width. */
+static void rmsnorm(rec_ctx *c, const vk_buffer *x, const vweight *w, const vk_buffer *out,
+                    int32_t n_rows, uint32_t width, bool gather) {
+    vkf *f = c->f;
+    rms_push p = {width, width, width, w && w->buf ? 1u : 0u, gather ? 1u : 0u, f->m->norm_eps};
+    vk_binding b[4] = {{x, 0, 0}, {w && w->buf ? w->buf : x, 0, 0}, {out, 0, 0}, {f->lidx, 0, 0}};
+    uint32_t g[3] = {(uint32_t)n_rows, 1, 1};
+    dispatch(c, VK_SHADER_RMSNORM, b, 4, &p, sizeof p, g);
+}
+
+/* x += y * scale over n_rows rows of n_embd, after y's post-norm (in
+ * place) when the layer has one. */
+static void residual(rec_ctx *c, const vk_buffer *y, const vweight *post, int32_t n_rows) {
+    vkf *f = c->f;
+    uint32_t d = (uint32_t)f->m->n_embd;
+    if (post->buf) {
+        rmsnorm(c, y, post, y, n_rows, d, false);
+        barrier(c);
+    }
+    struct {
+        uint32_t n;
+        float scale;
+    } p = {(uint32_t)n_rows * d, f->m->residual_scale};
+    vk_binding b[2] = {{f->x, 0, 0}, {y, 0, 0}};
+    uint32_t g[3];
+    groups_1d(f, p.n, g);
+    dispatch(c, VK_SHADER_ADD, b, 2, &p, sizeof p, g);
+}
+
+typedef struct qk_push {
+    uint32_t n_head, n_head_kv, hd, hdv, rope_pairs, rope_neox, rope_cfg, rope_cfgs, flags;
+    float eps;
+    uint32_t group, k_row_words, v_row_words, block_words;
+} qk_push;
+
+typedef struct attn_push {
+    uint32_t n_head, n_head_kv, hd, hdv;
+    int32_t window;
+    float scale, softcap;
+    uint32_t group, k_row_words, v_row_words, block_words;
+} attn_push;
+
+static void attention_layer(rec_ctx *c, int32_t il, int32_t n) {
+    vkf *f = c->f;
+    const model *m = f->m;
+    const layer_desc *L = &m->layers[il];
+    const vlayer *V = &f->layers[il];
+    const kv_group *kg = &f->kv->groups[L->kv_group];
+    vk_binding kvb = {f->kvbuf[L->kv_group], (size_t)L->kv_index * f->kv_slice[L->kv_group],
+                      f->kv_slice[L->kv_group]};
+    mm(c, &V->wq, f->xb, n, f->q);
+    mm(c, &V->wk, f->xb, n, f->k);
+    mm(c, &V->wv, f->xb, n, f->v);
+    barrier(c);
+    qk_push qp = {(uint32_t)m->n_head,
+                  (uint32_t)m->n_head_kv,
+                  (uint32_t)m->head_dim,
+                  (uint32_t)m->head_dim_v,
+                  L->nope ? 0u : (uint32_t)m->rope_dim / 2,
+                  m->rope == ROPE_NEOX,
+                  V->rope_cfg,
+                  (uint32_t)f->n_rope_cfg,
+                  (V->bias ? 1u : 0u) | (V->qk_norm ? 2u : 0u),
+                  m->norm_eps,
+                  (uint32_t)L->kv_group,
+                  (uint32_t)(kg->k_row / 4),
+                  (uint32_t)(kg->v_row / 4),
+                  (uint32_t)(kg->layer_bytes / 4)};
+    vk_binding qb[9] = {{f->q, 0, 0},
+                        {f->k, 0, 0},
+                        {f->v, 0, 0},
+                        {V->bias ? V->bias : f->q, 0, 0},
+                        {V->qk_norm ? V->qk_norm : f->q, 0, 0},
+                        {f->rope, 0, 0},
+                        {f->rowinfo, 0, 0},
+                        {f->tables, 0, 0},
+                        kvb};
+    uint32_t g[3] = {(uint32_t)n, (uint32_t)(m->n_head + m->n_head_kv), 1};
+    dispatch(c, VK_SHADER_QK_PREP, qb, 9, &qp, sizeof qp, g);
+    barrier(c);
+    attn_push ap = {(uint32_t)m->n_head,
+                    (uint32_t)m->n_head_kv,
+                    (uint32_t)m->head_dim,
+                    (uint32_t)m->head_dim_v,
+                    L->window,
+                    m->attn_scale,
+                    m->attn_softcap,
+                    (uint32_t)L->kv_group,
+                    (uint32_t)(kg->k_row / 4),
+                    (uint32_t)(kg->v_row / 4),
+                    (uint32_t)(kg->layer_bytes / 4)};
+    vk_binding ab[5] = {{f->q, 0, 0}, {f->rowinfo, 0, 0}, {f->tables, 0, 0}, kvb, {f->att, 0, 0}};
+    uint32_t ga[3] = {(uint32_t)n, (uint32_t)m->n_head, 1};
+    dispatch(c, VK_SHADER_ATTENTION, ab, 5, &ap, sizeof ap, ga);
+    barrier(c);
+    mm(c, &V->wo, f->att, n, f->hb);
+    barrier(c);
+}
+
+static void mlp_layer(rec_ctx *c, int32_t il, int32_t n) {
+    vkf *f = c->f;
+    const vlayer *V = &f->layers[il];
+    mm(c, &V->w_gate, f->xb, n, f->hb2);
+    mm(c, &V->w_up, f->xb, n, f->hb);
+    barrier(c);
+    struct {
+        uint32_t n, act;
+    } p = {(uint32_t)n * (uint32_t)f->m->n_ff, f->m->act == ACT_GELU_TANH};
+    vk_binding b[2] = {{f->hb2, 0, 0}, {f->hb, 0, 0}};
+    uint32_t g[3];
+    groups_1d(f, p.n, g);
+    dispatch(c, VK_SHADER_ACT, b, 2, &p, sizeof p, g);
+    barrier(c);
+    mm(c, &V->w_down, f->hb2, n, f->hb);
+    barrier(c);
+}
+
+/* Fills the upload buffers for the batch: inputs, row info, block tables,
+ * RoPE angles, the rows that want logits. Returns how many do. */
+static cellm_status fill_inputs(vkf *f, const fwd_row *rows, const float *const *embd, int32_t n,
+                                int32_t *n_logits, cellm_error *err) {
+    const model *m = f->m;
+    const kv_cache *kv = f->kv;
+    int32_t d = m->n_embd, pairs = m->rope_dim / 2;
+    const quant_type_info *et = quant_type_get(m->tok_embd.type);
+    uint64_t rb = 0;
+    quant_nbytes(m->tok_embd.type, (uint64_t)d, &rb);
+    size_t nt = 0;
+    int32_t nl = 0;
+    for (int32_t r = 0; r < n; r++) {
+        float *x = f->host_x + (size_t)r * d;
+        if (embd && embd[r]) {
+            memcpy(x, embd[r], (size_t)d * sizeof(float));
+        } else {
+            et->to_float((const uint8_t *)m->tok_embd.data + (size_t)rb * (size_t)rows[r].token, x,
+                         (size_t)d);
+            if (m->emb_scale != 1.0f)
+                for (int32_t i = 0; i < d; i++) x[i] *= m->emb_scale;
+        }
+        /* The row's sequence's tables: shared with an earlier row of the
+         * same sequence in this batch. */
+        int32_t same = -1;
+        for (int32_t e = r - 1; e >= 0 && same < 0; e--)
+            if (rows[e].seq == rows[r].seq) same = e;
+        int32_t *info = f->host_info + (size_t)r * 4;
+        info[0] = rows[r].pos;
+        info[3] = 0;
+        if (same >= 0) {
+            info[1] = f->host_info[(size_t)same * 4 + 1];
+            info[2] = f->host_info[(size_t)same * 4 + 2];
+        } else {
+            /* Blocks up to the one of the sequence's last row this step. */
+            int32_t last = rows[r].pos;
+            for (int32_t e = r + 1; e < n; e++)
+                if (rows[e].seq == rows[r].seq) last = rows[e].pos;
+            size_t nb = (size_t)last / KV_BLOCK_TOKENS + 1;
+            for (int32_t g = 0; g < 2; g++) {
+                info[1 + g] = (int32_t)nt;
+                if (g >= kv->n_groups) continue;
+                if (nt + nb > f->tab_cap)
+                    return err_set(err, CELLM_ERR_INTERNAL, "block tables overflow");
+                memcpy(f->host_tab + nt, rows[r].seq->table[g], nb * sizeof(int32_t));
+                nt += nb;
+            }
+        }
+        for (int32_t c = 0; c < f->n_rope_cfg; c++) {
+            float cs[512], sn[512];
+            model_rope_angles(m, rows[r].pos, f->rope_base[c], f->rope_scale[c], cs, sn);
+            float *o = f->host_rope + (((size_t)r * f->n_rope_cfg + c) * pairs) * 2;
+            for (int32_t i = 0; i < pairs; i++) {
+                o[2 * i] = cs[i];
+                o[2 * i + 1] = sn[i];
+            }
+        }
+        if (rows[r].logits) f->host_lidx[nl++] = r;
+    }
+    cellm_status st;
+    if ((st = vk_buffer_upload(f->in_x, 0, f->host_x, (size_t)n * d * sizeof(float), err)) ||
+        (st =
+             vk_buffer_upload(f->rowinfo, 0, f->host_info, (size_t)n * 4 * sizeof(int32_t), err)) ||
+        (nt && (st = vk_buffer_upload(f->tables, 0, f->host_tab, nt * sizeof(int32_t), err))) ||
+        (f->n_rope_cfg && pairs &&
+         (st = vk_buffer_upload(f->rope, 0, f->host_rope,
+                                (size_t)n * f->n_rope_cfg * pairs * 2 * sizeof(float), err))) ||
+        (nl &&
+         (st = vk_buffer_upload(f->lidx, 0, f->host_lidx, (size_t)nl * sizeof(int32_t), err))))
+        return st;
+    *n_logits = nl;
+    return CELLM_OK;
+}
+
+static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const *embd, int32_t n,
+                            const float **logits, cellm_error *err) {
+    vkf *f = impl;
+    const model *m = f->m;
+    f->n_copies = 0;
+    f->copy_overflow = false;
+    cellm_status st = batch_reserve(m, f->kv, rows, n, f->max_rows, f->max_logit_rows, err);
+    if (st) return st;
+    if (f->copy_overflow)
+        return err_set(err, CELLM_ERR_INTERNAL, "more block copies than a batch can ask for");
+    int32_t nl = 0;
+    if ((st = fill_inputs(f, rows, embd, n, &nl, err))) return st;
+    if ((st = vk_recorder_begin(f->rec, err))) return st;
+    rec_ctx c = {f, err, CELLM_OK};
+    /* Copies-on-write first: nothing this pass writes may land before. */
+    for (int32_t i = 0; i < f->n_copies; i++) {
+        const blk_copy *bc = &f->copies[i];
+        const kv_group *kg = &f->kv->groups[bc->group];
+        const vk_buffer *kb = f->kvbuf[bc->group];
+        for (int32_t l = 0; l < kg->n_layers && !c.st; l++) {
+            size_t at = (size_t)l * f->kv_slice[bc->group];
+            c.st = vk_recorder_copy(f->rec, kb, at + (size_t)bc->src * kg->layer_bytes, kb,
+                                    at + (size_t)bc->dst * kg->layer_bytes, kg->layer_bytes, err);
+        }
+    }
+    if (!c.st)
+        c.st = vk_recorder_copy(f->rec, f->in_x, 0, f->x, 0,
+                                (size_t)n * (size_t)m->n_embd * sizeof(float), err);
+    barrier(&c);
+    uint32_t d = (uint32_t)m->n_embd;
+    for (int32_t il = 0; il < m->n_layer && !c.st; il++) {
+        const vlayer *V = &f->layers[il];
+        rmsnorm(&c, f->x, &V->attn_norm, f->xb, n, d, false);
+        barrier(&c);
+        attention_layer(&c, il, n);
+        residual(&c, f->hb, &V->post_attn_norm, n);
+        barrier(&c);
+        rmsnorm(&c, f->x, &V->ffn_norm, f->xb, n, d, false);
+        barrier(&c);
+        mlp_layer(&c, il, n);
+        residual(&c, f->hb, &V->post_ffn_norm, n);
+        barrier(&c);
+    }
+    if (nl) {
+        rmsnorm(&c, f->x, &f->out_norm, f->xb, nl, d, true);
+        barrier(&c);
+        mm(&c, &f->output, f->xb, nl, f->logits);
+        if (m->logit_scale != 1.0f || m->logit_softcap > 0) {
+            barrier(&c);
+            struct {
+                uint32_t n;
+                float scale, cap;
+            } p = {(uint32_t)nl * (uint32_t)m->n_vocab, m->logit_scale, m->logit_softcap};
+            vk_binding b[1] = {{f->logits, 0, 0}};
+            uint32_t g[3];
+            groups_1d(f, p.n, g);
+            dispatch(&c, VK_SHADER_LOGITS, b, 1, &p, sizeof p, g);
+        }
+        barrier(&c);
+        if (!c.st)
+            c.st = vk_recorder_copy(f->rec, f->logits, 0, f->readback, 0,
+                                    (size_t)nl * (size_t)m->n_vocab * sizeof(float), err);
+    }
+    /* A recording that went wrong is not submitted (the next begin
+     * resets it). */
+    if (c.st) return c.st;
+    if ((st = vk_recorder_submit(f->rec, err))) return st;
+    if (nl && (st = vk_buffer_download(f->readback, 0, f->host_logits,
+                                       (size_t)nl * (size_t)m->n_vocab * sizeof(float), err)))
+        return st;
+    batch_advance(f->kv, rows, n);
+    *logits = f->host_logits;
+    return CELLM_OK;
+}
