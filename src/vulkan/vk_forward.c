@@ -647,6 +647,33 @@ static cellm_status fill_inputs(vkf *f, const fwd_row *rows, const float *const 
     return CELLM_OK;
 }
 
+/* Records the pending copies-on-write (rc->st keeps the first error). */
+static void record_copies(rec_ctx *c) {
+    vkf *f = c->f;
+    for (int32_t i = 0; i < f->n_copies; i++) {
+        const blk_copy *bc = &f->copies[i];
+        const kv_group *kg = &f->kv->groups[bc->group];
+        const vk_buffer *kb = f->kvbuf[bc->group];
+        for (int32_t l = 0; l < kg->n_layers && !c->st; l++) {
+            size_t at = (size_t)l * f->kv_slice[bc->group];
+            c->st =
+                vk_recorder_copy(f->rec, kb, at + (size_t)bc->src * kg->layer_bytes, kb,
+                                 at + (size_t)bc->dst * kg->layer_bytes, kg->layer_bytes, c->err);
+        }
+    }
+}
+
+/* The copies alone, submitted now (a pass that failed before recording).
+ * A failure here leaves the device's error for the next pass to meet. */
+static void flush_copies(vkf *f) {
+    cellm_error e;
+    err_clear(&e);
+    rec_ctx c = {f, &e, vk_recorder_begin(f->rec, &e)};
+    record_copies(&c);
+    if (!c.st) (void)vk_recorder_submit(f->rec, &e);
+    f->n_copies = 0;
+}
+
 static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const *embd, int32_t n,
                             const float **logits, cellm_error *err) {
     vkf *f = impl;
@@ -654,24 +681,20 @@ static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const 
     f->n_copies = 0;
     f->copy_overflow = false;
     cellm_status st = batch_reserve(m, f->kv, rows, n, f->max_rows, f->max_logit_rows, err);
-    if (st) return st;
     if (f->copy_overflow)
         return err_set(err, CELLM_ERR_INTERNAL, "more block copies than a batch can ask for");
     int32_t nl = 0;
-    if ((st = fill_inputs(f, rows, embd, n, &nl, err))) return st;
+    if (!st) st = fill_inputs(f, rows, embd, n, &nl, err);
+    if (st) {
+        /* The blocks reserved before the failure stay with their
+         * sequences, so their copies-on-write must still happen. */
+        if (f->n_copies) flush_copies(f);
+        return st;
+    }
     if ((st = vk_recorder_begin(f->rec, err))) return st;
     rec_ctx c = {f, err, CELLM_OK};
     /* Copies-on-write first: nothing this pass writes may land before. */
-    for (int32_t i = 0; i < f->n_copies; i++) {
-        const blk_copy *bc = &f->copies[i];
-        const kv_group *kg = &f->kv->groups[bc->group];
-        const vk_buffer *kb = f->kvbuf[bc->group];
-        for (int32_t l = 0; l < kg->n_layers && !c.st; l++) {
-            size_t at = (size_t)l * f->kv_slice[bc->group];
-            c.st = vk_recorder_copy(f->rec, kb, at + (size_t)bc->src * kg->layer_bytes, kb,
-                                    at + (size_t)bc->dst * kg->layer_bytes, kg->layer_bytes, err);
-        }
-    }
+    record_copies(&c);
     if (!c.st)
         c.st = vk_recorder_copy(f->rec, f->in_x, 0, f->x, 0,
                                 (size_t)n * (size_t)m->n_embd * sizeof(float), err);
