@@ -896,6 +896,30 @@ static void test_asan_engine_images(void **state) {
     const cellm_image_embed *bad[1] = {&narrow};
     expect_submit_refused(en, ids, n, bad, 1, "another model");
 
+    /* Chat messages with "<image>" where the picture goes: the template
+     * lays it out as the processor does (the fixture's prompt ids), and
+     * the answer is transformers'. */
+    cellm_chat_message msg = {"user", "<image>Describe this image."};
+    cellm_request_params p = cellm_request_default_params();
+    p.messages = &msg;
+    p.n_messages = 1;
+    p.images = one;
+    p.n_images = 1;
+    p.max_tokens = N_GEN;
+    cellm_request *r;
+    assert_int_equal(cellm_submit(en, &p, &r), CELLM_OK);
+    assert_int_equal(cellm_wait(r, &res), CELLM_OK);
+    assert_int_equal(res.n_prompt_tokens, im->n_ids);
+    const int32_t *out;
+    int32_t n_out;
+    assert_int_equal(cellm_request_tokens(r, &out, &n_out), CELLM_OK);
+    assert_true(n_out >= 1);
+    assert_memory_equal(out, im->gen, (size_t)n_out * sizeof *out);
+    cellm_request_free(r);
+    msg.content = "<image><image>Describe both.";
+    assert_int_equal(cellm_submit(en, &p, &r), CELLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(cellm_last_error(), "mark 2 pictures"));
+
     cellm_engine_free(en);
 
     /* Preempted after its first chunk (a critical trim), without the
@@ -903,22 +927,19 @@ static void test_asan_engine_images(void **state) {
     ep.prefix_cache = 0;
     ep.manual_steps = 1;
     assert_int_equal(cellm_engine_create(m, &ep, &en), CELLM_OK);
-    cellm_request_params p = cellm_request_default_params();
     const cellm_image_embed *imgs[1] = {ef};
+    p = cellm_request_default_params();
     p.tokens = ids;
     p.n_tokens = n;
     p.images = imgs;
     p.n_images = 1;
     p.max_tokens = N_GEN;
-    cellm_request *r;
     assert_int_equal(cellm_submit(en, &p, &r), CELLM_OK);
     int more;
     assert_int_equal(cellm_engine_step(en, &more), CELLM_OK);
     assert_int_equal(cellm_engine_trim(en, CELLM_TRIM_CRITICAL, NULL), CELLM_OK);
     assert_int_equal(cellm_wait(r, &res), CELLM_OK);
     assert_true(res.n_preemptions >= 1);
-    const int32_t *out;
-    int32_t n_out;
     assert_int_equal(cellm_request_tokens(r, &out, &n_out), CELLM_OK);
     assert_true(n_out >= 1);
     assert_memory_equal(out, gen_f, (size_t)n_out * sizeof *out);

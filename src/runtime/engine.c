@@ -1051,11 +1051,16 @@ static cellm_status request_input(const cellm_engine *e, const cellm_request_par
     if (p->prompt) return tokenizer_encode(cm->tok, p->prompt, strlen(p->prompt), flags, ids, err);
     if ((p->messages || p->messages_json) && !cm->has_chat)
         return err_set(err, CELLM_ERR_UNSUPPORTED, "%s", cm->chat_err);
+    if (p->messages_json && p->n_images > 0)
+        return err_set(err, CELLM_ERR_UNSUPPORTED,
+                       "images go with messages, prompt or tokens, not with messages_json");
     if (p->messages_json)
         return chat_encode_json(&cm->chat, cm->tok, p->messages_json, p->tools_json, true, ids,
                                 err);
     if (p->messages && (p->n_messages < 1 || p->n_messages > 65536))
         return err_set(err, CELLM_ERR_INVALID_ARG, "n_messages must be 1..65536");
+    if (p->messages && p->tools_json && p->n_images > 0)
+        return err_set(err, CELLM_ERR_UNSUPPORTED, "images and tools_json do not go together yet");
     if (p->messages && p->tools_json) {
         json_buf b = {0};
         json_buf_str(&b, "[");
@@ -1088,7 +1093,9 @@ static cellm_status request_input(const cellm_engine *e, const cellm_request_par
             }
             msgs[i] = (chat_msg){p->messages[i].role, p->messages[i].content};
         }
-        cellm_status st = chat_encode(&cm->chat, cm->tok, msgs, p->n_messages, true, ids, err);
+        cellm_status st = p->n_images > 0
+                              ? engine_image_chat(e, p, msgs, ids, err)
+                              : chat_encode(&cm->chat, cm->tok, msgs, p->n_messages, true, ids, err);
         free(msgs);
         return st;
     }

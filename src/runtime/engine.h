@@ -349,6 +349,12 @@ size_t spec_trim(cellm_engine *e);
 cellm_status engine_image_attach(cellm_engine *e, cellm_request *r, const cellm_request_params *p,
                                  cellm_error *err);
 
+/* Renders and tokenizes chat messages with pictures (p->images, each
+ * marked by "<image>" in a message's content) into *ids: the template
+ * lays the pictures out and each becomes cellm_image_prompt's expansion. */
+cellm_status engine_image_chat(const cellm_engine *e, const cellm_request_params *p,
+                               const chat_msg *msgs, tok_ids *ids, cellm_error *err);
+
 /* The token at prompt or completion position pos of r as the model knows
  * it (the image token for a picture's row). */
 static inline int32_t engine_real_token(const cellm_request *r, int32_t pos) {

@@ -45,15 +45,14 @@ static int32_t pseudo_token(uint64_t h, int32_t j) {
     return -(int32_t)((x >> 33) & 0x7fffffff) - 1;
 }
 
-cellm_status engine_image_attach(cellm_engine *e, cellm_request *r, const cellm_request_params *p,
-                                 cellm_error *err) {
-    if (p->n_images == 0 && !p->images) return CELLM_OK;
+/* The checks of p's pictures that need no prompt. */
+static cellm_status check_images(const cellm_engine *e, const cellm_request_params *p,
+                                 int64_t *rows, cellm_error *err) {
     if (p->n_images < 1 || p->n_images > CELLM_MAX_IMAGES || !p->images)
         return err_set(err, CELLM_ERR_INVALID_ARG, "n_images must be 0..%d, with images",
                        CELLM_MAX_IMAGES);
-    const cellm_model *cm = e->model;
-    int32_t d = cm->m->n_embd;
-    int64_t rows = 0;
+    int32_t d = e->model->m->n_embd;
+    *rows = 0;
     for (int32_t i = 0; i < p->n_images; i++) {
         const cellm_image_embed *im = p->images[i];
         if (!im || !im->embd || im->n_tokens < 1)
@@ -64,12 +63,40 @@ cellm_status engine_image_attach(cellm_engine *e, cellm_request *r, const cellm_
                            "image %d has rows of width %d, but the model's are %d wide: its "
                            "projector belongs to another model",
                            (int)i, (int)im->n_embd, (int)d);
-        rows += im->n_tokens;
-        if (rows > CELLM_MAX_IMAGE_ROWS)
+        *rows += im->n_tokens;
+        if (*rows > CELLM_MAX_IMAGE_ROWS)
             return err_set(err, CELLM_ERR_INVALID_ARG,
                            "the images have more than %d rows together (the most a request takes)",
                            CELLM_MAX_IMAGE_ROWS);
     }
+    return CELLM_OK;
+}
+
+cellm_status engine_image_chat(const cellm_engine *e, const cellm_request_params *p,
+                               const chat_msg *msgs, tok_ids *ids, cellm_error *err) {
+    int64_t rows;
+    if (check_images(e, p, &rows, err)) return err->code;
+    char **text = calloc((size_t)p->n_images, sizeof *text);
+    if (!text) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    cellm_status st = CELLM_OK;
+    for (int32_t i = 0; i < p->n_images && !st; i++)
+        if (cellm_image_prompt(p->images[i], &text[i]))
+            st = err_set(err, CELLM_ERR_INVALID_ARG, "image %d: %s", (int)i, cellm_last_error());
+    if (!st)
+        st = chat_encode_images(&e->model->chat, e->model->tok, msgs, p->n_messages, true,
+                                (const char *const *)text, p->n_images, ids, err);
+    for (int32_t i = 0; i < p->n_images; i++) free(text[i]);
+    free(text);
+    return st;
+}
+
+cellm_status engine_image_attach(cellm_engine *e, cellm_request *r, const cellm_request_params *p,
+                                 cellm_error *err) {
+    if (p->n_images == 0 && !p->images) return CELLM_OK;
+    const cellm_model *cm = e->model;
+    int32_t d = cm->m->n_embd;
+    int64_t rows;
+    if (check_images(e, p, &rows, err)) return err->code;
     tok_ids one = {0};
     if (tokenizer_encode(cm->tok, "<image>", 7, TOK_PARSE_SPECIAL, &one, err)) {
         tok_ids_free(&one);
