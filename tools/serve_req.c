@@ -209,15 +209,15 @@ static char *content_text(const cJSON *c, const char *role, int i, const serve_l
         if (is_image) {
             char pp[96];
             snprintf(pp, sizeof pp, "messages[%d].content[%d].image_url", i, k);
-            const char *url = image_url_of(part);
-            if (!url) {
-                serr(e, 400, "invalid_value", pp, "'%s' must be {\"url\": string}", pp);
-                return NULL;
-            }
             if (!lim->images) {
                 serr(e, 400, "invalid_value", pp,
                      "this model takes no pictures: the server runs without a vision projector "
                      "(cellm serve --mmproj FILE)");
+                return NULL;
+            }
+            const char *url = image_url_of(part);
+            if (!url) {
+                serr(e, 400, "invalid_value", pp, "'%s' must be {\"url\": string}", pp);
                 return NULL;
             }
             if (r->n_images == CELLM_MAX_IMAGES) {

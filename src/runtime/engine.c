@@ -1225,7 +1225,7 @@ cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm
     if (session && p->prompt_logprobs)
         return fail_msg(CELLM_ERR_INVALID_ARG,
                         "prompt_logprobs is not available for a session's turn");
-    if (session && (p->images || p->n_images))
+    if (session && p->n_images)
         return fail_msg(CELLM_ERR_INVALID_ARG, "images are not available for a session's turn");
     tok_ids ids = {0};
     if (request_input(e, p, &ids, &err)) {

@@ -48,8 +48,8 @@ static int32_t pseudo_token(uint64_t h, int32_t j) {
 /* The checks of p's pictures that need no prompt. */
 static cellm_status check_images(const cellm_engine *e, const cellm_request_params *p,
                                  int64_t *rows, cellm_error *err) {
-    if (p->n_images < 1 || p->n_images > CELLM_MAX_IMAGES || !p->images)
-        return err_set(err, CELLM_ERR_INVALID_ARG, "n_images must be 0..%d, with images",
+    if (p->n_images < 0 || p->n_images > CELLM_MAX_IMAGES || !p->images)
+        return err_set(err, CELLM_ERR_INVALID_ARG, "n_images must be 0..%d, with images when not 0",
                        CELLM_MAX_IMAGES);
     int32_t d = e->model->m->n_embd;
     *rows = 0;
@@ -92,7 +92,7 @@ cellm_status engine_image_chat(const cellm_engine *e, const cellm_request_params
 
 cellm_status engine_image_attach(cellm_engine *e, cellm_request *r, const cellm_request_params *p,
                                  cellm_error *err) {
-    if (p->n_images == 0 && !p->images) return CELLM_OK;
+    if (p->n_images == 0) return CELLM_OK; /* images may be anything then */
     const cellm_model *cm = e->model;
     int32_t d = cm->m->n_embd;
     int64_t rows;
