@@ -676,8 +676,11 @@ typedef struct cellm_request_params {
     const char *tools_json;
 
     /* Pictures (see cellm_image_encode): images[0 .. n_images), whose rows
-     * replace, in order, the prompt's image tokens (the model's "<image>";
-     * put them there with cellm_image_prompt). The prompt must hold
+     * replace, in order, the prompt's image tokens (the model's "<image>").
+     * With `messages`, write "<image>" in a message's content where each
+     * picture goes: the model's template lays it out and the library
+     * expands it (cellm_image_prompt); with a prompt or tokens, put
+     * cellm_image_prompt's text there yourself. The prompt must hold
      * exactly as many image tokens as the pictures have rows together,
      * each picture of the model's width, else CELLM_ERR_INVALID_ARG. The
      * rows are copied at submit: the caller may free its embeddings as
@@ -685,7 +688,9 @@ typedef struct cellm_request_params {
      * CELLM_MAX_IMAGE_ROWS rows a request (the prompt's length bounds
      * them too). The prefix cache keys an image's rows by the content of
      * its embeddings, so the same picture in a repeated prompt is found
-     * there and another picture is not. Not for a session's turn. */
+     * there and another picture is not. Not for a session's turn, nor
+     * with messages_json or tools_json (CELLM_ERR_UNSUPPORTED); n_images
+     * 0 (the default): none. */
     const cellm_image_embed *const *images;
     int32_t n_images;
 } cellm_request_params;
