@@ -879,8 +879,8 @@ static void test_asan_engine_images(void **state) {
     expect_as_rt(&res, &log, lg_a, gen_a);
 
     res = engine_greedy(en, ids, n, ef, false, &log);
-    print_message("another picture: %d cached (the text before it: %d)\n",
-                  (int)res.n_cached_tokens, (int)first);
+    print_message("another picture: %d cached (the text before it: %d)\n", (int)res.n_cached_tokens,
+                  (int)first);
     assert_true(res.n_cached_tokens > 0 && res.n_cached_tokens <= first);
     expect_as_rt(&res, &log, lg_f, gen_f);
 
@@ -959,7 +959,8 @@ int main(void) {
         cmocka_unit_test(test_encoder_connector_f32), cmocka_unit_test(test_encoder_connector_f16),
         cmocka_unit_test(test_image_encode_api),      cmocka_unit_test(test_png_file),
         cmocka_unit_test(test_run_image_command),     cmocka_unit_test(test_asan_hostile_files),
-        cmocka_unit_test(test_asan_hostile_images),   cmocka_unit_test(test_asan_bad_projectors), cmocka_unit_test(test_asan_engine_images),
+        cmocka_unit_test(test_asan_hostile_images),   cmocka_unit_test(test_asan_bad_projectors),
+        cmocka_unit_test(test_asan_engine_images),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

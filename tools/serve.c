@@ -192,7 +192,7 @@ void serve_stop(server *s) {
     cellm_engine_free(s->engine);
     serve_images_free(s->images);
     cellm_mmproj_free(s->mmproj); /* before the model */
-    cellm_model_free(s->draft); /* after the engine, which uses it */
+    cellm_model_free(s->draft);   /* after the engine, which uses it */
     cellm_model_free(s->model);
     free(s);
 }

@@ -96,9 +96,9 @@ typedef struct server {
     char model_path[4096];
     cellm_model *model;
     char draft_path[4096];
-    cellm_model *draft; /* NULL: no draft model */
-    cellm_mmproj *mmproj;          /* NULL: no projector, no pictures */
-    struct serve_images *images;   /* pictures' decoding and cache (with mmproj) */
+    cellm_model *draft;          /* NULL: no draft model */
+    cellm_mmproj *mmproj;        /* NULL: no projector, no pictures */
+    struct serve_images *images; /* pictures' decoding and cache (with mmproj) */
     cellm_engine *engine;
     cellm_model_info info;
     int32_t n_ctx;
@@ -247,7 +247,7 @@ typedef struct serve_req {
 /* serve_image.c: image_url data: URLs into pictures' embeddings, with a
  * cache of encoded pictures by the content hash of their files. */
 #define SERVE_IMAGE_MAX_PIXELS ((uint64_t)4096 * 4096) /* a decoded picture at most */
-#define SERVE_IMAGE_CACHE_BYTES ((size_t)64 << 20)      /* embeddings kept for reuse */
+#define SERVE_IMAGE_CACHE_BYTES ((size_t)64 << 20)     /* embeddings kept for reuse */
 
 typedef struct serve_images serve_images;
 

@@ -204,8 +204,8 @@ static char *content_text(const cJSON *c, const char *role, int i, const serve_l
     const cJSON *part;
     cJSON_ArrayForEach(part, c) {
         const cJSON *type = serve_field(part, "type"), *text = serve_field(part, "text");
-        bool is_image = cJSON_IsObject(part) && cJSON_IsString(type) &&
-                        !strcmp(type->valuestring, "image_url");
+        bool is_image =
+            cJSON_IsObject(part) && cJSON_IsString(type) && !strcmp(type->valuestring, "image_url");
         if (is_image) {
             char pp[96];
             snprintf(pp, sizeof pp, "messages[%d].content[%d].image_url", i, k);
@@ -260,8 +260,7 @@ static char *content_text(const cJSON *c, const char *role, int i, const serve_l
     return out;
 }
 
-static bool parse_messages(const cJSON *root, const serve_limits *lim, serve_req *r,
-                           serve_err *e) {
+static bool parse_messages(const cJSON *root, const serve_limits *lim, serve_req *r, serve_err *e) {
     const cJSON *msgs = serve_field(root, "messages");
     if (!msgs)
         return serr(e, 400, "missing_required_parameter", "messages", "'messages' is missing");

@@ -318,7 +318,8 @@ static void put_parts(json_buf *b, const char *content, int *n_img) {
         const char *at = strstr(p, mark);
         size_t len = at ? (size_t)(at - p) : strlen(p);
         if (len > 0 || (!at && first)) {
-            json_buf_str(b, first ? "{\"type\":\"text\",\"text\":" : ",{\"type\":\"text\",\"text\":");
+            json_buf_str(b,
+                         first ? "{\"type\":\"text\",\"text\":" : ",{\"type\":\"text\",\"text\":");
             json_buf_quote(b, p, len);
             json_buf_str(b, "}");
             first = false;

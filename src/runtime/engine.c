@@ -1093,9 +1093,9 @@ static cellm_status request_input(const cellm_engine *e, const cellm_request_par
             }
             msgs[i] = (chat_msg){p->messages[i].role, p->messages[i].content};
         }
-        cellm_status st = p->n_images > 0
-                              ? engine_image_chat(e, p, msgs, ids, err)
-                              : chat_encode(&cm->chat, cm->tok, msgs, p->n_messages, true, ids, err);
+        cellm_status st =
+            p->n_images > 0 ? engine_image_chat(e, p, msgs, ids, err)
+                            : chat_encode(&cm->chat, cm->tok, msgs, p->n_messages, true, ids, err);
         free(msgs);
         return st;
     }

@@ -198,8 +198,8 @@ struct cellm_engine {
     /* Engine thread only (after creation). */
     kv_cache *kv;
     threadpool *tp;
-    backend fwd; /* runs the forward pass (runtime/device.h) */
-    sched sched; /* the queues of requests (their sched items) and each step's batch */
+    backend fwd;             /* runs the forward pass (runtime/device.h) */
+    sched sched;             /* the queues of requests (their sched items) and each step's batch */
     const float **embd_rows; /* [p.max_batch_tokens] a step's image rows (engine_image.c) */
     uint64_t n_steps, n_prompt_tok, n_gen_tok;
     uint64_t n_sampled;

@@ -112,8 +112,8 @@ cellm_status engine_image_attach(cellm_engine *e, cellm_request *r, const cellm_
     for (int32_t i = 0; i < r->n_prompt; i++) n_img += r->tokens[i] == r->image_token;
     if (n_img != rows)
         return err_set(err, CELLM_ERR_INVALID_ARG,
-                       "the prompt has %d image tokens, but the images have %lld rows",
-                       (int)n_img, (long long)rows);
+                       "the prompt has %d image tokens, but the images have %lld rows", (int)n_img,
+                       (long long)rows);
     r->img_at = malloc((size_t)r->n_prompt * sizeof *r->img_at);
     r->img_embd = malloc((size_t)rows * (size_t)d * sizeof *r->img_embd);
     if (!r->img_at || !r->img_embd)
