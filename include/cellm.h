@@ -605,6 +605,11 @@ cellm_status cellm_tool_calls_parse(const char *text, size_t len, const char *to
 #define CELLM_MAX_STOP_STRINGS 16 /* entries of cellm_request_params.stop */
 #define CELLM_MAX_STOP_LEN 256    /* bytes of one stop string */
 
+typedef struct cellm_image_embed cellm_image_embed; /* see "images" below */
+
+#define CELLM_MAX_IMAGES 64        /* pictures in one request */
+#define CELLM_MAX_IMAGE_ROWS 16384 /* their rows together, in one request */
+
 typedef struct cellm_request_params {
     /* The input: exactly one of these three. A prompt is text continued as
      * is (special tokens recognised, BOS added where the model wants it);
@@ -669,6 +674,25 @@ typedef struct cellm_request_params {
      * cellm_tool_calls_parse. */
     const char *messages_json;
     const char *tools_json;
+
+    /* Pictures (see cellm_image_encode): images[0 .. n_images), whose rows
+     * replace, in order, the prompt's image tokens (the model's "<image>").
+     * With `messages`, write "<image>" in a message's content where each
+     * picture goes: the model's template lays it out and the library
+     * expands it (cellm_image_prompt); with a prompt or tokens, put
+     * cellm_image_prompt's text there yourself. The prompt must hold
+     * exactly as many image tokens as the pictures have rows together,
+     * each picture of the model's width, else CELLM_ERR_INVALID_ARG. The
+     * rows are copied at submit: the caller may free its embeddings as
+     * soon as cellm_submit returns. At most CELLM_MAX_IMAGES pictures and
+     * CELLM_MAX_IMAGE_ROWS rows a request (the prompt's length bounds
+     * them too). The prefix cache keys an image's rows by the content of
+     * its embeddings, so the same picture in a repeated prompt is found
+     * there and another picture is not. Not for a session's turn, nor
+     * with messages_json or tools_json (CELLM_ERR_UNSUPPORTED); n_images
+     * 0 (the default): none. */
+    const cellm_image_embed *const *images;
+    int32_t n_images;
 } cellm_request_params;
 
 cellm_request_params cellm_request_default_params(void);
@@ -679,8 +703,10 @@ cellm_request_params cellm_request_default_params(void);
  * from a callback. Tokenizing happens here, on the caller's thread.
  * Errors: CELLM_ERR_INVALID_ARG (no input or more than one, an empty or
  * over-long prompt, a bad token id, a sampling parameter, logit bias or
- * stop string out of range), CELLM_ERR_UNSUPPORTED (messages for a model
- * whose chat template cellm cannot render), CELLM_ERR_FORMAT (the chat
+ * stop string out of range, images that do not match the prompt's image
+ * tokens or the model's width), CELLM_ERR_UNSUPPORTED (messages for a
+ * model whose chat template cellm cannot render, images for a model
+ * without an <image> token), CELLM_ERR_FORMAT (the chat
  * template failed on these messages; the message names the construct
  * and its position), CELLM_ERR_NO_MEMORY (the prompt alone needs more KV
  * blocks than the engine has). */
@@ -877,14 +903,14 @@ void cellm_mmproj_free(cellm_mmproj *mm);
 /* A picture's embeddings: the rows that replace its image tokens in the
  * prompt, in order (the tiles row by row, then the whole picture), each
  * n_embd floats. Owned by the caller: free with cellm_image_embed_free(). */
-typedef struct cellm_image_embed {
+struct cellm_image_embed {
     int32_t n_frames;         /* rows * cols tiles + the global image */
     int32_t rows, cols;       /* the tile grid; 0 x 0 for a picture of one tile */
     int32_t tokens_per_frame; /* image tokens each frame gives */
     int32_t n_tokens;         /* n_frames * tokens_per_frame */
     int32_t n_embd;           /* the text model's width */
     float *embd;              /* n_tokens x n_embd */
-} cellm_image_embed;
+};
 
 /* Encodes `pixels` (RGB8, `width` x `height`, rows of 3 * width bytes) as
  * the model's image processor prepares it (resize, tiles and a global

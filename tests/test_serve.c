@@ -416,7 +416,7 @@ static const bad_case bad_cases[] = {
      "messages[0].content"},
     {"image part", "POST", CHAT, NULL,
      "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}",
-     400, "text only"},
+     400, "--mmproj"},
     {"max_tokens negative", "POST", CHAT, NULL, "{" MSG ",\"max_tokens\":-1}", 400, "max_tokens"},
     {"max_tokens zero", "POST", CHAT, NULL, "{" MSG ",\"max_tokens\":0}", 400, "max_tokens"},
     {"max_tokens huge", "POST", CHAT, NULL, "{" MSG ",\"max_tokens\":1e300}", 400, "max_tokens"},
@@ -1239,7 +1239,7 @@ static void responses_tools(const serve_limits *lim) {
 
 static void test_asan_responses(void **st) {
     (void)st;
-    serve_limits lim = {srv->info.n_vocab, srv->n_ctx, 4, -1, 0};
+    serve_limits lim = {srv->info.n_vocab, srv->n_ctx, 4, -1, 0, NULL};
     serve_req r;
     serve_err e;
     /* The body as a chat request: instructions first, items in order. */

@@ -51,7 +51,7 @@
 #define LOGIT_TOL 5e-4 /* F32 files, F16 KV: times max(1, the row's largest |logit|) */
 #define N_IMAGES 2
 #define MAX_LANCZOS 8
-#define MAX_IDS 128
+#define MAX_IDS 160
 #define N_GEN 3
 #define VOCAB 384
 #define IMAGE_TOKEN 4 /* config.json's image_token_id */
@@ -338,9 +338,11 @@ static void check_prompt_ids(const cellm_model *m, const cellm_image_embed *e, c
     free(ids);
 }
 
-/* The text model with the picture's rows in place of its image tokens:
- * the next-token logits and greedy tokens of transformers, 3 steps. */
-static double check_logits(const char *text, const cellm_image_embed *e, const fx_image *im) {
+/* The text model with the picture's rows in place of its image tokens
+ * (forward_run_embd, as `cellm run` feeds them): the next-token logits of
+ * N_GEN greedy steps into lg_out, their tokens into gen. */
+static void rt_greedy(const char *text, const int32_t *ids, int n, const cellm_image_embed *e,
+                      float lg_out[N_GEN][VOCAB], int32_t gen[N_GEN]) {
     model *m;
     kv_cache *kv;
     threadpool *tp;
@@ -356,13 +358,13 @@ static double check_logits(const char *text, const cellm_image_embed *e, const f
     assert_int_equal(kv_seq_init(kv, &s, &err), CELLM_OK);
     fwd_row rows[MAX_IDS];
     const float *embd[MAX_IDS];
-    int n = im->n_ids, next_img = 0;
+    int next_img = 0;
+    assert_true(n <= MAX_IDS);
     for (int k = 0; k < n; k++) {
-        rows[k] = (fwd_row){.seq = &s, .token = im->ids[k], .pos = k, .logits = k == n - 1};
-        embd[k] = im->ids[k] == IMAGE_TOKEN ? e->embd + (size_t)next_img++ * 64 : NULL;
+        rows[k] = (fwd_row){.seq = &s, .token = ids[k], .pos = k, .logits = k == n - 1};
+        embd[k] = ids[k] == IMAGE_TOKEN ? e->embd + (size_t)next_img++ * 64 : NULL;
     }
     assert_int_equal(next_img, e->n_tokens);
-    double worst = 0;
     for (int step = 0; step < N_GEN; step++) {
         const float *lg;
         if (forward_run_embd(f, step ? rows + n - 1 : rows, step ? NULL : embd, step ? 1 : n, &lg,
@@ -370,12 +372,11 @@ static double check_logits(const char *text, const cellm_image_embed *e, const f
             print_error("%s\n", err.msg);
             fail();
         }
-        double sc, d = max_diff(lg, im->logits[step], VOCAB, &sc) / fmax(1.0, sc);
-        if (d > worst) worst = d;
+        memcpy(lg_out[step], lg, sizeof lg_out[step]);
         int best = 0;
         for (int v = 1; v < VOCAB; v++)
             if (lg[v] > lg[best]) best = v;
-        assert_int_equal(best, im->gen[step]);
+        gen[step] = best;
         rows[n - 1] = (fwd_row){.seq = &s, .token = best, .pos = n + step, .logits = true};
     }
     kv_seq_free(kv, &s);
@@ -383,6 +384,21 @@ static double check_logits(const char *text, const cellm_image_embed *e, const f
     tp_destroy(tp);
     kv_cache_free(kv);
     model_free(m);
+}
+
+/* The rt path on the fixture's prompt: the next-token logits and greedy
+ * tokens of transformers, 3 steps; returns the largest relative
+ * difference. */
+static double check_logits(const char *text, const cellm_image_embed *e, const fx_image *im) {
+    static float lg[N_GEN][VOCAB];
+    int32_t gen[N_GEN];
+    rt_greedy(text, im->ids, im->n_ids, e, lg, gen);
+    double worst = 0;
+    for (int step = 0; step < N_GEN; step++) {
+        double sc, d = max_diff(lg[step], im->logits[step], VOCAB, &sc) / fmax(1.0, sc);
+        if (d > worst) worst = d;
+        assert_int_equal(gen[step], im->gen[step]);
+    }
     return worst;
 }
 
@@ -716,6 +732,227 @@ static void test_asan_bad_projectors(void **state) {
     assert_int_equal(cellm_mmproj_load(fx.mm_f16, NULL, &p, &mm), CELLM_ERR_INVALID_ARG);
 }
 
+/* ---- pictures through the engine (cellm_request_params.images) ---- */
+
+typedef struct lp_log {
+    int n;
+    int32_t tok[8];
+    float lp[8];
+} lp_log;
+
+static void on_lp(const cellm_token_logprob *lp, void *user) {
+    lp_log *l = user;
+    if (!lp->is_prompt && l->n < 8) {
+        l->tok[l->n] = lp->token;
+        l->lp[l->n++] = lp->logprob;
+    }
+}
+
+/* Submits ids with one picture (greedy, N_GEN tokens, their logprobs);
+ * frees the caller's picture right after submit when `give`. */
+static cellm_result engine_greedy(cellm_engine *en, const int32_t *ids, int32_t n,
+                                  cellm_image_embed *e, bool give, lp_log *log) {
+    cellm_request_params p = cellm_request_default_params();
+    const cellm_image_embed *imgs[1] = {e};
+    p.tokens = ids;
+    p.n_tokens = n;
+    p.images = imgs;
+    p.n_images = 1;
+    p.max_tokens = N_GEN;
+    p.logprobs = 1;
+    p.on_logprob = on_lp;
+    p.user = log;
+    *log = (lp_log){0};
+    cellm_request *r;
+    assert_int_equal(cellm_submit(en, &p, &r), CELLM_OK);
+    if (give) cellm_image_embed_free(e);
+    cellm_result res;
+    assert_int_equal(cellm_wait(r, &res), CELLM_OK);
+    assert_int_equal(res.status, CELLM_OK);
+    const int32_t *out;
+    int32_t n_out;
+    assert_int_equal(cellm_request_tokens(r, &out, &n_out), CELLM_OK);
+    assert_int_equal(n_out, log->n);
+    assert_memory_equal(out, log->tok, (size_t)n_out * sizeof *out);
+    cellm_request_free(r);
+    return res;
+}
+
+/* The engine's tokens and their log-probabilities are the rt path's
+ * (cellm run's way of feeding the rows) greedy steps. */
+static void expect_as_rt(const cellm_result *res, const lp_log *got, float lg[N_GEN][VOCAB],
+                         const int32_t gen[N_GEN]) {
+    for (int k = 0; k < got->n; k++) {
+        assert_int_equal(got->tok[k], gen[k]);
+        double mx = -INFINITY, sum = 0;
+        for (int v = 0; v < VOCAB; v++) mx = fmax(mx, lg[k][v]);
+        for (int v = 0; v < VOCAB; v++) sum += exp((double)lg[k][v] - mx);
+        double want = (double)lg[k][gen[k]] - mx - log(sum);
+        assert_true(fabs((double)got->lp[k] - want) <= 1e-4);
+    }
+    if (got->n < N_GEN) { /* the rt path's next token is the stop token */
+        assert_int_equal(res->finish_reason, CELLM_FINISH_STOP);
+        assert_int_equal(res->stop_token, gen[got->n]);
+    }
+}
+
+static void expect_submit_refused(cellm_engine *en, const int32_t *ids, int32_t n,
+                                  const cellm_image_embed *const *imgs, int32_t n_images,
+                                  const char *needle) {
+    cellm_request_params p = cellm_request_default_params();
+    p.tokens = ids;
+    p.n_tokens = n;
+    p.images = imgs;
+    p.n_images = n_images;
+    cellm_request *r = (cellm_request *)&p;
+    assert_int_equal(cellm_submit(en, &p, &r), CELLM_ERR_INVALID_ARG);
+    assert_null(r);
+    if (!strstr(cellm_last_error(), needle)) {
+        print_error("expected \"%s\" in: %s\n", needle, cellm_last_error());
+        fail();
+    }
+}
+
+/* A picture through cellm_submit: the rt path's tokens and logits; the
+ * same picture again (the caller's copy freed at submit) found in the
+ * prefix cache with the same tokens; a different picture of the same size
+ * (the first one mirrored) shares only the text before it; a request
+ * preempted mid-prompt recomputes the same rows; bad pictures and counts
+ * refused with a message. */
+static void test_asan_engine_images(void **state) {
+    (void)state;
+    const fx_image *im = &fx.img[0];
+    cellm_model *m;
+    cellm_mmproj *mm;
+    assert_int_equal(cellm_model_load(fx.text_f32, NULL, &m), CELLM_OK);
+    assert_int_equal(cellm_mmproj_load(fx.mm_f32, m, NULL, &mm), CELLM_OK);
+    cellm_image_embed *ea, *eb, *ef;
+    uint8_t *flip = malloc((size_t)im->w * (size_t)im->h * 3);
+    assert_non_null(flip);
+    for (int y = 0; y < im->h; y++)
+        for (int x = 0; x < im->w; x++)
+            memcpy(flip + ((size_t)y * (size_t)im->w + (size_t)x) * 3,
+                   im->rgb + ((size_t)y * (size_t)im->w + (size_t)(im->w - 1 - x)) * 3, 3);
+    assert_int_equal(cellm_image_encode(mm, im->rgb, im->w, im->h, &ea), CELLM_OK);
+    assert_int_equal(cellm_image_encode(mm, im->rgb, im->w, im->h, &eb), CELLM_OK);
+    assert_int_equal(cellm_image_encode(mm, flip, im->w, im->h, &ef), CELLM_OK);
+    free(flip);
+
+    /* A system turn long enough to fill whole KV blocks before the picture. */
+    char *img, text[8192];
+    assert_int_equal(cellm_image_prompt(ea, &img), CELLM_OK);
+    snprintf(text, sizeof text,
+             "<|im_start|>System: look well at the picture.<end_of_utterance>\n"
+             "<|im_start|>User:%sDescribe this image.<end_of_utterance>\nAssistant:",
+             img);
+    free(img);
+    int32_t *ids, n;
+    assert_int_equal(
+        cellm_tokenize_ex(m, text, strlen(text), CELLM_TOKENIZE_PARSE_SPECIAL, &ids, &n), CELLM_OK);
+    int32_t first = 0;
+    while (ids[first] != IMAGE_TOKEN) first++;
+    print_message("engine prompt: %d ids, the picture's from %d\n", (int)n, (int)first);
+    assert_true(n <= MAX_IDS && first >= 16);
+
+    static float lg_a[N_GEN][VOCAB], lg_f[N_GEN][VOCAB];
+    int32_t gen_a[N_GEN], gen_f[N_GEN];
+    rt_greedy(fx.text_f32, ids, n, ea, lg_a, gen_a);
+    rt_greedy(fx.text_f32, ids, n, ef, lg_f, gen_f);
+
+    cellm_engine_params ep = cellm_engine_default_params();
+    ep.n_threads = 2;
+    ep.max_ctx = 256;
+    ep.max_seqs = 2;
+    ep.max_batch_tokens = 64; /* the prompt takes several steps */
+    ep.mem_budget_bytes = 32u << 20;
+    cellm_engine *en;
+    assert_int_equal(cellm_engine_create(m, &ep, &en), CELLM_OK);
+    lp_log log;
+    cellm_result res = engine_greedy(en, ids, n, ea, false, &log);
+    assert_int_equal(res.n_cached_tokens, 0);
+    expect_as_rt(&res, &log, lg_a, gen_a);
+
+    res = engine_greedy(en, ids, n, eb, true, &log); /* eb freed at submit */
+    print_message("same picture again: %d of %d prompt tokens cached\n", (int)res.n_cached_tokens,
+                  (int)n);
+    assert_true(res.n_cached_tokens > first);
+    expect_as_rt(&res, &log, lg_a, gen_a);
+
+    res = engine_greedy(en, ids, n, ef, false, &log);
+    print_message("another picture: %d cached (the text before it: %d)\n", (int)res.n_cached_tokens,
+                  (int)first);
+    assert_true(res.n_cached_tokens > 0 && res.n_cached_tokens <= first);
+    expect_as_rt(&res, &log, lg_f, gen_f);
+
+    /* Refused at submit. */
+    const cellm_image_embed *one[1] = {ea}, *two[2] = {ea, ef}, *none[1] = {NULL};
+    expect_submit_refused(en, ids, first, one, 1, "image tokens"); /* the text alone */
+    expect_submit_refused(en, ids, n, two, 2, "image tokens");     /* one picture too many */
+    expect_submit_refused(en, ids, n, none, 1, "not an encoded picture");
+    expect_submit_refused(en, ids, n, NULL, 1, "n_images");
+    expect_submit_refused(en, ids, n, one, CELLM_MAX_IMAGES + 1, "n_images");
+    cellm_image_embed narrow = *ea;
+    narrow.n_embd = 32;
+    const cellm_image_embed *bad[1] = {&narrow};
+    expect_submit_refused(en, ids, n, bad, 1, "another model");
+
+    /* Chat messages with "<image>" where the picture goes: the template
+     * lays it out as the processor does (the fixture's prompt ids), and
+     * the answer is transformers'. */
+    cellm_chat_message msg = {"user", "<image>Describe this image."};
+    cellm_request_params p = cellm_request_default_params();
+    p.messages = &msg;
+    p.n_messages = 1;
+    p.images = one;
+    p.n_images = 1;
+    p.max_tokens = N_GEN;
+    cellm_request *r;
+    assert_int_equal(cellm_submit(en, &p, &r), CELLM_OK);
+    assert_int_equal(cellm_wait(r, &res), CELLM_OK);
+    assert_int_equal(res.n_prompt_tokens, im->n_ids);
+    const int32_t *out;
+    int32_t n_out;
+    assert_int_equal(cellm_request_tokens(r, &out, &n_out), CELLM_OK);
+    assert_true(n_out >= 1);
+    assert_memory_equal(out, im->gen, (size_t)n_out * sizeof *out);
+    cellm_request_free(r);
+    msg.content = "<image><image>Describe both.";
+    assert_int_equal(cellm_submit(en, &p, &r), CELLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(cellm_last_error(), "mark 2 pictures"));
+
+    cellm_engine_free(en);
+
+    /* Preempted after its first chunk (a critical trim), without the
+     * prefix cache: it recomputes the picture's rows from its own copy. */
+    ep.prefix_cache = 0;
+    ep.manual_steps = 1;
+    assert_int_equal(cellm_engine_create(m, &ep, &en), CELLM_OK);
+    const cellm_image_embed *imgs[1] = {ef};
+    p = cellm_request_default_params();
+    p.tokens = ids;
+    p.n_tokens = n;
+    p.images = imgs;
+    p.n_images = 1;
+    p.max_tokens = N_GEN;
+    assert_int_equal(cellm_submit(en, &p, &r), CELLM_OK);
+    int more;
+    assert_int_equal(cellm_engine_step(en, &more), CELLM_OK);
+    assert_int_equal(cellm_engine_trim(en, CELLM_TRIM_CRITICAL, NULL), CELLM_OK);
+    assert_int_equal(cellm_wait(r, &res), CELLM_OK);
+    assert_true(res.n_preemptions >= 1);
+    assert_int_equal(cellm_request_tokens(r, &out, &n_out), CELLM_OK);
+    assert_true(n_out >= 1);
+    assert_memory_equal(out, gen_f, (size_t)n_out * sizeof *out);
+    cellm_request_free(r);
+    cellm_engine_free(en);
+
+    free(ids);
+    cellm_image_embed_free(ea);
+    cellm_image_embed_free(ef);
+    cellm_mmproj_free(mm);
+    cellm_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lanczos_as_pillow),     cmocka_unit_test(test_pixels_as_processor),
@@ -723,6 +960,7 @@ int main(void) {
         cmocka_unit_test(test_image_encode_api),      cmocka_unit_test(test_png_file),
         cmocka_unit_test(test_run_image_command),     cmocka_unit_test(test_asan_hostile_files),
         cmocka_unit_test(test_asan_hostile_images),   cmocka_unit_test(test_asan_bad_projectors),
+        cmocka_unit_test(test_asan_engine_images),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -14,22 +14,30 @@
 
 #include "format/image.h"
 
-static cellm_status check_size(const char *kind, uint64_t w, uint64_t h, cellm_error *err) {
+/* Each side 1..IMAGE_MAX_SIDE, and at most max_pixels pixels (0: no
+ * limit beyond the sides'). */
+static cellm_status check_size(const char *kind, uint64_t w, uint64_t h, uint64_t max_pixels,
+                               cellm_error *err) {
     if (w < 1 || h < 1 || w > IMAGE_MAX_SIDE || h > IMAGE_MAX_SIDE)
         return err_set(err, CELLM_ERR_INVALID_ARG,
                        "%s picture of %llux%llu pixels: each side must be 1..%d", kind,
                        (unsigned long long)w, (unsigned long long)h, IMAGE_MAX_SIDE);
+    if (max_pixels && w * h > max_pixels)
+        return err_set(err, CELLM_ERR_INVALID_ARG,
+                       "%s picture of %llux%llu pixels: at most %llu pixels are taken", kind,
+                       (unsigned long long)w, (unsigned long long)h,
+                       (unsigned long long)max_pixels);
     return CELLM_OK;
 }
 
-static cellm_status decode_png(const uint8_t *data, size_t n, uint8_t **rgb, int32_t *w, int32_t *h,
-                               cellm_error *err) {
+static cellm_status decode_png(const uint8_t *data, size_t n, uint64_t max_pixels, uint8_t **rgb,
+                               int32_t *w, int32_t *h, cellm_error *err) {
     png_image im;
     memset(&im, 0, sizeof im);
     im.version = PNG_IMAGE_VERSION;
     if (!png_image_begin_read_from_memory(&im, data, n))
         return err_set(err, CELLM_ERR_FORMAT, "PNG: %s", im.message);
-    cellm_status st = check_size("PNG", im.width, im.height, err);
+    cellm_status st = check_size("PNG", im.width, im.height, max_pixels, err);
     if (st) {
         png_image_free(&im);
         return st;
@@ -79,8 +87,8 @@ static void jpeg_note(j_common_ptr cinfo, int level) {
     if (level < 0 && !e->warnings++) e->pub.format_message(cinfo, e->msg); /* the first warning */
 }
 
-static cellm_status decode_jpeg(const uint8_t *data, size_t n, uint8_t **rgb, int32_t *w,
-                                int32_t *h, cellm_error *err) {
+static cellm_status decode_jpeg(const uint8_t *data, size_t n, uint64_t max_pixels, uint8_t **rgb,
+                                int32_t *w, int32_t *h, cellm_error *err) {
     struct jpeg_decompress_struct ci;
     jpeg_err je;
     memset(&je, 0, sizeof je);
@@ -96,7 +104,7 @@ static cellm_status decode_jpeg(const uint8_t *data, size_t n, uint8_t **rgb, in
     jpeg_create_decompress(&ci);
     jpeg_mem_src(&ci, data, (unsigned long)n);
     jpeg_read_header(&ci, TRUE);
-    cellm_status st = check_size("JPEG", ci.image_width, ci.image_height, err);
+    cellm_status st = check_size("JPEG", ci.image_width, ci.image_height, max_pixels, err);
     if (!st && (ci.jpeg_color_space == JCS_CMYK || ci.jpeg_color_space == JCS_YCCK))
         st = err_set(err, CELLM_ERR_UNSUPPORTED, "JPEG: a CMYK picture (convert it to RGB first)");
     if (st) {
@@ -129,12 +137,17 @@ static cellm_status decode_jpeg(const uint8_t *data, size_t n, uint8_t **rgb, in
 
 cellm_status image_decode(const uint8_t *data, size_t n, uint8_t **rgb, int32_t *w, int32_t *h,
                           cellm_error *err) {
+    return image_decode_max(data, n, 0, rgb, w, h, err);
+}
+
+cellm_status image_decode_max(const uint8_t *data, size_t n, uint64_t max_pixels, uint8_t **rgb,
+                              int32_t *w, int32_t *h, cellm_error *err) {
     *rgb = NULL;
     *w = *h = 0;
     static const uint8_t png_sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-    if (n >= 8 && !memcmp(data, png_sig, 8)) return decode_png(data, n, rgb, w, h, err);
+    if (n >= 8 && !memcmp(data, png_sig, 8)) return decode_png(data, n, max_pixels, rgb, w, h, err);
     if (n >= 3 && data[0] == 0xff && data[1] == 0xd8 && data[2] == 0xff)
-        return decode_jpeg(data, n, rgb, w, h, err);
+        return decode_jpeg(data, n, max_pixels, rgb, w, h, err);
     return err_set(err, CELLM_ERR_UNSUPPORTED, "not a PNG or JPEG picture");
 }
 

@@ -23,6 +23,12 @@
 cellm_status image_decode(const uint8_t *data, size_t n, uint8_t **rgb, int32_t *w, int32_t *h,
                           cellm_error *err);
 
+/* image_decode() that also refuses pictures of more than max_pixels
+ * pixels (0: no such limit), from the header, before any pixel is
+ * allocated (the server's bound on untrusted pictures). */
+cellm_status image_decode_max(const uint8_t *data, size_t n, uint64_t max_pixels, uint8_t **rgb,
+                              int32_t *w, int32_t *h, cellm_error *err);
+
 /* image_decode() of the file at `path` (at most IMAGE_FILE_MAX_BYTES). */
 cellm_status image_file_read(const char *path, uint8_t **rgb, int32_t *w, int32_t *h,
                              cellm_error *err);

@@ -142,6 +142,19 @@ server *serve_start(const serve_opts *o, char *err, size_t cap) {
         serve_stop(s);
         return NULL;
     }
+    if (o->mmproj) {
+        /* The projector must make embeddings of the model's width. */
+        if (cellm_mmproj_load(o->mmproj, s->model, NULL, &s->mmproj)) {
+            snprintf(err, cap, "--mmproj: %s", cellm_last_error());
+            serve_stop(s);
+            return NULL;
+        }
+        if (!serve_images_create(s->mmproj, &s->images)) {
+            snprintf(err, cap, "out of memory");
+            serve_stop(s);
+            return NULL;
+        }
+    }
     s->o.engine.draft_model = s->draft;
     /* A draft of another family or vocabulary, or one the memory budget
      * cannot hold, is refused here with the engine's reason. */
@@ -177,7 +190,9 @@ void serve_stop(server *s) {
     atomic_store(&s->stopping, true);
     http_stop(s);
     cellm_engine_free(s->engine);
-    cellm_model_free(s->draft); /* after the engine, which uses it */
+    serve_images_free(s->images);
+    cellm_mmproj_free(s->mmproj); /* before the model */
+    cellm_model_free(s->draft);   /* after the engine, which uses it */
     cellm_model_free(s->model);
     free(s);
 }
@@ -221,6 +236,8 @@ static void usage(FILE *out) {
         "  -v, --verbose         log refused requests and HTTP errors to stderr (and requests)\n\n"
         "Speculative decoding (by default the same text, token for token; only the speed\n"
         "changes):\n"
+        "  --mmproj FILE         vision projector (cellm convert's mmproj-*.gguf): chat messages\n"
+        "                        may then hold image_url parts with data: URLs (PNG, JPEG)\n"
         "  -md, --model-draft M  draft model guessing ahead: a smaller GGUF of the same family\n"
         "                        and vocabulary (path, store name or file in the store)\n"
         "  --lookup N            guess from earlier text (prompt lookup) with n-grams of up\n"
@@ -271,6 +288,7 @@ static const char *const valued[] = {"--host",
                                      "--device",
                                      "-md",
                                      "--model-draft",
+                                     "--mmproj",
                                      "--lookup",
                                      "--draft-max",
                                      "--draft-min",
@@ -357,6 +375,8 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
                 return 2;
             }
             i++;
+        } else if (!strcmp(a, "--mmproj")) {
+            o->mmproj = v, i++;
         } else if (!strcmp(a, "-md") || !strcmp(a, "--model-draft")) {
             o->draft = v, i++;
         } else if (!strcmp(a, "--lookup")) {

@@ -46,6 +46,7 @@ typedef struct serve_opts {
     const char *api_key;        /* NULL: no check */
     const char *chat_template;  /* NULL: the model's */
     const char *draft;          /* speculative decoding's draft model, path or name; NULL: none */
+    const char *mmproj;         /* the vision projector (image_url parts); NULL: none */
     cellm_engine_params engine; /* also the speculation flags (lookup_ngram, draft_max, ...) */
     int32_t n_predict;          /* max_tokens when a request gives none; -1: the context */
     float temperature;          /* when a request gives none */
@@ -95,7 +96,9 @@ typedef struct server {
     char model_path[4096];
     cellm_model *model;
     char draft_path[4096];
-    cellm_model *draft; /* NULL: no draft model */
+    cellm_model *draft;          /* NULL: no draft model */
+    cellm_mmproj *mmproj;        /* NULL: no projector, no pictures */
+    struct serve_images *images; /* pictures' decoding and cache (with mmproj) */
     cellm_engine *engine;
     cellm_model_info info;
     int32_t n_ctx;
@@ -182,6 +185,9 @@ typedef struct serve_limits {
     int max_n;
     int32_t n_predict;
     float temperature;
+    /* The pictures of image_url parts (serve_image_from_url), NULL: this
+     * server takes none (no --mmproj). */
+    struct serve_images *images;
 } serve_limits;
 
 /* A validated request to /v1/chat/completions or /v1/completions. Every
@@ -230,7 +236,34 @@ typedef struct serve_req {
     char *tool_name;
     bool parallel_tool_calls;
     char *user; /* the `user` field, NULL when not given (an affinity key) */
+    /* Pictures of image_url parts, in order; each marked by "<image>" in
+     * its message's content (cellm_request_params.images). Owned. */
+    cellm_image_embed *images[CELLM_MAX_IMAGES];
+    int32_t n_images;
 } serve_req;
+
+/* ------------------------------------------------------------ pictures */
+
+/* serve_image.c: image_url data: URLs into pictures' embeddings, with a
+ * cache of encoded pictures by the content hash of their files. */
+#define SERVE_IMAGE_MAX_PIXELS ((uint64_t)4096 * 4096) /* a decoded picture at most */
+#define SERVE_IMAGE_CACHE_BYTES ((size_t)64 << 20)     /* embeddings kept for reuse */
+
+typedef struct serve_images serve_images;
+
+/* Pictures encoded with `mm` (not owned). False: out of memory. */
+bool serve_images_create(cellm_mmproj *mm, serve_images **out);
+void serve_images_free(serve_images *im);
+
+/* Pictures the cache gave and those it had to encode. */
+void serve_images_stats(serve_images *im, uint64_t *hits, uint64_t *misses);
+
+/* The picture of an image_url part's url: a data: URL of base64 PNG or
+ * JPEG (remote URLs are refused, never fetched). A new embedding the
+ * caller frees (cellm_image_embed_free), or NULL with *e set (400 naming
+ * `param`, 500 when memory is short). Thread-safe. */
+cellm_image_embed *serve_image_from_url(serve_images *im, const char *url, const char *param,
+                                        serve_err *e);
 
 /* Parses and validates body[0..len) (any bytes). True with *r filled, or
  * false with *e set (and nothing left to free). */

@@ -223,9 +223,13 @@ static bool job_submit(job *j, serve_err *e) {
         if (rq->kind == SERVE_CHAT && rq->messages_json) {
             p.messages_json = rq->messages_json;
             p.tools_json = rq->tools_json; /* also with tool_choice none: the same prefix */
+            p.images = (const cellm_image_embed *const *)rq->images; /* the engine refuses them */
+            p.n_images = rq->n_images;
         } else if (rq->kind == SERVE_CHAT) {
             p.messages = rq->messages;
             p.n_messages = rq->n_messages;
+            p.images = (const cellm_image_embed *const *)rq->images;
+            p.n_images = rq->n_images; /* copied by the engine */
         } else if (rq->prompts[c->prompt].text) {
             p.prompt = rq->prompts[c->prompt].text;
         } else {

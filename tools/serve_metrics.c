@@ -130,6 +130,15 @@ char *metrics_text(server *s) {
             "# TYPE cellm_prefix_cache_requests_total counter\n");
     put(&b, "cellm_prefix_cache_requests_total{result=\"hit\"} %.0f\n", load(&c->prefix_hits));
     put(&b, "cellm_prefix_cache_requests_total{result=\"miss\"} %.0f\n", load(&c->prefix_misses));
+    if (s->images) {
+        uint64_t hits, misses;
+        serve_images_stats(s->images, &hits, &misses);
+        put(&b, "# HELP cellm_image_cache_total Pictures (image_url parts) found encoded in the "
+                "cache or encoded.\n"
+                "# TYPE cellm_image_cache_total counter\n");
+        put(&b, "cellm_image_cache_total{result=\"hit\"} %.0f\n", (double)hits);
+        put(&b, "cellm_image_cache_total{result=\"miss\"} %.0f\n", (double)misses);
+    }
     metric(&b, "cellm_ready", "gauge", "1 when serving, 0 while loading or draining (/health).",
            atomic_load(&s->state) == SERVE_READY);
     metric(&b, "cellm_max_queue", "gauge", "--max-queue: engine requests before 503.",

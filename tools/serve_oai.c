@@ -22,6 +22,7 @@ static serve_limits limits(const server *s) {
     l.max_n = s->o.max_n;
     l.n_predict = s->o.n_predict;
     l.temperature = s->o.temperature;
+    l.images = s->images;
     return l;
 }
 
@@ -80,6 +81,10 @@ static cJSON *model_json(const server *s) {
     cJSON_AddNumberToObject(meta, "n_vocab", s->info.n_vocab);
     cJSON_AddNumberToObject(meta, "n_ctx_train", s->info.n_ctx_train);
     cJSON_AddNumberToObject(meta, "n_ctx", s->n_ctx);
+    /* What the model takes in: text, and with a projector pictures. */
+    cJSON *in = cJSON_AddArrayToObject(meta, "input_modalities");
+    cJSON_AddItemToArray(in, cJSON_CreateString("text"));
+    if (s->images) cJSON_AddItemToArray(in, cJSON_CreateString("image"));
     return m;
 }
 

@@ -170,9 +170,21 @@ static bool get_bool(const cJSON *obj, const char *name, bool *out, serve_err *e
     return true;
 }
 
-/* The text of a message's content: a string, or an array of text parts
- * joined. A new string, or NULL with *e set. */
-static char *content_text(const cJSON *c, const char *role, int i, serve_err *e) {
+/* The URL of an image_url part: {"url": "..."} or, as some clients send
+ * it, the string itself; NULL when neither. */
+static const char *image_url_of(const cJSON *part) {
+    const cJSON *iu = serve_field(part, "image_url");
+    if (cJSON_IsString(iu)) return iu->valuestring;
+    const cJSON *url = cJSON_IsObject(iu) ? serve_field(iu, "url") : NULL;
+    return cJSON_IsString(url) ? url->valuestring : NULL;
+}
+
+/* The text of a message's content: a string, or an array of parts joined:
+ * text parts as they are, each image_url part (with a projector: lim's
+ * images) as "<image>", its picture appended to r->images. A new string,
+ * or NULL with *e set. */
+static char *content_text(const cJSON *c, const char *role, int i, const serve_limits *lim,
+                          serve_req *r, serve_err *e) {
     char param[64];
     snprintf(param, sizeof param, "messages[%d].content", i);
     if (!c) {
@@ -186,19 +198,49 @@ static char *content_text(const cJSON *c, const char *role, int i, serve_err *e)
              param, type_name(c));
         return NULL;
     }
+    static const char mark[] = "<image>";
     size_t n = 0;
+    int k = 0;
     const cJSON *part;
     cJSON_ArrayForEach(part, c) {
         const cJSON *type = serve_field(part, "type"), *text = serve_field(part, "text");
-        if (!cJSON_IsObject(part) || !cJSON_IsString(type) || strcmp(type->valuestring, "text") ||
-            !cJSON_IsString(text)) {
+        bool is_image =
+            cJSON_IsObject(part) && cJSON_IsString(type) && !strcmp(type->valuestring, "image_url");
+        if (is_image) {
+            char pp[96];
+            snprintf(pp, sizeof pp, "messages[%d].content[%d].image_url", i, k);
+            if (!lim->images) {
+                serr(e, 400, "invalid_value", pp,
+                     "this model takes no pictures: the server runs without a vision projector "
+                     "(cellm serve --mmproj FILE)");
+                return NULL;
+            }
+            const char *url = image_url_of(part);
+            if (!url) {
+                serr(e, 400, "invalid_value", pp, "'%s' must be {\"url\": string}", pp);
+                return NULL;
+            }
+            if (r->n_images == CELLM_MAX_IMAGES) {
+                serr(e, 400, "invalid_value", pp, "a request takes at most %d pictures",
+                     CELLM_MAX_IMAGES);
+                return NULL;
+            }
+            cellm_image_embed *im = serve_image_from_url(lim->images, url, pp, e);
+            if (!im) return NULL;
+            r->images[r->n_images++] = im;
+            n += sizeof mark - 1;
+        } else if (!cJSON_IsObject(part) || !cJSON_IsString(type) ||
+                   strcmp(type->valuestring, "text") || !cJSON_IsString(text)) {
             serr(e, 400, "invalid_value", param,
-                 "the parts of '%s' must be objects {\"type\": \"text\", \"text\": string}; cellm "
-                 "reads text only",
-                 param);
+                 "the parts of '%s' must be objects {\"type\": \"text\", \"text\": string}%s",
+                 param,
+                 lim->images ? " or {\"type\": \"image_url\", \"image_url\": {\"url\": string}}"
+                             : "; cellm reads text only (pictures need --mmproj)");
             return NULL;
+        } else {
+            n += strlen(text->valuestring);
         }
-        n += strlen(text->valuestring);
+        k++;
     }
     char *out = malloc(n + 1);
     if (!out) {
@@ -206,17 +248,19 @@ static char *content_text(const cJSON *c, const char *role, int i, serve_err *e)
         return NULL;
     }
     n = 0;
-    cJSON_ArrayForEach(part, c) {
-        const char *t = serve_field(part, "text")->valuestring;
-        size_t k = strlen(t);
-        memcpy(out + n, t, k);
-        n += k;
+    cJSON_ArrayForEach(part, c) { /* each checked above: text or image_url */
+        const char *t = !strcmp(serve_field(part, "type")->valuestring, "image_url")
+                            ? mark
+                            : serve_field(part, "text")->valuestring;
+        size_t len = strlen(t);
+        memcpy(out + n, t, len);
+        n += len;
     }
     out[n] = '\0';
     return out;
 }
 
-static bool parse_messages(const cJSON *root, serve_req *r, serve_err *e) {
+static bool parse_messages(const cJSON *root, const serve_limits *lim, serve_req *r, serve_err *e) {
     const cJSON *msgs = serve_field(root, "messages");
     if (!msgs)
         return serr(e, 400, "missing_required_parameter", "messages", "'messages' is missing");
@@ -250,7 +294,7 @@ static bool parse_messages(const cJSON *root, serve_req *r, serve_err *e) {
             return serr(e, 400, "invalid_value", param,
                         "'%s' must be system, developer, user, assistant or tool", param);
         if (!strcmp(rl, "developer")) rl = "system";
-        char *text = content_text(serve_field(m, "content"), rl, i, e);
+        char *text = content_text(serve_field(m, "content"), rl, i, lim, r, e);
         if (!text) return false;
         r->messages[i].role = rl; /* static storage */
         r->messages[i].content = text;
@@ -461,7 +505,7 @@ static bool parse_fields(const cJSON *root, serve_kind kind, const serve_limits 
         return serr(e, 400, "invalid_type", "user", "'user' must be a string");
     if (user && !(r->user = dup_str(user->valuestring)))
         return serr(e, 500, NULL, NULL, "out of memory");
-    if (kind == SERVE_CHAT ? !parse_messages(root, r, e) || !serve_tools_parse(root, r, e)
+    if (kind == SERVE_CHAT ? !parse_messages(root, lim, r, e) || !serve_tools_parse(root, r, e)
                            : !parse_prompt(root, lim, r, e))
         return false;
 
@@ -578,6 +622,7 @@ void serve_req_free(serve_req *r) {
         free(r->prompts[i].tokens);
     }
     free(r->prompts);
+    for (int32_t i = 0; i < r->n_images; i++) cellm_image_embed_free(r->images[i]);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     cellm_grammar_free(r->grammar);
     if (r->api) r->api->free(r->api_ctx);

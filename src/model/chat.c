@@ -306,50 +306,115 @@ cellm_status chat_encode_json(const chat_tpl *t, const tokenizer *tok, const cha
     return st ? st : encode_text(t, tok, text, ids, err);
 }
 
-cellm_status chat_encode_image(const chat_tpl *t, const tokenizer *tok, const char *system,
-                               const char *text, const char *image_text, tok_ids *ids,
-                               cellm_error *err) {
+/* Appends content as a JSON array of parts: the text between "<image>"
+ * markers as text parts, each marker as {"type": "image"}; counts the
+ * markers into *n_img. */
+static void put_parts(json_buf *b, const char *content, int *n_img) {
+    static const char mark[] = "<image>";
+    json_buf_str(b, "[");
+    bool first = true;
+    const char *p = content;
+    for (;;) {
+        const char *at = strstr(p, mark);
+        size_t len = at ? (size_t)(at - p) : strlen(p);
+        if (len > 0 || (!at && first)) {
+            json_buf_str(b,
+                         first ? "{\"type\":\"text\",\"text\":" : ",{\"type\":\"text\",\"text\":");
+            json_buf_quote(b, p, len);
+            json_buf_str(b, "}");
+            first = false;
+        }
+        if (!at) break;
+        json_buf_str(b, first ? "{\"type\":\"image\"}" : ",{\"type\":\"image\"}");
+        first = false;
+        (*n_img)++;
+        p = at + sizeof mark - 1;
+    }
+    json_buf_str(b, "]");
+}
+
+cellm_status chat_encode_images(const chat_tpl *t, const tokenizer *tok, const chat_msg *msgs,
+                                int n, bool add_generation, const char *const *image_text,
+                                int n_images, tok_ids *ids, cellm_error *err) {
     if (t->format != CHAT_JINJA)
         return err_set(err, CELLM_ERR_UNSUPPORTED,
                        "a picture needs the model's own chat template (a built-in format has "
                        "no place for it)");
     json_buf b = {0};
+    int n_marks = 0;
     json_buf_str(&b, "{\"messages\":[");
-    if (system) {
-        json_buf_str(&b, "{\"role\":\"system\",\"content\":[{\"type\":\"text\",\"text\":");
-        json_buf_quote(&b, system, strlen(system));
-        json_buf_str(&b, "}]},");
+    for (int i = 0; i < n; i++) {
+        json_buf_str(&b, i ? ",{\"role\":" : "{\"role\":");
+        json_buf_quote(&b, msgs[i].role, strlen(msgs[i].role));
+        json_buf_str(&b, ",\"content\":");
+        put_parts(&b, msgs[i].content, &n_marks);
+        json_buf_str(&b, "}");
     }
-    json_buf_str(&b, "{\"role\":\"user\",\"content\":[{\"type\":\"image\"},"
-                     "{\"type\":\"text\",\"text\":");
-    json_buf_quote(&b, text, strlen(text));
-    json_buf_str(&b, "}]}]}");
+    json_buf_str(&b, "]}");
     if (b.full) {
         free(b.s);
         return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
     }
+    if (n_marks != n_images) {
+        free(b.s);
+        return err_set(err, CELLM_ERR_INVALID_ARG,
+                       "the messages mark %d pictures with <image>, but %d pictures are given",
+                       n_marks, n_images);
+    }
     char *out = NULL;
-    cellm_status st = render(t, NULL, 0, b.s, b.n, true, &out, err);
+    cellm_status st = render(t, NULL, 0, b.s, b.n, add_generation, &out, err);
     free(b.s);
     if (st) return st;
-    const char *at = strstr(out, "<image>");
-    if (!at) {
-        free(out);
-        return err_set(err, CELLM_ERR_UNSUPPORTED,
-                       "the chat template writes no <image> for a picture: not a vision "
-                       "model's template");
+    /* The template's "<image>"s, each replaced by its picture's tokens. */
+    size_t len = strlen(out), total = len;
+    int n_out = 0;
+    for (const char *at = strstr(out, "<image>"); at; at = strstr(at + 7, "<image>")) {
+        if (n_out < n_images) total += strlen(image_text[n_out]);
+        n_out++;
     }
-    size_t head = (size_t)(at - out), il = strlen(image_text), tail = strlen(at + 7);
-    char *full = malloc(head + il + tail + 1);
+    if (n_out != n_images) {
+        free(out);
+        if (n_out == 0)
+            return err_set(err, CELLM_ERR_UNSUPPORTED,
+                           "the chat template writes no <image> for a picture: not a vision "
+                           "model's template");
+        return err_set(err, CELLM_ERR_INVALID_ARG,
+                       "the chat template wrote %d pictures for the %d given", n_out, n_images);
+    }
+    char *full = malloc(total + 1), *q = full;
     if (!full) {
         free(out);
         return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
     }
-    memcpy(full, out, head);
-    memcpy(full + head, image_text, il);
-    memcpy(full + head + il, at + 7, tail + 1);
+    const char *p = out;
+    for (int k = 0; k < n_images; k++) {
+        const char *at = strstr(p, "<image>");
+        size_t il = strlen(image_text[k]);
+        memcpy(q, p, (size_t)(at - p));
+        q += at - p;
+        memcpy(q, image_text[k], il);
+        q += il;
+        p = at + 7;
+    }
+    memcpy(q, p, strlen(p) + 1);
     free(out);
     return encode_text(t, tok, full, ids, err);
+}
+
+cellm_status chat_encode_image(const chat_tpl *t, const tokenizer *tok, const char *system,
+                               const char *text, const char *image_text, tok_ids *ids,
+                               cellm_error *err) {
+    size_t n = strlen(text);
+    char *user = malloc(n + 8);
+    if (!user) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    memcpy(user, "<image>", 7);
+    memcpy(user + 7, text, n + 1);
+    chat_msg msgs[2] = {{"system", system}, {"user", user}};
+    int first = system ? 0 : 1;
+    cellm_status st =
+        chat_encode_images(t, tok, msgs + first, 2 - first, true, &image_text, 1, ids, err);
+    free(user);
+    return st;
 }
 
 bool chat_is_stop(const chat_tpl *t, const tokenizer *tok, int32_t id) {

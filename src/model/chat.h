@@ -91,6 +91,18 @@ cellm_status chat_encode_image(const chat_tpl *t, const tokenizer *tok, const ch
                                const char *text, const char *image_text, tok_ids *ids,
                                cellm_error *err);
 
+/* Renders and tokenizes a conversation with pictures: each "<image>" in
+ * a message's content marks a picture, in order. The messages go to the
+ * template with list-of-parts content (text parts between the markers,
+ * {"type": "image"} at each), and the k-th "<image>" the template writes
+ * is replaced by image_text[k] (cellm_image_prompt's expansion) before
+ * tokenizing. CELLM_ERR_INVALID_ARG when the markers or the template's
+ * pictures are not n_images; CELLM_ERR_UNSUPPORTED when the template
+ * writes none (not a vision model's) or is a built-in format. */
+cellm_status chat_encode_images(const chat_tpl *t, const tokenizer *tok, const chat_msg *msgs,
+                                int n, bool add_generation, const char *const *image_text,
+                                int n_images, tok_ids *ids, cellm_error *err);
+
 /* True for EOS and the end-of-turn tokens. */
 bool chat_is_stop(const chat_tpl *t, const tokenizer *tok, int32_t id);
 

@@ -209,6 +209,8 @@ static void request_release(cellm_request *r) {
     engine_grammar_release(r);
     stop_free(r->stops);
     free(r->tokens);
+    free(r->img_at);
+    free(r->img_embd);
     free(r->piece);
     free(r->reply);
     free(r);
@@ -408,13 +410,13 @@ static void report_prompt(cellm_engine *e, cellm_request *r, int32_t from, int32
                           const float *logits, int32_t *li) {
     size_t n_vocab = (size_t)e->model->m->n_vocab;
     if (from == 0 && r->sched.lp_done == 0) {
-        report_logprob(e, r, NULL, r->tokens[0], 0, true);
+        report_logprob(e, r, NULL, engine_real_token(r, 0), 0, true);
         r->sched.lp_done = 1;
     }
     for (int32_t pos = from; pos < to && pos + 1 < r->sched.n_tokens; pos++) {
         if (!sched_row_logits(&r->sched, pos)) continue;
         const float *row = logits + (size_t)(*li)++ * n_vocab;
-        report_logprob(e, r, row, r->tokens[pos + 1], pos + 1, true);
+        report_logprob(e, r, row, engine_real_token(r, pos + 1), pos + 1, true);
         r->sched.lp_done = pos + 2;
     }
 }
@@ -602,7 +604,8 @@ static int engine_step_once(cellm_engine *e, bool block) {
     }
     const float *logits = NULL;
     err_clear(&err);
-    if (backend_run(&e->fwd, e->sched.rows, n_rows, &logits, &err) != CELLM_OK) {
+    const float *const *embd = engine_image_rows(e) ? e->embd_rows : NULL;
+    if (backend_run_embd(&e->fwd, e->sched.rows, embd, n_rows, &logits, &err) != CELLM_OK) {
         /* The scheduler counted the blocks, so this is a bug or a bad
          * input we did not catch at submit: fail the step's requests,
          * keep serving the others. */
@@ -816,6 +819,7 @@ static void engine_destroy(cellm_engine *e) {
     backend_free(&e->fwd);
     tp_destroy(e->tp);
     sched_free(&e->sched);
+    free(e->embd_rows);
     kv_cache_free(e->kv);
     free(e);
 }
@@ -865,7 +869,7 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
     e->p = p;
     e->logit_rows = spec_logit_rows(&p);
     e->act_bytes = forward_bytes(m, p.max_batch_tokens, e->logit_rows, p.n_threads, p.max_ctx) +
-                   (size_t)p.max_batch_tokens * sizeof(fwd_row) +
+                   (size_t)p.max_batch_tokens * (sizeof(fwd_row) + sizeof(float *)) +
                    2 * (size_t)p.max_seqs * sizeof(cellm_request *) + spec_draft_act_bytes(&p);
     if (p.process_budget_bytes) {
         if (process_budget_fit(cm, &p, e->act_bytes, &err) != CELLM_OK) {
@@ -902,7 +906,9 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
     kv_cache_set_prefix(e->kv, p.prefix_cache != 0);
     sched_limits lim = {p.max_seqs, p.max_batch_tokens, e->logit_rows};
     sched_hooks hooks = {e, hook_finish, hook_preempted, hook_reclaim, hook_adopt, hook_unadopt};
-    if (sched_init(&e->sched, e->kv, &lim, &hooks, &err)) {
+    e->embd_rows = malloc((size_t)p.max_batch_tokens * sizeof *e->embd_rows);
+    if (!e->embd_rows) err_set(&err, CELLM_ERR_NO_MEMORY, "out of memory");
+    if (!e->embd_rows || sched_init(&e->sched, e->kv, &lim, &hooks, &err)) {
         engine_destroy(e);
         return fail(&err);
     }
@@ -1045,11 +1051,16 @@ static cellm_status request_input(const cellm_engine *e, const cellm_request_par
     if (p->prompt) return tokenizer_encode(cm->tok, p->prompt, strlen(p->prompt), flags, ids, err);
     if ((p->messages || p->messages_json) && !cm->has_chat)
         return err_set(err, CELLM_ERR_UNSUPPORTED, "%s", cm->chat_err);
+    if (p->messages_json && p->n_images > 0)
+        return err_set(err, CELLM_ERR_UNSUPPORTED,
+                       "images go with messages, prompt or tokens, not with messages_json");
     if (p->messages_json)
         return chat_encode_json(&cm->chat, cm->tok, p->messages_json, p->tools_json, true, ids,
                                 err);
     if (p->messages && (p->n_messages < 1 || p->n_messages > 65536))
         return err_set(err, CELLM_ERR_INVALID_ARG, "n_messages must be 1..65536");
+    if (p->messages && p->tools_json && p->n_images > 0)
+        return err_set(err, CELLM_ERR_UNSUPPORTED, "images and tools_json do not go together yet");
     if (p->messages && p->tools_json) {
         json_buf b = {0};
         json_buf_str(&b, "[");
@@ -1082,7 +1093,9 @@ static cellm_status request_input(const cellm_engine *e, const cellm_request_par
             }
             msgs[i] = (chat_msg){p->messages[i].role, p->messages[i].content};
         }
-        cellm_status st = chat_encode(&cm->chat, cm->tok, msgs, p->n_messages, true, ids, err);
+        cellm_status st =
+            p->n_images > 0 ? engine_image_chat(e, p, msgs, ids, err)
+                            : chat_encode(&cm->chat, cm->tok, msgs, p->n_messages, true, ids, err);
         free(msgs);
         return st;
     }
@@ -1186,7 +1199,7 @@ static cellm_status request_sampler(cellm_engine *e, cellm_request *r, const cel
     if (st) return st;
     int32_t from = r->n_prompt > sp.penalty_last_n ? r->n_prompt - sp.penalty_last_n : 0;
     for (int32_t i = from; i < r->n_prompt && st == CELLM_OK; i++)
-        st = sampler_accept(r->smp, r->tokens[i], err);
+        st = sampler_accept(r->smp, engine_real_token(r, i), err);
     return st;
 }
 
@@ -1212,6 +1225,8 @@ cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm
     if (session && p->prompt_logprobs)
         return fail_msg(CELLM_ERR_INVALID_ARG,
                         "prompt_logprobs is not available for a session's turn");
+    if (session && p->n_images)
+        return fail_msg(CELLM_ERR_INVALID_ARG, "images are not available for a session's turn");
     tok_ids ids = {0};
     if (request_input(e, p, &ids, &err)) {
         tok_ids_free(&ids);
@@ -1253,6 +1268,10 @@ cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm
     }
     memcpy(r->tokens, ids.ids, ids.n * sizeof(int32_t));
     tok_ids_free(&ids);
+    if (engine_image_attach(e, r, p, &err)) {
+        request_discard(e, r);
+        return fail(&err);
+    }
     /* The whole prompt must fit an empty cache. */
     for (int32_t g = 0; g < e->kv->n_groups; g++) {
         const kv_group *kg = &e->kv->groups[g];

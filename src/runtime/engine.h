@@ -165,6 +165,16 @@ struct cellm_request {
      * the exact rule. */
     sampler_dist *spec_q;
 
+    /* Pictures (engine_image.c), fixed at submit; NULL without. For each
+     * prompt position, the row of img_embd that is its input (-1: its
+     * token's); such positions hold a pseudo token in `tokens` (negative,
+     * from the picture's content: what the prefix cache keys them by),
+     * never fed as a token: the row is fed as image_token with its
+     * embedding. */
+    int32_t *img_at; /* [n_prompt] */
+    float *img_embd; /* [rows][model n_embd], copied from the caller's */
+    int32_t image_token;
+
     /* A turn of a session (fixed at submit), and what the engine thread
      * does with it. */
     cellm_session *session;
@@ -188,8 +198,9 @@ struct cellm_engine {
     /* Engine thread only (after creation). */
     kv_cache *kv;
     threadpool *tp;
-    backend fwd; /* runs the forward pass (runtime/device.h) */
-    sched sched; /* the queues of requests (their sched items) and each step's batch */
+    backend fwd;             /* runs the forward pass (runtime/device.h) */
+    sched sched;             /* the queues of requests (their sched items) and each step's batch */
+    const float **embd_rows; /* [p.max_batch_tokens] a step's image rows (engine_image.c) */
     uint64_t n_steps, n_prompt_tok, n_gen_tok;
     uint64_t n_sampled;
     double t_sample;  /* seconds in sampler_sample */
@@ -328,6 +339,33 @@ void spec_drop(cellm_engine *e, cellm_request *r);
 /* Drops the draft KV of every running request and gives the draft pool's
  * free pages back; returns the bytes given back. */
 size_t spec_trim(cellm_engine *e);
+
+/* ---- engine_image.c: pictures in requests ---- */
+
+/* At submit, after r's prompt is in r->tokens (n_prompt): takes the
+ * pictures of `p` (none: nothing to do): checks that the prompt's image
+ * tokens are as many as their rows, copies the rows, and puts each image
+ * position's pseudo token in r->tokens. */
+cellm_status engine_image_attach(cellm_engine *e, cellm_request *r, const cellm_request_params *p,
+                                 cellm_error *err);
+
+/* Renders and tokenizes chat messages with pictures (p->images, each
+ * marked by "<image>" in a message's content) into *ids: the template
+ * lays the pictures out and each becomes cellm_image_prompt's expansion. */
+cellm_status engine_image_chat(const cellm_engine *e, const cellm_request_params *p,
+                               const chat_msg *msgs, tok_ids *ids, cellm_error *err);
+
+/* The token at prompt or completion position pos of r as the model knows
+ * it (the image token for a picture's row). */
+static inline int32_t engine_real_token(const cellm_request *r, int32_t pos) {
+    if (r->img_at && pos < r->n_prompt && r->img_at[pos] >= 0) return r->image_token;
+    return r->tokens[pos];
+}
+
+/* After a step is planned: points e->embd_rows at the picture rows of the
+ * batch (and gives those rows the image token). False when the batch has
+ * none. */
+bool engine_image_rows(cellm_engine *e);
 
 /* ---- session.c (engine thread only) ---- */
 

@@ -422,6 +422,9 @@ void spec_propose(cellm_engine *e) {
         cellm_request *r = req_of(e->sched.running[i]);
         r->sched.n_draft = 0;
         if (r->seq.n_pos != r->sched.n_tokens - 1) continue; /* not decoding */
+        /* With pictures the prompt holds pseudo tokens (engine_image.c):
+         * neither lookup nor a draft model can guess from it. */
+        if (r->img_at) continue;
         int32_t k = room_for(e, r);
         /* Under the resample rule the guesses decide the text: they must
          * not depend on the other requests. */
