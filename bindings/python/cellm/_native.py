@@ -145,6 +145,9 @@ class RequestParams(ctypes.Structure):
         ("grammar", ctypes.c_void_p),
         ("messages_json", ctypes.c_char_p),
         ("tools_json", ctypes.c_char_p),
+        # Pictures (cellm_image_encode's embeddings); the package sends none.
+        ("images", ctypes.c_void_p),
+        ("n_images", ctypes.c_int32),
     ]
 
 
