@@ -382,8 +382,11 @@ int main(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) setenv("LP_NATIVE_VECTOR_WIDTH", "512", 0);
 #endif
-    /* Mesa's lavapipe stays loaded for the process (test_vulkan.c says
-     * why: LeakSanitizer would charge its unload-time leftovers to us). */
+    /* test.sh's ASan run hides the loader from the other programs (see
+     * test_vulkan.c); this one needs it. Mesa's lavapipe stays loaded for
+     * the process (test_vulkan.c says why: LeakSanitizer would charge its
+     * unload-time leftovers to us). */
+    unsetenv("CELLM_VULKAN_LOADER");
     dlopen("libvulkan_lvp.so", RTLD_NOW | RTLD_NODELETE);
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
     if (!vk_built()) {
