@@ -78,9 +78,9 @@ static void str_copy(char *dst, size_t cap, gguf_str s) {
     dst[n] = '\0';
 }
 
-/* The GPU `--device auto` would run on: the first discrete device, else
- * integrated, else virtual (a CPU emulation is never taken), and whether
- * the weights and KV cache fit its device-local memory. */
+/* The GPU `--device auto` would run on (vk_device_open's default device,
+ * unless that is a CPU emulation), and whether the weights and KV cache fit
+ * its device-local memory. */
 static void find_gpu(inspect_report *r) {
     vk_device_info devs[16];
     uint32_t n = 0;
@@ -91,15 +91,14 @@ static void find_gpu(inspect_report *r) {
         snprintf(r->gpu_why, sizeof r->gpu_why, "%s", e.msg);
         return;
     }
-    static const vk_device_type order[] = {VK_TYPE_DISCRETE, VK_TYPE_INTEGRATED, VK_TYPE_VIRTUAL};
-    for (size_t k = 0; k < 3 && !r->gpu_name[0]; k++)
-        for (uint32_t i = 0; i < n && i < 16; i++)
-            if (devs[i].usable && devs[i].type == order[k]) {
-                snprintf(r->gpu_name, sizeof r->gpu_name, "%s", devs[i].name);
-                r->gpu_bytes = devs[i].device_local_bytes;
-                r->gpu_fits = r->total_bytes <= r->gpu_bytes;
-                break;
-            }
+    /* The device vk_device_open takes by default, unless it is a CPU
+     * emulation, which auto never runs on. */
+    int best = vk_pick_best(devs, n < 16 ? n : 16);
+    if (best >= 0 && devs[best].type != VK_TYPE_CPU) {
+        snprintf(r->gpu_name, sizeof r->gpu_name, "%s", devs[best].name);
+        r->gpu_bytes = devs[best].device_local_bytes;
+        r->gpu_fits = r->total_bytes <= r->gpu_bytes;
+    }
     if (!r->gpu_name[0])
         snprintf(r->gpu_why, sizeof r->gpu_why, "no Vulkan GPU (%u device%s, none a usable GPU)", n,
                  n == 1 ? "" : "s");

@@ -73,7 +73,7 @@ typedef struct vkf {
     int32_t max_rows, max_logit_rows;
     vlayer *layers;
     vweight out_norm, output;
-    /* Every weight buffer, to free (tied weights are uploaded once). */
+    /* Every weight buffer, to free. */
     vk_buffer **owned;
     int32_t n_owned, cap_owned;
     vk_buffer *kvbuf[2];
@@ -134,18 +134,15 @@ static cellm_status upload_new(vkf *f, const void *src, size_t bytes, vk_buffer 
     return CELLM_OK;
 }
 
-/* Uploads a weight (none when w has no data), once per tensor: a tied
- * classifier reuses the embedding's buffer. */
+/* Uploads a weight (none when w has no data). The token embedding itself
+ * stays on the host (fill_inputs dequantizes rows there), so a classifier
+ * tied to it is uploaded once, as the classifier. */
 static cellm_status upload_weight(vkf *f, const weight *w, vweight *out, cellm_error *err) {
     memset(out, 0, sizeof *out);
     if (!w->data) return CELLM_OK;
     out->type = w->type;
     out->rows = (uint32_t)w->ne1;
     out->cols = (uint32_t)w->ne0;
-    if (w == &f->m->output && f->m->output.data == f->m->tok_embd.data && f->output.buf) {
-        out->buf = f->output.buf;
-        return CELLM_OK;
-    }
     return upload_new(f, w->data, weight_bytes(w), &out->buf, err);
 }
 
@@ -276,16 +273,7 @@ cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, int32_t max
         goto fail;
     }
     if ((st = upload_weight(f, &m->out_norm, &f->out_norm, err))) goto fail;
-    if (m->output.data == m->tok_embd.data) {
-        /* Tied: the classifier is the embedding matrix; upload it once. */
-        if ((st = upload_new(f, m->output.data, weight_bytes(&m->output), &f->output.buf, err)))
-            goto fail;
-        f->output.type = m->output.type;
-        f->output.rows = (uint32_t)m->output.ne1;
-        f->output.cols = (uint32_t)m->output.ne0;
-    } else if ((st = upload_weight(f, &m->output, &f->output, err))) {
-        goto fail;
-    }
+    if ((st = upload_weight(f, &m->output, &f->output, err))) goto fail;
     for (int32_t il = 0; il < m->n_layer; il++) {
         const layer_desc *L = &m->layers[il];
         vlayer *V = &f->layers[il];
