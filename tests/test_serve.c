@@ -26,6 +26,9 @@
 
 #include <cmocka.h>
 #include <math.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <cjson/cJSON.h>
 
@@ -804,18 +807,35 @@ static void load_round(const char *what, int n, int per, int max_tokens) {
     assert_int_equal((int)metric("cellm_streams_open"), 0);
 }
 
+/* Bytes the process holds from malloc (every arena, mmapped chunks too);
+ * -1 where the C library does not say. */
+static double heap_in_use(void) {
+#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__)
+    struct mallinfo2 mi = mallinfo2();
+    return (double)mi.uordblks + (double)mi.hblkhd;
+#else
+    return -1;
+#endif
+}
+
 static void test_load(void **st) {
     (void)st;
     load_round("warm-up", N_CLIENTS, PER_CLIENT, 16);
-    double rss0 = metric("process_resident_memory_bytes");
+    double rss0 = metric("process_resident_memory_bytes"), heap0 = heap_in_use();
     load_round("load", N_CLIENTS, PER_CLIENT, 16);
-    double rss1 = metric("process_resident_memory_bytes");
-    print_message("resident memory after warm-up %.1f MiB, after load %.1f MiB\n", rss0 / 1048576,
-                  rss1 / 1048576);
+    double rss1 = metric("process_resident_memory_bytes"), heap1 = heap_in_use();
+    print_message("resident memory after warm-up %.1f MiB, after load %.1f MiB; "
+                  "heap in use %.2f MiB, then %.2f MiB\n",
+                  rss0 / 1048576, rss1 / 1048576, heap0 / 1048576, heap1 / 1048576);
 #if !defined(__SANITIZE_ADDRESS__)
     /* (ASan's quarantine holds freed memory on purpose; LSan checks leaks
-     * there.) */
-    assert_true(rss1 <= rss0 + 8.0 * 1048576);
+     * there.) What malloc hands out must not grow from one round to the
+     * next; the resident size moves by several MiB on its own (arenas of
+     * the new client threads keep freed pages: 8.8 MiB in one CI run while
+     * the heap in use stayed flat), so it has only a loose bound for what
+     * malloc does not count. */
+    if (heap0 >= 0) assert_true(heap1 <= heap0 + 1.0 * 1048576);
+    assert_true(rss1 <= rss0 + 32.0 * 1048576);
 #endif
     assert_int_equal((int)metric("cellm_choices_finished_total{reason=\"error\"}"), 0);
 }
