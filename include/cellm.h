@@ -169,7 +169,7 @@ typedef struct cellm_qos {
 
 typedef struct cellm_engine_params {
     int n_threads;            /* compute threads; 0 (default): cores, at most 4 */
-    size_t mem_budget_bytes;  /* KV cache + activations; default 256 MiB */
+    size_t mem_budget_bytes;  /* KV cache + activations (+ pictures); default 256 MiB */
     int32_t max_batch_tokens; /* rows in one step (decode tokens + prompt chunks); default 256 */
     int32_t max_seqs;         /* requests running at once; default 16 */
     int32_t max_ctx;          /* positions per request; 0 (default): the model's, at most 4096 */
@@ -278,6 +278,18 @@ typedef struct cellm_engine_params {
      * CELLM_ERR_UNSUPPORTED and a message saying why. The scheduler, the
      * prefix cache, sessions and sampling are the same on every device. */
     int32_t device;
+    /* For a model that takes pictures (one with an "<image>" token): the
+     * memory its requests' pictures may hold at once, inside the budget
+     * (mem_budget_bytes, or process_budget_bytes in the phone mode), taken
+     * from what the KV cache would get. A request copies its pictures'
+     * rows at submit (n_embd floats each: 2.25 KiB a row for SmolVLM-256M,
+     * 8 KiB for SmolVLM-2.2B) and gives them back when it ends. A request
+     * whose pictures alone need more is refused with CELLM_ERR_NO_MEMORY;
+     * so is one that would take the total over while other requests hold
+     * theirs (submit it again once one of them ends). 0 (default): 16 MiB
+     * (7,281 rows of SmolVLM-256M, 2,048 of SmolVLM-2.2B). Models without
+     * pictures reserve nothing. */
+    size_t image_budget_bytes;
 } cellm_engine_params;
 
 /* cellm_engine_params.device. */
@@ -361,9 +373,9 @@ cellm_status cellm_engine_trim(cellm_engine *engine, cellm_trim_level level, siz
 
 /* A snapshot of the engine's state, for metrics. */
 typedef struct cellm_stats {
-    size_t bytes_in_use;                            /* activations + KV blocks in use */
-    size_t bytes_activations;                       /* fixed, allocated at creation */
-    size_t bytes_kv_total;                          /* the KV cache pool */
+    size_t bytes_in_use;      /* activations + KV blocks in use + pictures' rows held */
+    size_t bytes_activations; /* fixed, allocated at creation */
+    size_t bytes_kv_total;    /* the KV cache pool */
     int32_t blocks_total, blocks_used, blocks_free; /* KV blocks of 16 positions */
     int32_t n_running, n_waiting;                   /* requests */
     uint64_t n_steps, n_preemptions;
@@ -404,6 +416,10 @@ typedef struct cellm_stats {
      * grammar_seconds). */
     uint64_t n_grammar_masks;
     double grammar_mask_seconds;
+    /* Pictures (cellm_engine_params.image_budget_bytes): the room the
+     * engine keeps for their rows (0 for a model without pictures), and
+     * what requests hold now (part of bytes_in_use). */
+    size_t bytes_images_total, bytes_images_in_use;
 } cellm_stats;
 
 /* Fills *out. Thread-safe; a consistent snapshot as of the last step. */

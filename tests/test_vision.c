@@ -955,6 +955,108 @@ static void test_asan_engine_images(void **state) {
     cellm_model_free(m);
 }
 
+/* Pictures count against the engine's budget: the room kept for them
+ * (image_budget_bytes, 16 MiB by default) comes out of the KV cache's
+ * share; a request holds its rows from submit to its end; one whose
+ * pictures do not fit beside the others' is refused until they end, one
+ * over the room alone always. */
+static void test_asan_image_budget(void **state) {
+    (void)state;
+    const fx_image *im = &fx.img[0];
+    cellm_model *m;
+    cellm_mmproj *mm;
+    assert_int_equal(cellm_model_load(fx.text_f32, NULL, &m), CELLM_OK);
+    assert_int_equal(cellm_mmproj_load(fx.mm_f32, m, NULL, &mm), CELLM_OK);
+    cellm_image_embed *ea;
+    assert_int_equal(cellm_image_encode(mm, im->rgb, im->w, im->h, &ea), CELLM_OK);
+    const size_t bytes = (size_t)ea->n_tokens * (size_t)ea->n_embd * sizeof(float);
+
+    cellm_engine_params ep = cellm_engine_default_params();
+    ep.n_threads = 1;
+    ep.max_ctx = 256;
+    ep.max_seqs = 2;
+    ep.mem_budget_bytes = 32u << 20;
+    ep.manual_steps = 1;
+    cellm_engine *en;
+    cellm_stats st;
+    assert_int_equal(cellm_engine_create(m, &ep, &en), CELLM_OK);
+    assert_int_equal(cellm_engine_stats(en, &st), CELLM_OK);
+    assert_int_equal(st.bytes_images_total, 16u << 20); /* the default */
+    size_t kv_default = st.bytes_kv_total;
+    cellm_engine_free(en);
+
+    ep.image_budget_bytes = bytes + bytes / 2; /* one picture, not two */
+    assert_int_equal(cellm_engine_create(m, &ep, &en), CELLM_OK);
+    assert_int_equal(cellm_engine_stats(en, &st), CELLM_OK);
+    assert_int_equal(st.bytes_images_total, ep.image_budget_bytes);
+    assert_int_equal(st.bytes_images_in_use, 0);
+    assert_true(st.bytes_kv_total > kv_default); /* the 16 MiB went to the KV cache */
+    assert_true(st.bytes_activations + st.bytes_images_total + st.bytes_kv_total <=
+                ep.mem_budget_bytes);
+
+    const cellm_image_embed *one[1] = {ea};
+    cellm_chat_message msg = {"user", "<image>Describe this image."};
+    cellm_request_params p = cellm_request_default_params();
+    p.messages = &msg;
+    p.n_messages = 1;
+    p.images = one;
+    p.n_images = 1;
+    p.max_tokens = 2;
+    cellm_request *r1, *r2, *r3;
+    assert_int_equal(cellm_submit(en, &p, &r1), CELLM_OK);
+    assert_int_equal(cellm_engine_stats(en, &st), CELLM_OK);
+    assert_int_equal(st.bytes_images_in_use, bytes);
+    assert_true(st.bytes_in_use >= st.bytes_activations + bytes);
+    /* A second picture while the first is held: refused, the text alone is not. */
+    assert_int_equal(cellm_submit(en, &p, &r2), CELLM_ERR_NO_MEMORY);
+    assert_null(r2);
+    assert_non_null(strstr(cellm_last_error(), "other requests' pictures"));
+    p.n_images = 0;
+    msg.content = "Describe nothing.";
+    assert_int_equal(cellm_submit(en, &p, &r3), CELLM_OK);
+    cellm_result res;
+    assert_int_equal(cellm_wait(r1, &res), CELLM_OK);
+    assert_int_equal(res.status, CELLM_OK);
+    assert_int_equal(cellm_engine_stats(en, &st), CELLM_OK);
+    assert_int_equal(st.bytes_images_in_use, 0); /* given back at the end, before the free */
+    p.n_images = 1;
+    msg.content = "<image>Describe this image.";
+    assert_int_equal(cellm_submit(en, &p, &r2), CELLM_OK); /* room again */
+    assert_int_equal(cellm_wait(r2, &res), CELLM_OK);
+    assert_int_equal(cellm_wait(r3, &res), CELLM_OK);
+    cellm_request_free(r1);
+    cellm_request_free(r2);
+    cellm_request_free(r3);
+    cellm_engine_free(en);
+
+    /* Less room than one picture needs. */
+    ep.image_budget_bytes = bytes - 1;
+    assert_int_equal(cellm_engine_create(m, &ep, &en), CELLM_OK);
+    assert_int_equal(cellm_submit(en, &p, &r1), CELLM_ERR_NO_MEMORY);
+    assert_non_null(strstr(cellm_last_error(), "more than the engine keeps for pictures"));
+    cellm_engine_free(en);
+
+    /* More room than the budget has. */
+    ep.image_budget_bytes = ep.mem_budget_bytes;
+    assert_int_equal(cellm_engine_create(m, &ep, &en), CELLM_ERR_NO_MEMORY);
+    assert_non_null(strstr(cellm_last_error(), "image_budget_bytes"));
+
+    /* The phone mode counts it with everything else. */
+    ep.image_budget_bytes = 0;
+    ep.process_budget_bytes = (size_t)64 << 20;
+    assert_int_equal(cellm_engine_create(m, &ep, &en), CELLM_OK);
+    assert_int_equal(cellm_engine_stats(en, &st), CELLM_OK);
+    assert_int_equal(st.bytes_images_total, 16u << 20);
+    cellm_engine_free(en);
+    ep.process_budget_bytes = (size_t)16 << 20; /* not even the pictures' room */
+    assert_int_equal(cellm_engine_create(m, &ep, &en), CELLM_ERR_NO_MEMORY);
+    assert_non_null(strstr(cellm_last_error(), "pictures 16 MiB"));
+
+    cellm_image_embed_free(ea);
+    cellm_mmproj_free(mm);
+    cellm_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lanczos_as_pillow),     cmocka_unit_test(test_pixels_as_processor),
@@ -962,7 +1064,7 @@ int main(void) {
         cmocka_unit_test(test_image_encode_api),      cmocka_unit_test(test_png_file),
         cmocka_unit_test(test_run_image_command),     cmocka_unit_test(test_asan_hostile_files),
         cmocka_unit_test(test_asan_hostile_images),   cmocka_unit_test(test_asan_bad_projectors),
-        cmocka_unit_test(test_asan_engine_images),
+        cmocka_unit_test(test_asan_engine_images),    cmocka_unit_test(test_asan_image_budget),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

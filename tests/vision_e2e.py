@@ -36,6 +36,9 @@ TEST = "vision_e2e"
 VISION_ID = "smolvlm-fixture"
 DATA = os.path.join(HERE, "data", "vision")
 PICTURES = [(0, 96, 60, 62), (1, 20, 70, 50)]  # index, width, height, prompt ids
+# The room the server keeps for pictures: a few of the test model's (its
+# rows are 64 floats, 256 bytes), not eight at once.
+IMAGE_BUDGET = "16K"
 
 state = {}
 
@@ -82,7 +85,8 @@ def vision():
         check(r.returncode == 0, f"cellm convert idefics3: {r.stderr.strip()}")
         mmproj = os.path.join(tmp.name, "mmproj-smolvlm.gguf")
         proc, base = start_server(TEST, ["--api-key", KEY, "--alias", VISION_ID, "-c", "512",
-                                         "-t", "2", "--temp", "0", "--mmproj", mmproj],
+                                         "-t", "2", "--temp", "0", "--mmproj", mmproj,
+                                         "--image-budget", IMAGE_BUDGET],
                                   model=model)
         state["proc"], state["base"] = proc, base
         state["client"] = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0,
@@ -157,6 +161,9 @@ def test_asan_hostile(client, base):
     expect_400(vc, VISION_ID, [{"role": "user", "content": [{"type": "image_url"}]}], "url",
                "a part without a URL")
     expect_400(client, MODEL_ID, ask(data_url(good)), "--mmproj", "a model without a projector")
+    many = [{"role": "user", "content": [{"type": "text", "text": "Compare these."}] +
+             [{"type": "image_url", "image_url": {"url": data_url(good)}}] * 8}]
+    expect_400(vc, VISION_ID, many, "keeps for pictures", "more pictures than --image-budget")
     r = vc.chat.completions.create(model=VISION_ID, messages=ask(data_url(good)), max_tokens=2)
     check(r.usage.prompt_tokens == PICTURES[0][3], "a picture after the bad ones")
 

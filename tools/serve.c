@@ -238,6 +238,9 @@ static void usage(FILE *out) {
         "changes):\n"
         "  --mmproj FILE         vision projector (cellm convert's mmproj-*.gguf): chat messages\n"
         "                        may then hold image_url parts with data: URLs (PNG, JPEG)\n"
+        "  --image-budget SIZE   memory the running requests' pictures may hold at once, inside\n"
+        "                        the budget (default 16M; a request over it alone gets 400,\n"
+        "                        one over it with the others' gets 503)\n"
         "  -md, --model-draft M  draft model guessing ahead: a smaller GGUF of the same family\n"
         "                        and vocabulary (path, store name or file in the store)\n"
         "  --lookup N            guess from earlier text (prompt lookup) with n-grams of up\n"
@@ -272,6 +275,7 @@ static const char *const valued[] = {"--host",
                                      "-t",
                                      "--threads",
                                      "--mem-budget",
+                                     "--image-budget",
                                      "--max-body",
                                      "--chat-template",
                                      "-n",
@@ -353,13 +357,16 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
             UINT_FLAG(o->engine.max_batch_tokens, 1, 65536);
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             UINT_FLAG(o->engine.n_threads, 0, 256);
-        } else if (!strcmp(a, "--mem-budget") || !strcmp(a, "--max-body")) {
+        } else if (!strcmp(a, "--mem-budget") || !strcmp(a, "--max-body") ||
+                   !strcmp(a, "--image-budget")) {
             if (!cli_parse_size(v, &sz) || sz == 0) {
                 cli_error("serve: %s needs a size such as 512M", a);
                 return 2;
             }
             if (!strcmp(a, "--mem-budget"))
                 o->engine.process_budget_bytes = sz;
+            else if (!strcmp(a, "--image-budget"))
+                o->engine.image_budget_bytes = sz;
             else
                 o->max_body = sz;
             i++;

@@ -207,6 +207,10 @@ static void submit_error(serve_kind kind, cellm_status st, serve_err *e) {
         serr(e, 400, "invalid_value", param, "the %s is empty", param);
     else if (strstr(msg, "prompt has") || strstr(msg, "KV blocks"))
         serr(e, 400, "context_length_exceeded", param, "%s", msg);
+    else if (st == CELLM_ERR_NO_MEMORY && strstr(msg, "other requests' pictures"))
+        serr(e, 503, "server_busy", NULL, "%s", msg); /* room again once one ends */
+    else if (st == CELLM_ERR_NO_MEMORY && strstr(msg, "keeps for pictures"))
+        serr(e, 400, "invalid_value", param, "%s", msg);
     else if (st == CELLM_ERR_INVALID_ARG || st == CELLM_ERR_UNSUPPORTED || st == CELLM_ERR_FORMAT)
         serr(e, 400, "invalid_value", param, "%s", msg);
     else

@@ -24,6 +24,7 @@
 #include "text/json.h"
 
 #define DEFAULT_BUDGET ((size_t)256 << 20)
+#define DEFAULT_IMAGE_BUDGET ((size_t)16 << 20)
 
 static double now_s(void) {
     struct timespec ts;
@@ -142,7 +143,7 @@ static void publish_locked(cellm_engine *e) {
         kv_used += (size_t)used * kg->block_bytes;
     }
     s->blocks_free = s->blocks_total - s->blocks_used;
-    s->bytes_in_use = e->act_bytes + kv_used;
+    s->bytes_in_use = e->act_bytes + kv_used; /* + pictures at cellm_engine_stats */
     s->n_running = e->sched.n_running;
     s->n_waiting = e->sched.n_waiting;
     s->n_steps = e->n_steps;
@@ -210,7 +211,7 @@ static void request_release(cellm_request *r) {
     stop_free(r->stops);
     free(r->tokens);
     free(r->img_at);
-    free(r->img_embd);
+    engine_image_drop(r->e, r);
     free(r->piece);
     free(r->reply);
     free(r);
@@ -234,6 +235,7 @@ void engine_finish(cellm_engine *e, cellm_request *r, cellm_finish_reason why, c
     if (r->session) session_turn_end(e, r, why);
     kv_seq_free(e->kv, &r->seq);
     spec_drop(e, r);
+    engine_image_drop(e, r);
     double t = now_s();
     cellm_result res;
     memset(&res, 0, sizeof res);
@@ -773,7 +775,7 @@ static const char *qos_check(const cellm_qos *q, int pool) {
  * to what the process leaves for activations and KV, or fails with the
  * figures when max_seqs sequences of max_ctx positions do not fit. */
 static cellm_status process_budget_fit(const cellm_model *cm, cellm_engine_params *p,
-                                       size_t act_bytes, cellm_error *err) {
+                                       size_t act_bytes, size_t img_bytes, cellm_error *err) {
     const model *m = cm->m, *dm = p->draft_model ? p->draft_model->m : NULL;
     const size_t mib = (size_t)1 << 20;
     /* A draft model's file and tables count like the model's. */
@@ -785,7 +787,8 @@ static cellm_status process_budget_fit(const cellm_model *cm, cellm_engine_param
     const size_t runtime = PROC_RUNTIME_BYTES + (size_t)p->n_threads * PROC_THREAD_BYTES;
     const size_t per_seq = (size_t)m->n_vocab * PROC_SAMPLER_BYTES_PER_TOKEN +
                            (size_t)p->max_ctx * PROC_SEQ_BYTES_PER_POS;
-    const size_t fixed = weights + tables + runtime + (size_t)p->max_seqs * per_seq + act_bytes;
+    const size_t fixed =
+        weights + tables + runtime + (size_t)p->max_seqs * per_seq + act_bytes + img_bytes;
     /* Every sequence decoding, one taking a whole chunk (windowed layers
      * hold the chunk on top of their window). */
     const size_t seq_kv = kv_cache_bytes(m, p->kv_type, p->max_ctx, 1, 1);
@@ -802,14 +805,16 @@ static cellm_status process_budget_fit(const cellm_model *cm, cellm_engine_param
             err, CELLM_ERR_NO_MEMORY,
             "a process budget of %zu MiB cannot hold %d sequences of %d positions: model "
             "file%s %zu MiB, its tables %zu MiB, code and threads %zu MiB, %d requests' "
-            "samplers and tokens %zu MiB, activations %zu MiB, KV cache %zu MiB (%zu "
-            "MiB a sequence); %zu sequence%s of %d positions would fit: lower the "
-            "context or the sessions, or raise the budget",
+            "samplers and tokens %zu MiB, activations %zu MiB, pictures %zu MiB, KV cache "
+            "%zu MiB (%zu MiB a sequence); %zu sequence%s of %d positions would fit: lower "
+            "the context or the sessions, or raise the budget",
             budget / mib, p->max_seqs, p->max_ctx, dm ? "s (and the draft's)" : "", weights / mib,
             tables / mib, runtime / mib, p->max_seqs, (size_t)p->max_seqs * per_seq / mib,
-            act_bytes / mib, kv_need / mib, seq_kv / mib, fit, fit == 1 ? "" : "s", p->max_ctx);
+            act_bytes / mib, img_bytes / mib, kv_need / mib, seq_kv / mib, fit, fit == 1 ? "" : "s",
+            p->max_ctx);
     }
-    p->mem_budget_bytes = budget - (fixed - act_bytes);
+    /* What the engine's own budget covers: activations, pictures, KV. */
+    p->mem_budget_bytes = budget - (fixed - act_bytes - img_bytes);
     return CELLM_OK;
 }
 
@@ -871,23 +876,32 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
     e->act_bytes = forward_bytes(m, p.max_batch_tokens, e->logit_rows, p.n_threads, p.max_ctx) +
                    (size_t)p.max_batch_tokens * (sizeof(fwd_row) + sizeof(float *)) +
                    2 * (size_t)p.max_seqs * sizeof(cellm_request *) + spec_draft_act_bytes(&p);
+    /* Pictures' rows, for a model that takes them, come out of the budget
+     * before the KV cache. */
+    e->img_cap = engine_image_token(cm) < 0 ? 0
+                 : p.image_budget_bytes     ? p.image_budget_bytes
+                                            : DEFAULT_IMAGE_BUDGET;
+    atomic_init(&e->img_held, 0);
     if (p.process_budget_bytes) {
-        if (process_budget_fit(cm, &p, e->act_bytes, &err) != CELLM_OK) {
+        if (process_budget_fit(cm, &p, e->act_bytes, e->img_cap, &err) != CELLM_OK) {
             free(e);
             return fail(&err);
         }
     }
-    if (p.mem_budget_bytes <= e->act_bytes) {
+    if (p.mem_budget_bytes <= e->act_bytes || p.mem_budget_bytes - e->act_bytes <= e->img_cap) {
         err_set(&err, CELLM_ERR_NO_MEMORY,
                 "a memory budget of %zu bytes does not cover the %zu bytes of activations for "
-                "batches of %d tokens; raise it or lower max_batch_tokens / max_seqs",
-                p.mem_budget_bytes, e->act_bytes, p.max_batch_tokens);
+                "batches of %d tokens%s and a KV cache; raise it or lower max_batch_tokens / "
+                "max_seqs%s",
+                p.mem_budget_bytes, e->act_bytes, p.max_batch_tokens,
+                e->img_cap ? ", the room kept for pictures (image_budget_bytes)" : "",
+                e->img_cap ? " / image_budget_bytes" : "");
         free(e);
         return fail(&err);
     }
     /* A draft model's pool gets its share of the KV budget in proportion
      * to what max_seqs sequences need in each. */
-    size_t kv_budget = p.mem_budget_bytes - e->act_bytes, draft_kv = 0;
+    size_t kv_budget = p.mem_budget_bytes - e->act_bytes - e->img_cap, draft_kv = 0;
     if (p.draft_model) {
         double need = (double)kv_cache_bytes(m, p.kv_type, p.max_ctx, p.max_seqs, kv_chunk);
         double dneed = (double)spec_draft_kv_bytes(&p);
@@ -919,6 +933,7 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
     e->qos = e->qos_now = p.qos;
     tp_set_threads(e->tp, p.qos.n_threads > 0 ? p.qos.n_threads : p.n_threads);
     e->stats.bytes_activations = e->act_bytes;
+    e->stats.bytes_images_total = e->img_cap;
     for (int32_t g = 0; g < e->kv->n_groups; g++)
         e->stats.bytes_kv_total += (size_t)e->kv->groups[g].n_blocks * e->kv->groups[g].block_bytes;
     for (int32_t g = 0; e->dkv && g < e->dkv->n_groups; g++)
@@ -966,6 +981,8 @@ cellm_status cellm_engine_stats(cellm_engine *e, cellm_stats *out) {
     *out = e->stats;
     out->n_waiting += e->n_incoming;
     pthread_mutex_unlock(&e->mu);
+    out->bytes_images_in_use = atomic_load(&e->img_held);
+    out->bytes_in_use += out->bytes_images_in_use;
     return CELLM_OK;
 }
 

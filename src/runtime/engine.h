@@ -171,8 +171,9 @@ struct cellm_request {
      * from the picture's content: what the prefix cache keys them by),
      * never fed as a token: the row is fed as image_token with its
      * embedding. */
-    int32_t *img_at; /* [n_prompt] */
-    float *img_embd; /* [rows][model n_embd], copied from the caller's */
+    int32_t *img_at;  /* [n_prompt] */
+    float *img_embd;  /* [rows][model n_embd], copied from the caller's; freed at the end */
+    size_t img_bytes; /* img_embd's size, counted in the engine's img_held */
     int32_t image_token;
 
     /* A turn of a session (fixed at submit), and what the engine thread
@@ -194,6 +195,10 @@ struct cellm_engine {
     cellm_engine_params p;
     int32_t logit_rows;
     size_t act_bytes;
+    /* Pictures: the room kept for requests' rows (0: the model takes
+     * none) and the bytes they hold now (engine_image.c). */
+    size_t img_cap;
+    atomic_size_t img_held;
 
     /* Engine thread only (after creation). */
     kv_cache *kv;
@@ -348,6 +353,13 @@ size_t spec_trim(cellm_engine *e);
  * position's pseudo token in r->tokens. */
 cellm_status engine_image_attach(cellm_engine *e, cellm_request *r, const cellm_request_params *p,
                                  cellm_error *err);
+
+/* The model's image token, -1 when it has none (it takes no pictures). */
+int32_t engine_image_token(const cellm_model *cm);
+
+/* Frees r's picture rows and gives their bytes back to the engine (at
+ * its end: only a running request may need them again). */
+void engine_image_drop(cellm_engine *e, cellm_request *r);
 
 /* Renders and tokenizes chat messages with pictures (p->images, each
  * marked by "<image>" in a message's content) into *ids: the template

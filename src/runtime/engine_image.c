@@ -90,6 +90,45 @@ cellm_status engine_image_chat(const cellm_engine *e, const cellm_request_params
     return st;
 }
 
+int32_t engine_image_token(const cellm_model *cm) {
+    tok_ids one = {0};
+    cellm_error err;
+    err_clear(&err);
+    int32_t id = -1;
+    if (tokenizer_encode(cm->tok, "<image>", 7, TOK_PARSE_SPECIAL, &one, &err) == CELLM_OK &&
+        one.n == 1)
+        id = one.ids[0];
+    tok_ids_free(&one);
+    return id;
+}
+
+/* Takes `bytes` of the engine's room for pictures, or says why not. */
+static cellm_status reserve(cellm_engine *e, size_t bytes, cellm_error *err) {
+    const size_t kib = 1024;
+    if (bytes > e->img_cap)
+        return err_set(err, CELLM_ERR_NO_MEMORY,
+                       "the pictures' rows need %zu KiB, more than the engine keeps for pictures "
+                       "(%zu KiB: image_budget_bytes)",
+                       (bytes + kib - 1) / kib, e->img_cap / kib);
+    size_t held = atomic_load(&e->img_held);
+    do {
+        if (held > e->img_cap - bytes)
+            return err_set(err, CELLM_ERR_NO_MEMORY,
+                           "the pictures' rows need %zu KiB, but other requests' pictures hold "
+                           "%zu of the %zu KiB the engine keeps for them: submit again when one "
+                           "of those requests ends",
+                           (bytes + kib - 1) / kib, (held + kib - 1) / kib, e->img_cap / kib);
+    } while (!atomic_compare_exchange_weak(&e->img_held, &held, held + bytes));
+    return CELLM_OK;
+}
+
+void engine_image_drop(cellm_engine *e, cellm_request *r) {
+    if (r->img_bytes) atomic_fetch_sub(&e->img_held, r->img_bytes);
+    r->img_bytes = 0;
+    free(r->img_embd);
+    r->img_embd = NULL;
+}
+
 cellm_status engine_image_attach(cellm_engine *e, cellm_request *r, const cellm_request_params *p,
                                  cellm_error *err) {
     if (p->n_images == 0) return CELLM_OK; /* images may be anything then */
@@ -97,15 +136,8 @@ cellm_status engine_image_attach(cellm_engine *e, cellm_request *r, const cellm_
     int32_t d = cm->m->n_embd;
     int64_t rows;
     if (check_images(e, p, &rows, err)) return err->code;
-    tok_ids one = {0};
-    if (tokenizer_encode(cm->tok, "<image>", 7, TOK_PARSE_SPECIAL, &one, err)) {
-        tok_ids_free(&one);
-        return err->code;
-    }
-    bool single = one.n == 1;
-    r->image_token = single ? one.ids[0] : -1;
-    tok_ids_free(&one);
-    if (!single)
+    r->image_token = engine_image_token(cm);
+    if (r->image_token < 0)
         return err_set(err, CELLM_ERR_UNSUPPORTED,
                        "the model has no <image> token: it takes no pictures");
     int32_t n_img = 0;
@@ -114,8 +146,11 @@ cellm_status engine_image_attach(cellm_engine *e, cellm_request *r, const cellm_
         return err_set(err, CELLM_ERR_INVALID_ARG,
                        "the prompt has %d image tokens, but the images have %lld rows", (int)n_img,
                        (long long)rows);
+    size_t bytes = (size_t)rows * (size_t)d * sizeof *r->img_embd;
+    if (reserve(e, bytes, err)) return err->code;
+    r->img_bytes = bytes;
     r->img_at = malloc((size_t)r->n_prompt * sizeof *r->img_at);
-    r->img_embd = malloc((size_t)rows * (size_t)d * sizeof *r->img_embd);
+    r->img_embd = malloc(bytes);
     if (!r->img_at || !r->img_embd)
         return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory for the images' rows");
     int32_t next = 0, img = 0, j = 0; /* the next row, its picture and its index there */

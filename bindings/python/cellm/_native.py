@@ -48,6 +48,7 @@ class EngineParams(ctypes.Structure):
         ("spec_step_rows", ctypes.c_int32),
         ("spec_accept", ctypes.c_int32),
         ("device", ctypes.c_int32),
+        ("image_budget_bytes", ctypes.c_size_t),
     ]
 
 
