@@ -43,19 +43,23 @@ def fmt(xs):
     return f"{statistics.median(xs):,.1f} ({min(xs):,.1f}-{max(xs):,.1f})"
 
 
+def run_cellm(args):
+    r = subprocess.run([CELLM] + args, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"cellm {' '.join(args)}: exit {r.returncode}\n{r.stderr[-2000:]}")
+    return r.stdout
+
+
 def cellm_single(model, pps, tg):
-    out = subprocess.run([CELLM, "bench", model, "--device", "vulkan", "--pp",
-                          ",".join(map(str, pps)), "--tg", str(tg), "-r", "1", "--bw-samples",
-                          "1", "--json"], capture_output=True, text=True, check=True).stdout
+    out = run_cellm(["bench", model, "--device", "vulkan", "--pp", ",".join(map(str, pps)), "--tg",
+                     str(tg), "-r", "1", "--bw-samples", "1", "--json"])
     tests = {t["test"]: t["tokens_per_s"]["median"] for t in json.loads(out)["tests"]}
     return [tests[f"pp{pp}"] for pp in pps], tests[f"tg{tg}"]
 
 
 def cellm_sessions(model, sessions, n, p, ctx):
-    out = subprocess.run([CELLM, "bench", model, "--device", "vulkan", "-s",
-                          ",".join(map(str, sessions)), "-n", str(n), "-p", str(p), "-c",
-                          str(ctx), "-m", "4G", "--ignore-eos"],
-                         capture_output=True, text=True, check=True).stdout
+    out = run_cellm(["bench", model, "--device", "vulkan", "-s", ",".join(map(str, sessions)), "-n",
+                     str(n), "-p", str(p), "-c", str(ctx), "-m", "4G", "--ignore-eos"])
     got = {}
     for line in out.splitlines():
         m = re.match(r"\s*(\d+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s", line)
