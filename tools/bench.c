@@ -54,7 +54,7 @@
 #include "store.h"
 
 #define BENCH_DEFAULT_MODEL "smollm2-135m"
-#define BENCH_MAX_SESSIONS 64
+#define BENCH_MAX_SESSIONS 256
 
 static double now_s(void) {
     struct timespec ts;
