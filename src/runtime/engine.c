@@ -878,9 +878,10 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
                    2 * (size_t)p.max_seqs * sizeof(cellm_request *) + spec_draft_act_bytes(&p);
     /* Pictures' rows, for a model that takes them, come out of the budget
      * before the KV cache. */
-    e->img_cap = engine_image_token(cm) < 0 ? 0
-                 : p.image_budget_bytes     ? p.image_budget_bytes
-                                            : DEFAULT_IMAGE_BUDGET;
+    e->image_token = engine_image_token(cm);
+    e->img_cap = e->image_token < 0     ? 0
+                 : p.image_budget_bytes ? p.image_budget_bytes
+                                        : DEFAULT_IMAGE_BUDGET;
     atomic_init(&e->img_held, 0);
     if (p.process_budget_bytes) {
         if (process_budget_fit(cm, &p, e->act_bytes, e->img_cap, &err) != CELLM_OK) {

@@ -195,8 +195,10 @@ struct cellm_engine {
     cellm_engine_params p;
     int32_t logit_rows;
     size_t act_bytes;
-    /* Pictures: the room kept for requests' rows (0: the model takes
-     * none) and the bytes they hold now (engine_image.c). */
+    /* Pictures: the model's image token (-1: it takes none), the room
+     * kept for requests' rows (0 without pictures) and the bytes they
+     * hold now (engine_image.c). */
+    int32_t image_token;
     size_t img_cap;
     atomic_size_t img_held;
 

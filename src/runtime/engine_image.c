@@ -136,7 +136,7 @@ cellm_status engine_image_attach(cellm_engine *e, cellm_request *r, const cellm_
     int32_t d = cm->m->n_embd;
     int64_t rows;
     if (check_images(e, p, &rows, err)) return err->code;
-    r->image_token = engine_image_token(cm);
+    r->image_token = e->image_token;
     if (r->image_token < 0)
         return err_set(err, CELLM_ERR_UNSUPPORTED,
                        "the model has no <image> token: it takes no pictures");
