@@ -141,7 +141,8 @@ class Llama:
         return s * n / (time.perf_counter() - t0)
 
 
-def main():
+def parse_args():
+    """The options both comparisons take (see the usage above)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("--reps", type=int, default=3)
@@ -151,43 +152,56 @@ def main():
     ap.add_argument("-n", type=int, default=64)
     ap.add_argument("-p", type=int, default=32)
     a = ap.parse_args()
-    sessions = [int(x) for x in a.sessions.split(",")]
-    pps = [int(x) for x in a.pp.split(",")]
-    ctx = a.p + a.n + 16  # a session's positions, both sides
-    llm = Llama(a.model, max(ctx * max(sessions), max(pps) + 64, a.tg + 64), max(sessions))
-    if len(llm.text) < max(pps + [a.p, 16]):
-        raise SystemExit("the text is too short for the prompt")
-    for pp in pps:  # warm-up: pipelines, allocations
-        llm.pp(pp)
-    llm.tg(4)
-    res = {k: ([], []) for k in [f"pp{pp}" for pp in pps] + ["tg"] + [f"s{s}" for s in sessions]}
+    a.sessions = [int(x) for x in a.sessions.split(",")]
+    a.pp = [int(x) for x in a.pp.split(",")]
+    a.ctx = a.p + a.n + 16  # a session's positions, both sides
+    return a
+
+
+def compare(a, ref, label):
+    """Warms `ref` up (pp, tg and sessions methods, tokens/s each), then
+    alternates cellm and it a.reps times and prints the markdown table."""
+    for pp in a.pp:  # warm-up: pipelines, kernels, allocations
+        ref.pp(pp)
+    ref.tg(4)
+    ref.sessions(max(a.sessions), 2, a.p)
+    res = {k: ([], []) for k in [f"pp{n}" for n in a.pp] + ["tg"] + [f"s{s}" for s in a.sessions]}
     for _ in range(a.reps):
-        pp, tg = cellm_single(a.model, pps, a.tg)
-        for n, v in zip(pps, pp):
+        pp, tg = cellm_single(a.model, a.pp, a.tg)
+        for n, v in zip(a.pp, pp):
             res[f"pp{n}"][0].append(v)
         res["tg"][0].append(tg)
-        for s, v in zip(sessions, cellm_sessions(a.model, sessions, a.n, a.p, ctx)):
+        for s, v in zip(a.sessions, cellm_sessions(a.model, a.sessions, a.n, a.p, a.ctx)):
             res[f"s{s}"][0].append(v)
-        for n in pps:
-            res[f"pp{n}"][1].append(llm.pp(n))
-        res["tg"][1].append(llm.tg(a.tg))
-        for s in sessions:
-            res[f"s{s}"][1].append(llm.sessions(s, a.n, a.p))
-    print("| test | cellm tokens/s | llama.cpp tokens/s | cellm / llama.cpp |")
+        for n in a.pp:
+            res[f"pp{n}"][1].append(ref.pp(n))
+        res["tg"][1].append(ref.tg(a.tg))
+        for s in a.sessions:
+            res[f"s{s}"][1].append(ref.sessions(s, a.n, a.p))
+    print(f"| test | cellm tokens/s | {label} tokens/s | cellm / {label} |")
     print("| --- | ---: | ---: | ---: |")
-    names = {f"pp{n}": f"pp{n}" for n in pps}
+    names = {f"pp{n}": f"pp{n}" for n in a.pp}
     names["tg"] = f"tg{a.tg}"
-    for s in sessions:
+    for s in a.sessions:
         names[f"s{s}"] = f"{s} session{'s' if s > 1 else ''}, {a.n} tokens each (decode)"
-    for k, (c, l) in res.items():
-        print(f"| {names[k]} | {fmt(c)} | {fmt(l)} | "
-              f"{statistics.median(c) / statistics.median(l):.2f} |")
-    for side, i in (("cellm", 0), ("llama.cpp", 1)):
-        one = statistics.median(res["s1"][i]) if "s1" in res else None
-        if one:
+    for k, (c, r) in res.items():
+        print(f"| {names[k]} | {fmt(c)} | {fmt(r)} | "
+              f"{statistics.median(c) / statistics.median(r):.2f} |")
+    if 1 in a.sessions:
+        for side, i in (("cellm", 0), (label, 1)):
+            one = statistics.median(res["s1"][i])
             print(f"<!-- {side}: " + ", ".join(
                 f"{s} sessions {statistics.median(res[f's{s}'][i]) / one:.1f}x one"
-                for s in sessions if s > 1) + " -->")
+                for s in a.sessions if s > 1) + " -->")
+
+
+def main():
+    a = parse_args()
+    llm = Llama(a.model, max(a.ctx * max(a.sessions), max(a.pp) + 64, a.tg + 64),
+                max(a.sessions))
+    if len(llm.text) < max(a.pp + [a.p, 16]):
+        raise SystemExit("the text is too short for the prompt")
+    compare(a, llm, "llama.cpp")
 
 
 if __name__ == "__main__":

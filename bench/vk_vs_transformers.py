@@ -18,14 +18,12 @@ Usage: python3 bench/vk_vs_transformers.py MODEL.gguf [--reps 3]
 Needs torch with CUDA, transformers and the gguf package; the cellm binary is
 $CELLM_BIN, else build/cellm.
 """
-import argparse
 import os
-import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from vk_vs_llama import cellm_sessions, cellm_single, fmt  # noqa: E402
+from vk_vs_llama import compare, parse_args  # noqa: E402
 
 
 class Torch:
@@ -72,51 +70,8 @@ class Torch:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("model")
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--pp", default="512,2048")
-    ap.add_argument("--tg", type=int, default=128)
-    ap.add_argument("--sessions", default="1,8,64")
-    ap.add_argument("-n", type=int, default=64)
-    ap.add_argument("-p", type=int, default=32)
-    a = ap.parse_args()
-    sessions = [int(x) for x in a.sessions.split(",")]
-    pps = [int(x) for x in a.pp.split(",")]
-    ctx = a.p + a.n + 16
-    ref = Torch(a.model)
-    for pp in pps:  # warm-up: kernels, allocator
-        ref.pp(pp)
-    ref.tg(4)
-    ref.sessions(max(sessions), 2, a.p)
-    res = {k: ([], []) for k in [f"pp{pp}" for pp in pps] + ["tg"] + [f"s{s}" for s in sessions]}
-    for _ in range(a.reps):
-        pp, tg = cellm_single(a.model, pps, a.tg)
-        for n, v in zip(pps, pp):
-            res[f"pp{n}"][0].append(v)
-        res["tg"][0].append(tg)
-        for s, v in zip(sessions, cellm_sessions(a.model, sessions, a.n, a.p, ctx)):
-            res[f"s{s}"][0].append(v)
-        for n in pps:
-            res[f"pp{n}"][1].append(ref.pp(n))
-        res["tg"][1].append(ref.tg(a.tg))
-        for s in sessions:
-            res[f"s{s}"][1].append(ref.sessions(s, a.n, a.p))
-    print("| test | cellm tokens/s | transformers tokens/s | cellm / transformers |")
-    print("| --- | ---: | ---: | ---: |")
-    names = {f"pp{n}": f"pp{n}" for n in pps}
-    names["tg"] = f"tg{a.tg}"
-    for s in sessions:
-        names[f"s{s}"] = f"{s} session{'s' if s > 1 else ''}, {a.n} tokens each (decode)"
-    for k, (c, t) in res.items():
-        print(f"| {names[k]} | {fmt(c)} | {fmt(t)} | "
-              f"{statistics.median(c) / statistics.median(t):.2f} |")
-    if 1 in sessions:
-        for side, i in (("cellm", 0), ("transformers", 1)):
-            one = statistics.median(res["s1"][i])
-            print(f"<!-- {side}: " + ", ".join(
-                f"{s} sessions {statistics.median(res[f's{s}'][i]) / one:.1f}x one"
-                for s in sessions if s > 1) + " -->")
+    a = parse_args()
+    compare(a, Torch(a.model), "transformers")
 
 
 if __name__ == "__main__":
