@@ -9,7 +9,10 @@
  * variant, stored rows within the format's step of their input, and the
  * scalar one against a double-precision sum over the dequantized rows.
  * The rotation of the rotated types: orthogonal, undone by attn_unrotate,
- * and it spreads a single outlier over the whole head.
+ * and it spreads a single outlier over the whole head. The tile forms
+ * (many queries at once: dot_tile, axpy_tile) give each query the scalar
+ * single forms' bits, and softmax gives the bits of its definition
+ * (xm_expf, a double sum in order, f16 rounding) in every variant.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,6 +24,7 @@
 
 #include <cmocka.h>
 
+#include "base/xmath.h"
 #include "cpu/attention.h"
 #include "format/kernels/fp16.h"
 #include "format/kernels/kernels.h"
@@ -319,6 +323,123 @@ static void test_rotation(void **state) {
     }
 }
 
+/* The tile kernels of every format and variant against the scalar single
+ * forms, query by query, bit for bit: odd query and key counts, head sizes
+ * with and without a SIMD tail. */
+static void check_tiles(const attn_kernels *a, const char *name) {
+    const attn_kernels *r = attn_kernels_ref();
+    static const size_t nqs[] = {1, 3, 7, 12, 16}, nks[] = {1, 3, 4, 9, 37};
+    static const size_t sizes[] = {8, 32, 64, 72, 96, 99, 128};
+    enum { MAXN = 128, MAXQ = 16, ROWS = 37, ROWB = MAXN * 2 };
+    static float q[MAXQ * MAXN], x[MAXN], out[MAXQ * ROWS], acc[MAXQ][MAXN], want[MAXN];
+    static float w[MAXQ][ROWS];
+    static uint8_t rows[ROWS][ROWB];
+    for (int f = 0; f < KV_FMT_COUNT; f++)
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+            const size_t n = sizes[si];
+            if (f != KV_FMT_F16 && n % 32) continue;
+            for (size_t qi = 0; qi < sizeof nqs / sizeof nqs[0]; qi++)
+                for (size_t ki = 0; ki < sizeof nks / sizeof nks[0]; ki++) {
+                    const size_t nq = nqs[qi], nk = nks[ki];
+                    for (size_t i = 0; i < nq * n; i++) q[i] = rnd() * (i % 5 ? 1.0f : 40.0f);
+                    const void *kr[ROWS];
+                    for (size_t j = 0; j < nk; j++) {
+                        for (size_t i = 0; i < n; i++) x[i] = rnd() * (i % 29 == 3 ? 20.0f : 1.0f);
+                        r->kv[f].store(rows[j], x, n);
+                        kr[j] = rows[j];
+                    }
+                    a->kv[f].dot_tile(q, nq, kr, nk, n, out, ROWS);
+                    for (size_t i = 0; i < nq; i++)
+                        for (size_t j = 0; j < nk; j++) {
+                            const float d = r->kv[f].dot(q + i * n, kr[j], n);
+                            if (memcmp(&d, &out[i * ROWS + j], sizeof d) != 0)
+                                fail_msg("%s format %d n=%zu nq=%zu nk=%zu: dot_tile[%zu][%zu] %a, "
+                                         "dot %a",
+                                         name, f, n, nq, nk, i, j, out[i * ROWS + j], d);
+                        }
+                    float *accp[MAXQ];
+                    const float *wp[MAXQ];
+                    for (size_t i = 0; i < nq; i++) {
+                        for (size_t c = 0; c < n; c++) acc[i][c] = rnd();
+                        for (size_t j = 0; j < nk; j++) w[i][j] = rnd();
+                        accp[i] = acc[i];
+                        wp[i] = w[i];
+                    }
+                    static float before[MAXQ][MAXN];
+                    memcpy(before, acc, sizeof acc);
+                    a->kv[f].axpy_tile(accp, wp, nq, kr, nk, n);
+                    for (size_t i = 0; i < nq; i++) {
+                        memcpy(want, before[i], n * sizeof(float));
+                        r->kv[f].axpy_rows(want, w[i], kr, nk, n);
+                        if (memcmp(want, acc[i], n * sizeof(float)) != 0)
+                            fail_msg(
+                                "%s format %d n=%zu nq=%zu nk=%zu: axpy_tile query %zu differs",
+                                name, f, n, nq, nk, i);
+                    }
+                }
+        }
+}
+
+/* softmax as attention.h defines it, one query at a time. */
+static void softmax_spec(float *x, int32_t n, float scale, float softcap) {
+    float mx = -INFINITY;
+    for (int32_t p = 0; p < n; p++) {
+        float v = x[p] * scale;
+        if (softcap > 0) v = softcap * xm_tanhf(v / softcap);
+        x[p] = v;
+        if (v > mx) mx = v;
+    }
+    double sum = 0;
+    for (int32_t p = 0; p < n; p++) {
+        x[p] = xm_expf(x[p] - mx);
+        sum += x[p];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int32_t p = 0; p < n; p++) x[p] = fp16_to_fp32(fp32_to_fp16(x[p] * inv));
+}
+
+static void check_softmax(const attn_kernels *a, const char *name) {
+    enum { MAXQ = 16, MAXP = 300 };
+    static float s[MAXQ][MAXP], want[MAXQ][MAXP];
+    static const size_t nqs[] = {1, 5, 9, 16};
+    for (int round = 0; round < 40; round++)
+        for (size_t qi = 0; qi < sizeof nqs / sizeof nqs[0]; qi++) {
+            const size_t nq = nqs[qi];
+            /* Spreads from narrow to past exp's underflow at -104, and a
+             * few infinite or huge scores. */
+            const float spread = round % 4 == 0 ? 0.5f : round % 4 == 1 ? 30.0f : 400.0f;
+            const float softcap = round % 5 == 4 ? 50.0f : 0.0f;
+            float *sp[MAXQ];
+            int32_t n[MAXQ];
+            for (size_t i = 0; i < nq; i++) {
+                n[i] = 1 + (int32_t)((rnd() + 1.0f) * 0.5f * (MAXP - 1));
+                for (int32_t p = 0; p < n[i]; p++) s[i][p] = rnd() * spread;
+                if (round % 7 == 3) s[i][n[i] / 2] = -INFINITY;
+                if (round % 11 == 5) s[i][n[i] - 1] = 1e30f;
+                memcpy(want[i], s[i], (size_t)n[i] * sizeof(float));
+                softmax_spec(want[i], n[i], 0.125f, softcap);
+                sp[i] = s[i];
+            }
+            a->softmax(sp, n, nq, 0.125f, softcap);
+            for (size_t i = 0; i < nq; i++)
+                if (memcmp(s[i], want[i], (size_t)n[i] * sizeof(float)) != 0)
+                    fail_msg("%s softmax round %d query %zu of %zu (n %d) differs", name, round, i,
+                             nq, n[i]);
+        }
+}
+
+static void test_tiles_exact(void **state) {
+    (void)state;
+    check_tiles(attn_kernels_ref(), "ref");
+    check_softmax(attn_kernels_ref(), "ref");
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        const attn_kernels *ak = attn_kernels_variant(variants[v]);
+        if (!ak) continue;
+        check_tiles(ak, variants[v]);
+        check_softmax(ak, variants[v]);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_forms_exact),
@@ -326,6 +447,7 @@ int main(void) {
         cmocka_unit_test(test_quantized_rows),
         cmocka_unit_test(test_f16_rows),
         cmocka_unit_test(test_rotation),
+        cmocka_unit_test(test_tiles_exact),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,9 +16,9 @@
 
 /* ln 2 and pi/2 split into a head with trailing zero bits (so k * head is
  * exact for the k used here) and the rest. */
-static const double LN2_HI = 6.93147180369123816490e-01;
-static const double LN2_LO = 1.90821492927058770002e-10;
-static const double INV_LN2 = 1.44269504088896338700e+00;
+static const double LN2_HI = XM_LN2_HI;
+static const double LN2_LO = XM_LN2_LO;
+static const double INV_LN2 = XM_INV_LN2;
 static const double PIO2_1 = 1.57079632673412561417e+00;
 static const double PIO2_2 = 6.07710050650619224932e-11;
 static const double PIO2_3 = 2.02226624879595063154e-21;
@@ -38,38 +38,38 @@ static long nearest(double v) {
 }
 
 /* 2^(j/32), j = 0..31, each the double nearest the true value. */
-static const double EXP2_J32[32] = {1.0,
-                                    1.0218971486541166,
-                                    1.0442737824274138,
-                                    1.0671404006768237,
-                                    1.0905077326652577,
-                                    1.1143867425958924,
-                                    1.1387886347566916,
-                                    1.1637248587775775,
-                                    1.189207115002721,
-                                    1.215247359980469,
-                                    1.241857812073484,
-                                    1.2690509571917332,
-                                    1.2968395546510096,
-                                    1.3252366431597413,
-                                    1.3542555469368927,
-                                    1.383909881963832,
-                                    1.4142135623730951,
-                                    1.4451808069770467,
-                                    1.4768261459394993,
-                                    1.5091644275934228,
-                                    1.5422108254079407,
-                                    1.5759808451078865,
-                                    1.6104903319492543,
-                                    1.645755478153965,
-                                    1.681792830507429,
-                                    1.718619298122478,
-                                    1.7562521603732995,
-                                    1.7947090750031072,
-                                    1.8340080864093424,
-                                    1.8741676341103,
-                                    1.9152065613971474,
-                                    1.9571441241754002};
+const double xm_exp2_j32[32] = {1.0,
+                                1.0218971486541166,
+                                1.0442737824274138,
+                                1.0671404006768237,
+                                1.0905077326652577,
+                                1.1143867425958924,
+                                1.1387886347566916,
+                                1.1637248587775775,
+                                1.189207115002721,
+                                1.215247359980469,
+                                1.241857812073484,
+                                1.2690509571917332,
+                                1.2968395546510096,
+                                1.3252366431597413,
+                                1.3542555469368927,
+                                1.383909881963832,
+                                1.4142135623730951,
+                                1.4451808069770467,
+                                1.4768261459394993,
+                                1.5091644275934228,
+                                1.5422108254079407,
+                                1.5759808451078865,
+                                1.6104903319492543,
+                                1.645755478153965,
+                                1.681792830507429,
+                                1.718619298122478,
+                                1.7562521603732995,
+                                1.7947090750031072,
+                                1.8340080864093424,
+                                1.8741676341103,
+                                1.9152065613971474,
+                                1.9571441241754002};
 
 /* e^x in double for -110 < x < 90: x = (32m + j) ln2/32 + r with |r| <=
  * ln2/64, e^x = 2^m * 2^(j/32) * e^r, e^r by Taylor to degree 5 (the next
@@ -85,7 +85,7 @@ static inline __attribute__((always_inline)) double exp_d(double x) {
         1.0 + r * (1.0 + r * (1.0 / 2.0 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0)))));
     const int64_t k = (int64_t)kd, j = k & 31, m = (k - j) / 32;
     uint64_t tb;
-    memcpy(&tb, &EXP2_J32[j], sizeof tb);
+    memcpy(&tb, &xm_exp2_j32[j], sizeof tb);
     tb += (uint64_t)m << 52;
     double t;
     memcpy(&t, &tb, sizeof t);
@@ -95,7 +95,7 @@ static inline __attribute__((always_inline)) double exp_d(double x) {
 float xm_expf(float x) {
     if (!(x > -104.0f)) return x != x ? x : 0.0f;
     /* The largest float whose e^x is below FLT_MAX. */
-    if (x > 0x1.62e42ep+6f) return INFINITY;
+    if (x > XM_EXP_MAX) return INFINITY;
     return (float)exp_d((double)x);
 }
 

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/xmath.h"
 #include "format/kernels/blocks.h"
 #include "format/kernels/fp16.h"
 #include "format/kernels/kernels.h"
@@ -182,14 +183,103 @@ REF_Q_KERNELS(KV_FMT_Q8_0, q8_0)
 REF_Q_KERNELS(KV_FMT_Q4_0, q4_0)
 REF_Q_KERNELS(KV_FMT_Q5_0, q5_0)
 
+/* dot_tile and axpy_tile of a format from its dot, dot4 and axpy_rows:
+ * query by query (the bits are theirs by construction; the SIMD variants
+ * replace the ones that pay). */
+#define GENERIC_TILES(pfx, sfx, dotf, dot4f, axpyf)                                                \
+    static void pfx##_dot_tile_##sfx(const float *q, size_t nq, const void *const *k, size_t nk,   \
+                                     size_t n, float *out, size_t ostride) {                       \
+        for (size_t i = 0; i < nq; i++, q += n, out += ostride) {                                  \
+            size_t j = 0;                                                                          \
+            for (; j + 4 <= nk; j += 4) dot4f(q, k + j, n, out + j);                               \
+            for (; j < nk; j++) out[j] = dotf(q, k[j], n);                                         \
+        }                                                                                          \
+    }                                                                                              \
+    static void pfx##_axpy_tile_##sfx(float *const *acc, const float *const *w, size_t nq,         \
+                                      const void *const *v, size_t nk, size_t n) {                 \
+        for (size_t i = 0; i < nq; i++) axpyf(acc[i], w[i], v, nk, n);                             \
+    }
+
+GENERIC_TILES(ref, f16, ref_kv_dot_f16, ref_kv_dot4_f16, ref_kv_axpy_rows_f16)
+GENERIC_TILES(ref, q8_0, ref_dot_q8_0, ref_dot4_q8_0, ref_axpy_rows_q8_0)
+GENERIC_TILES(ref, q4_0, ref_dot_q4_0, ref_dot4_q4_0, ref_axpy_rows_q4_0)
+GENERIC_TILES(ref, q5_0, ref_dot_q5_0, ref_dot4_q5_0, ref_axpy_rows_q5_0)
+
+/* The softmax of attn_kernels, with a variant's exp (expn: x[i] =
+ * xm_expf(x[i] - mx), bit for bit), max (scale_max: x[i] *= scale, and the
+ * largest x[i], -inf when none is larger) and f16 rounding. The double sums
+ * run for up to eight queries at once, each in its own index order, so
+ * their additions overlap. */
+static inline __attribute__((always_inline)) void
+softmax_with(float *const *s, const int32_t *n, size_t nq, float scale, float softcap,
+             float (*scale_max)(float *x, size_t n, float scale),
+             void (*expn)(float *x, size_t n, float mx),
+             void (*round_f16)(float *out, const float *x, float s, size_t n)) {
+    for (size_t i = 0; i < nq; i++) {
+        float *x = s[i], mx = -INFINITY;
+        if (softcap > 0) {
+            for (int32_t p = 0; p < n[i]; p++) {
+                const float v = softcap * xm_tanhf(x[p] * scale / softcap);
+                x[p] = v;
+                if (v > mx) mx = v;
+            }
+        } else {
+            mx = scale_max(x, (size_t)n[i], scale);
+        }
+        expn(x, (size_t)n[i], mx);
+    }
+    for (size_t i0 = 0; i0 < nq; i0 += 8) {
+        const size_t g = nq - i0 < 8 ? nq - i0 : 8;
+        double sum[8] = {0};
+        int32_t common = n[i0];
+        for (size_t i = 1; i < g; i++)
+            if (n[i0 + i] < common) common = n[i0 + i];
+        for (int32_t p = 0; p < common; p++)
+            for (size_t i = 0; i < g; i++) sum[i] += s[i0 + i][p];
+        for (size_t i = 0; i < g; i++) {
+            for (int32_t p = common; p < n[i0 + i]; p++) sum[i] += s[i0 + i][p];
+            round_f16(s[i0 + i], s[i0 + i], (float)(1.0 / sum[i]), (size_t)n[i0 + i]);
+        }
+    }
+}
+
+static float ref_scale_max(float *x, size_t n, float scale) {
+    float mx = -INFINITY;
+    for (size_t i = 0; i < n; i++) {
+        x[i] *= scale;
+        if (x[i] > mx) mx = x[i];
+    }
+    return mx;
+}
+
+static void ref_expn(float *x, size_t n, float mx) {
+    for (size_t i = 0; i < n; i++) x[i] = xm_expf(x[i] - mx);
+}
+
+static void ref_softmax(float *const *s, const int32_t *n, size_t nq, float scale, float softcap) {
+    softmax_with(s, n, nq, scale, softcap, ref_scale_max, ref_expn, ref_scale_round_f16);
+}
+
 #define KV_OPS_F16(pfx)                                                                            \
-    { pfx##_kv_dot_f16, pfx##_kv_dot4_f16, pfx##_kv_axpy_rows_f16, store_f16 }
+    {                                                                                              \
+        pfx##_kv_dot_f16, pfx##_kv_dot4_f16, pfx##_kv_axpy_rows_f16, store_f16,                    \
+            pfx##_dot_tile_f16, pfx##_axpy_tile_f16                                                \
+    }
 #define KV_OPS_Q8_0(pfx)                                                                           \
-    { pfx##_dot_q8_0, pfx##_dot4_q8_0, pfx##_axpy_rows_q8_0, store_q8_0 }
+    {                                                                                              \
+        pfx##_dot_q8_0, pfx##_dot4_q8_0, pfx##_axpy_rows_q8_0, store_q8_0, pfx##_dot_tile_q8_0,    \
+            pfx##_axpy_tile_q8_0                                                                   \
+    }
 #define KV_OPS_Q4_0(pfx)                                                                           \
-    { pfx##_dot_q4_0, pfx##_dot4_q4_0, pfx##_axpy_rows_q4_0, store_q4_0 }
+    {                                                                                              \
+        pfx##_dot_q4_0, pfx##_dot4_q4_0, pfx##_axpy_rows_q4_0, store_q4_0, pfx##_dot_tile_q4_0,    \
+            pfx##_axpy_tile_q4_0                                                                   \
+    }
 #define KV_OPS_Q5_0(pfx)                                                                           \
-    { pfx##_dot_q5_0, pfx##_dot4_q5_0, pfx##_axpy_rows_q5_0, store_q5_0 }
+    {                                                                                              \
+        pfx##_dot_q5_0, pfx##_dot4_q5_0, pfx##_axpy_rows_q5_0, store_q5_0, pfx##_dot_tile_q5_0,    \
+            pfx##_axpy_tile_q5_0                                                                   \
+    }
 
 static const attn_kernels ref_kernels = {
     .dot_f16 = ref_dot_f16,
@@ -198,6 +288,7 @@ static const attn_kernels ref_kernels = {
     .dot4_f16 = ref_dot4_f16,
     .axpy_rows_f16 = ref_axpy_rows_f16,
     .scale_round_f16 = ref_scale_round_f16,
+    .softmax = ref_softmax,
     .kv = {KV_OPS_F16(ref), KV_OPS_Q8_0(ref), KV_OPS_Q4_0(ref), KV_OPS_Q5_0(ref)},
 };
 
@@ -423,6 +514,135 @@ AVX2_Q_KERNELS(KV_FMT_Q8_0, q8_0)
 AVX2_Q_KERNELS(KV_FMT_Q4_0, q4_0)
 AVX2_Q_KERNELS(KV_FMT_Q5_0, q5_0)
 
+GENERIC_TILES(avx2, q8_0, avx2_dot_q8_0, avx2_dot4_q8_0, avx2_axpy_rows_q8_0)
+GENERIC_TILES(avx2, q4_0, avx2_dot_q4_0, avx2_dot4_q4_0, avx2_axpy_rows_q4_0)
+GENERIC_TILES(avx2, q5_0, avx2_dot_q5_0, avx2_dot4_q5_0, avx2_axpy_rows_q5_0)
+
+/* f16 keys for several queries: avx2_dot_f16's lanes per (query, key), two
+ * keys and up to six queries at a time (twelve independent sums), each key
+ * converted once per group of queries. n a multiple of 8, else query by
+ * query. */
+AVX2_ATTR static void avx2_dot_tile_f16(const float *q, size_t nq, const void *const *k, size_t nk,
+                                        size_t n, float *out, size_t ostride) {
+    if (n % 8) {
+        for (size_t i = 0; i < nq; i++)
+            for (size_t j = 0; j < nk; j++) out[i * ostride + j] = avx2_dot_f16(q + i * n, k[j], n);
+        return;
+    }
+    size_t j = 0;
+    for (; j + 2 <= nk; j += 2) {
+        const uint16_t *k0 = k[j], *k1 = k[j + 1];
+        for (size_t i0 = 0; i0 < nq; i0 += 6) {
+            const size_t g = nq - i0 < 6 ? nq - i0 : 6;
+            __m256 a0[6], a1[6];
+            for (size_t i = 0; i < 6; i++) a0[i] = a1[i] = _mm256_setzero_ps();
+            for (size_t e = 0; e < n; e += 8) {
+                const __m256 c0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k0 + e)));
+                const __m256 c1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k1 + e)));
+                for (size_t i = 0; i < g; i++) {
+                    const __m256 qv = _mm256_loadu_ps(q + (i0 + i) * n + e);
+                    a0[i] = _mm256_fmadd_ps(qv, c0, a0[i]);
+                    a1[i] = _mm256_fmadd_ps(qv, c1, a1[i]);
+                }
+            }
+            for (size_t i = 0; i < g; i++) {
+                out[(i0 + i) * ostride + j] = avx2_lanes_sum(a0[i]);
+                out[(i0 + i) * ostride + j + 1] = avx2_lanes_sum(a1[i]);
+            }
+        }
+    }
+    for (; j < nk; j++)
+        for (size_t i = 0; i < nq; i++) out[i * ostride + j] = avx2_dot_f16(q + i * n, k[j], n);
+}
+
+/* f16 value rows for several queries: 8 columns of up to twelve queries'
+ * accumulators in registers, each row converted once per group: the fused
+ * multiply-adds of avx2_axpy_f16, row after row. n a multiple of 8, else
+ * query by query. */
+AVX2_ATTR static void avx2_axpy_tile_f16(float *const *acc, const float *const *w, size_t nq,
+                                         const void *const *v, size_t nk, size_t n) {
+    if (n % 8) {
+        for (size_t i = 0; i < nq; i++)
+            for (size_t j = 0; j < nk; j++) avx2_axpy_f16(acc[i], w[i][j], v[j], n);
+        return;
+    }
+    for (size_t i0 = 0; i0 < nq; i0 += 12) {
+        const size_t g = nq - i0 < 12 ? nq - i0 : 12;
+        for (size_t c = 0; c < n; c += 8) {
+            __m256 a[12];
+            for (size_t i = 0; i < g; i++) a[i] = _mm256_loadu_ps(acc[i0 + i] + c);
+            for (size_t j = 0; j < nk; j++) {
+                const __m256 vv =
+                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)v[j] + c)));
+                for (size_t i = 0; i < g; i++)
+                    a[i] = _mm256_fmadd_ps(_mm256_set1_ps(w[i0 + i][j]), vv, a[i]);
+            }
+            for (size_t i = 0; i < g; i++) _mm256_storeu_ps(acc[i0 + i] + c, a[i]);
+        }
+    }
+}
+
+/* x *= scale and the largest x (MAXPS keeps its second operand when the
+ * first is NaN or both are zeros, as `if (x > mx) mx = x` does). */
+AVX2_ATTR static float avx2_scale_max(float *x, size_t n, float scale) {
+    const __m256 sv = _mm256_set1_ps(scale);
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), sv);
+        _mm256_storeu_ps(x + i, v);
+        m = _mm256_max_ps(v, m);
+    }
+    float l[8], mx = -INFINITY;
+    _mm256_storeu_ps(l, m);
+    for (int j = 0; j < 8; j++)
+        if (l[j] > mx) mx = l[j];
+    for (; i < n; i++) {
+        x[i] *= scale;
+        if (x[i] > mx) mx = x[i];
+    }
+    return mx;
+}
+
+/* xm_expf of four floats, in xmath.h's operations on four doubles. */
+AVX2_ATTR static inline __m128 avx2_exp4(__m128 xf) {
+    const __m256d x = _mm256_cvtps_pd(xf), shifter = _mm256_set1_pd(0x1.8p52);
+    const __m256d kd = _mm256_sub_pd(
+        _mm256_add_pd(_mm256_mul_pd(x, _mm256_set1_pd(32.0 * XM_INV_LN2)), shifter), shifter);
+    const __m256d r =
+        _mm256_sub_pd(_mm256_sub_pd(x, _mm256_mul_pd(kd, _mm256_set1_pd(XM_LN2_HI / 32.0))),
+                      _mm256_mul_pd(kd, _mm256_set1_pd(XM_LN2_LO / 32.0)));
+    __m256d p = _mm256_mul_pd(r, _mm256_set1_pd(1.0 / 120.0));
+    p = _mm256_mul_pd(r, _mm256_add_pd(_mm256_set1_pd(1.0 / 24.0), p));
+    p = _mm256_mul_pd(r, _mm256_add_pd(_mm256_set1_pd(1.0 / 6.0), p));
+    p = _mm256_mul_pd(r, _mm256_add_pd(_mm256_set1_pd(1.0 / 2.0), p));
+    p = _mm256_mul_pd(r, _mm256_add_pd(_mm256_set1_pd(1.0), p));
+    p = _mm256_add_pd(_mm256_set1_pd(1.0), p);
+    /* |kd| < 2^13 in range: int32 holds k exactly. */
+    const __m128i k = _mm256_cvttpd_epi32(kd), j = _mm_and_si128(k, _mm_set1_epi32(31));
+    const __m128i m = _mm_srai_epi32(_mm_sub_epi32(k, j), 5);
+    const __m256d t = _mm256_i32gather_pd(xm_exp2_j32, j, 8);
+    const __m256i tb =
+        _mm256_add_epi64(_mm256_castpd_si256(t), _mm256_slli_epi64(_mm256_cvtepi32_epi64(m), 52));
+    __m128 e = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_castsi256_pd(tb), p));
+    e = _mm_and_ps(e, _mm_cmp_ps(xf, _mm_set1_ps(-104.0f), _CMP_GT_OQ));
+    e = _mm_blendv_ps(e, _mm_set1_ps(INFINITY),
+                      _mm_cmp_ps(xf, _mm_set1_ps(XM_EXP_MAX), _CMP_GT_OQ));
+    return _mm_blendv_ps(e, xf, _mm_cmp_ps(xf, xf, _CMP_UNORD_Q));
+}
+
+AVX2_ATTR static void avx2_expn(float *x, size_t n, float mx) {
+    const __m128 mv = _mm_set1_ps(mx);
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) _mm_storeu_ps(x + i, avx2_exp4(_mm_sub_ps(_mm_loadu_ps(x + i), mv)));
+    for (; i < n; i++) x[i] = xm_expf(x[i] - mx);
+}
+
+AVX2_ATTR static void avx2_softmax(float *const *s, const int32_t *n, size_t nq, float scale,
+                                   float softcap) {
+    softmax_with(s, n, nq, scale, softcap, avx2_scale_max, avx2_expn, avx2_scale_round_f16);
+}
+
 static const attn_kernels avx2_kernels = {
     .dot_f16 = avx2_dot_f16,
     .axpy_f16 = avx2_axpy_f16,
@@ -430,6 +650,7 @@ static const attn_kernels avx2_kernels = {
     .dot4_f16 = avx2_dot4_f16,
     .axpy_rows_f16 = avx2_axpy_rows_f16,
     .scale_round_f16 = avx2_scale_round_f16,
+    .softmax = avx2_softmax,
     .kv = {KV_OPS_F16(avx2), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_Q5_0(avx2)},
 };
 
@@ -444,6 +665,19 @@ static const attn_kernels avx2_kernels = {
 AVX512_ATTR static inline __m256i avx512_load_f16_pair(const uint16_t *a, const uint16_t *b) {
     return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
                                    _mm_loadu_si128((const __m128i *)b), 1);
+}
+
+/* dot_finish's tree (no tail) for four keys at once, keys 0 and 1 in the
+ * halves of a01, 2 and 3 in a23; key j goes to the 128-bit lane j: lanes
+ * 0..3 plus 4..7, then (0+4)+(1+5) and (2+6)+(3+7), then their sum. */
+AVX512_ATTR static inline void avx512_finish4(__m512 a01, __m512 a23, float out[4]) {
+    const __m512 lo = _mm512_shuffle_f32x4(a01, a23, _MM_SHUFFLE(2, 0, 2, 0)),
+                 hi = _mm512_shuffle_f32x4(a01, a23, _MM_SHUFFLE(3, 1, 3, 1));
+    __m512 s = _mm512_add_ps(lo, hi);
+    s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(
+                           _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s)));
 }
 
 AVX512_ATTR static void avx512_dot4_f16(const float *q, const uint16_t *const k[4], size_t n,
@@ -464,16 +698,7 @@ AVX512_ATTR static void avx512_dot4_f16(const float *q, const uint16_t *const k[
         out[3] = dot_finish(_mm512_extractf32x8_ps(a23, 1), q, k[3], i, n);
         return;
     }
-    /* No tail: dot_finish's tree for the four keys at once, key j in the
-     * 128-bit lane j: lanes 0..3 plus 4..7, then (0+4)+(1+5) and
-     * (2+6)+(3+7), then their sum. */
-    const __m512 lo = _mm512_shuffle_f32x4(a01, a23, _MM_SHUFFLE(2, 0, 2, 0)),
-                 hi = _mm512_shuffle_f32x4(a01, a23, _MM_SHUFFLE(3, 1, 3, 1));
-    __m512 s = _mm512_add_ps(lo, hi);
-    s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(2, 3, 0, 1)));
-    s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(1, 0, 3, 2)));
-    _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(
-                           _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), s)));
+    avx512_finish4(a01, a23, out);
 }
 
 /* Columns c..c+16*U-1 of acc in U registers across all the rows. */
@@ -522,6 +747,125 @@ AVX512_ATTR static float avx512_dot_f16(const float *q, const uint16_t *k, size_
 
 KV_F16_WRAPPERS(avx512)
 
+/* f16 keys for several queries: avx512_dot4_f16's registers (two keys per
+ * zmm) for four keys and up to eight queries at a time, sixteen independent
+ * sums, each key converted once per group of queries. n a multiple of 8,
+ * else the AVX2 kernel. */
+AVX512_ATTR static void avx512_dot_tile_f16(const float *q, size_t nq, const void *const *k,
+                                            size_t nk, size_t n, float *out, size_t ostride) {
+    if (n % 8) {
+        avx2_dot_tile_f16(q, nq, k, nk, n, out, ostride);
+        return;
+    }
+    size_t j = 0;
+    for (; j + 4 <= nk; j += 4) {
+        const uint16_t *k0 = k[j], *k1 = k[j + 1], *k2 = k[j + 2], *k3 = k[j + 3];
+        for (size_t i0 = 0; i0 < nq; i0 += 8) {
+            const size_t g = nq - i0 < 8 ? nq - i0 : 8;
+            __m512 a01[8], a23[8];
+            for (size_t i = 0; i < 8; i++) a01[i] = a23[i] = _mm512_setzero_ps();
+            for (size_t e = 0; e < n; e += 8) {
+                const __m512 c01 = _mm512_cvtph_ps(avx512_load_f16_pair(k0 + e, k1 + e));
+                const __m512 c23 = _mm512_cvtph_ps(avx512_load_f16_pair(k2 + e, k3 + e));
+                for (size_t i = 0; i < g; i++) {
+                    const __m512 qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(q + (i0 + i) * n + e));
+                    a01[i] = _mm512_fmadd_ps(qv, c01, a01[i]);
+                    a23[i] = _mm512_fmadd_ps(qv, c23, a23[i]);
+                }
+            }
+            for (size_t i = 0; i < g; i++)
+                avx512_finish4(a01[i], a23[i], out + (i0 + i) * ostride + j);
+        }
+    }
+    if (j < nk) avx2_dot_tile_f16(q, nq, k + j, nk - j, n, out + j, ostride);
+}
+
+/* f16 value rows for several queries: 16 columns of up to sixteen queries'
+ * accumulators in registers, each row converted once per group: the fused
+ * multiply-adds of avx512_axpy_cols, row after row. n a multiple of 16,
+ * else the AVX2 kernel. */
+AVX512_ATTR static void avx512_axpy_tile_f16(float *const *acc, const float *const *w, size_t nq,
+                                             const void *const *v, size_t nk, size_t n) {
+    if (n % 16) {
+        avx2_axpy_tile_f16(acc, w, nq, v, nk, n);
+        return;
+    }
+    for (size_t i0 = 0; i0 < nq; i0 += 16) {
+        const size_t g = nq - i0 < 16 ? nq - i0 : 16;
+        for (size_t c = 0; c < n; c += 16) {
+            __m512 a[16];
+            for (size_t i = 0; i < g; i++) a[i] = _mm512_loadu_ps(acc[i0 + i] + c);
+            for (size_t j = 0; j < nk; j++) {
+                const __m512 vv = _mm512_cvtph_ps(
+                    _mm256_loadu_si256((const __m256i *)((const uint16_t *)v[j] + c)));
+                for (size_t i = 0; i < g; i++)
+                    a[i] = _mm512_fmadd_ps(_mm512_set1_ps(w[i0 + i][j]), vv, a[i]);
+            }
+            for (size_t i = 0; i < g; i++) _mm512_storeu_ps(acc[i0 + i] + c, a[i]);
+        }
+    }
+}
+
+AVX512_ATTR static float avx512_scale_max(float *x, size_t n, float scale) {
+    const __m512 sv = _mm512_set1_ps(scale);
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), sv);
+        _mm512_storeu_ps(x + i, v);
+        m = _mm512_max_ps(v, m);
+    }
+    float l[16], mx = avx2_scale_max(x + i, n - i, scale);
+    _mm512_storeu_ps(l, m);
+    for (int j = 0; j < 16; j++)
+        if (l[j] > mx) mx = l[j];
+    return mx;
+}
+
+/* xm_expf of eight floats, in xmath.h's operations on eight doubles. */
+AVX512_ATTR static inline __m256 avx512_exp8(__m256 xf) {
+    const __m512d x = _mm512_cvtps_pd(xf), shifter = _mm512_set1_pd(0x1.8p52);
+    const __m512d kd = _mm512_sub_pd(
+        _mm512_add_pd(_mm512_mul_pd(x, _mm512_set1_pd(32.0 * XM_INV_LN2)), shifter), shifter);
+    const __m512d r =
+        _mm512_sub_pd(_mm512_sub_pd(x, _mm512_mul_pd(kd, _mm512_set1_pd(XM_LN2_HI / 32.0))),
+                      _mm512_mul_pd(kd, _mm512_set1_pd(XM_LN2_LO / 32.0)));
+    __m512d p = _mm512_mul_pd(r, _mm512_set1_pd(1.0 / 120.0));
+    p = _mm512_mul_pd(r, _mm512_add_pd(_mm512_set1_pd(1.0 / 24.0), p));
+    p = _mm512_mul_pd(r, _mm512_add_pd(_mm512_set1_pd(1.0 / 6.0), p));
+    p = _mm512_mul_pd(r, _mm512_add_pd(_mm512_set1_pd(1.0 / 2.0), p));
+    p = _mm512_mul_pd(r, _mm512_add_pd(_mm512_set1_pd(1.0), p));
+    p = _mm512_add_pd(_mm512_set1_pd(1.0), p);
+    const __m512i k = _mm512_cvttpd_epi64(kd), j = _mm512_and_si512(k, _mm512_set1_epi64(31));
+    const __m512i m = _mm512_srai_epi64(_mm512_sub_epi64(k, j), 5);
+    /* The table in four registers: entries j & 15 of the first or the
+     * second half, picked by bit 4 of j. */
+    const __m512d t0 = _mm512_loadu_pd(xm_exp2_j32), t1 = _mm512_loadu_pd(xm_exp2_j32 + 8),
+                  t2 = _mm512_loadu_pd(xm_exp2_j32 + 16), t3 = _mm512_loadu_pd(xm_exp2_j32 + 24);
+    const __m512d t =
+        _mm512_mask_blend_pd(_mm512_test_epi64_mask(j, _mm512_set1_epi64(16)),
+                             _mm512_permutex2var_pd(t0, j, t1), _mm512_permutex2var_pd(t2, j, t3));
+    const __m512i tb = _mm512_add_epi64(_mm512_castpd_si512(t), _mm512_slli_epi64(m, 52));
+    __m256 e = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_castsi512_pd(tb), p));
+    e = _mm256_maskz_mov_ps(_mm256_cmp_ps_mask(xf, _mm256_set1_ps(-104.0f), _CMP_GT_OQ), e);
+    e = _mm256_mask_mov_ps(e, _mm256_cmp_ps_mask(xf, _mm256_set1_ps(XM_EXP_MAX), _CMP_GT_OQ),
+                           _mm256_set1_ps(INFINITY));
+    return _mm256_mask_mov_ps(e, _mm256_cmp_ps_mask(xf, xf, _CMP_UNORD_Q), xf);
+}
+
+AVX512_ATTR static void avx512_expn(float *x, size_t n, float mx) {
+    const __m256 mv = _mm256_set1_ps(mx);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, avx512_exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv)));
+    avx2_expn(x + i, n - i, mx);
+}
+
+AVX512_ATTR static void avx512_softmax(float *const *s, const int32_t *n, size_t nq, float scale,
+                                       float softcap) {
+    softmax_with(s, n, nq, scale, softcap, avx512_scale_max, avx512_expn, avx512_scale_round_f16);
+}
+
 static const attn_kernels avx512_kernels = {
     .dot_f16 = avx2_dot_f16,
     .axpy_f16 = avx2_axpy_f16,
@@ -529,6 +873,7 @@ static const attn_kernels avx512_kernels = {
     .dot4_f16 = avx512_dot4_f16,
     .axpy_rows_f16 = avx512_axpy_rows_f16,
     .scale_round_f16 = avx512_scale_round_f16,
+    .softmax = avx512_softmax,
     .kv = {KV_OPS_F16(avx512), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_Q5_0(avx2)},
 };
 #endif
@@ -728,6 +1073,78 @@ NEON_Q_KERNELS(KV_FMT_Q8_0, q8_0)
 NEON_Q_KERNELS(KV_FMT_Q4_0, q4_0)
 NEON_Q_KERNELS(KV_FMT_Q5_0, q5_0)
 
+GENERIC_TILES(neon, q8_0, neon_dot_q8_0, neon_dot4_q8_0, neon_axpy_rows_q8_0)
+GENERIC_TILES(neon, q4_0, neon_dot_q4_0, neon_dot4_q4_0, neon_axpy_rows_q4_0)
+GENERIC_TILES(neon, q5_0, neon_dot_q5_0, neon_dot4_q5_0, neon_axpy_rows_q5_0)
+
+/* f16 keys for several queries: neon_dot_f16's lanes per (query, key),
+ * two keys and up to four queries at a time, each key converted once per
+ * group. n a multiple of 8, else query by query. */
+static void neon_dot_tile_f16(const float *q, size_t nq, const void *const *k, size_t nk, size_t n,
+                              float *out, size_t ostride) {
+    size_t j = 0;
+    if (n % 8 == 0)
+        for (; j + 2 <= nk; j += 2) {
+            const uint16_t *kk[2] = {k[j], k[j + 1]};
+            for (size_t i0 = 0; i0 < nq; i0 += 4) {
+                const size_t g = nq - i0 < 4 ? nq - i0 : 4;
+                float32x4_t lo[4][2], hi[4][2];
+                for (size_t i = 0; i < 4; i++)
+                    for (int t = 0; t < 2; t++) lo[i][t] = hi[i][t] = vdupq_n_f32(0.0f);
+                for (size_t e = 0; e < n; e += 8) {
+                    float32x4_t cl[2], ch[2];
+                    for (int t = 0; t < 2; t++) {
+                        cl[t] = neon_load_f16x4(kk[t] + e);
+                        ch[t] = neon_load_f16x4(kk[t] + e + 4);
+                    }
+                    for (size_t i = 0; i < g; i++) {
+                        const float *qi = q + (i0 + i) * n + e;
+                        const float32x4_t q0 = vld1q_f32(qi), q1 = vld1q_f32(qi + 4);
+                        for (int t = 0; t < 2; t++) {
+                            lo[i][t] = vfmaq_f32(lo[i][t], q0, cl[t]);
+                            hi[i][t] = vfmaq_f32(hi[i][t], q1, ch[t]);
+                        }
+                    }
+                }
+                for (size_t i = 0; i < g; i++)
+                    for (int t = 0; t < 2; t++)
+                        out[(i0 + i) * ostride + j + t] =
+                            neon_dot_finish(lo[i][t], hi[i][t], q, kk[t], n, n);
+            }
+        }
+    for (; j < nk; j++)
+        for (size_t i = 0; i < nq; i++) out[i * ostride + j] = neon_dot_f16(q + i * n, k[j], n);
+}
+
+/* f16 value rows for several queries: 4 columns of up to sixteen queries'
+ * accumulators in registers, each row converted once per group: the fused
+ * multiply-adds of neon_axpy_f16, row after row. n a multiple of 4, else
+ * query by query. */
+static void neon_axpy_tile_f16(float *const *acc, const float *const *w, size_t nq,
+                               const void *const *v, size_t nk, size_t n) {
+    if (n % 4) {
+        for (size_t i = 0; i < nq; i++)
+            for (size_t j = 0; j < nk; j++) neon_axpy_f16(acc[i], w[i][j], v[j], n);
+        return;
+    }
+    for (size_t i0 = 0; i0 < nq; i0 += 16) {
+        const size_t g = nq - i0 < 16 ? nq - i0 : 16;
+        for (size_t c = 0; c < n; c += 4) {
+            float32x4_t a[16];
+            for (size_t i = 0; i < g; i++) a[i] = vld1q_f32(acc[i0 + i] + c);
+            for (size_t j = 0; j < nk; j++) {
+                const float32x4_t vv = neon_load_f16x4((const uint16_t *)v[j] + c);
+                for (size_t i = 0; i < g; i++) a[i] = vfmaq_n_f32(a[i], vv, w[i0 + i][j]);
+            }
+            for (size_t i = 0; i < g; i++) vst1q_f32(acc[i0 + i] + c, a[i]);
+        }
+    }
+}
+
+static void neon_softmax(float *const *s, const int32_t *n, size_t nq, float scale, float softcap) {
+    softmax_with(s, n, nq, scale, softcap, ref_scale_max, ref_expn, neon_scale_round_f16);
+}
+
 static const attn_kernels neon_kernels = {
     .dot_f16 = neon_dot_f16,
     .axpy_f16 = neon_axpy_f16,
@@ -735,6 +1152,7 @@ static const attn_kernels neon_kernels = {
     .dot4_f16 = neon_dot4_f16,
     .axpy_rows_f16 = neon_axpy_rows_f16,
     .scale_round_f16 = neon_scale_round_f16,
+    .softmax = neon_softmax,
     .kv = {KV_OPS_F16(neon), KV_OPS_Q8_0(neon), KV_OPS_Q4_0(neon), KV_OPS_Q5_0(neon)},
 };
 #endif

@@ -28,12 +28,22 @@
  *   axpy_rows(acc, w, v, nk, n): acc[i] += w[j] * v[j][i] for rows j in
  *     order, bit for bit the same whatever nk (one row at a time or many);
  *   store(dst, x, n): x rounded into the format (the same bits in every
- *     variant: the scalar f16 conversion or the scalar quantizers). */
+ *     variant: the scalar f16 conversion or the scalar quantizers);
+ *   dot_tile(q, nq, k, nk, n, out, ostride): for nq queries one after the
+ *     other (query i at q + i * n) and nk keys, out[i * ostride + j] =
+ *     dot(q + i * n, k[j], n), bit for bit: each key is read (and
+ *     converted) once for all the queries;
+ *   axpy_tile(acc, w, nq, v, nk, n): axpy_rows(acc[i], w[i], v, nk, n) for
+ *     each of nq queries, bit for bit, each value row read once for all. */
 typedef struct attn_kv_ops {
     float (*dot)(const float *q, const void *k, size_t n);
     void (*dot4)(const float *q, const void *const k[4], size_t n, float out[4]);
     void (*axpy_rows)(float *acc, const float *w, const void *const *v, size_t nk, size_t n);
     void (*store)(void *dst, const float *x, size_t n);
+    void (*dot_tile)(const float *q, size_t nq, const void *const *k, size_t nk, size_t n,
+                     float *out, size_t ostride);
+    void (*axpy_tile)(float *const *acc, const float *const *w, size_t nq, const void *const *v,
+                      size_t nk, size_t n);
 } attn_kv_ops;
 
 /* The n values a row of `format` holds (scalar; for tests and tools). */
@@ -54,6 +64,12 @@ typedef struct attn_kernels {
      * to f32: the values of fp16_to_fp32(fp32_to_fp16(x[i] * s)) for every
      * finite x[i] * s. out may be x. */
     void (*scale_round_f16)(float *out, const float *x, float s, size_t n);
+    /* The attention weights of nq queries, in place: query i's n[i] scores
+     * s[i][0..n[i]) become x = s * scale (then softcap * xm_tanhf(x /
+     * softcap) where softcap > 0), w = xm_expf(x - max x), and w * (float)(1
+     * / sum) rounded to f16 (scale_round_f16), sum being the double sum of
+     * the w in index order. The same bits in every variant. */
+    void (*softmax)(float *const *s, const int32_t *n, size_t nq, float scale, float softcap);
     /* The row kernels of each format; kv[KV_FMT_F16] are the f16 ones
      * above. */
     attn_kv_ops kv[KV_FMT_COUNT];

@@ -28,6 +28,13 @@
 #include "format/quant.h"
 #include "base/xmath.h"
 
+/* Attention's unit of work: rows r0..r0+nr-1 of the batch (one sequence)
+ * with query heads h0..h0+nh-1 (of one KV head), whose keys and values are
+ * read once for all of them. */
+typedef struct att_tile {
+    int32_t r0, nr, h0, nh;
+} att_tile;
+
 struct forward_ctx {
     const model *m;
     kv_cache *kv;
@@ -53,8 +60,12 @@ struct forward_ctx {
     float *og;      /* [rows][n_embd] the expert's outputs for them */
     float *moe_out; /* [rows][n_embd] the weighted sum over each row's experts */
     float *bcx;     /* [rows][3 * n_embd] a short-convolution layer's B, C, x (lfm2) */
-    float *acc;     /* [threads][head_dim_v + head_dim + max_ctx] attention scratch */
+    float *acc;     /* [threads][tile_q * (head_dim_v + head_dim + max_ctx)] attention scratch */
     size_t acc_stride;
+    int32_t tile_q;   /* queries per attention tile, at most */
+    att_tile *tiles;  /* [max_rows * n_head] one layer's attention tiles */
+    int64_t *tile_at; /* [max_rows * n_head] their costs summed up to each */
+    int32_t n_tiles;
     void *scratch; /* quantized activations for matmul */
     int32_t *logit_rows;
 };
@@ -74,8 +85,18 @@ static size_t scratch_for(const weight *w, int32_t rows) {
     return matmul_scratch_size(w->type, w->ne0, rows);
 }
 
+/* Queries per attention tile: 16, fewer where their score rows and
+ * accumulators would pass 4 MiB per thread (very long contexts). */
+static int32_t tile_queries(const model *m, int32_t max_ctx) {
+    size_t per = (size_t)m->head_dim_v + (size_t)m->head_dim + (size_t)max_ctx;
+    int32_t q = 16;
+    while (q > 1 && (size_t)q * per * sizeof(float) > ((size_t)4 << 20)) q /= 2;
+    return q;
+}
+
 static size_t acc_per_thread(const model *m, int32_t max_ctx) {
-    return (size_t)m->head_dim_v + (size_t)m->head_dim + (size_t)max_ctx;
+    return (size_t)tile_queries(m, max_ctx) *
+           ((size_t)m->head_dim_v + (size_t)m->head_dim + (size_t)max_ctx);
 }
 
 static fwd_sizes sizes_for(const model *m, int32_t rows, int32_t logit_rows, int n_threads,
@@ -122,6 +143,7 @@ size_t forward_bytes(const model *m, int32_t max_rows, int32_t max_logit_rows, i
             2 * s.sel + 3 * s.xg + s.bcx) *
                sizeof(float) +
            s.scratch + (size_t)max_rows * sizeof(int32_t) +
+           (size_t)max_rows * (size_t)m->n_head * (sizeof(att_tile) + sizeof(int64_t)) +
            (m->n_expert ? (size_t)max_rows * (sizeof(int32_t) + sizeof(float)) : 0);
 }
 
@@ -137,6 +159,8 @@ void forward_free(forward_ctx *f) {
     free(f->hb2);
     free(f->logits);
     free(f->acc);
+    free(f->tiles);
+    free(f->tile_at);
     free(f->scratch);
     free(f->logit_rows);
     free(f->router);
@@ -177,6 +201,9 @@ cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_
     f->hb2 = malloc(s.hb2 * sizeof(float));
     f->logits = malloc(s.logits * sizeof(float));
     f->acc = malloc(s.acc * sizeof(float));
+    f->tile_q = tile_queries(m, kv->max_ctx);
+    f->tiles = malloc((size_t)max_rows * (size_t)m->n_head * sizeof(att_tile));
+    f->tile_at = malloc((size_t)max_rows * (size_t)m->n_head * sizeof(int64_t));
     f->scratch = malloc(s.scratch ? s.scratch : 1);
     f->logit_rows = malloc((size_t)max_rows * sizeof(int32_t));
     bool moe_ok = true;
@@ -194,7 +221,7 @@ cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_
     }
     if (m->n_conv_layers && !(f->bcx = malloc(s.bcx * sizeof(float)))) moe_ok = false;
     if (!f->x || !f->xb || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2 || !f->logits ||
-        !f->acc || !f->scratch || !f->logit_rows || !moe_ok) {
+        !f->acc || !f->tiles || !f->tile_at || !f->scratch || !f->logit_rows || !moe_ok) {
         forward_free(f);
         return err_set(err, CELLM_ERR_NO_MEMORY, "cannot allocate %zu bytes of activations",
                        forward_bytes(m, max_rows, max_logit_rows, tp_size(tp), kv->max_ctx));
@@ -337,85 +364,165 @@ static void task_qk(void *arg, int ith, int nth) {
     }
 }
 
-/* Attention of every (row, head) pair over the row's visible positions,
- * read through the block table in position order, from rows of the
- * cache's format (the kernels read quantized rows directly). The rounding
- * follows llama.cpp's (non-flash) attention: with f16 K, Q is rounded to
- * f16 like the K it meets (quantized K meets the f32 Q); the softmax is
- * taken in f32 with a double sum, and the probabilities are rounded to
- * f16 before they weight V. With the rotated type, Q is rotated like the
- * keys were, and the weighted sum of rotated values is un-rotated once. */
-static void task_attention(void *arg, int ith, int nth) {
-    step *s = arg;
+/* The first position row r of the step sees in layer L (its window's
+ * start, or 0). */
+static int32_t row_lo(const step *s, long r) {
+    int32_t pos = s->rows[r].pos, w = s->L->window;
+    return w > 0 && pos - w + 1 > 0 ? pos - w + 1 : 0;
+}
+
+/* Cuts the step's attention into tiles: runs of up to tile_q / nh rows of
+ * one sequence at consecutive positions (so that every position in the
+ * tile's span is in the cache), times each KV head's query heads (nh of them at a time),
+ * with their costs (visible keys, plus a little per row) summed up so that
+ * the threads can split them by cost. */
+static void plan_tiles(step *s) {
+    forward_ctx *f = s->f;
+    const model *m = f->m;
+    int32_t group = m->n_head / m->n_head_kv, nh = group < f->tile_q ? group : f->tile_q;
+    int32_t rows_per = f->tile_q / nh;
+    int64_t total = 0;
+    f->n_tiles = 0;
+    for (int32_t r0 = 0; r0 < s->n;) {
+        int32_t nr = 1;
+        while (nr < rows_per && r0 + nr < s->n && s->rows[r0 + nr].seq == s->rows[r0].seq &&
+               s->rows[r0 + nr].pos == s->rows[r0 + nr - 1].pos + 1)
+            nr++;
+        int64_t keys = 0;
+        for (int32_t r = r0; r < r0 + nr; r++) keys += s->rows[r].pos - row_lo(s, r) + 1 + 16;
+        for (int32_t kvh = 0; kvh < m->n_head_kv; kvh++)
+            for (int32_t h = kvh * group; h < (kvh + 1) * group; h += nh) {
+                int32_t k = (kvh + 1) * group - h < nh ? (kvh + 1) * group - h : nh;
+                f->tiles[f->n_tiles] = (att_tile){r0, nr, h, k};
+                total += keys * k;
+                f->tile_at[f->n_tiles++] = total;
+            }
+        r0 += nr;
+    }
+}
+
+/* The tiles thread ith of nth takes: those whose cost ends in its share. */
+static void split_tiles(const forward_ctx *f, int ith, int nth, long *b, long *e) {
+    int64_t total = f->n_tiles ? f->tile_at[f->n_tiles - 1] : 0;
+    int64_t from = total * ith / nth, to = total * (ith + 1) / nth;
+    long t = 0;
+    while (t < f->n_tiles && f->tile_at[t] <= from) t++;
+    *b = ith == 0 ? 0 : t;
+    while (t < f->n_tiles && f->tile_at[t] <= to) t++;
+    *e = ith == nth - 1 ? f->n_tiles : t;
+}
+
+/* Attention of one tile's queries (row by row, head by head) over each
+ * row's visible positions, read through the block table in position order
+ * from rows of the cache's format (the kernels read quantized rows
+ * directly). Each key and value row is read once for all the queries, and
+ * each query gets the bits it would get alone: its own scores, its own
+ * softmax, its own sum of the values it sees, in position order. The
+ * rounding follows llama.cpp's (non-flash) attention: with f16 K, Q is
+ * rounded to f16 like the K it meets (quantized K meets the f32 Q); the
+ * softmax is taken in f32 with a double sum, and the probabilities are
+ * rounded to f16 before they weight V. With the rotated type, Q is rotated
+ * like the keys were, and the weighted sum of rotated values is un-rotated
+ * once. */
+static void attend_tile(const step *s, const att_tile *T, float *scr) {
     forward_ctx *f = s->f;
     const model *m = f->m;
     const layer_desc *L = s->L;
     const attn_kernels *ak = f->ak;
     const kv_cache *kv = f->kv;
     const attn_kv_ops *kops = &ak->kv[kv->kformat], *vops = &ak->kv[kv->vformat];
-    int32_t hd = m->head_dim, hdv = m->head_dim_v, group = m->n_head / m->n_head_kv;
+    int32_t hd = m->head_dim, hdv = m->head_dim_v, kvh = T->h0 / (m->n_head / m->n_head_kv);
     size_t kb = kv_row_bytes(kv->kformat, (size_t)hd), vb = kv_row_bytes(kv->vformat, (size_t)hdv);
-    float *acc = f->acc + (size_t)ith * f->acc_stride, *q16 = acc + hdv, *sc = q16 + hd;
-    long b, e;
-    tp_split((long)s->n * m->n_head, ith, nth, &b, &e);
-    for (long t = b; t < e; t++) {
-        long r = t / m->n_head;
-        int32_t h = (int32_t)(t % m->n_head), kvh = h / group;
-        const kv_seq *seq = s->rows[r].seq;
-        int32_t pos = s->rows[r].pos;
-        int32_t lo = L->window > 0 && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
-        const float *q = f->q + r * (long)m->n_head * hd + (long)h * hd;
+    int32_t nq = T->nr * T->nh;
+    const kv_seq *seq = s->rows[T->r0].seq;
+    int32_t lo[16], hi[16], tlo = INT32_MAX, thi = -1;
+    for (int32_t i = 0; i < T->nr; i++) {
+        lo[i] = row_lo(s, T->r0 + i);
+        hi[i] = s->rows[T->r0 + i].pos;
+        if (lo[i] < tlo) tlo = lo[i];
+        if (hi[i] > thi) thi = hi[i];
+    }
+    int32_t span = thi - tlo + 1;
+    float *q16 = scr, *acc = q16 + (size_t)nq * hd, *sc = acc + (size_t)nq * hdv;
+    /* query i = row i / nh, head h0 + i % nh */
+    for (int32_t i = 0; i < nq; i++) {
+        long r = T->r0 + i / T->nh;
+        const float *q = f->q + r * (long)m->n_head * hd + (long)(T->h0 + i % T->nh) * hd;
         if (kv->kformat == KV_FMT_F16)
-            ak->scale_round_f16(q16, q, 1.0f, (size_t)hd);
+            ak->scale_round_f16(q16 + (size_t)i * hd, q, 1.0f, (size_t)hd);
         else
-            memcpy(q16, q, (size_t)hd * sizeof(float));
-        if (kv->rotated) attn_rotate(q16, (size_t)hd);
-        float mx = -INFINITY;
-        /* Scores four keys at a time (dot4 gives each the bits dot would),
-         * then the rest one by one. */
-        int32_t p = lo;
-        for (; p + 4 <= pos + 1; p += 4) {
-            const void *kr[4];
-            float d4[4];
-            for (int j = 0; j < 4; j++)
-                kr[j] = (const uint8_t *)kv_k(kv, seq, L->kv_group, L->kv_index, p + j) + kvh * kb;
-            kops->dot4(q16, kr, (size_t)hd, d4);
-            for (int j = 0; j < 4; j++) sc[p + j - lo] = d4[j];
+            memcpy(q16 + (size_t)i * hd, q, (size_t)hd * sizeof(float));
+        if (kv->rotated) attn_rotate(q16 + (size_t)i * hd, (size_t)hd);
+    }
+    /* Every query's score for every key of the tile's span (those a row
+     * does not see are computed and left unused). */
+    enum { CHUNK = 64 };
+    const void *kr[CHUNK];
+    for (int32_t p = tlo; p <= thi;) {
+        int32_t p0 = p, cnt = 0;
+        for (; cnt < CHUNK && p <= thi; cnt++, p++)
+            kr[cnt] = (const uint8_t *)kv_k(kv, seq, L->kv_group, L->kv_index, p) + kvh * kb;
+        kops->dot_tile(q16, (size_t)nq, kr, (size_t)cnt, (size_t)hd, sc + (p0 - tlo), (size_t)span);
+    }
+    float *wrow[16];
+    int32_t wn[16];
+    for (int32_t i = 0; i < nq; i++) {
+        int32_t ri = i / T->nh;
+        wrow[i] = sc + (size_t)i * span + (lo[ri] - tlo);
+        wn[i] = hi[ri] - lo[ri] + 1;
+    }
+    ak->softmax(wrow, wn, (size_t)nq, m->attn_scale, m->attn_softcap);
+    /* The weighted values over segments of the span where the set of rows
+     * that see a position does not change, in position order. */
+    memset(acc, 0, (size_t)nq * hdv * sizeof(float));
+    int32_t cut[33], ncut = 0;
+    for (int32_t i = 0; i < T->nr; i++) {
+        cut[ncut++] = lo[i];
+        cut[ncut++] = hi[i] + 1;
+    }
+    for (int32_t i = 1; i < ncut; i++) /* insertion sort: at most 32 */
+        for (int32_t j = i; j > 0 && cut[j - 1] > cut[j]; j--) {
+            int32_t t = cut[j];
+            cut[j] = cut[j - 1];
+            cut[j - 1] = t;
         }
-        for (; p <= pos; p++) {
-            const void *kr = (const uint8_t *)kv_k(kv, seq, L->kv_group, L->kv_index, p) + kvh * kb;
-            sc[p - lo] = kops->dot(q16, kr, (size_t)hd);
+    for (int32_t c = 0; c + 1 < ncut; c++) {
+        int32_t a = cut[c], b = cut[c + 1];
+        if (a == b) continue;
+        float *accp[16];
+        const float *wp[16];
+        size_t na = 0;
+        for (int32_t i = 0; i < nq; i++) {
+            int32_t ri = i / T->nh;
+            if (lo[ri] > a || hi[ri] < b - 1) continue;
+            accp[na] = acc + (size_t)i * hdv;
+            wp[na++] = sc + (size_t)i * span + (a - tlo);
         }
-        for (p = lo; p <= pos; p++) {
-            float x = sc[p - lo] * m->attn_scale;
-            if (m->attn_softcap > 0) x = m->attn_softcap * xm_tanhf(x / m->attn_softcap);
-            sc[p - lo] = x;
-            if (x > mx) mx = x;
-        }
-        double sum = 0;
-        for (p = lo; p <= pos; p++) {
-            float w = xm_expf(sc[p - lo] - mx);
-            sc[p - lo] = w;
-            sum += w;
-        }
-        float inv = (float)(1.0 / sum);
-        ak->scale_round_f16(sc, sc, inv, (size_t)(pos - lo + 1)); /* the weights, f16-rounded */
-        memset(acc, 0, (size_t)hdv * sizeof(float));
-        /* The weighted values, a chunk of rows at a time with acc in
-         * registers (axpy_rows: the bits of one row at a time). */
-        for (p = lo; p <= pos;) {
-            enum { CHUNK = 32 };
+        if (!na) continue;
+        for (int32_t p = a; p < b;) {
             const void *vr[CHUNK];
-            int cnt = 0;
-            const float *w = sc + (p - lo);
-            for (; cnt < CHUNK && p <= pos; cnt++, p++)
+            int32_t cnt = 0;
+            for (; cnt < CHUNK && p < b; cnt++, p++)
                 vr[cnt] = (const uint8_t *)kv_v(kv, seq, L->kv_group, L->kv_index, p) + kvh * vb;
-            vops->axpy_rows(acc, w, vr, (size_t)cnt, (size_t)hdv);
+            vops->axpy_tile(accp, wp, na, vr, (size_t)cnt, (size_t)hdv);
+            for (size_t i = 0; i < na; i++) wp[i] += cnt;
         }
-        if (kv->rotated) attn_unrotate(acc, (size_t)hdv);
-        memcpy(f->att + r * (long)m->n_head * hdv + (long)h * hdv, acc,
+    }
+    for (int32_t i = 0; i < nq; i++) {
+        long r = T->r0 + i / T->nh;
+        float *o = acc + (size_t)i * hdv;
+        if (kv->rotated) attn_unrotate(o, (size_t)hdv);
+        memcpy(f->att + r * (long)m->n_head * hdv + (long)(T->h0 + i % T->nh) * hdv, o,
                (size_t)hdv * sizeof(float));
     }
+}
+
+static void task_attention(void *arg, int ith, int nth) {
+    step *s = arg;
+    long b, e;
+    split_tiles(s->f, ith, nth, &b, &e);
+    for (long t = b; t < e; t++)
+        attend_tile(s, &s->f->tiles[t], s->f->acc + (size_t)ith * s->f->acc_stride);
 }
 
 /* The residual: x += y, after the layer's post-norm of y where it has one. */
@@ -631,6 +738,7 @@ cellm_status forward_run_embd(forward_ctx *f, const fwd_row *rows, const float *
             mm_shared(f, (const weight *const[]){&L->wq, &L->wk, &L->wv},
                       (float *const[]){f->q, f->k, f->v}, 3, f->xb, n);
             run_rows(f, task_qk, &s);
+            plan_tiles(&s);
             tp_run(f->tp, task_attention, &s);
             mm(f, &L->wo, f->att, n, f->hb);
         }
