@@ -183,6 +183,39 @@ REF_Q_KERNELS(KV_FMT_Q8_0, q8_0)
 REF_Q_KERNELS(KV_FMT_Q4_0, q4_0)
 REF_Q_KERNELS(KV_FMT_Q5_0, q5_0)
 
+/* Calls F(g) with g a constant 1..N for a count g of 1..N (N 4, 8, 12
+ * or 16): the SIMD tile kernels keep a constant number of accumulators, so
+ * they live in registers. */
+#define TILE_CASES4(F)                                                                             \
+    case 1: F(1); break;                                                                           \
+    case 2: F(2); break;                                                                           \
+    case 3: F(3); break;                                                                           \
+    case 4:                                                                                        \
+        F(4);                                                                                      \
+        break
+#define TILE_CASES8(F)                                                                             \
+    TILE_CASES4(F);                                                                                \
+    case 5: F(5); break;                                                                           \
+    case 6: F(6); break;                                                                           \
+    case 7: F(7); break;                                                                           \
+    case 8:                                                                                        \
+        F(8);                                                                                      \
+        break
+#define TILE_CASES12(F)                                                                            \
+    TILE_CASES8(F);                                                                                \
+    case 9: F(9); break;                                                                           \
+    case 10: F(10); break;                                                                         \
+    case 11: F(11); break;                                                                         \
+    case 12:                                                                                       \
+        F(12);                                                                                     \
+        break
+#define TILE_CASES16(F)                                                                            \
+    TILE_CASES12(F);                                                                               \
+    case 13: F(13); break;                                                                         \
+    case 14: F(14); break;                                                                         \
+    case 15: F(15); break;                                                                         \
+    case 16: F(16); break
+
 /* dot_tile and axpy_tile of a format from its dot, dot4 and axpy_rows:
  * query by query (the bits are theirs by construction; the SIMD variants
  * replace the ones that pay). */
@@ -519,38 +552,48 @@ GENERIC_TILES(avx2, q4_0, avx2_dot_q4_0, avx2_dot4_q4_0, avx2_axpy_rows_q4_0)
 GENERIC_TILES(avx2, q5_0, avx2_dot_q5_0, avx2_dot4_q5_0, avx2_axpy_rows_q5_0)
 
 /* f16 keys for several queries: avx2_dot_f16's lanes per (query, key), two
- * keys and up to six queries at a time (twelve independent sums), each key
- * converted once per group of queries. n a multiple of 8, else query by
- * query. */
-AVX2_ATTR static void avx2_dot_tile_f16(const float *q, size_t nq, const void *const *k, size_t nk,
-                                        size_t n, float *out, size_t ostride) {
-    if (n % 8) {
-        for (size_t i = 0; i < nq; i++)
-            for (size_t j = 0; j < nk; j++) out[i * ostride + j] = avx2_dot_f16(q + i * n, k[j], n);
-        return;
-    }
-    size_t j = 0;
-    for (; j + 2 <= nk; j += 2) {
-        const uint16_t *k0 = k[j], *k1 = k[j + 1];
-        for (size_t i0 = 0; i0 < nq; i0 += 6) {
-            const size_t g = nq - i0 < 6 ? nq - i0 : 6;
-            __m256 a0[6], a1[6];
-            for (size_t i = 0; i < 6; i++) a0[i] = a1[i] = _mm256_setzero_ps();
-            for (size_t e = 0; e < n; e += 8) {
-                const __m256 c0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k0 + e)));
-                const __m256 c1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k1 + e)));
-                for (size_t i = 0; i < g; i++) {
-                    const __m256 qv = _mm256_loadu_ps(q + (i0 + i) * n + e);
-                    a0[i] = _mm256_fmadd_ps(qv, c0, a0[i]);
-                    a1[i] = _mm256_fmadd_ps(qv, c1, a1[i]);
-                }
-            }
-            for (size_t i = 0; i < g; i++) {
-                out[(i0 + i) * ostride + j] = avx2_lanes_sum(a0[i]);
-                out[(i0 + i) * ostride + j + 1] = avx2_lanes_sum(a1[i]);
-            }
+ * keys and up to six queries at a time (twelve independent sums in
+ * registers), each key converted once per group of queries. n a multiple
+ * of 8, else query by query. */
+AVX2_ATTR static inline __attribute__((always_inline)) void
+avx2_dot_group_f16(const float *q, size_t n, const uint16_t *k0, const uint16_t *k1, float *out,
+                   size_t ostride, const int G) {
+    __m256 a0[6], a1[6];
+#pragma GCC unroll 16
+    for (int i = 0; i < G; i++) a0[i] = a1[i] = _mm256_setzero_ps();
+    for (size_t e = 0; e < n; e += 8) {
+        const __m256 c0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k0 + e)));
+        const __m256 c1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k1 + e)));
+#pragma GCC unroll 16
+        for (int i = 0; i < G; i++) {
+            const __m256 qv = _mm256_loadu_ps(q + (size_t)i * n + e);
+            a0[i] = _mm256_fmadd_ps(qv, c0, a0[i]);
+            a1[i] = _mm256_fmadd_ps(qv, c1, a1[i]);
         }
     }
+#pragma GCC unroll 16
+    for (int i = 0; i < G; i++) {
+        out[(size_t)i * ostride] = avx2_lanes_sum(a0[i]);
+        out[(size_t)i * ostride + 1] = avx2_lanes_sum(a1[i]);
+    }
+}
+
+AVX2_ATTR static void avx2_dot_tile_f16(const float *q, size_t nq, const void *const *k, size_t nk,
+                                        size_t n, float *out, size_t ostride) {
+    size_t j = 0;
+    if (n % 8 == 0)
+        for (; j + 2 <= nk; j += 2)
+            for (size_t i0 = 0; i0 < nq; i0 += 6) {
+                const float *qi = q + i0 * n;
+                float *o = out + i0 * ostride + j;
+#define AVX2_DOT_G(G) avx2_dot_group_f16(qi, n, k[j], k[j + 1], o, ostride, G)
+                switch (nq - i0 < 6 ? nq - i0 : 6) {
+                    TILE_CASES4(AVX2_DOT_G);
+                case 5: AVX2_DOT_G(5); break;
+                case 6: AVX2_DOT_G(6); break;
+                }
+#undef AVX2_DOT_G
+            }
     for (; j < nk; j++)
         for (size_t i = 0; i < nq; i++) out[i * ostride + j] = avx2_dot_f16(q + i * n, k[j], n);
 }
@@ -559,6 +602,22 @@ AVX2_ATTR static void avx2_dot_tile_f16(const float *q, size_t nq, const void *c
  * accumulators in registers, each row converted once per group: the fused
  * multiply-adds of avx2_axpy_f16, row after row. n a multiple of 8, else
  * query by query. */
+AVX2_ATTR static inline __attribute__((always_inline)) void
+avx2_axpy_group_f16(float *const *acc, const float *const *w, const void *const *v, size_t nk,
+                    size_t c, const int G) {
+    __m256 a[12];
+#pragma GCC unroll 16
+    for (int i = 0; i < G; i++) a[i] = _mm256_loadu_ps(acc[i] + c);
+    for (size_t j = 0; j < nk; j++) {
+        const __m256 vv =
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)v[j] + c)));
+#pragma GCC unroll 16
+        for (int i = 0; i < G; i++) a[i] = _mm256_fmadd_ps(_mm256_set1_ps(w[i][j]), vv, a[i]);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < G; i++) _mm256_storeu_ps(acc[i] + c, a[i]);
+}
+
 AVX2_ATTR static void avx2_axpy_tile_f16(float *const *acc, const float *const *w, size_t nq,
                                          const void *const *v, size_t nk, size_t n) {
     if (n % 8) {
@@ -566,20 +625,12 @@ AVX2_ATTR static void avx2_axpy_tile_f16(float *const *acc, const float *const *
             for (size_t j = 0; j < nk; j++) avx2_axpy_f16(acc[i], w[i][j], v[j], n);
         return;
     }
-    for (size_t i0 = 0; i0 < nq; i0 += 12) {
-        const size_t g = nq - i0 < 12 ? nq - i0 : 12;
+    for (size_t i0 = 0; i0 < nq; i0 += 12)
         for (size_t c = 0; c < n; c += 8) {
-            __m256 a[12];
-            for (size_t i = 0; i < g; i++) a[i] = _mm256_loadu_ps(acc[i0 + i] + c);
-            for (size_t j = 0; j < nk; j++) {
-                const __m256 vv =
-                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)v[j] + c)));
-                for (size_t i = 0; i < g; i++)
-                    a[i] = _mm256_fmadd_ps(_mm256_set1_ps(w[i0 + i][j]), vv, a[i]);
-            }
-            for (size_t i = 0; i < g; i++) _mm256_storeu_ps(acc[i0 + i] + c, a[i]);
+#define AVX2_AXPY_G(G) avx2_axpy_group_f16(acc + i0, w + i0, v, nk, c, G)
+            switch (nq - i0 < 12 ? nq - i0 : 12) { TILE_CASES12(AVX2_AXPY_G); }
+#undef AVX2_AXPY_G
         }
-    }
 }
 
 /* x *= scale and the largest x (MAXPS keeps its second operand when the
@@ -749,8 +800,29 @@ KV_F16_WRAPPERS(avx512)
 
 /* f16 keys for several queries: avx512_dot4_f16's registers (two keys per
  * zmm) for four keys and up to eight queries at a time, sixteen independent
- * sums, each key converted once per group of queries. n a multiple of 8,
- * else the AVX2 kernel. */
+ * sums in registers, each key converted once per group of queries. n a
+ * multiple of 8, else the AVX2 kernel. */
+AVX512_ATTR static inline __attribute__((always_inline)) void
+avx512_dot_group_f16(const float *q, size_t n, const void *const *k, float *out, size_t ostride,
+                     const int G) {
+    const uint16_t *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3];
+    __m512 a01[8], a23[8];
+#pragma GCC unroll 16
+    for (int i = 0; i < G; i++) a01[i] = a23[i] = _mm512_setzero_ps();
+    for (size_t e = 0; e < n; e += 8) {
+        const __m512 c01 = _mm512_cvtph_ps(avx512_load_f16_pair(k0 + e, k1 + e));
+        const __m512 c23 = _mm512_cvtph_ps(avx512_load_f16_pair(k2 + e, k3 + e));
+#pragma GCC unroll 16
+        for (int i = 0; i < G; i++) {
+            const __m512 qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(q + (size_t)i * n + e));
+            a01[i] = _mm512_fmadd_ps(qv, c01, a01[i]);
+            a23[i] = _mm512_fmadd_ps(qv, c23, a23[i]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < G; i++) avx512_finish4(a01[i], a23[i], out + (size_t)i * ostride);
+}
+
 AVX512_ATTR static void avx512_dot_tile_f16(const float *q, size_t nq, const void *const *k,
                                             size_t nk, size_t n, float *out, size_t ostride) {
     if (n % 8) {
@@ -758,25 +830,14 @@ AVX512_ATTR static void avx512_dot_tile_f16(const float *q, size_t nq, const voi
         return;
     }
     size_t j = 0;
-    for (; j + 4 <= nk; j += 4) {
-        const uint16_t *k0 = k[j], *k1 = k[j + 1], *k2 = k[j + 2], *k3 = k[j + 3];
+    for (; j + 4 <= nk; j += 4)
         for (size_t i0 = 0; i0 < nq; i0 += 8) {
-            const size_t g = nq - i0 < 8 ? nq - i0 : 8;
-            __m512 a01[8], a23[8];
-            for (size_t i = 0; i < 8; i++) a01[i] = a23[i] = _mm512_setzero_ps();
-            for (size_t e = 0; e < n; e += 8) {
-                const __m512 c01 = _mm512_cvtph_ps(avx512_load_f16_pair(k0 + e, k1 + e));
-                const __m512 c23 = _mm512_cvtph_ps(avx512_load_f16_pair(k2 + e, k3 + e));
-                for (size_t i = 0; i < g; i++) {
-                    const __m512 qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(q + (i0 + i) * n + e));
-                    a01[i] = _mm512_fmadd_ps(qv, c01, a01[i]);
-                    a23[i] = _mm512_fmadd_ps(qv, c23, a23[i]);
-                }
-            }
-            for (size_t i = 0; i < g; i++)
-                avx512_finish4(a01[i], a23[i], out + (i0 + i) * ostride + j);
+            const float *qi = q + i0 * n;
+            float *o = out + i0 * ostride + j;
+#define AVX512_DOT_G(G) avx512_dot_group_f16(qi, n, k + j, o, ostride, G)
+            switch (nq - i0 < 8 ? nq - i0 : 8) { TILE_CASES8(AVX512_DOT_G); }
+#undef AVX512_DOT_G
         }
-    }
     if (j < nk) avx2_dot_tile_f16(q, nq, k + j, nk - j, n, out + j, ostride);
 }
 
@@ -784,26 +845,34 @@ AVX512_ATTR static void avx512_dot_tile_f16(const float *q, size_t nq, const voi
  * accumulators in registers, each row converted once per group: the fused
  * multiply-adds of avx512_axpy_cols, row after row. n a multiple of 16,
  * else the AVX2 kernel. */
+AVX512_ATTR static inline __attribute__((always_inline)) void
+avx512_axpy_group_f16(float *const *acc, const float *const *w, const void *const *v, size_t nk,
+                      size_t c, const int G) {
+    __m512 a[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < G; i++) a[i] = _mm512_loadu_ps(acc[i] + c);
+    for (size_t j = 0; j < nk; j++) {
+        const __m512 vv =
+            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)v[j] + c)));
+#pragma GCC unroll 16
+        for (int i = 0; i < G; i++) a[i] = _mm512_fmadd_ps(_mm512_set1_ps(w[i][j]), vv, a[i]);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < G; i++) _mm512_storeu_ps(acc[i] + c, a[i]);
+}
+
 AVX512_ATTR static void avx512_axpy_tile_f16(float *const *acc, const float *const *w, size_t nq,
                                              const void *const *v, size_t nk, size_t n) {
     if (n % 16) {
         avx2_axpy_tile_f16(acc, w, nq, v, nk, n);
         return;
     }
-    for (size_t i0 = 0; i0 < nq; i0 += 16) {
-        const size_t g = nq - i0 < 16 ? nq - i0 : 16;
+    for (size_t i0 = 0; i0 < nq; i0 += 16)
         for (size_t c = 0; c < n; c += 16) {
-            __m512 a[16];
-            for (size_t i = 0; i < g; i++) a[i] = _mm512_loadu_ps(acc[i0 + i] + c);
-            for (size_t j = 0; j < nk; j++) {
-                const __m512 vv = _mm512_cvtph_ps(
-                    _mm256_loadu_si256((const __m256i *)((const uint16_t *)v[j] + c)));
-                for (size_t i = 0; i < g; i++)
-                    a[i] = _mm512_fmadd_ps(_mm512_set1_ps(w[i0 + i][j]), vv, a[i]);
-            }
-            for (size_t i = 0; i < g; i++) _mm512_storeu_ps(acc[i0 + i] + c, a[i]);
+#define AVX512_AXPY_G(G) avx512_axpy_group_f16(acc + i0, w + i0, v, nk, c, G)
+            switch (nq - i0 < 16 ? nq - i0 : 16) { TILE_CASES16(AVX512_AXPY_G); }
+#undef AVX512_AXPY_G
         }
-    }
 }
 
 AVX512_ATTR static float avx512_scale_max(float *x, size_t n, float scale) {
@@ -1078,40 +1147,45 @@ GENERIC_TILES(neon, q4_0, neon_dot_q4_0, neon_dot4_q4_0, neon_axpy_rows_q4_0)
 GENERIC_TILES(neon, q5_0, neon_dot_q5_0, neon_dot4_q5_0, neon_axpy_rows_q5_0)
 
 /* f16 keys for several queries: neon_dot_f16's lanes per (query, key),
- * two keys and up to four queries at a time, each key converted once per
- * group. n a multiple of 8, else query by query. */
+ * two keys and up to four queries at a time (sixteen sums in registers),
+ * each key converted once per group. n a multiple of 8, else query by
+ * query. */
+static inline __attribute__((always_inline)) void neon_dot_group_f16(const float *q, size_t n,
+                                                                     const uint16_t *k0,
+                                                                     const uint16_t *k1, float *out,
+                                                                     size_t ostride, const int G) {
+    float32x4_t lo0[4], hi0[4], lo1[4], hi1[4];
+    for (int i = 0; i < G; i++) lo0[i] = hi0[i] = lo1[i] = hi1[i] = vdupq_n_f32(0.0f);
+    for (size_t e = 0; e < n; e += 8) {
+        const float32x4_t l0 = neon_load_f16x4(k0 + e), h0 = neon_load_f16x4(k0 + e + 4);
+        const float32x4_t l1 = neon_load_f16x4(k1 + e), h1 = neon_load_f16x4(k1 + e + 4);
+        for (int i = 0; i < G; i++) {
+            const float32x4_t q0 = vld1q_f32(q + (size_t)i * n + e),
+                              q1 = vld1q_f32(q + (size_t)i * n + e + 4);
+            lo0[i] = vfmaq_f32(lo0[i], q0, l0);
+            hi0[i] = vfmaq_f32(hi0[i], q1, h0);
+            lo1[i] = vfmaq_f32(lo1[i], q0, l1);
+            hi1[i] = vfmaq_f32(hi1[i], q1, h1);
+        }
+    }
+    for (int i = 0; i < G; i++) {
+        out[(size_t)i * ostride] = neon_dot_finish(lo0[i], hi0[i], q, k0, n, n);
+        out[(size_t)i * ostride + 1] = neon_dot_finish(lo1[i], hi1[i], q, k1, n, n);
+    }
+}
+
 static void neon_dot_tile_f16(const float *q, size_t nq, const void *const *k, size_t nk, size_t n,
                               float *out, size_t ostride) {
     size_t j = 0;
     if (n % 8 == 0)
-        for (; j + 2 <= nk; j += 2) {
-            const uint16_t *kk[2] = {k[j], k[j + 1]};
+        for (; j + 2 <= nk; j += 2)
             for (size_t i0 = 0; i0 < nq; i0 += 4) {
-                const size_t g = nq - i0 < 4 ? nq - i0 : 4;
-                float32x4_t lo[4][2], hi[4][2];
-                for (size_t i = 0; i < 4; i++)
-                    for (int t = 0; t < 2; t++) lo[i][t] = hi[i][t] = vdupq_n_f32(0.0f);
-                for (size_t e = 0; e < n; e += 8) {
-                    float32x4_t cl[2], ch[2];
-                    for (int t = 0; t < 2; t++) {
-                        cl[t] = neon_load_f16x4(kk[t] + e);
-                        ch[t] = neon_load_f16x4(kk[t] + e + 4);
-                    }
-                    for (size_t i = 0; i < g; i++) {
-                        const float *qi = q + (i0 + i) * n + e;
-                        const float32x4_t q0 = vld1q_f32(qi), q1 = vld1q_f32(qi + 4);
-                        for (int t = 0; t < 2; t++) {
-                            lo[i][t] = vfmaq_f32(lo[i][t], q0, cl[t]);
-                            hi[i][t] = vfmaq_f32(hi[i][t], q1, ch[t]);
-                        }
-                    }
-                }
-                for (size_t i = 0; i < g; i++)
-                    for (int t = 0; t < 2; t++)
-                        out[(i0 + i) * ostride + j + t] =
-                            neon_dot_finish(lo[i][t], hi[i][t], q, kk[t], n, n);
+                const float *qi = q + i0 * n;
+                float *o = out + i0 * ostride + j;
+#define NEON_DOT_G(G) neon_dot_group_f16(qi, n, k[j], k[j + 1], o, ostride, G)
+                switch (nq - i0 < 4 ? nq - i0 : 4) { TILE_CASES4(NEON_DOT_G); }
+#undef NEON_DOT_G
             }
-        }
     for (; j < nk; j++)
         for (size_t i = 0; i < nq; i++) out[i * ostride + j] = neon_dot_f16(q + i * n, k[j], n);
 }
@@ -1120,6 +1194,21 @@ static void neon_dot_tile_f16(const float *q, size_t nq, const void *const *k, s
  * accumulators in registers, each row converted once per group: the fused
  * multiply-adds of neon_axpy_f16, row after row. n a multiple of 4, else
  * query by query. */
+static inline __attribute__((always_inline)) void
+neon_axpy_group_f16(float *const *acc, const float *const *w, const void *const *v, size_t nk,
+                    size_t c, const int G) {
+    float32x4_t a[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < G; i++) a[i] = vld1q_f32(acc[i] + c);
+    for (size_t j = 0; j < nk; j++) {
+        const float32x4_t vv = neon_load_f16x4((const uint16_t *)v[j] + c);
+#pragma GCC unroll 16
+        for (int i = 0; i < G; i++) a[i] = vfmaq_n_f32(a[i], vv, w[i][j]);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < G; i++) vst1q_f32(acc[i] + c, a[i]);
+}
+
 static void neon_axpy_tile_f16(float *const *acc, const float *const *w, size_t nq,
                                const void *const *v, size_t nk, size_t n) {
     if (n % 4) {
@@ -1127,18 +1216,12 @@ static void neon_axpy_tile_f16(float *const *acc, const float *const *w, size_t 
             for (size_t j = 0; j < nk; j++) neon_axpy_f16(acc[i], w[i][j], v[j], n);
         return;
     }
-    for (size_t i0 = 0; i0 < nq; i0 += 16) {
-        const size_t g = nq - i0 < 16 ? nq - i0 : 16;
+    for (size_t i0 = 0; i0 < nq; i0 += 16)
         for (size_t c = 0; c < n; c += 4) {
-            float32x4_t a[16];
-            for (size_t i = 0; i < g; i++) a[i] = vld1q_f32(acc[i0 + i] + c);
-            for (size_t j = 0; j < nk; j++) {
-                const float32x4_t vv = neon_load_f16x4((const uint16_t *)v[j] + c);
-                for (size_t i = 0; i < g; i++) a[i] = vfmaq_n_f32(a[i], vv, w[i0 + i][j]);
-            }
-            for (size_t i = 0; i < g; i++) vst1q_f32(acc[i0 + i] + c, a[i]);
+#define NEON_AXPY_G(G) neon_axpy_group_f16(acc + i0, w + i0, v, nk, c, G)
+            switch (nq - i0 < 16 ? nq - i0 : 16) { TILE_CASES16(NEON_AXPY_G); }
+#undef NEON_AXPY_G
         }
-    }
 }
 
 static void neon_softmax(float *const *s, const int32_t *n, size_t nq, float scale, float softcap) {
