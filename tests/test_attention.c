@@ -78,14 +78,20 @@ static void check_variant(const attn_kernels *ak, const char *name) {
     }
 }
 
-static void test_batched_forms_exact(void **state) {
-    (void)state;
-    check_variant(attn_kernels_ref(), "ref");
-    check_variant(attn_kernels_get(), "chosen");
+/* check(ak, name) for the scalar variant and every SIMD variant this CPU
+ * runs. */
+static void check_each_variant(void (*check)(const attn_kernels *, const char *)) {
+    check(attn_kernels_ref(), "ref");
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         const attn_kernels *ak = attn_kernels_variant(variants[v]);
-        if (ak) check_variant(ak, variants[v]);
+        if (ak) check(ak, variants[v]);
     }
+}
+
+static void test_batched_forms_exact(void **state) {
+    (void)state;
+    check_variant(attn_kernels_get(), "chosen");
+    check_each_variant(check_variant);
 }
 
 /* The chosen variant against the scalar one, bit for bit: both follow the
@@ -430,14 +436,8 @@ static void check_softmax(const attn_kernels *a, const char *name) {
 
 static void test_tiles_exact(void **state) {
     (void)state;
-    check_tiles(attn_kernels_ref(), "ref");
-    check_softmax(attn_kernels_ref(), "ref");
-    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
-        const attn_kernels *ak = attn_kernels_variant(variants[v]);
-        if (!ak) continue;
-        check_tiles(ak, variants[v]);
-        check_softmax(ak, variants[v]);
-    }
+    check_each_variant(check_tiles);
+    check_each_variant(check_softmax);
 }
 
 int main(void) {
