@@ -158,6 +158,10 @@ dot_row_512(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, i
         /* The F16 scale (and Q4_1's minimum) at the start of both blocks,
          * converted at once: d0, m0, d1, m1. */
         const uint8_t *b0 = x + ib * xbytes, *b1 = b0 + xbytes;
+        /* A Q8_0 pair is 68 bytes, a Q5_0 pair 44: a prefetch at the
+         * start of each pair and, for Q8_0, one a line further. */
+        prefetch_ahead(b0, 0);
+        if (kind == W_Q8_0) prefetch_ahead(b0, 64);
         int h0, h1;
         memcpy(&h0, b0, 4);
         memcpy(&h1, b1, 4);
