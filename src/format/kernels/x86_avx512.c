@@ -95,24 +95,27 @@ dot_row_512(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, i
     const __m512i pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     const __m512i dm_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
     size_t ib = 0;
-    if (kind == W_Q4_0 || kind == W_Q4_1) {
-        /* The 4-bit kinds have their own loop: fewer instructions per
-         * block pair. The nibbles go to VPDPBUSD's unsigned side as they
-         * are; for Q4_0 the -8 offset comes off the integer sums as 8
-         * times the group sums of y, so p[k] is the same exact integer.
-         * The two scale products are taken in two lanes and then spread;
-         * Q4_1's minimum term is the same FMA on its block sums as in the
-         * loop below. */
+    if (kind != W_Q8_0) {
+        /* The 4- and 5-bit kinds have their own loop: fewer instructions
+         * per block pair. The codes go to VPDPBUSD's unsigned side as they
+         * are (Q5_0's fifth bit added under a mask made from both blocks'
+         * qh at once); the offset (8 for Q4_0, 16 for Q5_0) comes off the
+         * integer sums as that many times the group sums of y, so p[k] is
+         * the same exact integer. The two scale products are taken in two
+         * lanes and then spread; Q4_1's minimum term is the same FMA on its
+         * block sums as in the loop below. */
         const __m512i nib_shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
-        const __m512i low4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+        const __m512i low4 = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
+        const __m512i offset = _mm512_set1_epi8(kind == W_Q5_0 ? 16 : 8);
         const __m512i zero = _mm512_setzero_si512();
-        const size_t qs_at = kind == W_Q4_0 ? 2 : 4; /* the codes follow d (and m) */
+        /* the codes follow d (Q4_0), d and m (Q4_1), d and qh (Q5_0) */
+        const size_t qs_at = kind == W_Q4_0 ? 2 : kind == W_Q4_1 ? 4 : 6;
         for (; ib + 2 <= nb; ib += 2) {
             const uint8_t *b0 = x + ib * xbytes, *b1 = b0 + xbytes;
             /* One prefetch per two pairs (72-80 bytes, about a line):
              * one per pair cost Q4_0 4% from memory (0.60 against 0.575
              * ns a block, one thread). */
-            if (!(ib & 2)) prefetch_ahead(b0, 0);
+            if (kind == W_Q5_0 || !(ib & 2)) prefetch_ahead(b0, 0);
             /* qs of block 0 in 128-bit lanes 0 and 1, of block 1 in 2 and
              * 3; lanes 1 and 3 shifted down four bits: elements 0..31 of
              * block 0, then of block 1, the order of the A8 codes. */
@@ -121,9 +124,16 @@ dot_row_512(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, i
             const __m256i r1 =
                 _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b1 + qs_at)));
             const __m512i raw = _mm512_inserti64x4(_mm512_castsi256_si512(r0), r1, 1);
-            const __m512i qx = _mm512_and_si512(_mm512_srlv_epi64(raw, nib_shift), low4);
+            __m512i qx = _mm512_and_si512(_mm512_srlv_epi64(raw, nib_shift), low4);
+            if (kind == W_Q5_0) {
+                /* bit j of qh is element j's fifth bit: the same order */
+                uint32_t qh0, qh1;
+                memcpy(&qh0, b0 + 2, 4);
+                memcpy(&qh1, b1 + 2, 4);
+                qx = _mm512_mask_add_epi8(qx, (__mmask64)qh0 | (__mmask64)qh1 << 32, qx, sixteen);
+            }
             __m128 dx2, mx2 = _mm_setzero_ps();
-            if (kind == W_Q4_0) {
+            if (kind != W_Q4_1) {
                 uint16_t h0, h1;
                 memcpy(&h0, b0, 2);
                 memcpy(&h1, b1, 2);
@@ -141,7 +151,7 @@ dot_row_512(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, i
             for (int j = 0; j < ny; j++) {
                 const __m512i qy = _mm512_loadu_si512((const void *)(yq[j] + ib * QK8_0));
                 __m512i p = _mm512_dpbusd_epi32(zero, qx, qy);
-                if (kind == W_Q4_0) p = _mm512_sub_epi32(p, _mm512_dpbusd_epi32(zero, eight, qy));
+                if (kind != W_Q4_1) p = _mm512_sub_epi32(p, _mm512_dpbusd_epi32(zero, offset, qy));
                 const __m128 d2 = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(yd[j] + ib)));
                 const __m512 s =
                     _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(_mm_mul_ps(dx2, d2)));
@@ -154,20 +164,18 @@ dot_row_512(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, i
             }
         }
     }
-    for (; kind != W_Q4_0 && kind != W_Q4_1 && ib + 2 <= nb; ib += 2) {
-        /* The F16 scale (and Q4_1's minimum) at the start of both blocks,
-         * converted at once: d0, m0, d1, m1. */
+    for (; kind == W_Q8_0 && ib + 2 <= nb; ib += 2) {
+        /* The F16 scales at the start of both blocks, converted at once
+         * (lanes 0 and 2; 1 and 3 hold code bytes, unused). */
         const uint8_t *b0 = x + ib * xbytes, *b1 = b0 + xbytes;
-        /* A Q8_0 pair is 68 bytes, a Q5_0 pair 44: a prefetch at the
-         * start of each pair and, for Q8_0, one a line further. */
+        /* A pair is 68 bytes: a prefetch at its start and a line further. */
         prefetch_ahead(b0, 0);
-        if (kind == W_Q8_0) prefetch_ahead(b0, 64);
+        prefetch_ahead(b0, 64);
         int h0, h1;
         memcpy(&h0, b0, 4);
         memcpy(&h1, b1, 4);
         const __m128 dm = _mm_cvtph_ps(_mm_setr_epi32(h0, h1, 0, 0));
         const __m512 dxv = _mm512_permutexvar_ps(dm_idx, _mm512_castps128_ps512(dm));
-        const __m128 mxv = _mm_shuffle_ps(dm, dm, _MM_SHUFFLE(3, 1, 3, 1));
         const __m512i qx =
             _mm512_inserti64x4(_mm512_castsi256_si512(codes_w32(kind, b0)), codes_w32(kind, b1), 1);
         const __m512i ax = _mm512_abs_epi8(qx);
@@ -179,11 +187,6 @@ dot_row_512(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, i
             const __m128 d2 = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(yd[j] + ib)));
             const __m512 dyv = _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(d2));
             acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(dxv, dyv), _mm512_cvtepi32_ps(p), acc[j]);
-            if (kind == W_Q4_1) {
-                const __m128 s2 =
-                    _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(ysum[j] + ib)));
-                mins[j] = _mm_fmadd_ps(mxv, s2, mins[j]);
-            }
         }
     }
 #pragma GCC unroll 8
