@@ -308,8 +308,9 @@ static void test_vec_dots(void **state) {
     print_message("%d vec_dot variant(s) checked\n", ran);
 }
 
-/* The table's tiles (dot4_y and dot8_y: four and eight activation rows)
- * return exactly what its vec_dot returns for each pair: the
+/* The table's tiles (dot4_y and dot8_y: four and eight activation rows;
+ * dot8_y_x2: two weight rows by eight activation rows) return exactly what
+ * its vec_dot returns for each pair: the
  * batch invariance of matmul rests on this. */
 static void test_dot4_tiles(void **state) {
     (void)state;
@@ -332,7 +333,14 @@ static void test_dot4_tiles(void **state) {
                 for (size_t i = 0; i < n; i++) f[i] = rng_normal() * (round % 2 ? 100.0f : 1.0f);
                 yinfo->from_float(f, a + (size_t)r * arow, n);
             }
-            float out[8];
+            float out[16];
+            if (info->dot8_y_x2) {
+                info->dot8_y_x2(n, w, (size_t)wrow, a, (size_t)arow, out);
+                for (int v = 0; v < 2; v++)
+                    for (int i = 0; i < 8; i++)
+                        assert_same_float(info->name, out[8 * v + i],
+                                          info->vec_dot(n, w + v * wrow, a + i * arow));
+            }
             if (info->dot8_y) {
                 info->dot8_y(n, w, 0, a, (size_t)arow, out);
                 for (int i = 0; i < 8; i++)

@@ -39,20 +39,30 @@ static void quantize_rows(void *arg, int ith, int nth) {
 
 /* One tile of weight rows [j0, j1) against every activation row: groups of
  * eight, then four activation rows through dot8_y and dot4_y (each weight
- * block unpacked once for all of them), then the rest one at a time. Every
+ * block unpacked once for all of them; two weight rows at a time through
+ * dot8_y_x2 where there is one, sharing the activation rows' loads), then
+ * the rest one at a time. Every
  * (weight row, activation row) pair gets the same arithmetic as vec_dot
  * whichever path takes it, so results do not depend on m, the tile or the
  * thread split. */
 static void dot_tile(const mm_task *t, long j0, long j1) {
     const quant_type_info *wt = t->wt;
     const size_t n = (size_t)t->n, k = (size_t)t->k;
-    float out[8];
+    float out[16];
     int64_t r = 0;
     if (wt->dot8_y) {
         for (; r + 8 <= t->m; r += 8) {
             const uint8_t *xq = t->xq + (size_t)r * t->x_row;
             float *yr = t->y + (size_t)r * n;
-            for (long j = j0; j < j1; j++) {
+            long j = j0;
+            for (; wt->dot8_y_x2 && j + 2 <= j1; j += 2) {
+                wt->dot8_y_x2(k, t->w + (size_t)j * t->w_row, t->w_row, xq, t->x_row, out);
+                for (int i = 0; i < 8; i++) {
+                    yr[(size_t)i * n + (size_t)j] = out[i];
+                    yr[(size_t)i * n + (size_t)j + 1] = out[8 + i];
+                }
+            }
+            for (; j < j1; j++) {
                 wt->dot8_y(k, t->w + (size_t)j * t->w_row, 0, xq, t->x_row, out);
                 for (int i = 0; i < 8; i++) yr[(size_t)i * n + (size_t)j] = out[i];
             }

@@ -69,7 +69,7 @@ typedef void (*quant_from_float_fn)(const float *src, void *dst, size_t n);
 typedef float (*quant_vec_dot_fn)(size_t n, const void *x, const void *y);
 /* Several dot products at once, for matmul: out[i] = vec_dot(n, x, y + i *
  * ys), one weight row against four (or eight) activation rows; xs is
- * unused (the weight row's stride, kept for a tile of weight rows). Each
+ * the weight rows' stride, used by the tiles of two weight rows. Each
  * out[i] is bit-identical to what vec_dot returns for the same pair: the
  * tile only shares loads and unpacking between the four, never changes the
  * arithmetic of one. That keeps a row's result independent of the batch
@@ -92,6 +92,9 @@ typedef struct quant_type_info {
     quant_vec_dot4_fn dot4_y;
     /* dot4_y's tile of eight activation rows (out[8]), NULL where none. */
     quant_vec_dot4_fn dot8_y;
+    /* dot8_y on two weight rows, x and x + xs: out[8 * w + i] is
+     * vec_dot(n, x + w * xs, y + i * ys). NULL where none. */
+    quant_vec_dot4_fn dot8_y_x2;
     bool internal; /* an activation format of cellm's own: no file holds it */
 } quant_type_info;
 

@@ -49,16 +49,9 @@ bool avx512_cpu_supported(void) {
            __builtin_cpu_supports("avx512vnni");
 }
 
-/* sum of x * y over each group of four bytes: x unsigned (q4_1) or, for
- * the signed kinds, |x| against y negated where x < 0 — the products of
- * dot_i8x32, summed exactly. */
-AVX512 static inline __attribute__((always_inline)) __m512i
-dot_pairs_512(int kind, __m512i qx, __m512i ax, __mmask64 neg, __m512i qy) {
-    const __m512i zero = _mm512_setzero_si512();
-    if (kind == W_Q4_1) return _mm512_dpbusd_epi32(zero, qx, qy);
-    return _mm512_dpbusd_epi32(zero, ax, _mm512_mask_sub_epi8(qy, neg, zero, qy));
-}
-
+/* sum of x * y over each group of four bytes for the tail's one block:
+ * x unsigned (q4_1) or, for the signed kinds, |x| against y negated where
+ * x < 0 — the products of dot_i8x32, summed exactly. */
 AVX512 static inline __attribute__((always_inline)) __m256i dot_pairs_256(int kind, __m256i qx,
                                                                           __m256i qy) {
     const __m256i zero = _mm256_setzero_si256();
@@ -67,11 +60,78 @@ AVX512 static inline __attribute__((always_inline)) __m256i dot_pairs_256(int ki
     return _mm256_dpbusd_epi32(zero, _mm256_abs_epi8(qx), _mm256_mask_sub_epi8(qy, neg, zero, qy));
 }
 
-/* One weight row against ny (1, 4 or 8) activation rows of stride ys, into
- * out[j]; the arithmetic of dot_tile_32 in x86_avx2.c, two blocks at a
- * time. */
+/* The codes of two consecutive blocks as 64 unsigned bytes, elements 0..31
+ * of b0 then of b1 (the order of the A8 codes), and their scales (and Q4_1's
+ * minimums) as two floats. Q4_0, Q5_0 and Q8_0 codes carry an offset (8, 16,
+ * 128) that the caller takes off the integer sums. The 4-bit codes: the 16
+ * bytes of each block broadcast to two 128-bit lanes, the second shifted
+ * down four bits; Q5_0's fifth bit is added under a mask made from both
+ * blocks' qh (bit j is element j's); Q8_0's signed codes flip their top
+ * bit (q + 128). Prefetches the weight row ahead of the pair. */
+AVX512 static inline __attribute__((always_inline)) __m512i
+codes_pair_512(int kind, const uint8_t *b0, const uint8_t *b1, size_t ib, __m128 *dx2,
+               __m128 *mx2) {
+    const __m512i nib_shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+    /* One prefetch per line-sized step: a Q4_0/Q4_1 pair is 36-40 bytes
+     * (one per two pairs: one per pair cost Q4_0 4% from memory, 0.60
+     * against 0.575 ns a block, one thread), a Q5_0 pair 44, a Q8_0 pair
+     * 68 (two per pair). */
+    if (kind == W_Q5_0 || kind == W_Q8_0 || !(ib & 2)) prefetch_ahead(b0, 0);
+    if (kind == W_Q8_0) prefetch_ahead(b0, 64);
+    __m512i qx;
+    if (kind == W_Q8_0) {
+        const __m256i r0 = _mm256_loadu_si256((const __m256i *)(b0 + 2));
+        const __m256i r1 = _mm256_loadu_si256((const __m256i *)(b1 + 2));
+        qx = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(r0), r1, 1),
+                              _mm512_set1_epi8((char)0x80));
+    } else {
+        /* the codes follow d (Q4_0), d and m (Q4_1), d and qh (Q5_0) */
+        const size_t qs_at = kind == W_Q4_0 ? 2 : kind == W_Q4_1 ? 4 : 6;
+        const __m256i r0 =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + qs_at)));
+        const __m256i r1 =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b1 + qs_at)));
+        const __m512i raw = _mm512_inserti64x4(_mm512_castsi256_si512(r0), r1, 1);
+        qx = _mm512_and_si512(_mm512_srlv_epi64(raw, nib_shift), _mm512_set1_epi8(0x0F));
+        if (kind == W_Q5_0) {
+            uint32_t qh0, qh1;
+            memcpy(&qh0, b0 + 2, 4);
+            memcpy(&qh1, b1 + 2, 4);
+            qx = _mm512_mask_add_epi8(qx, (__mmask64)qh0 | (__mmask64)qh1 << 32, qx,
+                                      _mm512_set1_epi8(16));
+        }
+    }
+    if (kind != W_Q4_1) {
+        uint16_t h0, h1;
+        memcpy(&h0, b0, 2);
+        memcpy(&h1, b1, 2);
+        *dx2 = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(h0), h1, 1));
+        *mx2 = _mm_setzero_ps();
+    } else {
+        /* d0, m0, d1, m1 converted at once, then d0, d1 and m0, m1. */
+        int h0, h1;
+        memcpy(&h0, b0, 4);
+        memcpy(&h1, b1, 4);
+        const __m128 dm = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(h0), h1, 1));
+        *dx2 = _mm_shuffle_ps(dm, dm, _MM_SHUFFLE(2, 0, 2, 0));
+        *mx2 = _mm_shuffle_ps(dm, dm, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+    return qx;
+}
+
+/* nw (1 or 2) weight rows of stride xs against ny (1, 4 or 8) activation
+ * rows of stride ys, into out[w * ny + j]; the arithmetic of dot_tile_32 in
+ * x86_avx2.c, two blocks at a time. Each block's eight lane sums are the
+ * same exact integers: VPDPBUSD on the unsigned codes, started from minus
+ * the offset times the lane's sum of y (one VPDPBUSD on -y per activation
+ * row and block pair, shared by the weight rows; |y| <= 127). Each lane
+ * then gets the same float product of the two scales, the same FMA into
+ * its accumulator and the same end: add the halves, sum eight lanes, add
+ * the minimum term. Two weight rows share each activation row's loads,
+ * offset sums and scale spreading. */
 AVX512 static inline __attribute__((always_inline)) void
-dot_row_512(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny, float *out) {
+dot_rows_512(int kind, size_t n, const uint8_t *x, size_t xs, int nw, const uint8_t *y, size_t ys,
+             int ny, float *out) {
     assert(n % QK8_0 == 0);
     const size_t xbytes = kind == W_Q4_0   ? sizeof(block_q4_0)
                           : kind == W_Q4_1 ? sizeof(block_q4_1)
@@ -80,147 +140,97 @@ dot_row_512(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, i
     const size_t nb = n / QK8_0;
     const float *yd[8], *ysum[8];
     const int8_t *yq[8];
-    __m512 acc[8];
-    __m128 mins[8]; /* Q4_1's minimum term: even blocks in lane 0, odd in lane 1 */
+    __m512 acc[2][8];
+    /* Q4_1's minimum terms of row j: weight row w's even blocks in lane
+     * 2w, its odd blocks in lane 2w + 1 (one register for both rows). */
+    __m128 mins[8];
 #pragma GCC unroll 8
     for (int j = 0; j < ny; j++) {
         const uint8_t *row = y + j * ys;
         yd[j] = a8_scales(row);
         ysum[j] = a8s_sums(row, nb);
         yq[j] = kind == W_Q4_1 ? a8s_codes(row, nb) : a8_codes(row, nb);
-        acc[j] = _mm512_setzero_ps();
         mins[j] = _mm_setzero_ps();
+#pragma GCC unroll 2
+        for (int w = 0; w < nw; w++) acc[w][j] = _mm512_setzero_ps();
     }
     /* Lanes 0..7 take the first scale of a pair, 8..15 the second. */
     const __m512i pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const __m512i dm_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+    const __m512i offset = _mm512_set1_epi8(kind == W_Q4_0 ? 8 : kind == W_Q5_0 ? 16 : (char)0x80);
+    const __m512i zero = _mm512_setzero_si512();
     size_t ib = 0;
-    if (kind != W_Q8_0) {
-        /* The 4- and 5-bit kinds have their own loop: fewer instructions
-         * per block pair. The codes go to VPDPBUSD's unsigned side as they
-         * are (Q5_0's fifth bit added under a mask made from both blocks'
-         * qh at once); the offset (8 for Q4_0, 16 for Q5_0) comes off the
-         * integer sums as that many times the group sums of y, so p[k] is
-         * the same exact integer. The two scale products are taken in two
-         * lanes and then spread; Q4_1's minimum term is the same FMA on its
-         * block sums as in the loop below. */
-        const __m512i nib_shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
-        const __m512i low4 = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
-        const __m512i offset = _mm512_set1_epi8(kind == W_Q5_0 ? 16 : 8);
-        const __m512i zero = _mm512_setzero_si512();
-        /* the codes follow d (Q4_0), d and m (Q4_1), d and qh (Q5_0) */
-        const size_t qs_at = kind == W_Q4_0 ? 2 : kind == W_Q4_1 ? 4 : 6;
-        for (; ib + 2 <= nb; ib += 2) {
-            const uint8_t *b0 = x + ib * xbytes, *b1 = b0 + xbytes;
-            /* One prefetch per two pairs (72-80 bytes, about a line):
-             * one per pair cost Q4_0 4% from memory (0.60 against 0.575
-             * ns a block, one thread). */
-            if (kind == W_Q5_0 || !(ib & 2)) prefetch_ahead(b0, 0);
-            /* qs of block 0 in 128-bit lanes 0 and 1, of block 1 in 2 and
-             * 3; lanes 1 and 3 shifted down four bits: elements 0..31 of
-             * block 0, then of block 1, the order of the A8 codes. */
-            const __m256i r0 =
-                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + qs_at)));
-            const __m256i r1 =
-                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b1 + qs_at)));
-            const __m512i raw = _mm512_inserti64x4(_mm512_castsi256_si512(r0), r1, 1);
-            __m512i qx = _mm512_and_si512(_mm512_srlv_epi64(raw, nib_shift), low4);
-            if (kind == W_Q5_0) {
-                /* bit j of qh is element j's fifth bit: the same order */
-                uint32_t qh0, qh1;
-                memcpy(&qh0, b0 + 2, 4);
-                memcpy(&qh1, b1 + 2, 4);
-                qx = _mm512_mask_add_epi8(qx, (__mmask64)qh0 | (__mmask64)qh1 << 32, qx, sixteen);
-            }
-            __m128 dx2, mx2 = _mm_setzero_ps();
-            if (kind != W_Q4_1) {
-                uint16_t h0, h1;
-                memcpy(&h0, b0, 2);
-                memcpy(&h1, b1, 2);
-                dx2 = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(h0), h1, 1));
-            } else {
-                /* d0, m0, d1, m1 converted at once, then d0, d1 and m0, m1. */
-                int h0, h1;
-                memcpy(&h0, b0, 4);
-                memcpy(&h1, b1, 4);
-                const __m128 dm = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(h0), h1, 1));
-                dx2 = _mm_shuffle_ps(dm, dm, _MM_SHUFFLE(2, 0, 2, 0));
-                mx2 = _mm_shuffle_ps(dm, dm, _MM_SHUFFLE(3, 1, 3, 1));
-            }
-#pragma GCC unroll 8
-            for (int j = 0; j < ny; j++) {
-                const __m512i qy = _mm512_loadu_si512((const void *)(yq[j] + ib * QK8_0));
-                __m512i p = _mm512_dpbusd_epi32(zero, qx, qy);
-                if (kind != W_Q4_1) p = _mm512_sub_epi32(p, _mm512_dpbusd_epi32(zero, offset, qy));
-                const __m128 d2 = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(yd[j] + ib)));
-                const __m512 s =
-                    _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(_mm_mul_ps(dx2, d2)));
-                acc[j] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[j]);
-                if (kind == W_Q4_1) {
-                    const __m128 s2 =
-                        _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(ysum[j] + ib)));
-                    mins[j] = _mm_fmadd_ps(mx2, s2, mins[j]);
-                }
-            }
+    for (; ib + 2 <= nb; ib += 2) {
+        __m512i qx[2];
+        __m128 dx2[2], mx2[2];
+#pragma GCC unroll 2
+        for (int w = 0; w < nw; w++) {
+            const uint8_t *b0 = x + w * xs + ib * xbytes;
+            qx[w] = codes_pair_512(kind, b0, b0 + xbytes, ib, &dx2[w], &mx2[w]);
         }
-    }
-    for (; kind == W_Q8_0 && ib + 2 <= nb; ib += 2) {
-        /* The F16 scales at the start of both blocks, converted at once
-         * (lanes 0 and 2; 1 and 3 hold code bytes, unused). */
-        const uint8_t *b0 = x + ib * xbytes, *b1 = b0 + xbytes;
-        /* A pair is 68 bytes: a prefetch at its start and a line further. */
-        prefetch_ahead(b0, 0);
-        prefetch_ahead(b0, 64);
-        int h0, h1;
-        memcpy(&h0, b0, 4);
-        memcpy(&h1, b1, 4);
-        const __m128 dm = _mm_cvtph_ps(_mm_setr_epi32(h0, h1, 0, 0));
-        const __m512 dxv = _mm512_permutexvar_ps(dm_idx, _mm512_castps128_ps512(dm));
-        const __m512i qx =
-            _mm512_inserti64x4(_mm512_castsi256_si512(codes_w32(kind, b0)), codes_w32(kind, b1), 1);
-        const __m512i ax = _mm512_abs_epi8(qx);
-        const __mmask64 neg = _mm512_movepi8_mask(qx);
+        const __m128 mxw = nw == 2 ? _mm_movelh_ps(mx2[0], mx2[1]) : mx2[0];
 #pragma GCC unroll 8
         for (int j = 0; j < ny; j++) {
             const __m512i qy = _mm512_loadu_si512((const void *)(yq[j] + ib * QK8_0));
-            const __m512i p = dot_pairs_512(kind, qx, ax, neg, qy);
+            const __m512i start =
+                kind == W_Q4_1 ? zero
+                               : _mm512_dpbusd_epi32(zero, offset, _mm512_sub_epi8(zero, qy));
             const __m128 d2 = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(yd[j] + ib)));
-            const __m512 dyv = _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(d2));
-            acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(dxv, dyv), _mm512_cvtepi32_ps(p), acc[j]);
+            if (kind == W_Q4_1) {
+                const __m128 s2 =
+                    _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(ysum[j] + ib)));
+                mins[j] = _mm_fmadd_ps(mxw, _mm_movelh_ps(s2, s2), mins[j]);
+            }
+#pragma GCC unroll 2
+            for (int w = 0; w < nw; w++) {
+                const __m512i p = _mm512_dpbusd_epi32(start, qx[w], qy);
+                const __m512 s =
+                    _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(_mm_mul_ps(dx2[w], d2)));
+                acc[w][j] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[w][j]);
+            }
         }
     }
+#pragma GCC unroll 2
+    for (int w = 0; w < nw; w++) {
 #pragma GCC unroll 8
-    for (int j = 0; j < ny; j++) {
-        __m256 even = _mm512_castps512_ps256(acc[j]);
-        float min_even = _mm_cvtss_f32(mins[j]), min_odd = _mm_cvtss_f32(_mm_movehdup_ps(mins[j]));
-        const __m256 odd = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[j]), 1));
-        if (ib < nb) { /* an odd count: the last block is an even one */
-            float dx, mx = 0.0f;
-            const __m256i qx = load_w32(kind, x + ib * xbytes, &dx, &mx);
-            const __m256i qy = _mm256_loadu_si256((const __m256i *)(yq[j] + ib * QK8_0));
-            const __m256i p = dot_pairs_256(kind, qx, qy);
-            even = _mm256_fmadd_ps(_mm256_set1_ps(dx * yd[j][ib]), _mm256_cvtepi32_ps(p), even);
-            if (kind == W_Q4_1) min_even = __builtin_fmaf(mx, ysum[j][ib], min_even);
+        for (int j = 0; j < ny; j++) {
+            __m256 even = _mm512_castps512_ps256(acc[w][j]);
+            float lanes[4];
+            _mm_storeu_ps(lanes, mins[j]);
+            float min_even = lanes[2 * w], min_odd = lanes[2 * w + 1];
+            const __m256 odd =
+                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[w][j]), 1));
+            if (ib < nb) { /* an odd count: the last block is an even one */
+                float dx, mx = 0.0f;
+                const __m256i qx = load_w32(kind, x + w * xs + ib * xbytes, &dx, &mx);
+                const __m256i qy = _mm256_loadu_si256((const __m256i *)(yq[j] + ib * QK8_0));
+                const __m256i p = dot_pairs_256(kind, qx, qy);
+                even = _mm256_fmadd_ps(_mm256_set1_ps(dx * yd[j][ib]), _mm256_cvtepi32_ps(p), even);
+                if (kind == W_Q4_1) min_even = __builtin_fmaf(mx, ysum[j][ib], min_even);
+            }
+            out[w * ny + j] = hsum_f32x8(_mm256_add_ps(even, odd)) + (min_even + min_odd);
         }
-        out[j] = hsum_f32x8(_mm256_add_ps(even, odd)) + (min_even + min_odd);
     }
 }
 
 #define DOT32_512(name, kind)                                                                      \
     AVX512 float avx512_vec_dot_##name(size_t n, const void *x, const void *y) {                   \
         float out[1];                                                                              \
-        dot_row_512(kind, n, x, y, 0, 1, out);                                                     \
+        dot_rows_512(kind, n, x, 0, 1, y, 0, 1, out);                                              \
         return out[0];                                                                             \
     }                                                                                              \
     AVX512 void avx512_dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys, \
                                      float out[4]) {                                               \
         (void)xs;                                                                                  \
-        dot_row_512(kind, n, x, y, ys, 4, out);                                                    \
+        dot_rows_512(kind, n, x, 0, 1, y, ys, 4, out);                                             \
     }                                                                                              \
     AVX512 void avx512_dot8_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys, \
                                      float out[8]) {                                               \
         (void)xs;                                                                                  \
-        dot_row_512(kind, n, x, y, ys, 8, out);                                                    \
+        dot_rows_512(kind, n, x, 0, 1, y, ys, 8, out);                                             \
+    }                                                                                              \
+    AVX512 void avx512_dot8_y_x2_##name(size_t n, const void *x, size_t xs, const void *y,         \
+                                        size_t ys, float out[16]) {                                \
+        dot_rows_512(kind, n, x, xs, 2, y, ys, 8, out);                                            \
     }
 
 DOT32_512(q4_0_a8, W_Q4_0)
