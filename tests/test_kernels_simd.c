@@ -376,6 +376,8 @@ static void test_avx512_same_as_avx2(void **state) {
          avx512_dot4_y_q8_0_a8},
         {QT_Q4_K, avx2_vec_dot_q4_k_q8_k, avx512_vec_dot_q4_k_q8_k, avx2_dot4_y_q4_k_q8_k,
          avx512_dot4_y_q4_k_q8_k},
+        {QT_Q6_K, avx2_vec_dot_q6_k_q8_k, avx512_vec_dot_q6_k_q8_k, avx2_dot4_y_q6_k_q8_k,
+         avx512_dot4_y_q6_k_q8_k},
     };
     enum { NB = 24 };
     static _Alignas(32) uint8_t w[NB * sizeof(block_q8_K)], a[4][NB * sizeof(block_q8_K) + 64];

@@ -137,6 +137,10 @@ static void select_kernels(void) {
 #undef SET_DOT512
             t[QT_Q4_K].vec_dot = avx512_vec_dot_q4_k_q8_k;
             t[QT_Q4_K].dot4_y = avx512_dot4_y_q4_k_q8_k;
+            t[QT_Q4_K].dot8_y = avx512_dot8_y_q4_k_q8_k;
+            t[QT_Q6_K].vec_dot = avx512_vec_dot_q6_k_q8_k;
+            t[QT_Q6_K].dot4_y = avx512_dot4_y_q6_k_q8_k;
+            t[QT_Q6_K].dot8_y = avx512_dot8_y_q6_k_q8_k;
             kernels_name = "avx512-vnni";
         }
     }

@@ -133,6 +133,14 @@ CELLM_AVX512_DOT(q8_0_a8)
 float avx512_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);
 void avx512_dot4_y_q4_k_q8_k(size_t n, const void *x, size_t xs, const void *y, size_t ys,
                              float out[4]);
+void avx512_dot8_y_q4_k_q8_k(size_t n, const void *x, size_t xs, const void *y, size_t ys,
+                             float out[8]);
+/* Q6_K: the same for its vec_dot, dot4_y and dot8_y. */
+float avx512_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);
+void avx512_dot4_y_q6_k_q8_k(size_t n, const void *x, size_t xs, const void *y, size_t ys,
+                             float out[4]);
+void avx512_dot8_y_q6_k_q8_k(size_t n, const void *x, size_t xs, const void *y, size_t ys,
+                             float out[8]);
 float avx2_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q5_k_q8_k(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);

@@ -168,6 +168,12 @@ dot_rows_512(int kind, size_t n, const uint8_t *x, size_t xs, int nw, const uint
             qx[w] = codes_pair_512(kind, b0, b0 + xbytes, ib, &dx2[w], &mx2[w]);
         }
         const __m128 mxw = nw == 2 ? _mm_movelh_ps(mx2[0], mx2[1]) : mx2[0];
+        /* The scales spread over their blocks' lanes, the product formed
+         * lane by lane: the same float as forming it first. */
+        __m512 dxv[2];
+#pragma GCC unroll 2
+        for (int w = 0; w < nw; w++)
+            dxv[w] = _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(dx2[w]));
 #pragma GCC unroll 8
         for (int j = 0; j < ny; j++) {
             const __m512i qy = _mm512_loadu_si512((const void *)(yq[j] + ib * QK8_0));
@@ -175,6 +181,7 @@ dot_rows_512(int kind, size_t n, const uint8_t *x, size_t xs, int nw, const uint
                 kind == W_Q4_1 ? zero
                                : _mm512_dpbusd_epi32(zero, offset, _mm512_sub_epi8(zero, qy));
             const __m128 d2 = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(yd[j] + ib)));
+            const __m512 dyv = _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(d2));
             if (kind == W_Q4_1) {
                 const __m128 s2 =
                     _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(ysum[j] + ib)));
@@ -183,9 +190,8 @@ dot_rows_512(int kind, size_t n, const uint8_t *x, size_t xs, int nw, const uint
 #pragma GCC unroll 2
             for (int w = 0; w < nw; w++) {
                 const __m512i p = _mm512_dpbusd_epi32(start, qx[w], qy);
-                const __m512 s =
-                    _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(_mm_mul_ps(dx2[w], d2)));
-                acc[w][j] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[w][j]);
+                acc[w][j] =
+                    _mm512_fmadd_ps(_mm512_mul_ps(dxv[w], dyv), _mm512_cvtepi32_ps(p), acc[w][j]);
             }
         }
     }
@@ -238,7 +244,7 @@ DOT32_512(q4_1_a8s, W_Q4_1)
 DOT32_512(q5_0_a8, W_Q5_0)
 DOT32_512(q8_0_a8, W_Q8_0)
 
-/* Q4_K against Q8_K, one weight row against ny (1 or 4) activation rows:
+/* Q4_K against Q8_K, one weight row against ny (1, 4 or 8) activation rows:
  * the integer sums of each super-block exactly, then the reference's float
  * expression, as dot_tile_k in x86_avx2.c. Bytes 32c..32c+31 of the codes
  * hold groups 2c and 2c + 1 (low and high nibbles): broadcast to both
@@ -260,7 +266,7 @@ dot_tile_q4k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
     for (int c = 0; c < 4; c++)
         sidx[c] = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * c)),
                                      _mm256_set1_epi16((short)(2 * c + 1)), 1);
-    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     for (size_t ib = 0; ib < n / QK_K; ib++) {
         const block_q4_K *xb = (const block_q4_K *)x + ib;
         prefetch_ahead(xb, 0);
@@ -287,7 +293,7 @@ dot_tile_q4k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
         uint32_t ddm;
         memcpy(&ddm, &xb->d, 4);
         const __m128 dxm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)ddm));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < ny; j++) {
             const block_q8_K *yb = (const block_q8_K *)(y + j * ys) + ib;
             __m512i isum = _mm512_setzero_si512();
@@ -312,7 +318,7 @@ dot_tile_q4k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
             sum[j] += _mm_cvtss_f32(prod) - _mm_cvtss_f32(_mm_movehdup_ps(prod));
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < ny; j++) out[j] = sum[j];
 }
 
@@ -326,6 +332,103 @@ AVX512 void avx512_dot4_y_q4_k_q8_k(size_t n, const void *x, size_t xs, const vo
                                     float out[4]) {
     (void)xs;
     dot_tile_q4k_512(n, x, y, ys, 4, out);
+}
+
+AVX512 void avx512_dot8_y_q4_k_q8_k(size_t n, const void *x, size_t xs, const void *y, size_t ys,
+                                    float out[8]) {
+    (void)xs;
+    dot_tile_q4k_512(n, x, y, ys, 8, out);
+}
+
+/* Q6_K against Q8_K, one weight row against ny (1, 4 or 8) activation
+ * rows: the block's exact integer sum, then the reference's float
+ * expression (y's d times the block's d, times the sum), as dot_tile_k in
+ * x86_avx2.c. Each half h of a block (128 elements) is two registers of 64
+ * codes 0..63: elements 0..63 are the low nibbles of ql[64h..64h+63] with
+ * bits 0-1 (elements 0..31) and 2-3 (32..63) of qh[32h..32h+31] on top;
+ * elements 64..127 the high nibbles with bits 4-5 and 6-7. VPMADDUBSW forms
+ * the pairs (<= 2 * 63 * 127: no saturation), VPDPWSSD multiplies them by
+ * their group's scale into 32-bit lanes; the -32 offset comes off as 32
+ * times the scales against y's group sums. */
+AVX512 static inline __attribute__((always_inline)) void
+dot_tile_q6k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny, float *out) {
+    assert(n % QK_K == 0);
+    const __m512i low4 = _mm512_set1_epi8(0x0F), low2 = _mm512_set1_epi8(3);
+    /* the qh shifts of each 256-bit half: 0 | 2 (low codes), 4 | 6 (high) */
+    const __m512i sh_lo = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+    const __m512i sh_hi = _mm512_setr_epi64(4, 4, 4, 4, 6, 6, 6, 6);
+    /* Register r (0..3) holds groups 4r..4r+3, eight words each. */
+    __m512i sidx[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+        sidx[r] = _mm512_setr_epi32(
+            (4 * r) * 0x10001, (4 * r) * 0x10001, (4 * r) * 0x10001, (4 * r) * 0x10001,
+            (4 * r + 1) * 0x10001, (4 * r + 1) * 0x10001, (4 * r + 1) * 0x10001,
+            (4 * r + 1) * 0x10001, (4 * r + 2) * 0x10001, (4 * r + 2) * 0x10001,
+            (4 * r + 2) * 0x10001, (4 * r + 2) * 0x10001, (4 * r + 3) * 0x10001,
+            (4 * r + 3) * 0x10001, (4 * r + 3) * 0x10001, (4 * r + 3) * 0x10001);
+    float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (size_t ib = 0; ib < n / QK_K; ib++) {
+        const block_q6_K *xb = (const block_q6_K *)x + ib;
+        prefetch_ahead(xb, 0);
+        prefetch_ahead(xb, 64);
+        prefetch_ahead(xb, 128);
+        prefetch_ahead(xb, 192);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)xb->scales));
+        const __m512i s16 = _mm512_castsi256_si512(sc16);
+        __m512i q[4], scale[4];
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m512i ql = _mm512_loadu_si512((const void *)(xb->ql + 64 * h));
+            const __m512i qh =
+                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xb->qh + 32 * h)));
+            const __m512i top_lo = _mm512_and_si512(_mm512_srlv_epi64(qh, sh_lo), low2);
+            const __m512i top_hi = _mm512_and_si512(_mm512_srlv_epi64(qh, sh_hi), low2);
+            q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, low4), _mm512_slli_epi16(top_lo, 4));
+            q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
+                                           _mm512_slli_epi16(top_hi, 4));
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) scale[r] = _mm512_permutexvar_epi16(sidx[r], s16);
+        const float dx = h2f(xb->d);
+#pragma GCC unroll 8
+        for (int j = 0; j < ny; j++) {
+            const block_q8_K *yb = (const block_q8_K *)(y + j * ys) + ib;
+            __m512i isum = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                const __m512i yr = _mm512_loadu_si512((const void *)(yb->qs + 64 * r));
+                isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[r], yr), scale[r]);
+            }
+            /* sum of scales[g] * bsums[g]: eight lanes, each two groups */
+            const __m256i off =
+                _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)yb->bsums));
+            const __m256i i8 = _mm256_sub_epi32(
+                _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1)),
+                _mm256_slli_epi32(off, 5));
+            sum[j] += yb->d * dx * (float)hsum_i32x8(i8);
+        }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < ny; j++) out[j] = sum[j];
+}
+
+AVX512 float avx512_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y) {
+    float out[1];
+    dot_tile_q6k_512(n, x, y, 0, 1, out);
+    return out[0];
+}
+
+AVX512 void avx512_dot4_y_q6_k_q8_k(size_t n, const void *x, size_t xs, const void *y, size_t ys,
+                                    float out[4]) {
+    (void)xs;
+    dot_tile_q6k_512(n, x, y, ys, 4, out);
+}
+
+AVX512 void avx512_dot8_y_q6_k_q8_k(size_t n, const void *x, size_t xs, const void *y, size_t ys,
+                                    float out[8]) {
+    (void)xs;
+    dot_tile_q6k_512(n, x, y, ys, 8, out);
 }
 
 #endif /* __x86_64__ */
