@@ -434,10 +434,47 @@ static void check_softmax(const attn_kernels *a, const char *name) {
         }
 }
 
+/* gelu_mul against its definition (attention.h) on a table of arbitrary
+ * finite entries, with inputs across the cut-offs at +-10, f16's
+ * subnormals and overflow, and lengths that leave every tail size. */
+static void check_gelu(const attn_kernels *a, const char *name) {
+    static uint16_t table[(1 << 16) + 1];
+    enum { N = 300 };
+    float g[N], u[N], x[N];
+    for (uint32_t i = 0; i < (1u << 16); i++) {
+        const float v = rnd() * 100.0f;
+        table[i] = fp32_to_fp16(v);
+    }
+    table[1 << 16] = 0x7e00; /* padding: never a result */
+    static const float edges[] = {-10.0f,   10.0f,  -9.999f, 9.999f,   -10.001f, 10.001f,
+                                  0.0f,     -0.0f,  1e-7f,   -3e-6f,   6.1e-5f,  65519.0f,
+                                  65520.0f, -1e30f, 1e30f,   INFINITY, -INFINITY};
+    for (int round = 0; round < 20; round++) {
+        const size_t n = (size_t)(round * 37 % N) + 1;
+        for (size_t i = 0; i < n; i++) {
+            const float sc = i % 7 == 0 ? 1e-5f : i % 11 == 0 ? 1e5f : 12.0f;
+            x[i] = i % 13 == 5 ? edges[(i / 13 + (size_t)round) % (sizeof edges / sizeof edges[0])]
+                               : rnd() * sc;
+            u[i] = rnd() * 3.0f;
+            g[i] = x[i];
+        }
+        a->gelu_mul(g, u, table, n);
+        for (size_t i = 0; i < n; i++) {
+            const float r = x[i] <= -10.0f  ? 0.0f
+                            : x[i] >= 10.0f ? x[i]
+                                            : fp16_to_fp32(table[fp32_to_fp16(x[i])]);
+            const float want = r * u[i];
+            if (memcmp(&g[i], &want, sizeof want) != 0)
+                fail_msg("%s gelu_mul x %a: %a, want %a", name, x[i], g[i], want);
+        }
+    }
+}
+
 static void test_tiles_exact(void **state) {
     (void)state;
     check_each_variant(check_tiles);
     check_each_variant(check_softmax);
+    check_each_variant(check_gelu);
 }
 
 int main(void) {

@@ -293,6 +293,15 @@ static void ref_softmax(float *const *s, const int32_t *n, size_t nq, float scal
     softmax_with(s, n, nq, scale, softcap, ref_scale_max, ref_expn, ref_scale_round_f16);
 }
 
+/* GELU through its f16 table, times u (see attn_kernels.gelu_mul). */
+static void ref_gelu_mul(float *g, const float *u, const uint16_t *table, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const float x = g[i];
+        const float r = x <= -10.0f ? 0.0f : x >= 10.0f ? x : fp16_to_fp32(table[fp32_to_fp16(x)]);
+        g[i] = r * u[i];
+    }
+}
+
 #define KV_OPS_F16(pfx)                                                                            \
     {                                                                                              \
         pfx##_kv_dot_f16, pfx##_kv_dot4_f16, pfx##_kv_axpy_rows_f16, store_f16,                    \
@@ -322,6 +331,7 @@ static const attn_kernels ref_kernels = {
     .axpy_rows_f16 = ref_axpy_rows_f16,
     .scale_round_f16 = ref_scale_round_f16,
     .softmax = ref_softmax,
+    .gelu_mul = ref_gelu_mul,
     .kv = {KV_OPS_F16(ref), KV_OPS_Q8_0(ref), KV_OPS_Q4_0(ref), KV_OPS_Q5_0(ref)},
 };
 
@@ -694,6 +704,29 @@ AVX2_ATTR static void avx2_softmax(float *const *s, const int32_t *n, size_t nq,
     softmax_with(s, n, nq, scale, softcap, avx2_scale_max, avx2_expn, avx2_scale_round_f16);
 }
 
+/* Eight at a time: F16C's conversion (round to nearest even, as
+ * fp32_to_fp16 on every non-NaN value), the entries gathered as 32-bit
+ * words at 2-byte steps (the table's padding entry covers the last) and
+ * their low halves converted back. */
+AVX2_ATTR static void avx2_gelu_mul(float *g, const float *u, const uint16_t *table, size_t n) {
+    const __m256 lo = _mm256_set1_ps(-10.0f), hi = _mm256_set1_ps(10.0f);
+    const __m256i low16 = _mm256_set1_epi32(0xFFFF);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256i idx = _mm256_cvtepu16_epi32(
+            _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        const __m256i t =
+            _mm256_and_si256(_mm256_i32gather_epi32((const int *)table, idx, 2), low16);
+        const __m256i w = _mm256_permute4x64_epi64(_mm256_packus_epi32(t, t), 0x08);
+        __m256 r = _mm256_cvtph_ps(_mm256_castsi256_si128(w));
+        r = _mm256_blendv_ps(r, x, _mm256_cmp_ps(x, hi, _CMP_GE_OQ));
+        r = _mm256_blendv_ps(r, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LE_OQ));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(r, _mm256_loadu_ps(u + i)));
+    }
+    ref_gelu_mul(g + i, u + i, table, n - i);
+}
+
 static const attn_kernels avx2_kernels = {
     .dot_f16 = avx2_dot_f16,
     .axpy_f16 = avx2_axpy_f16,
@@ -702,6 +735,7 @@ static const attn_kernels avx2_kernels = {
     .axpy_rows_f16 = avx2_axpy_rows_f16,
     .scale_round_f16 = avx2_scale_round_f16,
     .softmax = avx2_softmax,
+    .gelu_mul = avx2_gelu_mul,
     .kv = {KV_OPS_F16(avx2), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_Q5_0(avx2)},
 };
 
@@ -935,6 +969,23 @@ AVX512_ATTR static void avx512_softmax(float *const *s, const int32_t *n, size_t
     softmax_with(s, n, nq, scale, softcap, avx512_scale_max, avx512_expn, avx512_scale_round_f16);
 }
 
+/* avx2_gelu_mul sixteen at a time. */
+AVX512_ATTR static void avx512_gelu_mul(float *g, const float *u, const uint16_t *table, size_t n) {
+    const __m512 lo = _mm512_set1_ps(-10.0f), hi = _mm512_set1_ps(10.0f);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x = _mm512_loadu_ps(g + i);
+        const __m512i idx = _mm512_cvtepu16_epi32(
+            _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        const __m512i t = _mm512_i32gather_epi32(idx, (const void *)table, 2);
+        __m512 r = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(t));
+        r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x, hi, _CMP_GE_OQ), x);
+        r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x, lo, _CMP_LE_OQ), _mm512_setzero_ps());
+        _mm512_storeu_ps(g + i, _mm512_mul_ps(r, _mm512_loadu_ps(u + i)));
+    }
+    avx2_gelu_mul(g + i, u + i, table, n - i);
+}
+
 static const attn_kernels avx512_kernels = {
     .dot_f16 = avx2_dot_f16,
     .axpy_f16 = avx2_axpy_f16,
@@ -943,6 +994,7 @@ static const attn_kernels avx512_kernels = {
     .axpy_rows_f16 = avx512_axpy_rows_f16,
     .scale_round_f16 = avx512_scale_round_f16,
     .softmax = avx512_softmax,
+    .gelu_mul = avx512_gelu_mul,
     .kv = {KV_OPS_F16(avx512), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_Q5_0(avx2)},
 };
 #endif
@@ -1236,6 +1288,7 @@ static const attn_kernels neon_kernels = {
     .axpy_rows_f16 = neon_axpy_rows_f16,
     .scale_round_f16 = neon_scale_round_f16,
     .softmax = neon_softmax,
+    .gelu_mul = ref_gelu_mul,
     .kv = {KV_OPS_F16(neon), KV_OPS_Q8_0(neon), KV_OPS_Q4_0(neon), KV_OPS_Q5_0(neon)},
 };
 #endif

@@ -70,6 +70,12 @@ typedef struct attn_kernels {
      * / sum) rounded to f16 (scale_round_f16), sum being the double sum of
      * the w in index order. The same bits in every variant. */
     void (*softmax)(float *const *s, const int32_t *n, size_t nq, float scale, float softcap);
+    /* g[i] = gelu(g[i]) * u[i] for the tanh GELU kept as a table of f16
+     * results indexed by the f16 of the input (65,537 entries, the last
+     * one padding for gathers): gelu(x) is 0 for x <= -10, x for x >= 10,
+     * else fp16_to_fp32(table[fp32_to_fp16(x)]). The same bits in every
+     * variant for every non-NaN input. */
+    void (*gelu_mul)(float *g, const float *u, const uint16_t *table, size_t n);
     /* The row kernels of each format; kv[KV_FMT_F16] are the f16 ones
      * above. */
     attn_kv_ops kv[KV_FMT_COUNT];

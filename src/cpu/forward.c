@@ -264,17 +264,11 @@ static float gelu_tanh_f16(float h) {
 /* The result depends only on the f16 of x, so it is a table of all 65536
  * f16 inputs, filled once (128 KiB): a lookup instead of tanhf per
  * element, same values. */
-static uint16_t gelu_table[1 << 16];
+static uint16_t gelu_table[(1 << 16) + 1]; /* the last entry: gelu_mul's padding */
 static pthread_once_t gelu_once = PTHREAD_ONCE_INIT;
 static void gelu_table_fill(void) {
     for (uint32_t i = 0; i < (1u << 16); i++)
         gelu_table[i] = fp32_to_fp16(gelu_tanh_f16(fp16_to_fp32((uint16_t)i)));
-}
-
-static float gelu_tanh(float x) {
-    if (x <= -10.0f) return 0.0f;
-    if (x >= 10.0f) return x;
-    return fp16_to_fp32(gelu_table[fp32_to_fp16(x)]);
 }
 
 static float silu(float x) {
@@ -561,7 +555,7 @@ static void task_act(void *arg, int ith, int nth) {
         const float *u = s->f->hb + r * ff;
         if (m->act == ACT_GELU_TANH) {
             (void)pthread_once(&gelu_once, gelu_table_fill);
-            for (int32_t i = 0; i < ff; i++) g[i] = gelu_tanh(g[i]) * u[i];
+            s->f->ak->gelu_mul(g, u, gelu_table, (size_t)ff);
         } else
             for (int32_t i = 0; i < ff; i++) g[i] = silu(g[i]) * u[i];
     }
