@@ -244,6 +244,20 @@ DOT32_512(q4_1_a8s, W_Q4_1)
 DOT32_512(q5_0_a8, W_Q5_0)
 DOT32_512(q8_0_a8, W_Q8_0)
 
+/* The sums of the eight lanes of a[0..3], in lanes 0..3 (exact). */
+AVX512 static inline __m128i hsum4_i32x8(const __m256i a[4]) {
+    const __m256i h =
+        _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+/* The d of block ib of four Q8_K rows. */
+AVX512 static inline __m128 q8k_d4(const uint8_t *y, size_t ys, size_t ib) {
+    return _mm_setr_ps(((const block_q8_K *)y + ib)->d, ((const block_q8_K *)(y + ys) + ib)->d,
+                       ((const block_q8_K *)(y + 2 * ys) + ib)->d,
+                       ((const block_q8_K *)(y + 3 * ys) + ib)->d);
+}
+
 /* Q4_K against Q8_K, one weight row against ny (1, 4 or 8) activation rows:
  * the integer sums of each super-block exactly, then the reference's float
  * expression, as dot_tile_k in x86_avx2.c. Bytes 32c..32c+31 of the codes
@@ -267,6 +281,7 @@ dot_tile_q4k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
         sidx[c] = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * c)),
                                      _mm256_set1_epi16((short)(2 * c + 1)), 1);
     float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    __m128 sum4[2] = {_mm_setzero_ps(), _mm_setzero_ps()}; /* rows 4g..4g+3, ny >= 4 */
     for (size_t ib = 0; ib < n / QK_K; ib++) {
         const block_q4_K *xb = (const block_q4_K *)x + ib;
         prefetch_ahead(xb, 0);
@@ -293,6 +308,7 @@ dot_tile_q4k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
         uint32_t ddm;
         memcpy(&ddm, &xb->d, 4);
         const __m128 dxm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)ddm));
+        __m256i iv[4], mv[4]; /* ny >= 4: the lanes of four rows, reduced together */
 #pragma GCC unroll 8
         for (int j = 0; j < ny; j++) {
             const block_q8_K *yb = (const block_q8_K *)(y + j * ys) + ib;
@@ -307,6 +323,22 @@ dot_tile_q4k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
                 _mm256_madd_epi16(m2, _mm256_loadu_si256((const __m256i *)yb->bsums));
             const __m256i i8 =
                 _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1));
+            if (ny >= 4) {
+                /* Four rows' sums at once, then the same float operations
+                 * lane by lane: (y's d * dx) * is - (y's d * dmin) * msum. */
+                iv[j & 3] = i8;
+                mv[j & 3] = mp;
+                if ((j & 3) == 3) {
+                    const __m128 yd4 = q8k_d4(y + (j - 3) * ys, ys, ib);
+                    const __m128 a = _mm_mul_ps(_mm_mul_ps(yd4, _mm_set1_ps(_mm_cvtss_f32(dxm))),
+                                                _mm_cvtepi32_ps(hsum4_i32x8(iv)));
+                    const __m128 b =
+                        _mm_mul_ps(_mm_mul_ps(yd4, _mm_permute_ps(dxm, _MM_SHUFFLE(1, 1, 1, 1))),
+                                   _mm_cvtepi32_ps(hsum4_i32x8(mv)));
+                    sum4[j >> 2] = _mm_add_ps(sum4[j >> 2], _mm_sub_ps(a, b));
+                }
+                continue;
+            }
             const __m256i t = _mm256_hadd_epi32(i8, mp);
             const __m128i t4 =
                 _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
@@ -317,6 +349,10 @@ dot_tile_q4k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
             /* yb->d * dx * is - yb->d * dmin * msum, as the reference. */
             sum[j] += _mm_cvtss_f32(prod) - _mm_cvtss_f32(_mm_movehdup_ps(prod));
         }
+    }
+    if (ny >= 4) {
+        _mm_storeu_ps(sum, sum4[0]);
+        _mm_storeu_ps(sum + 4, sum4[1]);
     }
 #pragma GCC unroll 8
     for (int j = 0; j < ny; j++) out[j] = sum[j];
@@ -368,6 +404,7 @@ dot_tile_q6k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
             (4 * r + 2) * 0x10001, (4 * r + 2) * 0x10001, (4 * r + 3) * 0x10001,
             (4 * r + 3) * 0x10001, (4 * r + 3) * 0x10001, (4 * r + 3) * 0x10001);
     float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    __m128 sum4[2] = {_mm_setzero_ps(), _mm_setzero_ps()}; /* rows 4g..4g+3, ny >= 4 */
     for (size_t ib = 0; ib < n / QK_K; ib++) {
         const block_q6_K *xb = (const block_q6_K *)x + ib;
         prefetch_ahead(xb, 0);
@@ -391,6 +428,7 @@ dot_tile_q6k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) scale[r] = _mm512_permutexvar_epi16(sidx[r], s16);
         const float dx = h2f(xb->d);
+        __m256i iv[4]; /* ny >= 4: the lanes of four rows, reduced together */
 #pragma GCC unroll 8
         for (int j = 0; j < ny; j++) {
             const block_q8_K *yb = (const block_q8_K *)(y + j * ys) + ib;
@@ -406,8 +444,23 @@ dot_tile_q6k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
             const __m256i i8 = _mm256_sub_epi32(
                 _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64(isum, 1)),
                 _mm256_slli_epi32(off, 5));
+            if (ny >= 4) {
+                /* Four rows at once: (y's d * dx) * total, lane by lane. */
+                iv[j & 3] = i8;
+                if ((j & 3) == 3) {
+                    const __m128 yd4 = q8k_d4(y + (j - 3) * ys, ys, ib);
+                    sum4[j >> 2] =
+                        _mm_add_ps(sum4[j >> 2], _mm_mul_ps(_mm_mul_ps(yd4, _mm_set1_ps(dx)),
+                                                            _mm_cvtepi32_ps(hsum4_i32x8(iv))));
+                }
+                continue;
+            }
             sum[j] += yb->d * dx * (float)hsum_i32x8(i8);
         }
+    }
+    if (ny >= 4) {
+        _mm_storeu_ps(sum, sum4[0]);
+        _mm_storeu_ps(sum + 4, sum4[1]);
     }
 #pragma GCC unroll 8
     for (int j = 0; j < ny; j++) out[j] = sum[j];
