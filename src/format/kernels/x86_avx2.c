@@ -220,6 +220,13 @@ AVX2 static inline __attribute__((always_inline)) void dot_tile_32(int kind, siz
         }
     }
     for (size_t ib0 = 0; ib0 < nb; ib0 += 2) {
+        /* About a line of each weight row per step, as in x86_avx512.c. */
+#pragma GCC unroll 4
+        for (int i = 0; i < nx; i++) {
+            const uint8_t *b0 = x + i * xs + ib0 * xbytes;
+            if (kind == W_Q5_0 || kind == W_Q8_0 || !(ib0 & 2)) prefetch_ahead(b0, 0);
+            if (kind == W_Q8_0) prefetch_ahead(b0, 64);
+        }
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             const size_t ib = ib0 + (size_t)h;
@@ -293,6 +300,7 @@ dot_tile_k(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, in
                                          : sizeof(block_q6_K);
     float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (size_t ib = 0; ib < n / QK_K; ib++) {
+        for (size_t off = 0; off < xbytes; off += 64) prefetch_ahead(x + ib * xbytes, off);
         const block_q8_K *yb[4];
 #pragma GCC unroll 4
         for (int j = 0; j < ny; j++) yb[j] = (const block_q8_K *)(y + j * ys) + ib;

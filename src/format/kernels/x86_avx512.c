@@ -28,17 +28,6 @@
 #include "format/kernels/kernels.h"
 #include "format/kernels/x86_common.h"
 
-/* How far ahead of the block being read the Q4_0 and Q4_K loops prefetch
- * their weight row (into the next rows: matmul's rows are contiguous). The
- * hardware prefetcher alone left a matvec from memory about 20% slower
- * than from cache (docs/benchmarks.md); 4-16 KiB ahead all closed most of
- * that gap, 8 KiB was best. A prefetch never faults past the end. */
-#define PREFETCH_AHEAD 8192
-
-/* The address is formed as an integer: it may lie past the row's object. */
-static inline void prefetch_ahead(const void *p, size_t extra) {
-    __builtin_prefetch((const void *)((uintptr_t)p + PREFETCH_AHEAD + extra), 0, 3);
-}
 #define AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 
 /* libgcc's checks include the OS saving the ZMM and mask registers. */
