@@ -470,11 +470,36 @@ static void check_gelu(const attn_kernels *a, const char *name) {
     }
 }
 
+/* silu_mul against its definition, from exp's underflow to its overflow,
+ * at every tail length. */
+static void check_silu(const attn_kernels *a, const char *name) {
+    enum { N = 300 };
+    float g[N], u[N], x[N];
+    static const float edges[] = {0.0f,  -0.0f,  88.7f,    -88.8f,    104.0f, -104.0f,
+                                  1e30f, -1e30f, INFINITY, -INFINITY, 1e-30f};
+    for (int round = 0; round < 20; round++) {
+        const size_t n = (size_t)(round * 37 % N) + 1;
+        for (size_t i = 0; i < n; i++) {
+            x[i] = i % 13 == 5 ? edges[(i / 13 + (size_t)round) % (sizeof edges / sizeof edges[0])]
+                               : rnd() * (i % 3 ? 8.0f : 150.0f);
+            u[i] = rnd() * 3.0f;
+            g[i] = x[i];
+        }
+        a->silu_mul(g, u, n);
+        for (size_t i = 0; i < n; i++) {
+            const float want = x[i] / (1.0f + xm_expf(-x[i])) * u[i];
+            if (memcmp(&g[i], &want, sizeof want) != 0 && !(isnan(g[i]) && isnan(want)))
+                fail_msg("%s silu_mul x %a: %a, want %a", name, x[i], g[i], want);
+        }
+    }
+}
+
 static void test_tiles_exact(void **state) {
     (void)state;
     check_each_variant(check_tiles);
     check_each_variant(check_softmax);
     check_each_variant(check_gelu);
+    check_each_variant(check_silu);
 }
 
 int main(void) {

@@ -302,6 +302,11 @@ static void ref_gelu_mul(float *g, const float *u, const uint16_t *table, size_t
     }
 }
 
+/* SiLU through xm_expf, times u (see attn_kernels.silu_mul). */
+static void ref_silu_mul(float *g, const float *u, size_t n) {
+    for (size_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + xm_expf(-g[i])) * u[i];
+}
+
 #define KV_OPS_F16(pfx)                                                                            \
     {                                                                                              \
         pfx##_kv_dot_f16, pfx##_kv_dot4_f16, pfx##_kv_axpy_rows_f16, store_f16,                    \
@@ -332,6 +337,7 @@ static const attn_kernels ref_kernels = {
     .scale_round_f16 = ref_scale_round_f16,
     .softmax = ref_softmax,
     .gelu_mul = ref_gelu_mul,
+    .silu_mul = ref_silu_mul,
     .kv = {KV_OPS_F16(ref), KV_OPS_Q8_0(ref), KV_OPS_Q4_0(ref), KV_OPS_Q5_0(ref)},
 };
 
@@ -699,6 +705,18 @@ AVX2_ATTR static void avx2_expn(float *x, size_t n, float mx) {
     for (; i < n; i++) x[i] = xm_expf(x[i] - mx);
 }
 
+/* Four at a time: the same float operations around avx2_exp4. */
+AVX2_ATTR static void avx2_silu_mul(float *g, const float *u, size_t n) {
+    const __m128 one = _mm_set1_ps(1.0f), sign = _mm_set1_ps(-0.0f);
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const __m128 x = _mm_loadu_ps(g + i);
+        const __m128 d = _mm_add_ps(one, avx2_exp4(_mm_xor_ps(x, sign)));
+        _mm_storeu_ps(g + i, _mm_mul_ps(_mm_div_ps(x, d), _mm_loadu_ps(u + i)));
+    }
+    ref_silu_mul(g + i, u + i, n - i);
+}
+
 AVX2_ATTR static void avx2_softmax(float *const *s, const int32_t *n, size_t nq, float scale,
                                    float softcap) {
     softmax_with(s, n, nq, scale, softcap, avx2_scale_max, avx2_expn, avx2_scale_round_f16);
@@ -736,6 +754,7 @@ static const attn_kernels avx2_kernels = {
     .scale_round_f16 = avx2_scale_round_f16,
     .softmax = avx2_softmax,
     .gelu_mul = avx2_gelu_mul,
+    .silu_mul = avx2_silu_mul,
     .kv = {KV_OPS_F16(avx2), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_Q5_0(avx2)},
 };
 
@@ -964,6 +983,18 @@ AVX512_ATTR static void avx512_expn(float *x, size_t n, float mx) {
     avx2_expn(x + i, n - i, mx);
 }
 
+/* Eight at a time around avx512_exp8. */
+AVX512_ATTR static void avx512_silu_mul(float *g, const float *u, size_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 d = _mm256_add_ps(one, avx512_exp8(_mm256_xor_ps(x, sign)));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(x, d), _mm256_loadu_ps(u + i)));
+    }
+    avx2_silu_mul(g + i, u + i, n - i);
+}
+
 AVX512_ATTR static void avx512_softmax(float *const *s, const int32_t *n, size_t nq, float scale,
                                        float softcap) {
     softmax_with(s, n, nq, scale, softcap, avx512_scale_max, avx512_expn, avx512_scale_round_f16);
@@ -995,6 +1026,7 @@ static const attn_kernels avx512_kernels = {
     .scale_round_f16 = avx512_scale_round_f16,
     .softmax = avx512_softmax,
     .gelu_mul = avx512_gelu_mul,
+    .silu_mul = avx512_silu_mul,
     .kv = {KV_OPS_F16(avx512), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_Q5_0(avx2)},
 };
 #endif
@@ -1289,6 +1321,7 @@ static const attn_kernels neon_kernels = {
     .scale_round_f16 = neon_scale_round_f16,
     .softmax = neon_softmax,
     .gelu_mul = ref_gelu_mul,
+    .silu_mul = ref_silu_mul,
     .kv = {KV_OPS_F16(neon), KV_OPS_Q8_0(neon), KV_OPS_Q4_0(neon), KV_OPS_Q5_0(neon)},
 };
 #endif

@@ -76,6 +76,9 @@ typedef struct attn_kernels {
      * else fp16_to_fp32(table[fp32_to_fp16(x)]). The same bits in every
      * variant for every non-NaN input. */
     void (*gelu_mul)(float *g, const float *u, const uint16_t *table, size_t n);
+    /* g[i] = g[i] / (1 + xm_expf(-g[i])) * u[i] (SiLU), the same bits in
+     * every variant. */
+    void (*silu_mul)(float *g, const float *u, size_t n);
     /* The row kernels of each format; kv[KV_FMT_F16] are the f16 ones
      * above. */
     attn_kv_ops kv[KV_FMT_COUNT];

@@ -271,10 +271,6 @@ static void gelu_table_fill(void) {
         gelu_table[i] = fp32_to_fp16(gelu_tanh_f16(fp16_to_fp32((uint16_t)i)));
 }
 
-static float silu(float x) {
-    return x / (1.0f + xm_expf(-x));
-}
-
 /* ------------------------------------------------------------ the steps */
 
 typedef struct step {
@@ -557,7 +553,7 @@ static void task_act(void *arg, int ith, int nth) {
             (void)pthread_once(&gelu_once, gelu_table_fill);
             s->f->ak->gelu_mul(g, u, gelu_table, (size_t)ff);
         } else
-            for (int32_t i = 0; i < ff; i++) g[i] = silu(g[i]) * u[i];
+            s->f->ak->silu_mul(g, u, (size_t)ff);
     }
 }
 
