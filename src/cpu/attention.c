@@ -1308,8 +1308,63 @@ static void neon_axpy_tile_f16(float *const *acc, const float *const *w, size_t 
         }
 }
 
+/* xm_expf of two doubles' worth of xmath.h's operations (d already the
+ * input as double): the table entry and the polynomial as the other
+ * variants form them, each an IEEE double operation (no FMA: the library
+ * is built with -ffp-contract=off and these are separate intrinsics). */
+static inline float64x2_t neon_exp_d2(float64x2_t x) {
+    const float64x2_t shifter = vdupq_n_f64(0x1.8p52);
+    const float64x2_t kd =
+        vsubq_f64(vaddq_f64(vmulq_f64(x, vdupq_n_f64(32.0 * XM_INV_LN2)), shifter), shifter);
+    const float64x2_t r = vsubq_f64(vsubq_f64(x, vmulq_f64(kd, vdupq_n_f64(XM_LN2_HI / 32.0))),
+                                    vmulq_f64(kd, vdupq_n_f64(XM_LN2_LO / 32.0)));
+    float64x2_t p = vmulq_f64(r, vdupq_n_f64(1.0 / 120.0));
+    p = vmulq_f64(r, vaddq_f64(vdupq_n_f64(1.0 / 24.0), p));
+    p = vmulq_f64(r, vaddq_f64(vdupq_n_f64(1.0 / 6.0), p));
+    p = vmulq_f64(r, vaddq_f64(vdupq_n_f64(1.0 / 2.0), p));
+    p = vmulq_f64(r, vaddq_f64(vdupq_n_f64(1.0), p));
+    p = vaddq_f64(vdupq_n_f64(1.0), p);
+    /* |kd| < 2^13 in range: the conversion is exact. */
+    const int64x2_t k = vcvtq_s64_f64(kd), j = vandq_s64(k, vdupq_n_s64(31));
+    const int64x2_t m = vshrq_n_s64(vsubq_s64(k, j), 5);
+    const float64x2_t t = vcombine_f64(vld1_f64(&xm_exp2_j32[vgetq_lane_s64(j, 0)]),
+                                       vld1_f64(&xm_exp2_j32[vgetq_lane_s64(j, 1)]));
+    const int64x2_t tb = vaddq_s64(vreinterpretq_s64_f64(t), vshlq_n_s64(m, 52));
+    return vmulq_f64(vreinterpretq_f64_s64(tb), p);
+}
+
+/* xm_expf of four floats: the double operations on two pairs, the
+ * results rounded to float once, then its range ends and NaN. */
+static inline float32x4_t neon_exp4(float32x4_t xf) {
+    const float64x2_t lo = neon_exp_d2(vcvt_f64_f32(vget_low_f32(xf)));
+    const float64x2_t hi = neon_exp_d2(vcvt_high_f64_f32(xf));
+    float32x4_t e = vcvt_high_f32_f64(vcvt_f32_f64(lo), hi);
+    e = vbslq_f32(vcgtq_f32(xf, vdupq_n_f32(-104.0f)), e, vdupq_n_f32(0.0f));
+    e = vbslq_f32(vcgtq_f32(xf, vdupq_n_f32(XM_EXP_MAX)), vdupq_n_f32(INFINITY), e);
+    return vbslq_f32(vceqq_f32(xf, xf), e, xf);
+}
+
+static void neon_expn(float *x, size_t n, float mx) {
+    const float32x4_t mv = vdupq_n_f32(mx);
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(x + i, neon_exp4(vsubq_f32(vld1q_f32(x + i), mv)));
+    for (; i < n; i++) x[i] = xm_expf(x[i] - mx);
+}
+
 static void neon_softmax(float *const *s, const int32_t *n, size_t nq, float scale, float softcap) {
-    softmax_with(s, n, nq, scale, softcap, ref_scale_max, ref_expn, neon_scale_round_f16);
+    softmax_with(s, n, nq, scale, softcap, ref_scale_max, neon_expn, neon_scale_round_f16);
+}
+
+/* Four at a time around neon_exp4. */
+static void neon_silu_mul(float *g, const float *u, size_t n) {
+    const float32x4_t one = vdupq_n_f32(1.0f);
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t x = vld1q_f32(g + i);
+        const float32x4_t d = vaddq_f32(one, neon_exp4(vnegq_f32(x)));
+        vst1q_f32(g + i, vmulq_f32(vdivq_f32(x, d), vld1q_f32(u + i)));
+    }
+    ref_silu_mul(g + i, u + i, n - i);
 }
 
 static const attn_kernels neon_kernels = {
@@ -1321,7 +1376,7 @@ static const attn_kernels neon_kernels = {
     .scale_round_f16 = neon_scale_round_f16,
     .softmax = neon_softmax,
     .gelu_mul = ref_gelu_mul,
-    .silu_mul = ref_silu_mul,
+    .silu_mul = neon_silu_mul,
     .kv = {KV_OPS_F16(neon), KV_OPS_Q8_0(neon), KV_OPS_Q4_0(neon), KV_OPS_Q5_0(neon)},
 };
 #endif
