@@ -347,23 +347,25 @@ dot_tile_q4k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
     for (int j = 0; j < ny; j++) out[j] = sum[j];
 }
 
-AVX512 float avx512_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y) {
-    float out[1];
-    dot_tile_q4k_512(n, x, y, 0, 1, out);
-    return out[0];
-}
+/* The vec_dot, dot4_y and dot8_y of a K-quant tile function. */
+#define DOTK_512(name, tile)                                                                       \
+    AVX512 float avx512_vec_dot_##name(size_t n, const void *x, const void *y) {                   \
+        float out[1];                                                                              \
+        tile(n, x, y, 0, 1, out);                                                                  \
+        return out[0];                                                                             \
+    }                                                                                              \
+    AVX512 void avx512_dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys, \
+                                     float out[4]) {                                               \
+        (void)xs;                                                                                  \
+        tile(n, x, y, ys, 4, out);                                                                 \
+    }                                                                                              \
+    AVX512 void avx512_dot8_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys, \
+                                     float out[8]) {                                               \
+        (void)xs;                                                                                  \
+        tile(n, x, y, ys, 8, out);                                                                 \
+    }
 
-AVX512 void avx512_dot4_y_q4_k_q8_k(size_t n, const void *x, size_t xs, const void *y, size_t ys,
-                                    float out[4]) {
-    (void)xs;
-    dot_tile_q4k_512(n, x, y, ys, 4, out);
-}
-
-AVX512 void avx512_dot8_y_q4_k_q8_k(size_t n, const void *x, size_t xs, const void *y, size_t ys,
-                                    float out[8]) {
-    (void)xs;
-    dot_tile_q4k_512(n, x, y, ys, 8, out);
-}
+DOTK_512(q4_k_q8_k, dot_tile_q4k_512)
 
 /* Q6_K against Q8_K, one weight row against ny (1, 4 or 8) activation
  * rows: the block's exact integer sum, then the reference's float
@@ -455,22 +457,6 @@ dot_tile_q6k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
     for (int j = 0; j < ny; j++) out[j] = sum[j];
 }
 
-AVX512 float avx512_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y) {
-    float out[1];
-    dot_tile_q6k_512(n, x, y, 0, 1, out);
-    return out[0];
-}
-
-AVX512 void avx512_dot4_y_q6_k_q8_k(size_t n, const void *x, size_t xs, const void *y, size_t ys,
-                                    float out[4]) {
-    (void)xs;
-    dot_tile_q6k_512(n, x, y, ys, 4, out);
-}
-
-AVX512 void avx512_dot8_y_q6_k_q8_k(size_t n, const void *x, size_t xs, const void *y, size_t ys,
-                                    float out[8]) {
-    (void)xs;
-    dot_tile_q6k_512(n, x, y, ys, 8, out);
-}
+DOTK_512(q6_k_q8_k, dot_tile_q6k_512)
 
 #endif /* __x86_64__ */
