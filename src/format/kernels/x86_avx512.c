@@ -1,10 +1,10 @@
 /*
  * x86_avx512.c — AVX-512 (F, BW, VL) with VNNI versions of the 32-element
  * dot products (Q4_0, Q5_0, Q8_0 against A8; Q4_1 against A8S) and of Q4_K
- * against Q8_K: the single dot and the tiles of four (and, for the
- * 32-element types, eight) activation rows that batched matmul spends its
- * time in. quant.c puts them in the table over the AVX2 ones when the CPU
- * and OS have all four extensions.
+ * and Q6_K against Q8_K: the single dot and the tiles of four and eight
+ * activation rows (and, for the 32-element types, two weight rows by
+ * eight) that batched matmul spends its time in. quant.c puts them in the
+ * table over the AVX2 ones when the CPU and OS have all four extensions.
  *
  * They return bit for bit what the AVX2 kernels return
  * (tests/test_kernels_simd.c checks it), so a table can mix the two. One
@@ -15,8 +15,8 @@
  * product, and the end is the same: add the halves, sum eight lanes, add
  * the minimum term. What changes is the work per block: one instruction
  * for the integer dot, codes and scales of two blocks loaded at once from
- * the A8 rows. Q4_K keeps dot_tile_k's arithmetic: exact integer sums per
- * super-block, then the reference's float expression.
+ * the A8 rows. Q4_K and Q6_K keep dot_tile_k's arithmetic: exact integer
+ * sums per super-block, then the reference's float expression.
  */
 #if defined(__x86_64__)
 
