@@ -310,8 +310,8 @@ static void test_vec_dots(void **state) {
 
 /* The table's tiles (dot4_y and dot8_y: four and eight activation rows;
  * dot8_y_x2: two weight rows by eight activation rows) return exactly what
- * its vec_dot returns for each pair: the
- * batch invariance of matmul rests on this. */
+ * its vec_dot returns for each pair: the batch invariance of matmul rests
+ * on this. */
 static void test_dot4_tiles(void **state) {
     (void)state;
     enum { ROWS = 8, NB = 24 };

@@ -1308,10 +1308,10 @@ static void neon_axpy_tile_f16(float *const *acc, const float *const *w, size_t 
         }
 }
 
-/* xm_expf of two doubles' worth of xmath.h's operations (d already the
- * input as double): the table entry and the polynomial as the other
- * variants form them, each an IEEE double operation (no FMA: the library
- * is built with -ffp-contract=off and these are separate intrinsics). */
+/* e^x for two doubles (floats widened exactly) by xmath.h's operations:
+ * the table entry and the polynomial as the other variants form them, each
+ * an IEEE double operation (no FMA: the library is built with
+ * -ffp-contract=off and these are separate intrinsics). */
 static inline float64x2_t neon_exp_d2(float64x2_t x) {
     const float64x2_t shifter = vdupq_n_f64(0x1.8p52);
     const float64x2_t kd =

@@ -41,10 +41,9 @@ static void quantize_rows(void *arg, int ith, int nth) {
  * eight, then four activation rows through dot8_y and dot4_y (each weight
  * block unpacked once for all of them; two weight rows at a time through
  * dot8_y_x2 where there is one, sharing the activation rows' loads), then
- * the rest one at a time. Every
- * (weight row, activation row) pair gets the same arithmetic as vec_dot
- * whichever path takes it, so results do not depend on m, the tile or the
- * thread split. */
+ * the rest one at a time. Every (weight row, activation row) pair gets the
+ * same arithmetic as vec_dot whichever path takes it, so results do not
+ * depend on m, the tile or the thread split. */
 static void dot_tile(const mm_task *t, long j0, long j1) {
     const quant_type_info *wt = t->wt;
     const size_t n = (size_t)t->n, k = (size_t)t->k;

@@ -273,9 +273,7 @@ dot_tile_q4k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
     __m128 sum4[2] = {_mm_setzero_ps(), _mm_setzero_ps()}; /* rows 4g..4g+3, ny >= 4 */
     for (size_t ib = 0; ib < n / QK_K; ib++) {
         const block_q4_K *xb = (const block_q4_K *)x + ib;
-        prefetch_ahead(xb, 0);
-        prefetch_ahead(xb, 64);
-        prefetch_ahead(xb, 128);
+        for (size_t off = 0; off < sizeof *xb; off += 64) prefetch_ahead(xb, off);
         uint8_t sc[8], m[8];
         k4_scales_mins(xb->scales, sc, m);
         uint64_t sc8;
@@ -319,8 +317,9 @@ dot_tile_q4k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
                 mv[j & 3] = mp;
                 if ((j & 3) == 3) {
                     const __m128 yd4 = q8k_d4(y + (j - 3) * ys, ys, ib);
-                    const __m128 a = _mm_mul_ps(_mm_mul_ps(yd4, _mm_set1_ps(_mm_cvtss_f32(dxm))),
-                                                _mm_cvtepi32_ps(hsum4_i32x8(iv)));
+                    const __m128 a =
+                        _mm_mul_ps(_mm_mul_ps(yd4, _mm_permute_ps(dxm, _MM_SHUFFLE(0, 0, 0, 0))),
+                                   _mm_cvtepi32_ps(hsum4_i32x8(iv)));
                     const __m128 b =
                         _mm_mul_ps(_mm_mul_ps(yd4, _mm_permute_ps(dxm, _MM_SHUFFLE(1, 1, 1, 1))),
                                    _mm_cvtepi32_ps(hsum4_i32x8(mv)));
@@ -384,24 +383,19 @@ dot_tile_q6k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
     /* the qh shifts of each 256-bit half: 0 | 2 (low codes), 4 | 6 (high) */
     const __m512i sh_lo = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
     const __m512i sh_hi = _mm512_setr_epi64(4, 4, 4, 4, 6, 6, 6, 6);
-    /* Register r (0..3) holds groups 4r..4r+3, eight words each. */
+    /* Register r (0..3) holds groups 4r..4r+3, one per 128-bit lane: the
+     * eight words of lane l take scale 4r + l. */
+    const __m512i lane =
+        _mm512_setr_epi64(0, 0, 0x0001000100010001ll, 0x0001000100010001ll, 0x0002000200020002ll,
+                          0x0002000200020002ll, 0x0003000300030003ll, 0x0003000300030003ll);
     __m512i sidx[4];
 #pragma GCC unroll 4
-    for (int r = 0; r < 4; r++)
-        sidx[r] = _mm512_setr_epi32(
-            (4 * r) * 0x10001, (4 * r) * 0x10001, (4 * r) * 0x10001, (4 * r) * 0x10001,
-            (4 * r + 1) * 0x10001, (4 * r + 1) * 0x10001, (4 * r + 1) * 0x10001,
-            (4 * r + 1) * 0x10001, (4 * r + 2) * 0x10001, (4 * r + 2) * 0x10001,
-            (4 * r + 2) * 0x10001, (4 * r + 2) * 0x10001, (4 * r + 3) * 0x10001,
-            (4 * r + 3) * 0x10001, (4 * r + 3) * 0x10001, (4 * r + 3) * 0x10001);
+    for (int r = 0; r < 4; r++) sidx[r] = _mm512_add_epi16(lane, _mm512_set1_epi16((short)(4 * r)));
     float sum[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     __m128 sum4[2] = {_mm_setzero_ps(), _mm_setzero_ps()}; /* rows 4g..4g+3, ny >= 4 */
     for (size_t ib = 0; ib < n / QK_K; ib++) {
         const block_q6_K *xb = (const block_q6_K *)x + ib;
-        prefetch_ahead(xb, 0);
-        prefetch_ahead(xb, 64);
-        prefetch_ahead(xb, 128);
-        prefetch_ahead(xb, 192);
+        for (size_t off = 0; off < sizeof *xb; off += 64) prefetch_ahead(xb, off);
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)xb->scales));
         const __m512i s16 = _mm512_castsi256_si512(sc16);
         __m512i q[4], scale[4];
