@@ -286,6 +286,36 @@ static void test_f16_rows(void **state) {
     a->kv[KV_FMT_F16].axpy_rows(acc1, w, vr, ROWS, N);
     a->axpy_rows_f16(acc2, w, vr16, ROWS, N);
     assert_memory_equal(acc1, acc2, sizeof acc1);
+    /* Every variant's f16 store is the scalar conversion, bit for bit: ties
+     * to even, overflow to infinity at 65520, subnormals, tiny values to
+     * zero, NaN payloads (quiet and signalling), in blocks of eight and a
+     * tail. */
+    static const uint32_t edges[] = {
+        0x00000000u, 0x80000000u, 0x477fe000u, 0x477fefffu, 0x477ff000u, 0xc77ff000u,
+        0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc12345u, 0x7f800001u, 0x7fa00000u,
+        0x7f7fffffu, 0x38800000u, 0x387fffffu, 0x33000000u, 0x33000001u, 0x33c00000u,
+        0x337fffffu, 0x34000000u, 0x3f801000u, 0x3f803000u, 0x3f800fffu, 0x3f801001u,
+        0x00000001u, 0x807fffffu, 0x38000000u, 0x37800000u, 0xb7c00000u, 0x3a7ff000u};
+    enum { NE = sizeof edges / sizeof edges[0] };
+    float ex[N];
+    for (int i = 0; i < N; i++) {
+        uint32_t b = edges[i % NE] ^ (i >= NE ? 0x80000000u : 0u);
+        memcpy(&ex[i], &b, 4);
+    }
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        const attn_kernels *av = attn_kernels_variant(variants[v]);
+        if (!av) continue;
+        for (int round = 0; round < 3; round++) {
+            const size_t n = round == 2 ? 13 : N;
+            uint16_t got[N];
+            for (int i = 0; i < N && round == 1; i++) ex[i] = rnd() * 70000.0f * rnd();
+            av->kv[KV_FMT_F16].store(got, ex, n);
+            for (size_t i = 0; i < n; i++)
+                if (got[i] != fp32_to_fp16(ex[i]))
+                    fail_msg("%s store_f16(%a) = %#x, not %#x", variants[v], (double)ex[i], got[i],
+                             fp32_to_fp16(ex[i]));
+        }
+    }
 }
 
 /* H is orthogonal (norms and dot products kept), H^T undoes it, and a

@@ -85,8 +85,8 @@ static void test_types(void **st) {
 /* matmul_multi: three weights on one input give, bit for bit, what three
  * matmul() calls give, for m = 1, 5 and 64 and 1 and 2 threads, with row
  * counts that do not split evenly between the threads; sets sharing an
- * activation format (A8, A8S, Q8_K) and one mixing A8 and A8S, which runs
- * as separate calls. */
+ * activation format (A8, A8S, Q8_K), also with the rows quantized by the
+ * caller, and one mixing A8 and A8S, which runs as separate calls. */
 static void check_multi(const uint32_t types[3]) {
     static const int64_t ns[3] = {40, 17, 33};
     uint8_t *w[3];
@@ -122,7 +122,18 @@ static void check_multi(const uint32_t types[3]) {
                 jobs[i] = (matmul_job){.w = w[i], .type = types[i], .n = ns[i], .y = y[i]};
                 memset(y[i], 0xff, sizeof(float) * M * (size_t)ns[i]);
             }
-            matmul_multi(tp[t], jobs, 3, K, x, ms[mi], scratch);
+            matmul_multi(tp[t], jobs, 3, K, x, ms[mi], scratch, false);
+            for (int i = 0; i < 3; i++)
+                assert_memory_equal(y[i], yref[i], sizeof(float) * (size_t)ms[mi] * (size_t)ns[i]);
+            if (!matmul_shares_input(jobs, 3)) continue;
+            /* The rows quantized by the caller, one at a time, and no x:
+             * the same bits. */
+            size_t rb = matmul_input_row_bytes(types[0], K);
+            memset(scratch, 0xa5, scratch_bytes);
+            for (int r = 0; r < ms[mi]; r++)
+                matmul_quantize_row(types[0], K, x + (size_t)r * K, (uint8_t *)scratch + r * rb);
+            for (int i = 0; i < 3; i++) memset(y[i], 0xff, sizeof(float) * M * (size_t)ns[i]);
+            matmul_multi(tp[t], jobs, 3, K, NULL, ms[mi], scratch, true);
             for (int i = 0; i < 3; i++)
                 assert_memory_equal(y[i], yref[i], sizeof(float) * (size_t)ms[mi] * (size_t)ns[i]);
         }

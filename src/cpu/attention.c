@@ -91,6 +91,8 @@ static void store_f16(void *dst, const float *x, size_t n) {
     uint16_t *d = dst;
     for (size_t i = 0; i < n; i++) d[i] = fp32_to_fp16(x[i]);
 }
+#define ref_store_f16 store_f16
+#define neon_store_f16 store_f16 /* (vcvt_f16_f32 would need the same NaN care) */
 static void store_q8_0(void *dst, const float *x, size_t n) {
     ref_quantize_q8_0(x, dst, n);
 }
@@ -309,7 +311,7 @@ static void ref_silu_mul(float *g, const float *u, size_t n) {
 
 #define KV_OPS_F16(pfx)                                                                            \
     {                                                                                              \
-        pfx##_kv_dot_f16, pfx##_kv_dot4_f16, pfx##_kv_axpy_rows_f16, store_f16,                    \
+        pfx##_kv_dot_f16, pfx##_kv_dot4_f16, pfx##_kv_axpy_rows_f16, pfx##_store_f16,              \
             pfx##_dot_tile_f16, pfx##_axpy_tile_f16                                                \
     }
 #define KV_OPS_Q8_0(pfx)                                                                           \
@@ -361,6 +363,25 @@ AVX2_ATTR static inline float dot_finish(__m256 acc, const float *q, const uint1
     return ((lane[0] + lane[4]) + (lane[1] + lane[5])) +
            ((lane[2] + lane[6]) + (lane[3] + lane[7]));
 }
+
+/* store_f16 through F16C, eight at a time: its rounding (to nearest, ties
+ * to even, subnormals kept) is the scalar conversion's; eight holding a
+ * NaN go through the scalar one, which keeps the payload as it is. */
+AVX2_ATTR static void avx2_store_f16(void *dst, const float *x, size_t n) {
+    uint16_t *d = dst;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q))) {
+            for (size_t j = i; j < i + 8; j++) d[j] = fp32_to_fp16(x[j]);
+            continue;
+        }
+        _mm_storeu_si128((__m128i *)(d + i),
+                         _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    for (; i < n; i++) d[i] = fp32_to_fp16(x[i]);
+}
+#define avx512_store_f16 avx2_store_f16
 
 AVX2_ATTR static float avx2_dot_f16(const float *q, const uint16_t *k, size_t n) {
     __m256 acc = _mm256_setzero_ps();

@@ -68,6 +68,13 @@ struct forward_ctx {
     int32_t n_tiles;
     void *scratch; /* quantized activations for matmul */
     int32_t *logit_rows;
+    /* Each row's RoPE cos and sin for up to two (base, scale) pairs of one
+     * step (a model's local and global layers), so the layers after the
+     * first of a pair reuse them: [2][rows][rope_dim / 2] each. */
+    float *rope_cs, *rope_sn;
+    float rope_key[2][2]; /* base and scale of each slot */
+    bool rope_valid[2];
+    int rope_next; /* the slot the next new pair takes */
 };
 
 static int32_t max_i32(int32_t a, int32_t b) {
@@ -79,6 +86,7 @@ typedef struct fwd_sizes {
     size_t x, xb, q, k, v, att, hb, hb2, logits, acc, scratch;
     size_t router, sel, xg; /* mixture of experts: sel and sel_w, xg and og and moe_out */
     size_t bcx;
+    size_t rope; /* each of rope_cs and rope_sn */
 } fwd_sizes;
 
 static size_t scratch_for(const weight *w, int32_t rows) {
@@ -117,6 +125,7 @@ static fwd_sizes sizes_for(const model *m, int32_t rows, int32_t logit_rows, int
     s.sel = r * (size_t)m->n_expert_used;
     s.xg = m->n_expert ? r * (size_t)m->n_embd : 0;
     s.bcx = m->n_conv_layers ? r * 3 * (size_t)m->n_embd : 0;
+    s.rope = 2 * r * (size_t)(m->rope_dim / 2 > 0 ? m->rope_dim / 2 : 1);
     s.logits = (size_t)logit_rows * (size_t)m->n_vocab;
     s.acc = (size_t)n_threads * acc_per_thread(m, max_ctx);
     /* The largest quantized activation buffer any matmul needs. */
@@ -140,7 +149,7 @@ size_t forward_bytes(const model *m, int32_t max_rows, int32_t max_logit_rows, i
                      int32_t max_ctx) {
     fwd_sizes s = sizes_for(m, max_rows, max_logit_rows, n_threads, max_ctx);
     return (s.x + s.xb + s.q + s.k + s.v + s.att + s.hb + s.hb2 + s.logits + s.acc + s.router +
-            2 * s.sel + 3 * s.xg + s.bcx) *
+            2 * s.sel + 3 * s.xg + s.bcx + 2 * s.rope) *
                sizeof(float) +
            s.scratch + (size_t)max_rows * sizeof(int32_t) +
            (size_t)max_rows * (size_t)m->n_head * (sizeof(att_tile) + sizeof(int64_t)) +
@@ -172,6 +181,8 @@ void forward_free(forward_ctx *f) {
     free(f->og);
     free(f->moe_out);
     free(f->bcx);
+    free(f->rope_cs);
+    free(f->rope_sn);
     free(f);
 }
 
@@ -206,6 +217,8 @@ cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_
     f->tile_at = malloc((size_t)max_rows * (size_t)m->n_head * sizeof(int64_t));
     f->scratch = malloc(s.scratch ? s.scratch : 1);
     f->logit_rows = malloc((size_t)max_rows * sizeof(int32_t));
+    f->rope_cs = malloc(s.rope * sizeof(float));
+    f->rope_sn = malloc(s.rope * sizeof(float));
     bool moe_ok = true;
     if (m->n_expert) {
         f->router = malloc(s.router * sizeof(float));
@@ -221,7 +234,8 @@ cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_
     }
     if (m->n_conv_layers && !(f->bcx = malloc(s.bcx * sizeof(float)))) moe_ok = false;
     if (!f->x || !f->xb || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2 || !f->logits ||
-        !f->acc || !f->tiles || !f->tile_at || !f->scratch || !f->logit_rows || !moe_ok) {
+        !f->acc || !f->tiles || !f->tile_at || !f->scratch || !f->logit_rows || !f->rope_cs ||
+        !f->rope_sn || !moe_ok) {
         forward_free(f);
         return err_set(err, CELLM_ERR_NO_MEMORY, "cannot allocate %zu bytes of activations",
                        forward_bytes(m, max_rows, max_logit_rows, tp_size(tp), kv->max_ctx));
@@ -280,25 +294,16 @@ typedef struct step {
     const layer_desc *L;
     int32_t il;
     int32_t ff; /* width of the MLP's hidden rows (n_ff, or an expert's) */
+    /* task_rows' work on each row, in this order: the residual x += hb
+     * (after the post-norm `res_post` where it has data) where `res` is
+     * set; xb = norm(x) with `norm` where set; xb's row quantized into the
+     * matmul scratch as the input of `quant` where set. task_act quantizes
+     * its hb2 rows for `quant` where set. */
+    bool res;
+    const weight *res_post, *norm, *quant;
+    int rope_slot;  /* task_qk's slot of the RoPE tables */
+    bool rope_fill; /* ... which it fills first (a new base and scale) */
 } step;
-
-/* xb = norm(x) with the layer's attention (which = 0) or MLP (1) norm, or
- * the final norm (2). */
-static void task_norm(void *arg, int ith, int nth, int which) {
-    step *s = arg;
-    const model *m = s->f->m;
-    const weight *w = which == 0 ? &s->L->attn_norm : which == 1 ? &s->L->ffn_norm : &m->out_norm;
-    long b, e;
-    tp_split(s->n, ith, nth, &b, &e);
-    for (long r = b; r < e; r++)
-        rmsnorm(s->f->xb + r * m->n_embd, s->f->x + r * m->n_embd, w->data, m->n_embd, m->norm_eps);
-}
-static void task_attn_norm(void *arg, int ith, int nth) {
-    task_norm(arg, ith, nth, 0);
-}
-static void task_ffn_norm(void *arg, int ith, int nth) {
-    task_norm(arg, ith, nth, 1);
-}
 
 static void add_bias(float *x, const float *b, int32_t n) {
     for (int32_t i = 0; i < n; i++) x[i] += b[i];
@@ -320,8 +325,11 @@ static void task_qk(void *arg, int ith, int nth) {
         if (L->bq.data) add_bias(q, L->bq.data, qd);
         if (L->bk.data) add_bias(k, L->bk.data, kd);
         if (L->bv.data) add_bias(v, L->bv.data, vd);
-        float cs[512], sn[512]; /* rope_dim <= head_dim <= 1024 (model_load checks) */
-        if (!L->nope) model_rope_angles(m, pos, L->rope_base, L->rope_scale, cs, sn);
+        size_t half = (size_t)(m->rope_dim / 2 > 0 ? m->rope_dim / 2 : 1);
+        float *cs = f->rope_cs + ((size_t)s->rope_slot * (size_t)f->max_rows + (size_t)r) * half,
+              *sn = f->rope_sn + ((size_t)s->rope_slot * (size_t)f->max_rows + (size_t)r) * half;
+        if (!L->nope && s->rope_fill)
+            model_rope_angles(m, pos, L->rope_base, L->rope_scale, cs, sn);
         if (L->qk_norm_full) { /* across all heads at once (olmoe) */
             rmsnorm(q, q, L->q_norm.data, qd, m->norm_eps);
             rmsnorm(k, k, L->k_norm.data, kd, m->norm_eps);
@@ -515,28 +523,39 @@ static void task_attention(void *arg, int ith, int nth) {
         attend_tile(s, &s->f->tiles[t], s->f->acc + (size_t)ith * s->f->acc_stride);
 }
 
-/* The residual: x += y, after the layer's post-norm of y where it has one. */
-static void residual_add(step *s, float *y, const weight *post, int ith, int nth) {
+/* The residual of row r: x += y, after the layer's post-norm of y where it
+ * has one. */
+static void residual_row(const step *s, long r, float *y, const weight *post) {
     const model *m = s->f->m;
+    float *x = s->f->x + r * m->n_embd;
+    float *yr = y + r * m->n_embd;
+    if (post->data) rmsnorm(yr, yr, post->data, m->n_embd, m->norm_eps); /* in place */
+    if (m->residual_scale != 1.0f)
+        for (int32_t i = 0; i < m->n_embd; i++) x[i] += yr[i] * m->residual_scale;
+    else
+        for (int32_t i = 0; i < m->n_embd; i++) x[i] += yr[i];
+}
+
+/* Row r of `x` (k wide) into the matmul scratch as the input of s->quant. */
+static void quantize_row(const step *s, long r, const float *x, int32_t k) {
+    const weight *w = s->quant;
+    size_t rb = matmul_input_row_bytes(w->type, k);
+    matmul_quantize_row(w->type, k, x + r * k, (uint8_t *)s->f->scratch + (size_t)r * rb);
+}
+
+/* The steps between two matmuls that work row by row (see step): one
+ * hand-off between the threads for all of them. */
+static void task_rows(void *arg, int ith, int nth) {
+    step *s = arg;
+    const model *m = s->f->m;
+    int32_t d = m->n_embd;
     long b, e;
     tp_split(s->n, ith, nth, &b, &e);
     for (long r = b; r < e; r++) {
-        float *x = s->f->x + r * m->n_embd;
-        float *yr = y + r * m->n_embd;
-        if (post->data) rmsnorm(yr, yr, post->data, m->n_embd, m->norm_eps); /* in place */
-        if (m->residual_scale != 1.0f)
-            for (int32_t i = 0; i < m->n_embd; i++) x[i] += yr[i] * m->residual_scale;
-        else
-            for (int32_t i = 0; i < m->n_embd; i++) x[i] += yr[i];
+        if (s->res) residual_row(s, r, s->f->hb, s->res_post);
+        if (s->norm) rmsnorm(s->f->xb + r * d, s->f->x + r * d, s->norm->data, d, m->norm_eps);
+        if (s->quant) quantize_row(s, r, s->f->xb, d);
     }
-}
-static void task_attn_residual(void *arg, int ith, int nth) {
-    step *s = arg;
-    residual_add(s, s->f->hb, &s->L->post_attn_norm, ith, nth);
-}
-static void task_ffn_residual(void *arg, int ith, int nth) {
-    step *s = arg;
-    residual_add(s, s->f->hb, &s->L->post_ffn_norm, ith, nth);
 }
 
 /* hb2 = act(gate) * up, with gate in hb2 and up in hb, rows of s->ff. */
@@ -554,7 +573,25 @@ static void task_act(void *arg, int ith, int nth) {
             s->f->ak->gelu_mul(g, u, gelu_table, (size_t)ff);
         } else
             s->f->ak->silu_mul(g, u, (size_t)ff);
+        if (s->quant) quantize_row(s, r, s->f->hb2, ff);
     }
+}
+
+/* The RoPE tables' slot for layer s->L's base and scale: one this step
+ * filled already, else the next, to be filled by task_qk. */
+static void rope_slot(forward_ctx *f, step *s) {
+    const float key[2] = {s->L->rope_base, s->L->rope_scale};
+    for (int i = 0; i < 2; i++)
+        if (f->rope_valid[i] && !memcmp(f->rope_key[i], key, sizeof key)) {
+            s->rope_slot = i;
+            s->rope_fill = false;
+            return;
+        }
+    s->rope_slot = f->rope_next;
+    s->rope_fill = true;
+    f->rope_next ^= 1;
+    memcpy(f->rope_key[s->rope_slot], key, sizeof key);
+    f->rope_valid[s->rope_slot] = !s->L->nope;
 }
 
 /* A task over the batch's rows (norms, Q/K prep, residuals, activation):
@@ -573,14 +610,30 @@ static void mm(forward_ctx *f, const weight *w, const float *x, int32_t rows, fl
     matmul(f->tp, w->data, w->type, w->ne1, w->ne0, x, rows, y, f->scratch);
 }
 
-/* Two or three weights on the same input (mm() on each gives the same
- * bits): one quantization of x, one parallel task for all their rows. */
-static void mm_shared(forward_ctx *f, const weight *const *w, float *const *y, int nw,
-                      const float *x, int32_t rows) {
-    matmul_job jobs[3];
+static int mm_jobs(const weight *const *w, float *const *y, int nw, matmul_job jobs[3]) {
     for (int i = 0; i < nw; i++)
         jobs[i] = (matmul_job){.w = w[i]->data, .type = w[i]->type, .n = w[i]->ne1, .y = y[i]};
-    matmul_multi(f->tp, jobs, nw, w[0]->ne0, x, rows, f->scratch);
+    return nw;
+}
+
+/* One to three weights on the same input (mm() on each gives the same
+ * bits): one quantization of x, one parallel task for all their rows;
+ * with `quantized`, x's rows are in the scratch already (a row task did
+ * it, where mm_fusable said it could). */
+static void mm_shared(forward_ctx *f, const weight *const *w, float *const *y, int nw,
+                      const float *x, int32_t rows, bool quantized) {
+    matmul_job jobs[3];
+    matmul_multi(f->tp, jobs, mm_jobs(w, y, nw, jobs), w[0]->ne0, x, rows, f->scratch, quantized);
+}
+
+/* Whether the row task before a matmul of these weights may quantize its
+ * input (one input format for all of them): the weight to quantize for,
+ * or NULL. */
+static const weight *mm_fusable(const weight *const *w, int nw) {
+    matmul_job jobs[3];
+    return matmul_shares_input(jobs, mm_jobs(w, (float *const[]){NULL, NULL, NULL}, nw, jobs))
+               ? w[0]
+               : NULL;
 }
 
 /* The router of one row: softmax over the experts' logits (in place), the
@@ -648,7 +701,7 @@ static void moe(forward_ctx *f, step *s) {
         weight g = model_expert(&L->gate_exps, ne, e), u = model_expert(&L->up_exps, ne, e),
                dn = model_expert(&L->down_exps, ne, e);
         mm_shared(f, (const weight *const[]){&g, &u}, (float *const[]){f->hb2, f->hb}, 2, f->xg,
-                  cnt);
+                  cnt, false);
         step se = *s;
         se.n = cnt;
         se.ff = m->n_ff_exp;
@@ -716,33 +769,50 @@ cellm_status forward_run_embd(forward_ctx *f, const fwd_row *rows, const float *
         if (m->emb_scale != 1.0f)
             for (int32_t i = 0; i < d; i++) f->x[(size_t)r * d + i] *= m->emb_scale;
     }
-    step s = {f, rows, n, NULL, 0, m->n_ff};
+    step s = {f, rows, n, NULL, 0, m->n_ff, false, NULL, NULL, NULL, 0, false};
+    f->rope_valid[0] = f->rope_valid[1] = false;
     for (int32_t il = 0; il < m->n_layer; il++) {
         const layer_desc *L = &m->layers[il];
+        const weight *qkv[] = {&L->wq, &L->wk, &L->wv}, *gu[] = {&L->w_gate, &L->w_up};
+        /* the previous layer's MLP residual, this one's norm, Q/K/V's input */
+        s.res = il > 0;
+        s.res_post = il > 0 ? &m->layers[il - 1].post_ffn_norm : NULL;
+        s.norm = &L->attn_norm;
+        s.quant = L->is_conv ? NULL : mm_fusable(qkv, 3);
         s.L = L;
         s.il = il;
-        run_rows(f, task_attn_norm, &s);
+        run_rows(f, task_rows, &s);
         if (L->is_conv) {
             conv_block(f, &s);
         } else {
-            mm_shared(f, (const weight *const[]){&L->wq, &L->wk, &L->wv},
-                      (float *const[]){f->q, f->k, f->v}, 3, f->xb, n);
+            mm_shared(f, qkv, (float *const[]){f->q, f->k, f->v}, 3, f->xb, n, s.quant);
+            rope_slot(f, &s);
             run_rows(f, task_qk, &s);
             plan_tiles(&s);
             tp_run(f->tp, task_attention, &s);
             mm(f, &L->wo, f->att, n, f->hb);
         }
-        run_rows(f, task_attn_residual, &s);
-        run_rows(f, task_ffn_norm, &s);
+        /* the attention's residual, the MLP's norm and its input */
+        s.res = true;
+        s.res_post = &L->post_attn_norm;
+        s.norm = &L->ffn_norm;
+        s.quant = L->ffn_gate_inp.data ? NULL : mm_fusable(gu, 2);
+        run_rows(f, task_rows, &s);
         if (L->ffn_gate_inp.data) {
             moe(f, &s);
         } else {
-            mm_shared(f, (const weight *const[]){&L->w_gate, &L->w_up},
-                      (float *const[]){f->hb2, f->hb}, 2, f->xb, n);
+            mm_shared(f, gu, (float *const[]){f->hb2, f->hb}, 2, f->xb, n, s.quant);
+            s.quant = &L->w_down;
             run_rows(f, task_act, &s);
-            mm(f, &L->w_down, f->hb2, n, f->hb);
+            mm_shared(f, (const weight *const[]){&L->w_down}, (float *const[]){f->hb}, 1, f->hb2, n,
+                      true);
         }
-        run_rows(f, task_ffn_residual, &s);
+    }
+    if (m->n_layer > 0) { /* the last MLP residual */
+        s.res = true;
+        s.res_post = &m->layers[m->n_layer - 1].post_ffn_norm;
+        s.norm = s.quant = NULL;
+        run_rows(f, task_rows, &s);
     }
     /* The classifier, only for rows that want logits: gather their normed
      * states into xb, in batch order. */

@@ -12,6 +12,7 @@
 #ifndef CELLM_MATMUL_H
 #define CELLM_MATMUL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -42,9 +43,24 @@ typedef struct matmul_job {
  * one parallel task, so two hand-offs between threads instead of two per
  * weight. Each y[r][j] is the same vec_dot as matmul() gives. Weights
  * whose vec_dot_type differs from the first's run as separate matmuls.
- * `scratch` as for matmul() with the first weight's type. */
+ * `scratch` as for matmul() with the first weight's type. With
+ * `quantized`, the caller has already put x's rows into scratch in the
+ * weights' input format (matmul_quantize_row, rows matmul_input_row_bytes
+ * apart), which it may do only where matmul_shares_input holds; x is read
+ * only where it does not. */
 void matmul_multi(threadpool *tp, const matmul_job *jobs, int n_jobs, int64_t k, const float *x,
-                  int64_t m, void *scratch);
+                  int64_t m, void *scratch, bool quantized);
+
+/* Whether matmul_multi quantizes its input once for all of `jobs`. */
+bool matmul_shares_input(const matmul_job *jobs, int n_jobs);
+
+/* Bytes of one activation row of k elements in the input format of a
+ * weight of `type`, and that row quantized: what matmul does with each
+ * row of x, so a caller that produces the rows one by one (a norm, an
+ * activation) can quantize each as it is made and save matmul a pass and
+ * a hand-off between threads. */
+size_t matmul_input_row_bytes(uint32_t type, int64_t k);
+void matmul_quantize_row(uint32_t type, int64_t k, const float *x, void *xq);
 
 /* Dequantizes row `row` of a matrix of `type` with `k` elements per row. */
 void matrix_get_row(const void *w, uint32_t type, int64_t k, int64_t row, float *out);

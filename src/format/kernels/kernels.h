@@ -116,7 +116,7 @@ void avx2_dot4_y_q6_k_q8_k(size_t n, const void *x, size_t xs, const void *y, si
 /* True when this CPU (and OS) runs the avx512_* kernels; implies AVX2. */
 bool avx512_cpu_supported(void);
 /* Bit-identical to the avx2_ kernels of the same name; dot8_y_x2 is
- * dot8_y on two weight rows (x and x + xs), out[8 * w + i]. */
+ * dot8_y on two weight rows (x and x + xs), out[i * os + w]. */
 #define CELLM_AVX512_DOT(name)                                                                     \
     float avx512_vec_dot_##name(size_t n, const void *x, const void *y);                           \
     void avx512_dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,        \
@@ -124,7 +124,7 @@ bool avx512_cpu_supported(void);
     void avx512_dot8_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,        \
                               float out[8]);                                                       \
     void avx512_dot8_y_x2_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,     \
-                                 float out[16]);
+                                 float *out, size_t os);
 CELLM_AVX512_DOT(q4_0_a8)
 CELLM_AVX512_DOT(q4_1_a8s)
 CELLM_AVX512_DOT(q5_0_a8)

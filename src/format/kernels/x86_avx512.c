@@ -108,8 +108,56 @@ codes_pair_512(int kind, const uint8_t *b0, const uint8_t *b1, size_t ib, __m128
     return qx;
 }
 
+/* The end of a tile of two weight rows by eight activation rows without a
+ * tail block: out[j * os + w] = hsum_f32x8(even + odd) of acc[w][j], plus
+ * Q4_1's minimum terms, for all sixteen at once. The same additions of
+ * the same operands as the one-output end, only transposed: the halves
+ * (lanes i and i + 8), then lanes i and i + 4, then 0 + 2 and 1 + 3, then
+ * those two; the minimums' even + odd, added last. Each activation row's
+ * two results are stored as one pair (a 16-float store read back by the
+ * caller stalled its loads). */
+AVX512 static inline __attribute__((always_inline)) void
+end_16(const __m512 acc[2][8], const __m128 mins[8], bool q4_1, float *out, size_t os) {
+    __m512 v[8], s[4], t[2];
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; p++) { /* outputs 2p and 2p + 1 (o = 8w + j) */
+        const __m512 a = acc[p / 4][2 * (p % 4)], b = acc[p / 4][2 * (p % 4) + 1];
+        v[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    }
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) /* 128-bit lane t: output 4q + t's four sums */
+        s[q] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * q], v[2 * q + 1], 0x88),
+                             _mm512_shuffle_f32x4(v[2 * q], v[2 * q + 1], 0xDD));
+#pragma GCC unroll 2
+    for (int r = 0; r < 2; r++) /* lane t: (0 + 2, 1 + 3) of outputs 8r + t, 8r + 4 + t */
+        t[r] = _mm512_add_ps(_mm512_shuffle_ps(s[2 * r], s[2 * r + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(s[2 * r], s[2 * r + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* output o in lane 4 (o % 4) + o / 4 */
+    __m512 sum = _mm512_add_ps(_mm512_shuffle_ps(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    /* to activation row j's pair (outputs j and 8 + j) in lanes 2j, 2j + 1 */
+    const __m512i to_pairs =
+        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    sum = _mm512_permutexvar_ps(to_pairs, sum);
+    if (q4_1) {
+        /* hadd of rows j, j + 1: outputs j, 8 + j, j + 1, 9 + j: already pairs */
+        __m512 m = _mm512_castps128_ps512(_mm_hadd_ps(mins[0], mins[1]));
+        m = _mm512_insertf32x4(m, _mm_hadd_ps(mins[2], mins[3]), 1);
+        m = _mm512_insertf32x4(m, _mm_hadd_ps(mins[4], mins[5]), 2);
+        m = _mm512_insertf32x4(m, _mm_hadd_ps(mins[6], mins[7]), 3);
+        sum = _mm512_add_ps(sum, m);
+    }
+#pragma GCC unroll 4
+    for (int l = 0; l < 4; l++) {
+        const __m128 p = _mm512_extractf32x4_ps(sum, l);
+        _mm_storel_pi((__m64 *)(out + (size_t)(2 * l) * os), p);
+        _mm_storeh_pi((__m64 *)(out + (size_t)(2 * l + 1) * os), p);
+    }
+}
+
 /* nw (1 or 2) weight rows of stride xs against ny (1, 4 or 8) activation
- * rows of stride ys, into out[w * ny + j]; the arithmetic of dot_tile_32 in
+ * rows of stride ys, into out[j] (one weight row) or out[j * os + w] (two);
+ * the arithmetic of dot_tile_32 in
  * x86_avx2.c, two blocks at a time. Each block's eight lane sums are the
  * same exact integers: VPDPBUSD on the unsigned codes, started from minus
  * the offset times the lane's sum of y (one VPDPBUSD on -y per activation
@@ -120,7 +168,7 @@ codes_pair_512(int kind, const uint8_t *b0, const uint8_t *b1, size_t ib, __m128
  * offset sums and scale spreading. */
 AVX512 static inline __attribute__((always_inline)) void
 dot_rows_512(int kind, size_t n, const uint8_t *x, size_t xs, int nw, const uint8_t *y, size_t ys,
-             int ny, float *out) {
+             int ny, float *out, size_t os) {
     assert(n % QK8_0 == 0);
     const size_t xbytes = kind == W_Q4_0   ? sizeof(block_q4_0)
                           : kind == W_Q4_1 ? sizeof(block_q4_1)
@@ -184,6 +232,10 @@ dot_rows_512(int kind, size_t n, const uint8_t *x, size_t xs, int nw, const uint
             }
         }
     }
+    if (nw == 2 && ny == 8 && ib == nb) {
+        end_16(acc, mins, kind == W_Q4_1, out, os);
+        return;
+    }
 #pragma GCC unroll 2
     for (int w = 0; w < nw; w++) {
 #pragma GCC unroll 8
@@ -202,7 +254,8 @@ dot_rows_512(int kind, size_t n, const uint8_t *x, size_t xs, int nw, const uint
                 even = _mm256_fmadd_ps(_mm256_set1_ps(dx * yd[j][ib]), _mm256_cvtepi32_ps(p), even);
                 if (kind == W_Q4_1) min_even = __builtin_fmaf(mx, ysum[j][ib], min_even);
             }
-            out[w * ny + j] = hsum_f32x8(_mm256_add_ps(even, odd)) + (min_even + min_odd);
+            out[nw == 1 ? (size_t)j : j * os + (size_t)w] =
+                hsum_f32x8(_mm256_add_ps(even, odd)) + (min_even + min_odd);
         }
     }
 }
@@ -210,22 +263,22 @@ dot_rows_512(int kind, size_t n, const uint8_t *x, size_t xs, int nw, const uint
 #define DOT32_512(name, kind)                                                                      \
     AVX512 float avx512_vec_dot_##name(size_t n, const void *x, const void *y) {                   \
         float out[1];                                                                              \
-        dot_rows_512(kind, n, x, 0, 1, y, 0, 1, out);                                              \
+        dot_rows_512(kind, n, x, 0, 1, y, 0, 1, out, 1);                                           \
         return out[0];                                                                             \
     }                                                                                              \
     AVX512 void avx512_dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys, \
                                      float out[4]) {                                               \
         (void)xs;                                                                                  \
-        dot_rows_512(kind, n, x, 0, 1, y, ys, 4, out);                                             \
+        dot_rows_512(kind, n, x, 0, 1, y, ys, 4, out, 1);                                          \
     }                                                                                              \
     AVX512 void avx512_dot8_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys, \
                                      float out[8]) {                                               \
         (void)xs;                                                                                  \
-        dot_rows_512(kind, n, x, 0, 1, y, ys, 8, out);                                             \
+        dot_rows_512(kind, n, x, 0, 1, y, ys, 8, out, 1);                                          \
     }                                                                                              \
     AVX512 void avx512_dot8_y_x2_##name(size_t n, const void *x, size_t xs, const void *y,         \
-                                        size_t ys, float out[16]) {                                \
-        dot_rows_512(kind, n, x, xs, 2, y, ys, 8, out);                                            \
+                                        size_t ys, float *out, size_t os) {                        \
+        dot_rows_512(kind, n, x, xs, 2, y, ys, 8, out, os);                                        \
     }
 
 DOT32_512(q4_0_a8, W_Q4_0)
