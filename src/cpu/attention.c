@@ -915,24 +915,38 @@ AVX512_ATTR static void avx512_dot_tile_f16(const float *q, size_t nq, const voi
     if (j < nk) avx2_dot_tile_f16(q, nq, k + j, nk - j, n, out + j, ostride);
 }
 
-/* f16 value rows for several queries: 16 columns of up to sixteen queries'
- * accumulators in registers, each row converted once per group: the fused
- * multiply-adds of avx512_axpy_cols, row after row. n a multiple of 16,
- * else the AVX2 kernel. */
+/* f16 value rows for several queries: U groups of 16 columns of up to
+ * sixteen queries' accumulators in registers (G * U <= 16), each row
+ * converted once per group: the fused multiply-adds of avx512_axpy_cols,
+ * row after row. With few queries (decoding: one row's heads of a KV
+ * group) several column groups at once give the chains of dependent
+ * multiply-adds company; each accumulator's order is the same. n a
+ * multiple of 16, else the AVX2 kernel. */
 AVX512_ATTR static inline __attribute__((always_inline)) void
 avx512_axpy_group_f16(float *const *acc, const float *const *w, const void *const *v, size_t nk,
-                      size_t c, const int G) {
+                      size_t c, const int G, const int U) {
     __m512 a[16];
 #pragma GCC unroll 16
-    for (int i = 0; i < G; i++) a[i] = _mm512_loadu_ps(acc[i] + c);
+    for (int i = 0; i < G; i++)
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) a[i * U + u] = _mm512_loadu_ps(acc[i] + c + 16 * u);
     for (size_t j = 0; j < nk; j++) {
-        const __m512 vv =
-            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)v[j] + c)));
+        __m512 vv[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++)
+            vv[u] = _mm512_cvtph_ps(
+                _mm256_loadu_si256((const __m256i *)((const uint16_t *)v[j] + c + 16 * u)));
 #pragma GCC unroll 16
-        for (int i = 0; i < G; i++) a[i] = _mm512_fmadd_ps(_mm512_set1_ps(w[i][j]), vv, a[i]);
+        for (int i = 0; i < G; i++) {
+            const __m512 wi = _mm512_set1_ps(w[i][j]);
+#pragma GCC unroll 4
+            for (int u = 0; u < U; u++) a[i * U + u] = _mm512_fmadd_ps(wi, vv[u], a[i * U + u]);
+        }
     }
 #pragma GCC unroll 16
-    for (int i = 0; i < G; i++) _mm512_storeu_ps(acc[i] + c, a[i]);
+    for (int i = 0; i < G; i++)
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) _mm512_storeu_ps(acc[i] + c + 16 * u, a[i * U + u]);
 }
 
 AVX512_ATTR static void avx512_axpy_tile_f16(float *const *acc, const float *const *w, size_t nq,
@@ -941,9 +955,17 @@ AVX512_ATTR static void avx512_axpy_tile_f16(float *const *acc, const float *con
         avx2_axpy_tile_f16(acc, w, nq, v, nk, n);
         return;
     }
+    if (nq <= 4 && n % 64 == 0) { /* four column groups at once */
+        for (size_t c = 0; c < n; c += 64) {
+#define AVX512_AXPY_G4(G) avx512_axpy_group_f16(acc, w, v, nk, c, G, 4)
+            switch (nq) { TILE_CASES4(AVX512_AXPY_G4); }
+#undef AVX512_AXPY_G4
+        }
+        return;
+    }
     for (size_t i0 = 0; i0 < nq; i0 += 16)
         for (size_t c = 0; c < n; c += 16) {
-#define AVX512_AXPY_G(G) avx512_axpy_group_f16(acc + i0, w + i0, v, nk, c, G)
+#define AVX512_AXPY_G(G) avx512_axpy_group_f16(acc + i0, w + i0, v, nk, c, G, 1)
             switch (nq - i0 < 16 ? nq - i0 : 16) { TILE_CASES16(AVX512_AXPY_G); }
 #undef AVX512_AXPY_G
         }

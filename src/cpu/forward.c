@@ -285,6 +285,25 @@ static void gelu_table_fill(void) {
         gelu_table[i] = fp32_to_fp16(gelu_tanh_f16(fp16_to_fp32((uint16_t)i)));
 }
 
+/* rmsnorm of nr <= 4 rows, `stride` floats apart: each row's sum of squares
+ * in its own double, in order, so each row's bits are rmsnorm's; the rows'
+ * sums interleaved so their chains of additions overlap. */
+static void rmsnorm_rows(float *out, const float *x, size_t stride, int nr, const float *w,
+                         int32_t n, float eps) {
+    double ss[4] = {0, 0, 0, 0};
+    if (nr == 4) {
+        for (int32_t i = 0; i < n; i++)
+            for (int r = 0; r < 4; r++) ss[r] += (double)x[r * stride + i] * x[r * stride + i];
+    } else {
+        for (int r = 0; r < nr; r++)
+            for (int32_t i = 0; i < n; i++) ss[r] += (double)x[r * stride + i] * x[r * stride + i];
+    }
+    for (int r = 0; r < nr; r++) {
+        float scale = 1.0f / sqrtf((float)(ss[r] / n) + eps);
+        for (int32_t i = 0; i < n; i++) out[r * stride + i] = x[r * stride + i] * scale * w[i];
+    }
+}
+
 /* ------------------------------------------------------------ the steps */
 
 typedef struct step {
@@ -551,10 +570,13 @@ static void task_rows(void *arg, int ith, int nth) {
     int32_t d = m->n_embd;
     long b, e;
     tp_split(s->n, ith, nth, &b, &e);
-    for (long r = b; r < e; r++) {
-        if (s->res) residual_row(s, r, s->f->hb, s->res_post);
-        if (s->norm) rmsnorm(s->f->xb + r * d, s->f->x + r * d, s->norm->data, d, m->norm_eps);
-        if (s->quant) quantize_row(s, r, s->f->xb, d);
+    for (long r0 = b; r0 < e; r0 += 4) {
+        int nr = e - r0 < 4 ? (int)(e - r0) : 4;
+        for (long r = r0; r < r0 + nr && s->res; r++) residual_row(s, r, s->f->hb, s->res_post);
+        if (s->norm)
+            rmsnorm_rows(s->f->xb + r0 * d, s->f->x + r0 * d, (size_t)d, nr, s->norm->data, d,
+                         m->norm_eps);
+        for (long r = r0; r < r0 + nr && s->quant; r++) quantize_row(s, r, s->f->xb, d);
     }
 }
 
