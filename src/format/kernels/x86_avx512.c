@@ -147,11 +147,13 @@ end_16(const __m512 acc[2][8], const __m128 mins[8], bool q4_1, float *out, size
         m = _mm512_insertf32x4(m, _mm_hadd_ps(mins[6], mins[7]), 3);
         sum = _mm512_add_ps(sum, m);
     }
+    /* (the lane index must be a constant for clang) */
+    const __m128 p[4] = {_mm512_extractf32x4_ps(sum, 0), _mm512_extractf32x4_ps(sum, 1),
+                         _mm512_extractf32x4_ps(sum, 2), _mm512_extractf32x4_ps(sum, 3)};
 #pragma GCC unroll 4
     for (int l = 0; l < 4; l++) {
-        const __m128 p = _mm512_extractf32x4_ps(sum, l);
-        _mm_storel_pi((__m64 *)(out + (size_t)(2 * l) * os), p);
-        _mm_storeh_pi((__m64 *)(out + (size_t)(2 * l + 1) * os), p);
+        _mm_storel_pi((__m64 *)(out + (size_t)(2 * l) * os), p[l]);
+        _mm_storeh_pi((__m64 *)(out + (size_t)(2 * l + 1) * os), p[l]);
     }
 }
 
