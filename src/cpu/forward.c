@@ -125,7 +125,7 @@ static fwd_sizes sizes_for(const model *m, int32_t rows, int32_t logit_rows, int
     s.sel = r * (size_t)m->n_expert_used;
     s.xg = m->n_expert ? r * (size_t)m->n_embd : 0;
     s.bcx = m->n_conv_layers ? r * 3 * (size_t)m->n_embd : 0;
-    s.rope = 2 * r * (size_t)(m->rope_dim / 2 > 0 ? m->rope_dim / 2 : 1);
+    s.rope = 2 * r * (size_t)(m->rope_dim / 2); /* rope_dim > 0 and even (model_load) */
     s.logits = (size_t)logit_rows * (size_t)m->n_vocab;
     s.acc = (size_t)n_threads * acc_per_thread(m, max_ctx);
     /* The largest quantized activation buffer any matmul needs. */
@@ -246,12 +246,28 @@ cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_
 
 /* ------------------------------------------------------------ row kernels */
 
-/* out = x / rms(x) * w, over n elements. */
+/* out = x / rms(x) * w, over n elements, for nr <= 4 rows `stride` floats
+ * apart (out may be x): each row's sum of squares in its own double, in
+ * order, so a row's bits do not depend on the others; four rows' sums
+ * interleaved so their chains of additions overlap. */
+static void rmsnorm_rows(float *out, const float *x, size_t stride, int nr, const float *w,
+                         int32_t n, float eps) {
+    double ss[4] = {0, 0, 0, 0};
+    if (nr == 4) {
+        for (int32_t i = 0; i < n; i++)
+            for (int r = 0; r < 4; r++) ss[r] += (double)x[r * stride + i] * x[r * stride + i];
+    } else {
+        for (int r = 0; r < nr; r++)
+            for (int32_t i = 0; i < n; i++) ss[r] += (double)x[r * stride + i] * x[r * stride + i];
+    }
+    for (int r = 0; r < nr; r++) {
+        float scale = 1.0f / sqrtf((float)(ss[r] / n) + eps);
+        for (int32_t i = 0; i < n; i++) out[r * stride + i] = x[r * stride + i] * scale * w[i];
+    }
+}
+
 static void rmsnorm(float *out, const float *x, const float *w, int32_t n, float eps) {
-    double ss = 0;
-    for (int32_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
-    for (int32_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+    rmsnorm_rows(out, x, 0, 1, w, n, eps);
 }
 
 /* Rotates the first rope_dim dimensions of one head. */
@@ -285,25 +301,6 @@ static void gelu_table_fill(void) {
         gelu_table[i] = fp32_to_fp16(gelu_tanh_f16(fp16_to_fp32((uint16_t)i)));
 }
 
-/* rmsnorm of nr <= 4 rows, `stride` floats apart: each row's sum of squares
- * in its own double, in order, so each row's bits are rmsnorm's; the rows'
- * sums interleaved so their chains of additions overlap. */
-static void rmsnorm_rows(float *out, const float *x, size_t stride, int nr, const float *w,
-                         int32_t n, float eps) {
-    double ss[4] = {0, 0, 0, 0};
-    if (nr == 4) {
-        for (int32_t i = 0; i < n; i++)
-            for (int r = 0; r < 4; r++) ss[r] += (double)x[r * stride + i] * x[r * stride + i];
-    } else {
-        for (int r = 0; r < nr; r++)
-            for (int32_t i = 0; i < n; i++) ss[r] += (double)x[r * stride + i] * x[r * stride + i];
-    }
-    for (int r = 0; r < nr; r++) {
-        float scale = 1.0f / sqrtf((float)(ss[r] / n) + eps);
-        for (int32_t i = 0; i < n; i++) out[r * stride + i] = x[r * stride + i] * scale * w[i];
-    }
-}
-
 /* ------------------------------------------------------------ the steps */
 
 typedef struct step {
@@ -314,11 +311,10 @@ typedef struct step {
     int32_t il;
     int32_t ff; /* width of the MLP's hidden rows (n_ff, or an expert's) */
     /* task_rows' work on each row, in this order: the residual x += hb
-     * (after the post-norm `res_post` where it has data) where `res` is
+     * (after the post-norm `res_post` where it has data) where res_post is
      * set; xb = norm(x) with `norm` where set; xb's row quantized into the
      * matmul scratch as the input of `quant` where set. task_act quantizes
      * its hb2 rows for `quant` where set. */
-    bool res;
     const weight *res_post, *norm, *quant;
     int rope_slot;  /* task_qk's slot of the RoPE tables */
     bool rope_fill; /* ... which it fills first (a new base and scale) */
@@ -344,7 +340,7 @@ static void task_qk(void *arg, int ith, int nth) {
         if (L->bq.data) add_bias(q, L->bq.data, qd);
         if (L->bk.data) add_bias(k, L->bk.data, kd);
         if (L->bv.data) add_bias(v, L->bv.data, vd);
-        size_t half = (size_t)(m->rope_dim / 2 > 0 ? m->rope_dim / 2 : 1);
+        size_t half = (size_t)(m->rope_dim / 2);
         float *cs = f->rope_cs + ((size_t)s->rope_slot * (size_t)f->max_rows + (size_t)r) * half,
               *sn = f->rope_sn + ((size_t)s->rope_slot * (size_t)f->max_rows + (size_t)r) * half;
         if (!L->nope && s->rope_fill)
@@ -572,7 +568,8 @@ static void task_rows(void *arg, int ith, int nth) {
     tp_split(s->n, ith, nth, &b, &e);
     for (long r0 = b; r0 < e; r0 += 4) {
         int nr = e - r0 < 4 ? (int)(e - r0) : 4;
-        for (long r = r0; r < r0 + nr && s->res; r++) residual_row(s, r, s->f->hb, s->res_post);
+        for (long r = r0; r < r0 + nr && s->res_post; r++)
+            residual_row(s, r, s->f->hb, s->res_post);
         if (s->norm)
             rmsnorm_rows(s->f->xb + r0 * d, s->f->x + r0 * d, (size_t)d, nr, s->norm->data, d,
                          m->norm_eps);
@@ -791,13 +788,12 @@ cellm_status forward_run_embd(forward_ctx *f, const fwd_row *rows, const float *
         if (m->emb_scale != 1.0f)
             for (int32_t i = 0; i < d; i++) f->x[(size_t)r * d + i] *= m->emb_scale;
     }
-    step s = {f, rows, n, NULL, 0, m->n_ff, false, NULL, NULL, NULL, 0, false};
+    step s = {f, rows, n, NULL, 0, m->n_ff, NULL, NULL, NULL, 0, false};
     f->rope_valid[0] = f->rope_valid[1] = false;
     for (int32_t il = 0; il < m->n_layer; il++) {
         const layer_desc *L = &m->layers[il];
         const weight *qkv[] = {&L->wq, &L->wk, &L->wv}, *gu[] = {&L->w_gate, &L->w_up};
         /* the previous layer's MLP residual, this one's norm, Q/K/V's input */
-        s.res = il > 0;
         s.res_post = il > 0 ? &m->layers[il - 1].post_ffn_norm : NULL;
         s.norm = &L->attn_norm;
         s.quant = L->is_conv ? NULL : mm_fusable(qkv, 3);
@@ -815,7 +811,6 @@ cellm_status forward_run_embd(forward_ctx *f, const fwd_row *rows, const float *
             mm(f, &L->wo, f->att, n, f->hb);
         }
         /* the attention's residual, the MLP's norm and its input */
-        s.res = true;
         s.res_post = &L->post_attn_norm;
         s.norm = &L->ffn_norm;
         s.quant = L->ffn_gate_inp.data ? NULL : mm_fusable(gu, 2);
@@ -831,7 +826,6 @@ cellm_status forward_run_embd(forward_ctx *f, const fwd_row *rows, const float *
         }
     }
     if (m->n_layer > 0) { /* the last MLP residual */
-        s.res = true;
         s.res_post = &m->layers[m->n_layer - 1].post_ffn_norm;
         s.norm = s.quant = NULL;
         run_rows(f, task_rows, &s);
