@@ -159,12 +159,14 @@ end_16(const __m512 acc[2][8], const __m128 mins[8], bool q4_1, float *out, size
 
 /* nw (1 or 2) weight rows of stride xs against ny (1, 4 or 8) activation
  * rows of stride ys, into out[j] (one weight row) or out[j * os + w] (two);
- * the arithmetic of dot_tile_32 in x86_avx2.c, two blocks at a time. Each block's eight lane sums
- * are the same exact integers: VPDPBUSD on the unsigned codes, started from minus the offset times
- * the lane's sum of y (one VPDPBUSD on -y per activation row and block pair, shared by the weight
- * rows; |y| <= 127). Each lane then gets the same float product of the two scales, the same FMA
- * into its accumulator and the same end: add the halves, sum eight lanes, add the minimum term. Two
- * weight rows share each activation row's loads, offset sums and scale spreading. */
+ * the arithmetic of dot_tile_32 in x86_avx2.c, two blocks at a time. Each
+ * block's eight lane sums are the same exact integers: VPDPBUSD on the
+ * unsigned codes, started from minus the offset times the lane's sum of y
+ * (one VPDPBUSD on -y per activation row and block pair, shared by the
+ * weight rows; |y| <= 127). Each lane then gets the same float product of
+ * the two scales, the same FMA into its accumulator and the same end: add
+ * the halves, sum eight lanes, add the minimum term. Two weight rows share
+ * each activation row's loads, offset sums and scale spreading. */
 AVX512 static inline __attribute__((always_inline)) void
 dot_rows_512(int kind, size_t n, const uint8_t *x, size_t xs, int nw, const uint8_t *y, size_t ys,
              int ny, float *out, size_t os) {
