@@ -250,4 +250,15 @@ cellm_status vk_recorder_submit(vk_recorder *rec, cellm_error *err);
  * written at its start and end; -1 where the queue cannot time it. */
 double vk_recorder_gpu_ns(const vk_recorder *rec);
 
+/* Profiling marks (off by default). With marks on, each
+ * vk_recorder_mark writes a timestamp once every command recorded before
+ * it has finished, tagged with `tag` (the caller's meaning), up to
+ * VK_MARKS_MAX a recording (more are dropped). After the submission,
+ * vk_recorder_marks gives the count, the tags and each mark's time in ns
+ * from the recording's start; 0 marks where the queue has no timestamps. */
+enum { VK_MARKS_MAX = 2048 };
+void vk_recorder_set_marks(vk_recorder *rec, bool on);
+void vk_recorder_mark(vk_recorder *rec, uint32_t tag);
+uint32_t vk_recorder_marks(const vk_recorder *rec, const uint32_t **tags, const double **ns);
+
 #endif /* CELLM_VK_DEVICE_H */

@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "format/quant.h"
 #include "model/batch.h"
@@ -61,6 +62,35 @@ typedef struct vlayer {
 typedef struct blk_copy {
     int32_t group, dst, src;
 } blk_copy;
+
+/* What a profiled step's stages are (CELLM_VK_PROFILE=1): each barrier
+ * marks the end of one, and the GPU time since the mark before goes to
+ * its kind. */
+enum {
+    P_INPUT,
+    P_NORM,
+    P_QKV,
+    P_QK_PREP,
+    P_ATTENTION,
+    P_WO,
+    P_RESIDUAL,
+    P_GATE_UP,
+    P_ACT,
+    P_DOWN,
+    P_HEAD,
+    P_KINDS
+};
+static const char *const P_NAMES[P_KINDS] = {
+    "copies, input", "rmsnorm",     "Q, K, V matmuls", "qk_prep",     "attention",  "output matmul",
+    "residual",      "gate, up",    "act",             "down matmul", "head, logits"};
+
+typedef struct vk_profile {
+    bool on;
+    long steps, rows;
+    double gpu_ns[P_KINDS], gpu_total_ns;
+    long stages[P_KINDS];
+    double host_fill_ns, host_record_ns, host_submit_ns;
+} vk_profile;
 
 /* The RoPE settings the layers use (gemma3: its local and global layers). */
 #define MAX_ROPE_CFG 4
@@ -96,6 +126,7 @@ typedef struct vkf {
     int32_t n_copies, cap_copies;
     bool copy_overflow;
     cellm_error copy_err;
+    vk_profile prof;
 } vkf;
 
 /* ------------------------------------------------------------ creation */
@@ -209,9 +240,60 @@ static void kv_copy(void *user, int32_t group, int32_t dst, int32_t src) {
     f->copies[f->n_copies++] = (blk_copy){group, dst, src};
 }
 
+/* Prints the profile of every step so far to stderr, per step. */
+static void profile_print(const vkf *f) {
+    const vk_profile *p = &f->prof;
+    if (!p->on || !p->steps) return;
+    double st = (double)p->steps;
+    fprintf(stderr,
+            "vulkan profile: %ld steps, %.1f rows a step; per step: GPU %.1f us, host: inputs "
+            "%.1f us, recording %.1f us, submit and wait %.1f us\n",
+            p->steps, (double)p->rows / st, p->gpu_total_ns / st / 1e3, p->host_fill_ns / st / 1e3,
+            p->host_record_ns / st / 1e3, p->host_submit_ns / st / 1e3);
+    for (int k = 0; k < P_KINDS; k++)
+        if (p->stages[k])
+            fprintf(stderr, "  %-16s %8.1f us  %5.1f%%  %5.1f stages, %.2f us each\n", P_NAMES[k],
+                    p->gpu_ns[k] / st / 1e3,
+                    p->gpu_total_ns > 0 ? 100.0 * p->gpu_ns[k] / p->gpu_total_ns : 0.0,
+                    (double)p->stages[k] / st, p->gpu_ns[k] / (double)p->stages[k] / 1e3);
+}
+
+static double now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+/* Adds a finished step to the profile: host times from t0 (start), t1
+ * (inputs written), t2 (recorded) to now, GPU times from the marks; what
+ * follows the last mark (the logits' copy) goes to the head. */
+static void profile_step(vkf *f, int32_t n, double t0, double t1, double t2) {
+    vk_profile *p = &f->prof;
+    double t3 = now_ns(), gpu = vk_recorder_gpu_ns(f->rec);
+    p->steps++;
+    p->rows += n;
+    p->host_fill_ns += t1 - t0;
+    p->host_record_ns += t2 - t1;
+    p->host_submit_ns += t3 - t2;
+    const uint32_t *tags;
+    const double *ns;
+    uint32_t nm = vk_recorder_marks(f->rec, &tags, &ns);
+    if (gpu < 0 || nm == 0) return;
+    p->gpu_total_ns += gpu;
+    double prev = 0;
+    for (uint32_t i = 0; i < nm; i++) {
+        if (tags[i] >= P_KINDS) continue;
+        p->gpu_ns[tags[i]] += ns[i] - prev;
+        p->stages[tags[i]]++;
+        prev = ns[i];
+    }
+    if (gpu > prev) p->gpu_ns[P_HEAD] += gpu - prev;
+}
+
 static void vkf_free(void *impl) {
     vkf *f = impl;
     if (!f) return;
+    profile_print(f);
     if (f->kv && f->kv->ext.user == f) f->kv->ext = (kv_storage){0};
     vk_device_close(f->dev); /* frees every buffer, the recorder, the pipelines */
     free(f->owned);
@@ -265,6 +347,9 @@ cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, int32_t max
         goto fail;
     }
     if ((st = vk_recorder_create(f->dev, &f->rec, err))) goto fail;
+    const char *prof = getenv("CELLM_VK_PROFILE");
+    f->prof.on = prof && *prof && strcmp(prof, "0");
+    vk_recorder_set_marks(f->rec, f->prof.on);
 
     /* Weights. */
     f->layers = calloc((size_t)m->n_layer, sizeof *f->layers);
@@ -435,8 +520,11 @@ static void mm(rec_ctx *c, const vweight *w, const vk_buffer *x, int32_t n, cons
     }
 }
 
-static void barrier(rec_ctx *c) {
-    if (!c->st) vk_recorder_barrier(c->f->rec);
+/* The end of a stage of kind `tag` (P_*): the next stage sees its writes. */
+static void barrier(rec_ctx *c, int tag) {
+    if (c->st) return;
+    vk_recorder_barrier(c->f->rec);
+    vk_recorder_mark(c->f->rec, (uint32_t)tag);
 }
 
 typedef struct rms_push {
@@ -461,7 +549,7 @@ static void residual(rec_ctx *c, const vk_buffer *y, const vweight *post, int32_
     uint32_t d = (uint32_t)f->m->n_embd;
     if (post->buf) {
         rmsnorm(c, y, post, y, n_rows, d, false);
-        barrier(c);
+        barrier(c, P_RESIDUAL);
     }
     struct {
         uint32_t n;
@@ -497,7 +585,7 @@ static void attention_layer(rec_ctx *c, int32_t il, int32_t n) {
     mm(c, &V->wq, f->xb, n, f->q);
     mm(c, &V->wk, f->xb, n, f->k);
     mm(c, &V->wv, f->xb, n, f->v);
-    barrier(c);
+    barrier(c, P_QKV);
     qk_push qp = {(uint32_t)m->n_head,
                   (uint32_t)m->n_head_kv,
                   (uint32_t)m->head_dim,
@@ -523,7 +611,7 @@ static void attention_layer(rec_ctx *c, int32_t il, int32_t n) {
                         kvb};
     uint32_t g[3] = {(uint32_t)n, (uint32_t)(m->n_head + m->n_head_kv), 1};
     dispatch(c, VK_SHADER_QK_PREP, qb, 9, &qp, sizeof qp, g);
-    barrier(c);
+    barrier(c, P_QK_PREP);
     attn_push ap = {(uint32_t)m->n_head,
                     (uint32_t)m->n_head_kv,
                     (uint32_t)m->head_dim,
@@ -538,9 +626,9 @@ static void attention_layer(rec_ctx *c, int32_t il, int32_t n) {
     vk_binding ab[5] = {{f->q, 0, 0}, {f->rowinfo, 0, 0}, {f->tables, 0, 0}, kvb, {f->att, 0, 0}};
     uint32_t ga[3] = {(uint32_t)n, (uint32_t)m->n_head, 1};
     dispatch(c, VK_SHADER_ATTENTION, ab, 5, &ap, sizeof ap, ga);
-    barrier(c);
+    barrier(c, P_ATTENTION);
     mm(c, &V->wo, f->att, n, f->hb);
-    barrier(c);
+    barrier(c, P_WO);
 }
 
 static void mlp_layer(rec_ctx *c, int32_t il, int32_t n) {
@@ -548,7 +636,7 @@ static void mlp_layer(rec_ctx *c, int32_t il, int32_t n) {
     const vlayer *V = &f->layers[il];
     mm(c, &V->w_gate, f->xb, n, f->hb2);
     mm(c, &V->w_up, f->xb, n, f->hb);
-    barrier(c);
+    barrier(c, P_GATE_UP);
     struct {
         uint32_t n, act;
     } p = {(uint32_t)n * (uint32_t)f->m->n_ff, f->m->act == ACT_GELU_TANH};
@@ -556,9 +644,9 @@ static void mlp_layer(rec_ctx *c, int32_t il, int32_t n) {
     uint32_t g[3];
     groups_1d(f, p.n, g);
     dispatch(c, VK_SHADER_ACT, b, 2, &p, sizeof p, g);
-    barrier(c);
+    barrier(c, P_ACT);
     mm(c, &V->w_down, f->hb2, n, f->hb);
-    barrier(c);
+    barrier(c, P_DOWN);
 }
 
 /* Fills the upload buffers for the batch: inputs, row info, block tables,
@@ -668,6 +756,7 @@ static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const 
     const model *m = f->m;
     f->n_copies = 0;
     f->copy_overflow = false;
+    double t0 = f->prof.on ? now_ns() : 0, t1 = 0, t2 = 0;
     cellm_status st = batch_reserve(m, f->kv, rows, n, f->max_rows, f->max_logit_rows, err);
     if (f->copy_overflow)
         return err_set(err, CELLM_ERR_INTERNAL, "more block copies than a batch can ask for");
@@ -679,6 +768,7 @@ static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const 
         if (f->n_copies) flush_copies(f);
         return st;
     }
+    if (f->prof.on) t1 = now_ns();
     if ((st = vk_recorder_begin(f->rec, err))) return st;
     rec_ctx c = {f, err, CELLM_OK};
     /* Copies-on-write first: nothing this pass writes may land before. */
@@ -686,27 +776,27 @@ static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const 
     if (!c.st)
         c.st = vk_recorder_copy(f->rec, f->in_x, 0, f->x, 0,
                                 (size_t)n * (size_t)m->n_embd * sizeof(float), err);
-    barrier(&c);
+    barrier(&c, P_INPUT);
     uint32_t d = (uint32_t)m->n_embd;
     for (int32_t il = 0; il < m->n_layer && !c.st; il++) {
         const vlayer *V = &f->layers[il];
         rmsnorm(&c, f->x, &V->attn_norm, f->xb, n, d, false);
-        barrier(&c);
+        barrier(&c, P_NORM);
         attention_layer(&c, il, n);
         residual(&c, f->hb, &V->post_attn_norm, n);
-        barrier(&c);
+        barrier(&c, P_RESIDUAL);
         rmsnorm(&c, f->x, &V->ffn_norm, f->xb, n, d, false);
-        barrier(&c);
+        barrier(&c, P_NORM);
         mlp_layer(&c, il, n);
         residual(&c, f->hb, &V->post_ffn_norm, n);
-        barrier(&c);
+        barrier(&c, P_RESIDUAL);
     }
     if (nl) {
         rmsnorm(&c, f->x, &f->out_norm, f->xb, nl, d, true);
-        barrier(&c);
+        barrier(&c, P_NORM);
         mm(&c, &f->output, f->xb, nl, f->logits);
         if (m->logit_scale != 1.0f || m->logit_softcap > 0) {
-            barrier(&c);
+            barrier(&c, P_HEAD);
             struct {
                 uint32_t n;
                 float scale, cap;
@@ -716,7 +806,7 @@ static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const 
             groups_1d(f, p.n, g);
             dispatch(&c, VK_SHADER_LOGITS, b, 1, &p, sizeof p, g);
         }
-        barrier(&c);
+        barrier(&c, P_HEAD);
         if (!c.st)
             c.st = vk_recorder_copy(f->rec, f->logits, 0, f->readback, 0,
                                     (size_t)nl * (size_t)m->n_vocab * sizeof(float), err);
@@ -724,10 +814,12 @@ static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const 
     /* A recording that went wrong is not submitted (the next begin
      * resets it). */
     if (c.st) return c.st;
+    if (f->prof.on) t2 = now_ns();
     if ((st = vk_recorder_submit(f->rec, err))) return st;
     if (nl && (st = vk_buffer_download(f->readback, 0, f->host_logits,
                                        (size_t)nl * (size_t)m->n_vocab * sizeof(float), err)))
         return st;
+    if (f->prof.on) profile_step(f, n, t0, t1, t2);
     batch_advance(f->kv, rows, n);
     *logits = f->host_logits;
     return CELLM_OK;

@@ -147,13 +147,17 @@ struct vk_recorder {
     VkCommandPool cmd_pool;
     VkCommandBuffer cmd;
     VkFence fence;
-    VkQueryPool queries; /* two timestamps, or VK_NULL_HANDLE */
+    VkQueryPool queries; /* 2 + VK_MARKS_MAX timestamps, or VK_NULL_HANDLE */
     VkDescriptorPool pools[VK_POOL_MAX];
     uint32_t n_pools;             /* pools made */
     uint32_t pool_cur, pool_used; /* the pool in use and the sets taken from it */
     const vk_pipeline *bound;     /* the pipeline bound last in this recording */
     bool recording, pending, timed;
     double gpu_ns;
+    bool marks_on;
+    uint32_t n_marks; /* marks recorded, then read back */
+    uint32_t *mark_tags;
+    double *mark_ns;
     cellm_error error; /* the first error while recording */
     vk_recorder *prev, *next;
 };

@@ -211,7 +211,7 @@ cellm_status vk_recorder_create(vk_device *d, vk_recorder **out, cellm_error *er
         VkQueryPoolCreateInfo qi = {
             .sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
             .queryType = VK_QUERY_TYPE_TIMESTAMP,
-            .queryCount = 2,
+            .queryCount = 2 + VK_MARKS_MAX,
         };
         call = "vkCreateQueryPool";
         r = d->fn.vkCreateQueryPool(d->dev, &qi, NULL, &rec->queries);
@@ -246,6 +246,8 @@ void vk_recorder_free(vk_recorder *rec) {
     for (uint32_t i = 0; i < rec->n_pools; i++)
         d->fn.vkDestroyDescriptorPool(d->dev, rec->pools[i], NULL);
     if (rec->queries) d->fn.vkDestroyQueryPool(d->dev, rec->queries, NULL);
+    free(rec->mark_tags);
+    free(rec->mark_ns);
     if (rec->fence) d->fn.vkDestroyFence(d->dev, rec->fence, NULL);
     if (rec->cmd_pool) d->fn.vkDestroyCommandPool(d->dev, rec->cmd_pool, NULL);
     if (rec->prev)
@@ -285,8 +287,9 @@ cellm_status vk_recorder_begin(vk_recorder *rec, cellm_error *err) {
     if (r != VK_SUCCESS) return vk_fail(err, "vkBeginCommandBuffer", r);
     rec->recording = true;
     rec->timed = rec->queries != VK_NULL_HANDLE;
+    rec->n_marks = 0;
     if (rec->timed) {
-        d->fn.vkCmdResetQueryPool(rec->cmd, rec->queries, 0, 2);
+        d->fn.vkCmdResetQueryPool(rec->cmd, rec->queries, 0, rec->marks_on ? 2 + VK_MARKS_MAX : 2);
         d->fn.vkCmdWriteTimestamp(rec->cmd, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, rec->queries, 0);
     }
     return CELLM_OK;
@@ -508,8 +511,41 @@ cellm_status vk_recorder_submit(vk_recorder *rec, cellm_error *err) {
                                         VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
         if (r == VK_SUCCESS && ts[1] >= ts[0])
             rec->gpu_ns = (double)(ts[1] - ts[0]) * (double)d->timestamp_period;
+        /* The raw ticks land in mark_ns's bytes, then become ns in place. */
+        uint64_t *raw = (uint64_t *)rec->mark_ns;
+        if (r == VK_SUCCESS && rec->n_marks)
+            r = d->fn.vkGetQueryPoolResults(d->dev, rec->queries, 2, rec->n_marks,
+                                            rec->n_marks * sizeof *raw, raw, sizeof *raw,
+                                            VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+        for (uint32_t i = 0; i < rec->n_marks && r == VK_SUCCESS; i++) {
+            uint64_t t = raw[i];
+            rec->mark_ns[i] = t >= ts[0] ? (double)(t - ts[0]) * (double)d->timestamp_period : 0;
+        }
+        if (r != VK_SUCCESS) rec->n_marks = 0;
     }
     return CELLM_OK;
+}
+
+void vk_recorder_set_marks(vk_recorder *rec, bool on) {
+    if (on && !rec->mark_tags) {
+        rec->mark_tags = malloc(VK_MARKS_MAX * sizeof *rec->mark_tags);
+        rec->mark_ns = malloc(VK_MARKS_MAX * sizeof *rec->mark_ns);
+        if (!rec->mark_tags || !rec->mark_ns) on = false; /* profiling only: go without */
+    }
+    rec->marks_on = on;
+}
+
+void vk_recorder_mark(vk_recorder *rec, uint32_t tag) {
+    if (!rec->recording || !rec->timed || !rec->marks_on || rec->n_marks == VK_MARKS_MAX) return;
+    rec->dev->fn.vkCmdWriteTimestamp(rec->cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, rec->queries,
+                                     2 + rec->n_marks);
+    rec->mark_tags[rec->n_marks++] = tag;
+}
+
+uint32_t vk_recorder_marks(const vk_recorder *rec, const uint32_t **tags, const double **ns) {
+    *tags = rec->mark_tags;
+    *ns = rec->mark_ns;
+    return rec->timed && rec->marks_on ? rec->n_marks : 0;
 }
 
 double vk_recorder_gpu_ns(const vk_recorder *rec) {

@@ -196,6 +196,23 @@ double vk_recorder_gpu_ns(const vk_recorder *rec) {
     return -1;
 }
 
+void vk_recorder_set_marks(vk_recorder *rec, bool on) {
+    (void)rec;
+    (void)on;
+}
+
+void vk_recorder_mark(vk_recorder *rec, uint32_t tag) {
+    (void)rec;
+    (void)tag;
+}
+
+uint32_t vk_recorder_marks(const vk_recorder *rec, const uint32_t **tags, const double **ns) {
+    (void)rec;
+    *tags = NULL;
+    *ns = NULL;
+    return 0;
+}
+
 bool vk_matmul_lane_variant(const vk_device *d) {
     (void)d;
     return false;
