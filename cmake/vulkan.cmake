@@ -57,11 +57,20 @@ set(CELLM_VK_SHADERS
     "matmulL_q4_k|matmul.comp|-DW_Q4_K|-DLANE_PER_OUTPUT"
     "matmulL_q5_k|matmul.comp|-DW_Q5_K|-DLANE_PER_OUTPUT"
     "matmulL_q6_k|matmul.comp|-DW_Q6_K|-DLANE_PER_OUTPUT"
+    "matmulG_f32|matmul.comp|-DW_F32|-DX_GLU"
+    "matmulG_f16|matmul.comp|-DW_F16|-DX_GLU"
+    "matmulG_q4_0|matmul.comp|-DW_Q4_0|-DX_GLU"
+    "matmulG_q4_1|matmul.comp|-DW_Q4_1|-DX_GLU"
+    "matmulG_q5_0|matmul.comp|-DW_Q5_0|-DX_GLU"
+    "matmulG_q8_0|matmul.comp|-DW_Q8_0|-DX_GLU"
+    "matmulG_q4_k|matmul.comp|-DW_Q4_K|-DX_GLU"
+    "matmulG_q5_k|matmul.comp|-DW_Q5_K|-DX_GLU"
+    "matmulG_q6_k|matmul.comp|-DW_Q6_K|-DX_GLU"
     "rmsnorm|rmsnorm.comp"
     "qk_prep|qk_prep.comp"
     "attention|attention.comp"
     "act|act.comp"
-    "add|add.comp"
+    "add_norm|add_norm.comp"
     "logits|logits.comp")
 
 set(shader_dir ${PROJECT_SOURCE_DIR}/src/vulkan/shaders)

@@ -164,11 +164,20 @@ typedef enum vk_shader_id {
     VK_SHADER_MATMULL_Q4_K,
     VK_SHADER_MATMULL_Q5_K,
     VK_SHADER_MATMULL_Q6_K,
+    VK_SHADER_MATMULG_F32,
+    VK_SHADER_MATMULG_F16,
+    VK_SHADER_MATMULG_Q4_0,
+    VK_SHADER_MATMULG_Q4_1,
+    VK_SHADER_MATMULG_Q5_0,
+    VK_SHADER_MATMULG_Q8_0,
+    VK_SHADER_MATMULG_Q4_K,
+    VK_SHADER_MATMULG_Q5_K,
+    VK_SHADER_MATMULG_Q6_K,
     VK_SHADER_RMSNORM,
     VK_SHADER_QK_PREP,
     VK_SHADER_ATTENTION,
     VK_SHADER_ACT,
-    VK_SHADER_ADD,
+    VK_SHADER_ADD_NORM,
     VK_SHADER_LOGITS,
     VK_SHADER_COUNT
 } vk_shader_id;
@@ -245,6 +254,13 @@ cellm_status vk_recorder_fill(vk_recorder *rec, const vk_buffer *dst, size_t off
  * past the device's timeout is CELLM_ERR_IO ("timed out"). Returns the
  * first error kept while recording, if any (then nothing is submitted). */
 cellm_status vk_recorder_submit(vk_recorder *rec, cellm_error *err);
+
+/* Submits the last recording again, as it was, and waits for it (after
+ * vk_recorder_submit ended it well; nothing recorded since). What it reads
+ * from host-written buffers is read anew, so a step whose shape has not
+ * changed can skip recording: its data lives in buffers, not in the
+ * commands. */
+cellm_status vk_recorder_resubmit(vk_recorder *rec, cellm_error *err);
 
 /* GPU time in nanoseconds of the last submitted recording, from timestamps
  * written at its start and end; -1 where the queue cannot time it. */

@@ -80,9 +80,10 @@ enum {
     P_HEAD,
     P_KINDS
 };
-static const char *const P_NAMES[P_KINDS] = {
-    "copies, input", "rmsnorm",     "Q, K, V matmuls", "qk_prep",     "attention",  "output matmul",
-    "residual",      "gate, up",    "act",             "down matmul", "head, logits"};
+static const char *const P_NAMES[P_KINDS] = {"copies, input", "rmsnorm",     "Q, K, V matmuls",
+                                             "qk_prep",       "attention",   "output matmul",
+                                             "residual",      "gate, up",    "act",
+                                             "down matmul",   "head, logits"};
 
 typedef struct vk_profile {
     bool on;
@@ -109,7 +110,8 @@ typedef struct vkf {
     vk_buffer *kvbuf[2];
     size_t kv_slice[2]; /* bytes of a layer's slice of each group, 256-aligned */
     /* Activations. */
-    vk_buffer *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits;
+    vk_buffer *x, *xb, *q, *k, *v, *att, *hb, *hb2, *mo, *logits;
+    bool lane_mm; /* the device takes matmul's lane variant: act is a dispatch */
     /* Written by the host each step (mapped). */
     vk_buffer *in_x, *rowinfo, *tables, *rope, *lidx;
     vk_buffer *readback;
@@ -127,6 +129,11 @@ typedef struct vkf {
     bool copy_overflow;
     cellm_error copy_err;
     vk_profile prof;
+    /* The recorder holds a step of replay_n rows, replay_nl of them with
+     * logits, and no block copies: a step of that shape submits it again
+     * (CELLM_VK_REPLAY=0: record every step). */
+    bool replay_ok, replay_off;
+    int32_t replay_n, replay_nl;
 } vkf;
 
 /* ------------------------------------------------------------ creation */
@@ -347,9 +354,12 @@ cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, int32_t max
         goto fail;
     }
     if ((st = vk_recorder_create(f->dev, &f->rec, err))) goto fail;
+    f->lane_mm = vk_matmul_lane_variant(f->dev);
     const char *prof = getenv("CELLM_VK_PROFILE");
     f->prof.on = prof && *prof && strcmp(prof, "0");
     vk_recorder_set_marks(f->rec, f->prof.on);
+    const char *rp = getenv("CELLM_VK_REPLAY");
+    f->replay_off = rp && !strcmp(rp, "0");
 
     /* Weights. */
     f->layers = calloc((size_t)m->n_layer, sizeof *f->layers);
@@ -427,6 +437,7 @@ cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, int32_t max
         (st = make_buf(f, r * (size_t)max_i32(m->n_ff, m->n_embd) * fl, VK_BUF_DEVICE, &f->hb,
                        err)) ||
         (st = make_buf(f, r * (size_t)m->n_ff * fl, VK_BUF_DEVICE, &f->hb2, err)) ||
+        (st = make_buf(f, r * (size_t)m->n_embd * fl, VK_BUF_DEVICE, &f->mo, err)) ||
         (st = make_buf(f, (size_t)max_logit_rows * (size_t)m->n_vocab * fl, VK_BUF_DEVICE,
                        &f->logits, err)) ||
         (st = make_buf(f, (size_t)max_logit_rows * (size_t)m->n_vocab * fl, VK_BUF_READBACK,
@@ -495,7 +506,16 @@ static void dispatch(rec_ctx *c, vk_shader_id id, const vk_binding *b, uint32_t 
 /* y = x W^T for n rows. A matrix larger than one binding may span
  * (Gemma 3's 262144-row classifier on a device that binds 128 MiB) goes
  * as several products over ranges of its rows. */
+static void mm_glu(rec_ctx *c, const vweight *w, const vk_buffer *x, const vk_buffer *u, int32_t n,
+                   const vk_buffer *y);
+
 static void mm(rec_ctx *c, const vweight *w, const vk_buffer *x, int32_t n, const vk_buffer *y) {
+    mm_glu(c, w, x, NULL, n, y);
+}
+
+/* mm with the activation rows act(x) * u (u non-NULL: vk_matmul_args.u). */
+static void mm_glu(rec_ctx *c, const vweight *w, const vk_buffer *x, const vk_buffer *u, int32_t n,
+                   const vk_buffer *y) {
     if (c->st) return;
     uint64_t row_bytes = 0;
     quant_nbytes(w->type, w->cols, &row_bytes);
@@ -515,7 +535,9 @@ static void mm(rec_ctx *c, const vweight *w, const vk_buffer *x, int32_t n, cons
                             .y = y,
                             .y_off = (size_t)r0 * sizeof(float),
                             .y_stride = w->rows,
-                            .n_rows = (uint32_t)n};
+                            .n_rows = (uint32_t)n,
+                            .u = u,
+                            .act = c->f->m->act == ACT_GELU_TANH};
         c->st = vk_matmul_record(c->f->rec, &a, c->err);
     }
 }
@@ -542,23 +564,24 @@ static void rmsnorm(rec_ctx *c, const vk_buffer *x, const vweight *w, const vk_b
     dispatch(c, VK_SHADER_RMSNORM, b, 4, &p, sizeof p, g);
 }
 
-/* x += y * scale over n_rows rows of n_embd, after y's post-norm (in
- * place) when the layer has one. */
-static void residual(rec_ctx *c, const vk_buffer *y, const vweight *post, int32_t n_rows) {
+/* x += y * scale over n_rows rows of n_embd, after y's post-norm when the
+ * layer has one; then, with `next` (a norm weight), xb = rmsnorm(x) * next:
+ * the input of the block that follows, in the same dispatch (add_norm.comp). */
+static void add_norm(rec_ctx *c, const vk_buffer *y, const vweight *post, const vweight *next,
+                     int32_t n_rows) {
     vkf *f = c->f;
-    uint32_t d = (uint32_t)f->m->n_embd;
-    if (post->buf) {
-        rmsnorm(c, y, post, y, n_rows, d, false);
-        barrier(c, P_RESIDUAL);
-    }
     struct {
-        uint32_t n;
-        float scale;
-    } p = {(uint32_t)n_rows * d, f->m->residual_scale};
-    vk_binding b[2] = {{f->x, 0, 0}, {y, 0, 0}};
-    uint32_t g[3];
-    groups_1d(f, p.n, g);
-    dispatch(c, VK_SHADER_ADD, b, 2, &p, sizeof p, g);
+        uint32_t n, has_post, has_norm;
+        float eps, scale;
+    } p = {(uint32_t)f->m->n_embd, post->buf ? 1u : 0u, next ? (next->buf ? 1u : 2u) : 0u,
+           f->m->norm_eps, f->m->residual_scale};
+    vk_binding b[5] = {{f->x, 0, 0},
+                       {y, 0, 0},
+                       {post->buf ? post->buf : y, 0, 0},
+                       {next && next->buf ? next->buf : y, 0, 0},
+                       {f->xb, 0, 0}};
+    uint32_t g[3] = {(uint32_t)n_rows, 1, 1};
+    dispatch(c, VK_SHADER_ADD_NORM, b, 5, &p, sizeof p, g);
 }
 
 typedef struct qk_push {
@@ -631,12 +654,19 @@ static void attention_layer(rec_ctx *c, int32_t il, int32_t n) {
     barrier(c, P_WO);
 }
 
-static void mlp_layer(rec_ctx *c, int32_t il, int32_t n) {
+/* The MLP block of layer il; returns the buffer holding its output. */
+static const vk_buffer *mlp_layer(rec_ctx *c, int32_t il, int32_t n) {
     vkf *f = c->f;
     const vlayer *V = &f->layers[il];
     mm(c, &V->w_gate, f->xb, n, f->hb2);
     mm(c, &V->w_up, f->xb, n, f->hb);
     barrier(c, P_GATE_UP);
+    if (!f->lane_mm) {
+        /* The activation as the down projection loads its input. */
+        mm_glu(c, &V->w_down, f->hb2, f->hb, n, f->mo);
+        barrier(c, P_DOWN);
+        return f->mo;
+    }
     struct {
         uint32_t n, act;
     } p = {(uint32_t)n * (uint32_t)f->m->n_ff, f->m->act == ACT_GELU_TANH};
@@ -647,6 +677,7 @@ static void mlp_layer(rec_ctx *c, int32_t il, int32_t n) {
     barrier(c, P_ACT);
     mm(c, &V->w_down, f->hb2, n, f->hb);
     barrier(c, P_DOWN);
+    return f->hb;
 }
 
 /* Fills the upload buffers for the batch: inputs, row info, block tables,
@@ -742,6 +773,7 @@ static void record_copies(rec_ctx *c) {
 /* The copies alone, submitted now (a pass that failed before recording).
  * A failure here leaves the device's error for the next pass to meet. */
 static void flush_copies(vkf *f) {
+    f->replay_ok = false;
     cellm_error e;
     err_clear(&e);
     rec_ctx c = {f, &e, vk_recorder_begin(f->rec, &e)};
@@ -749,6 +781,8 @@ static void flush_copies(vkf *f) {
     if (!c.st) (void)vk_recorder_submit(f->rec, &e);
     f->n_copies = 0;
 }
+
+static cellm_status record_step(vkf *f, int32_t n, int32_t nl, cellm_error *err);
 
 static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const *embd, int32_t n,
                             const float **logits, cellm_error *err) {
@@ -769,6 +803,37 @@ static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const 
         return st;
     }
     if (f->prof.on) t1 = now_ns();
+    if (f->replay_ok && !f->n_copies && n == f->replay_n && nl == f->replay_nl) {
+        if (f->prof.on) t2 = now_ns();
+        st = vk_recorder_resubmit(f->rec, err);
+    } else {
+        st = record_step(f, n, nl, err);
+        if (f->prof.on) t2 = now_ns();
+        if (!st) st = vk_recorder_submit(f->rec, err);
+        f->replay_ok = !st && !f->n_copies && !f->replay_off;
+        f->replay_n = n;
+        f->replay_nl = nl;
+    }
+    if (st) {
+        f->replay_ok = false;
+        return st;
+    }
+    if (nl && (st = vk_buffer_download(f->readback, 0, f->host_logits,
+                                       (size_t)nl * (size_t)m->n_vocab * sizeof(float), err)))
+        return st;
+    if (f->prof.on) profile_step(f, n, t0, t1, t2);
+    batch_advance(f->kv, rows, n);
+    *logits = f->host_logits;
+    return CELLM_OK;
+}
+
+/* Records a step of n rows, nl of them with logits, after the pending
+ * copies-on-write. Everything else a step needs is in the buffers
+ * fill_inputs wrote, so the recording may be submitted again for the next
+ * step of the same shape. */
+static cellm_status record_step(vkf *f, int32_t n, int32_t nl, cellm_error *err) {
+    const model *m = f->m;
+    cellm_status st;
     if ((st = vk_recorder_begin(f->rec, err))) return st;
     rec_ctx c = {f, err, CELLM_OK};
     /* Copies-on-write first: nothing this pass writes may land before. */
@@ -778,17 +843,19 @@ static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const 
                                 (size_t)n * (size_t)m->n_embd * sizeof(float), err);
     barrier(&c, P_INPUT);
     uint32_t d = (uint32_t)m->n_embd;
+    /* Each block's input norm comes with the residual add before it,
+     * but the first's; the last layer's add goes without (the final norm
+     * is of the rows that want logits alone). */
+    rmsnorm(&c, f->x, &f->layers[0].attn_norm, f->xb, n, d, false);
+    barrier(&c, P_NORM);
     for (int32_t il = 0; il < m->n_layer && !c.st; il++) {
         const vlayer *V = &f->layers[il];
-        rmsnorm(&c, f->x, &V->attn_norm, f->xb, n, d, false);
-        barrier(&c, P_NORM);
         attention_layer(&c, il, n);
-        residual(&c, f->hb, &V->post_attn_norm, n);
+        add_norm(&c, f->hb, &V->post_attn_norm, &V->ffn_norm, n);
         barrier(&c, P_RESIDUAL);
-        rmsnorm(&c, f->x, &V->ffn_norm, f->xb, n, d, false);
-        barrier(&c, P_NORM);
-        mlp_layer(&c, il, n);
-        residual(&c, f->hb, &V->post_ffn_norm, n);
+        const vk_buffer *out = mlp_layer(&c, il, n);
+        add_norm(&c, out, &V->post_ffn_norm,
+                 il + 1 < m->n_layer ? &f->layers[il + 1].attn_norm : NULL, n);
         barrier(&c, P_RESIDUAL);
     }
     if (nl) {
@@ -813,14 +880,5 @@ static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const 
     }
     /* A recording that went wrong is not submitted (the next begin
      * resets it). */
-    if (c.st) return c.st;
-    if (f->prof.on) t2 = now_ns();
-    if ((st = vk_recorder_submit(f->rec, err))) return st;
-    if (nl && (st = vk_buffer_download(f->readback, 0, f->host_logits,
-                                       (size_t)nl * (size_t)m->n_vocab * sizeof(float), err)))
-        return st;
-    if (f->prof.on) profile_step(f, n, t0, t1, t2);
-    batch_advance(f->kv, rows, n);
-    *logits = f->host_logits;
-    return CELLM_OK;
+    return c.st;
 }

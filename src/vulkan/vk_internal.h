@@ -153,6 +153,7 @@ struct vk_recorder {
     uint32_t pool_cur, pool_used; /* the pool in use and the sets taken from it */
     const vk_pipeline *bound;     /* the pipeline bound last in this recording */
     bool recording, pending, timed;
+    bool replayable; /* the last recording ended well: vk_recorder_resubmit may run it */
     double gpu_ns;
     bool marks_on;
     uint32_t n_marks; /* marks recorded, then read back */

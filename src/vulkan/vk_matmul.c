@@ -80,22 +80,30 @@ cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_e
     /* A single row (decode) gets the pipeline of one row per workgroup;
      * its arithmetic per row is the same (matmul.comp), so the row's bits
      * are those it has in any batch. */
-    const uint32_t tr = a->n_rows == 1 ? 1 : MM_ROWS, spec[4] = {tr, 0, 0, 0};
+    const uint32_t tr = a->n_rows == 1 ? 1 : MM_ROWS, spec[4] = {tr, a->act, 0, 0};
     const vk_pipeline *pipe;
     /* A CPU emulating a GPU (lavapipe) pays a coroutine switch per
      * invocation at each barrier: it takes the variant without any, one
      * invocation per output, 128 outputs per workgroup (matmul.comp). */
     uint32_t outs = MM_OUTS;
     if (vk_matmul_lane_variant(d)) {
+        if (a->u)
+            return err_set(err, CELLM_ERR_INVALID_ARG,
+                           "Vulkan matmul: no GLU input in the lane variant");
         shader += VK_SHADER_MATMULL_F32 - VK_SHADER_MATMUL_F32;
         outs = 128;
+    } else if (a->u) {
+        if (a->act > 1)
+            return err_set(err, CELLM_ERR_INVALID_ARG, "Vulkan matmul: activation %u", a->act);
+        shader += VK_SHADER_MATMULG_F32 - VK_SHADER_MATMUL_F32;
     }
     cellm_status st = vk_pipeline_get_spec(d, (vk_shader_id)shader, spec, &pipe, err);
     if (st != CELLM_OK) return st;
-    vk_binding b[3] = {
+    vk_binding b[4] = {
         {a->w, a->w_off, (size_t)w_bytes},
         {a->x, a->x_off, (size_t)x_bytes},
         {a->y, a->y_off, (size_t)y_bytes},
+        {a->u, a->x_off, (size_t)x_bytes},
     };
     /* The bindings start at the offsets rounded down: the shader adds the
      * remainders (binding 0 in bytes, 1 and 2 in floats). The ranges above
@@ -114,7 +122,7 @@ cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_e
     uint32_t tiles = (a->rows + outs - 1) / outs;
     uint32_t gx = tiles < info->max_workgroups[0] ? tiles : info->max_workgroups[0];
     uint32_t groups[3] = {gx, (a->n_rows + tr - 1) / tr, (tiles + gx - 1) / gx};
-    return vk_recorder_dispatch(rec, pipe, b, 3, &pc, sizeof pc, groups, err);
+    return vk_recorder_dispatch(rec, pipe, b, a->u ? 4 : 3, &pc, sizeof pc, groups, err);
 }
 
 cellm_status vk_matmul(vk_recorder *rec, uint32_t type, const vk_buffer *w, size_t w_off,

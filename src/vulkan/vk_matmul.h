@@ -41,6 +41,11 @@ typedef struct vk_matmul_args {
     size_t y_off;
     uint32_t y_stride; /* floats between output rows; 0: rows */
     uint32_t n_rows;
+    /* With u: the activation rows are act(x) * u, u laid out as x (same
+     * offset and stride), act SiLU (act 0) or GELU (1) as act.glsl
+     * computes them; not on devices that take the lane variant. */
+    const vk_buffer *u;
+    uint32_t act;
 } vk_matmul_args;
 
 cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_error *err);

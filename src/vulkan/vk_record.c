@@ -274,6 +274,7 @@ cellm_status vk_recorder_begin(vk_recorder *rec, cellm_error *err) {
     if (st != CELLM_OK) return st;
     if (rec->recording) d->fn.vkEndCommandBuffer(rec->cmd); /* an abandoned recording */
     rec->recording = false;
+    rec->replayable = false;
     err_clear(&rec->error);
     rec->bound = NULL;
     for (uint32_t i = 0; i < rec->n_pools; i++)
@@ -281,7 +282,7 @@ cellm_status vk_recorder_begin(vk_recorder *rec, cellm_error *err) {
     rec->pool_cur = rec->pool_used = 0;
     VkCommandBufferBeginInfo bi = {
         .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
-        .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT,
+        .flags = 0, /* vk_recorder_resubmit may submit it again */
     };
     VkResult r = d->fn.vkBeginCommandBuffer(rec->cmd, &bi);
     if (r != VK_SUCCESS) return vk_fail(err, "vkBeginCommandBuffer", r);
@@ -477,6 +478,8 @@ cellm_status vk_recorder_fill(vk_recorder *rec, const vk_buffer *dst, size_t off
     return CELLM_OK;
 }
 
+static cellm_status run_recorded(vk_recorder *rec, cellm_error *err);
+
 cellm_status vk_recorder_submit(vk_recorder *rec, cellm_error *err) {
     if (!rec->recording) return not_recording(rec, err);
     vk_device *d = rec->dev;
@@ -492,9 +495,30 @@ cellm_status vk_recorder_submit(vk_recorder *rec, cellm_error *err) {
     if (rec->timed)
         d->fn.vkCmdWriteTimestamp(rec->cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, rec->queries, 1);
     rec->recording = false;
+    rec->replayable = false;
     VkResult r = d->fn.vkEndCommandBuffer(rec->cmd);
     if (r != VK_SUCCESS) return vk_fail(err, "vkEndCommandBuffer", r);
-    r = d->fn.vkResetFences(d->dev, 1, &rec->fence);
+    rec->replayable = true;
+    return run_recorded(rec, err);
+}
+
+cellm_status vk_recorder_resubmit(vk_recorder *rec, cellm_error *err) {
+    if (rec->recording || !rec->replayable) {
+        cellm_error e;
+        err_set(&e, CELLM_ERR_INVALID_ARG,
+                "Vulkan recorder: no finished recording to submit again");
+        if (err) *err = e;
+        return e.code;
+    }
+    cellm_status st = wait_pending(rec, err);
+    if (st != CELLM_OK) return st;
+    return run_recorded(rec, err);
+}
+
+/* Submits the ended recording, waits for it and reads its timestamps. */
+static cellm_status run_recorded(vk_recorder *rec, cellm_error *err) {
+    vk_device *d = rec->dev;
+    VkResult r = d->fn.vkResetFences(d->dev, 1, &rec->fence);
     if (r != VK_SUCCESS) return vk_fail(err, "vkResetFences", r);
     VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
                        .commandBufferCount = 1,

@@ -20,6 +20,15 @@
         }                                                                                          \
     }
 
+/* The GLU-input form (-DX_GLU): a fourth binding (u) and constant 1, the
+ * activation's kind (act.glsl). */
+#define MATMULG(name)                                                                              \
+    {                                                                                              \
+        name, 4, 32, 2, {                                                                          \
+            8, 0, 0, 0                                                                             \
+        }                                                                                          \
+    }
+
 static const vk_shader_desc shaders[VK_SHADER_COUNT] = {
     [VK_SHADER_MATMUL_F32] = MATMUL("matmul_f32"),
     [VK_SHADER_MATMUL_F16] = MATMUL("matmul_f16"),
@@ -39,13 +48,22 @@ static const vk_shader_desc shaders[VK_SHADER_COUNT] = {
     [VK_SHADER_MATMULL_Q4_K] = MATMUL("matmulL_q4_k"),
     [VK_SHADER_MATMULL_Q5_K] = MATMUL("matmulL_q5_k"),
     [VK_SHADER_MATMULL_Q6_K] = MATMUL("matmulL_q6_k"),
+    [VK_SHADER_MATMULG_F32] = MATMULG("matmulG_f32"),
+    [VK_SHADER_MATMULG_F16] = MATMULG("matmulG_f16"),
+    [VK_SHADER_MATMULG_Q4_0] = MATMULG("matmulG_q4_0"),
+    [VK_SHADER_MATMULG_Q4_1] = MATMULG("matmulG_q4_1"),
+    [VK_SHADER_MATMULG_Q5_0] = MATMULG("matmulG_q5_0"),
+    [VK_SHADER_MATMULG_Q8_0] = MATMULG("matmulG_q8_0"),
+    [VK_SHADER_MATMULG_Q4_K] = MATMULG("matmulG_q4_k"),
+    [VK_SHADER_MATMULG_Q5_K] = MATMULG("matmulG_q5_k"),
+    [VK_SHADER_MATMULG_Q6_K] = MATMULG("matmulG_q6_k"),
     /* The forward pass's other shaders: bindings and push constants as
      * each .comp declares them. */
     [VK_SHADER_RMSNORM] = {"rmsnorm", 4, 24, 0, {0}},
     [VK_SHADER_QK_PREP] = {"qk_prep", 9, 56, 0, {0}},
     [VK_SHADER_ATTENTION] = {"attention", 5, 44, 0, {0}},
     [VK_SHADER_ACT] = {"act", 2, 8, 0, {0}},
-    [VK_SHADER_ADD] = {"add", 2, 8, 0, {0}},
+    [VK_SHADER_ADD_NORM] = {"add_norm", 5, 20, 0, {0}},
     [VK_SHADER_LOGITS] = {"logits", 1, 12, 0, {0}},
 };
 

@@ -191,6 +191,11 @@ cellm_status vk_recorder_submit(vk_recorder *rec, cellm_error *err) {
     return unsupported(err);
 }
 
+cellm_status vk_recorder_resubmit(vk_recorder *rec, cellm_error *err) {
+    (void)rec;
+    return unsupported(err);
+}
+
 double vk_recorder_gpu_ns(const vk_recorder *rec) {
     (void)rec;
     return -1;

@@ -1,5 +1,6 @@
 #version 450
 #extension GL_EXT_control_flow_attributes : require
+#extension GL_GOOGLE_include_directive : require
 // matmul.comp — y[r][o] = sum_i W[o][i] * x[r][i] for a weight matrix W
 // stored as in the GGUF file (rows of whole blocks of one type, chosen by
 // -DW_<TYPE> at build time: cmake/vulkan.cmake builds one module per type),
@@ -39,6 +40,19 @@ layout(constant_id = 0) const uint TR = 8u;
 layout(std430, binding = 0) readonly buffer Wbuf { uint wd[]; };
 layout(std430, binding = 1) readonly buffer Xbuf { float xd[]; };
 layout(std430, binding = 2) writeonly buffer Ybuf { float yd[]; };
+
+// -DX_GLU: the activation rows are act(g) * u of two buffers of the same
+// layout, g in binding 1 and u in binding 3 (act.glsl; its kind is
+// constant 1), computed as the tile is loaded: the down projection takes
+// the gate and up products as they are, with no dispatch between.
+#ifdef X_GLU
+layout(std430, binding = 3) readonly buffer Ubuf { float ud[]; };
+layout(constant_id = 1) const uint ACT = 0u;
+#include "act.glsl"
+float x_at(uint i) { return glu(ACT, xd[i], ud[i]); }
+#else
+float x_at(uint i) { return xd[i]; }
+#endif
 
 layout(push_constant) uniform Push {
     uint K;        // columns of W (input size), a whole number of blocks
@@ -281,7 +295,7 @@ void main() {
         [[dont_unroll]] for (uint t = tid; t < TR * SPAN; t += LANES * OUTS) {
             uint xr = min(r0 + t / SPAN, pc.n_rows - 1u);
             uint col = min(k * SPAN + t % SPAN, pc.K - 1u);
-            sh[t] = xd[pc.x_off + xr * pc.x_stride + col];
+            sh[t] = x_at(pc.x_off + xr * pc.x_stride + col);
         }
         barrier();
         uint c = k * LANES + lane;
