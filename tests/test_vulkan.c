@@ -431,6 +431,109 @@ static void test_vulkan_matmul_ragged(void **state) {
     assert_int_equal(vk_live_objects(), 0);
 }
 
+/* The GLU input of the cooperative kernel (vk_matmul_args.u): act(g) * u
+ * computed as the tile loads has the bits of act.comp's dispatch followed
+ * by the plain product, for SiLU and GELU, on 1 and 5 rows. A recording
+ * submitted again reads its inputs anew: after new g is uploaded,
+ * vk_recorder_resubmit gives what a fresh recording gives. The lane
+ * variant refuses a GLU input. */
+static void test_vulkan_matmul_glu(void **state) {
+    (void)state;
+    vk_device *dev = open_device(NULL);
+    vk_recorder *rec;
+    cellm_error err;
+    assert_int_equal(vk_recorder_create(dev, &rec, &err), CELLM_OK);
+    setenv("CELLM_VK_MATMUL", "coop", 1);
+    enum { N = 24, K = 256, R = 5 };
+    const quant_type_info *qi = quant_type_get(QT_Q4_1);
+    uint64_t rb;
+    assert_true(quant_nbytes(QT_Q4_1, K, &rb));
+    uint8_t *w = malloc(rb * N);
+    float wf[K], g[R * K], u[R * K], sep[R * N], fused[R * N], again[R * N], fresh[R * N];
+    uint64_t seed = 5;
+    for (int o = 0; o < N; o++) {
+        for (int i = 0; i < K; i++) wf[i] = frand(&seed);
+        qi->from_float(wf, w + o * rb, K);
+    }
+    vk_buffer *wb, *gb, *ub, *tb, *yb, *fb;
+    assert_int_equal(vk_buffer_create(dev, rb * N, VK_BUF_DEVICE, &wb, &err), CELLM_OK);
+    assert_int_equal(vk_buffer_create(dev, sizeof g, VK_BUF_DEVICE, &gb, &err), CELLM_OK);
+    assert_int_equal(vk_buffer_create(dev, sizeof u, VK_BUF_DEVICE, &ub, &err), CELLM_OK);
+    assert_int_equal(vk_buffer_create(dev, sizeof g, VK_BUF_DEVICE, &tb, &err), CELLM_OK);
+    assert_int_equal(vk_buffer_create(dev, sizeof sep, VK_BUF_DEVICE, &yb, &err), CELLM_OK);
+    assert_int_equal(vk_buffer_create(dev, sizeof fused, VK_BUF_DEVICE, &fb, &err), CELLM_OK);
+    assert_int_equal(vk_buffer_upload(wb, 0, w, rb * N, &err), CELLM_OK);
+    const vk_pipeline *act;
+    assert_int_equal(vk_pipeline_get(dev, VK_SHADER_ACT, &act, &err), CELLM_OK);
+    for (uint32_t kind = 0; kind < 2; kind++)
+        for (int rows = 1; rows <= R; rows += R - 1) {
+            /* Values across GELU's cut-offs at +-10 and SiLU's tails. */
+            for (int i = 0; i < R * K; i++) {
+                g[i] = frand(&seed) * (i % 13 == 0 ? 24.0f : 4.0f);
+                u[i] = frand(&seed);
+            }
+            assert_int_equal(vk_buffer_upload(gb, 0, g, sizeof g, &err), CELLM_OK);
+            assert_int_equal(vk_buffer_upload(ub, 0, u, sizeof u, &err), CELLM_OK);
+            /* Separate: t = g; t = act(t) * u; y = W t. */
+            assert_int_equal(vk_recorder_begin(rec, &err), CELLM_OK);
+            assert_int_equal(vk_recorder_copy(rec, gb, 0, tb, 0, sizeof g, &err), CELLM_OK);
+            vk_recorder_barrier(rec);
+            struct {
+                uint32_t n, act;
+            } pa = {(uint32_t)(rows * K), kind};
+            vk_binding ab[2] = {{tb, 0, 0}, {ub, 0, 0}};
+            uint32_t groups[3] = {(pa.n + 255) / 256, 1, 1};
+            assert_int_equal(vk_recorder_dispatch(rec, act, ab, 2, &pa, sizeof pa, groups, &err),
+                             CELLM_OK);
+            vk_recorder_barrier(rec);
+            assert_int_equal(
+                vk_matmul(rec, QT_Q4_1, wb, 0, N, K, tb, 0, yb, 0, (uint32_t)rows, &err), CELLM_OK);
+            assert_int_equal(vk_recorder_submit(rec, &err), CELLM_OK);
+            assert_int_equal(vk_buffer_download(yb, 0, sep, sizeof(float) * rows * N, &err),
+                             CELLM_OK);
+            /* Fused, from g and u as they are. */
+            vk_matmul_args a = {.type = QT_Q4_1,
+                                .w = wb,
+                                .rows = N,
+                                .cols = K,
+                                .x = gb,
+                                .y = fb,
+                                .n_rows = (uint32_t)rows,
+                                .u = ub,
+                                .act = kind};
+            assert_int_equal(vk_recorder_begin(rec, &err), CELLM_OK);
+            assert_int_equal(vk_matmul_record(rec, &a, &err), CELLM_OK);
+            assert_int_equal(vk_recorder_submit(rec, &err), CELLM_OK);
+            assert_int_equal(vk_buffer_download(fb, 0, fused, sizeof(float) * rows * N, &err),
+                             CELLM_OK);
+            assert_memory_equal(fused, sep, sizeof(float) * rows * N);
+            /* The same recording again over new g, against a fresh one. */
+            for (int i = 0; i < R * K; i++) g[i] = frand(&seed) * 4.0f;
+            assert_int_equal(vk_buffer_upload(gb, 0, g, sizeof g, &err), CELLM_OK);
+            assert_int_equal(vk_recorder_resubmit(rec, &err), CELLM_OK);
+            assert_int_equal(vk_buffer_download(fb, 0, again, sizeof(float) * rows * N, &err),
+                             CELLM_OK);
+            assert_memory_not_equal(again, fused, sizeof(float) * rows * N);
+            assert_int_equal(vk_recorder_begin(rec, &err), CELLM_OK);
+            assert_int_equal(vk_matmul_record(rec, &a, &err), CELLM_OK);
+            assert_int_equal(vk_recorder_submit(rec, &err), CELLM_OK);
+            assert_int_equal(vk_buffer_download(fb, 0, fresh, sizeof(float) * rows * N, &err),
+                             CELLM_OK);
+            assert_memory_equal(again, fresh, sizeof(float) * rows * N);
+        }
+    /* Nothing to submit again once a new recording has begun. */
+    assert_int_equal(vk_recorder_begin(rec, &err), CELLM_OK);
+    assert_int_equal(vk_recorder_resubmit(rec, &err), CELLM_ERR_INVALID_ARG);
+    setenv("CELLM_VK_MATMUL", "lane", 1);
+    vk_matmul_args a = {
+        .type = QT_Q4_1, .w = wb, .rows = N, .cols = K, .x = gb, .y = fb, .n_rows = 1, .u = ub};
+    assert_int_equal(vk_matmul_record(rec, &a, &err), CELLM_ERR_INVALID_ARG);
+    unsetenv("CELLM_VK_MATMUL");
+    free(w);
+    vk_device_close(dev);
+    assert_int_equal(vk_live_objects(), 0);
+}
+
 /* Without push descriptors: sets from the recorder's pools, more dispatches
  * in one recording than one pool holds, and again after a reset. */
 static void test_asan_vulkan_descriptor_pools(void **state) {
@@ -560,6 +663,7 @@ int main(void) {
         cmocka_unit_test(test_asan_vulkan_no_driver),
         cmocka_unit_test(test_vulkan_matmul),
         cmocka_unit_test(test_vulkan_matmul_ragged),
+        cmocka_unit_test(test_vulkan_matmul_glu),
         cmocka_unit_test(test_asan_vulkan_descriptor_pools),
         cmocka_unit_test(test_vulkan_devices_command),
     };
