@@ -559,6 +559,15 @@ cellm_status vk_buffer_upload(vk_buffer *dst, size_t offset, const void *src, si
     return CELLM_OK;
 }
 
+cellm_status vk_buffer_read_mapped(const vk_buffer *buf, const void **out, cellm_error *err) {
+    *out = NULL;
+    if (!buf || !buf->map)
+        return err_set(err, CELLM_ERR_INVALID_ARG, "Vulkan: reading an unmapped buffer in place");
+    cellm_status st = sync_mapped(buf, true, err);
+    if (st == CELLM_OK) *out = buf->map;
+    return st;
+}
+
 cellm_status vk_buffer_download(const vk_buffer *src, size_t offset, void *dst, size_t bytes,
                                 cellm_error *err) {
     cellm_status st = check_range(src, offset, bytes, "download", err);

@@ -140,6 +140,11 @@ cellm_status vk_buffer_upload(vk_buffer *dst, size_t offset, const void *src, si
 cellm_status vk_buffer_download(const vk_buffer *src, size_t offset, void *dst, size_t bytes,
                                 cellm_error *err);
 
+/* A mapped buffer's (VK_BUF_UPLOAD, VK_BUF_READBACK) memory, made current
+ * for the host to read what the device wrote: the same bytes as a
+ * download without copying them. NULL with an error for a device buffer. */
+cellm_status vk_buffer_read_mapped(const vk_buffer *buf, const void **out, cellm_error *err);
+
 /* ---- pipelines ---- */
 
 /* The shaders the library carries (src/vulkan/vk_shaders.c lists each one's

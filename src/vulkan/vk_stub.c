@@ -95,6 +95,12 @@ cellm_status vk_buffer_upload(vk_buffer *dst, size_t offset, const void *src, si
     return unsupported(err);
 }
 
+cellm_status vk_buffer_read_mapped(const vk_buffer *buf, const void **out, cellm_error *err) {
+    (void)buf;
+    *out = NULL;
+    return unsupported(err);
+}
+
 cellm_status vk_buffer_download(const vk_buffer *src, size_t offset, void *dst, size_t bytes,
                                 cellm_error *err) {
     (void)src;
