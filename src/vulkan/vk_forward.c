@@ -115,7 +115,6 @@ typedef struct vkf {
     /* Written by the host each step (mapped). */
     vk_buffer *in_x, *rowinfo, *tables, *rope, *lidx;
     vk_buffer *readback;
-    float *host_logits; /* [max_logit_rows][n_vocab] */
     float *host_x;      /* [max_rows][n_embd], staging for in_x */
     int32_t *host_info; /* [max_rows][4] */
     int32_t *host_tab;  /* block table words */
@@ -305,7 +304,6 @@ static void vkf_free(void *impl) {
     vk_device_close(f->dev); /* frees every buffer, the recorder, the pipelines */
     free(f->owned);
     free(f->layers);
-    free(f->host_logits);
     free(f->host_x);
     free(f->host_info);
     free(f->host_tab);
@@ -455,7 +453,6 @@ cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, int32_t max
                        err)) ||
         (st = make_buf(f, (size_t)max_logit_rows * sizeof(int32_t), VK_BUF_UPLOAD, &f->lidx, err)))
         goto fail;
-    f->host_logits = malloc((size_t)max_logit_rows * (size_t)m->n_vocab * fl);
     f->host_x = malloc(r * (size_t)m->n_embd * fl);
     f->host_info = malloc(r * 4 * sizeof(int32_t));
     f->host_tab = malloc(f->tab_cap * sizeof(int32_t));
@@ -463,8 +460,8 @@ cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, int32_t max
     f->host_lidx = malloc((size_t)max_logit_rows * sizeof(int32_t));
     f->cap_copies = 2 * max_rows;
     f->copies = malloc((size_t)f->cap_copies * sizeof *f->copies);
-    if (!f->host_logits || !f->host_x || !f->host_info || !f->host_tab || !f->host_rope ||
-        !f->host_lidx || !f->copies) {
+    if (!f->host_x || !f->host_info || !f->host_tab || !f->host_rope || !f->host_lidx ||
+        !f->copies) {
         st = err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
         goto fail;
     }
