@@ -852,14 +852,21 @@ static cellm_status record_step(vkf *f, int32_t n, int32_t nl, cellm_error *err)
         attention_layer(&c, il, n);
         add_norm(&c, f->hb, &V->post_attn_norm, &V->ffn_norm, n);
         barrier(&c, P_RESIDUAL);
+        /* After the last layer: the final norm, here when every row wants
+         * logits (decode; the logit rows are then rows 0..n-1 in order),
+         * else of the logit rows alone, gathered, below. */
         const vk_buffer *out = mlp_layer(&c, il, n);
-        add_norm(&c, out, &V->post_ffn_norm,
-                 il + 1 < m->n_layer ? &f->layers[il + 1].attn_norm : NULL, n);
+        const vweight *next = il + 1 < m->n_layer ? &f->layers[il + 1].attn_norm
+                              : nl == n           ? &f->out_norm
+                                                  : NULL;
+        add_norm(&c, out, &V->post_ffn_norm, next, n);
         barrier(&c, P_RESIDUAL);
     }
     if (nl) {
-        rmsnorm(&c, f->x, &f->out_norm, f->xb, nl, d, true);
-        barrier(&c, P_NORM);
+        if (nl < n) {
+            rmsnorm(&c, f->x, &f->out_norm, f->xb, nl, d, true);
+            barrier(&c, P_NORM);
+        }
         mm(&c, &f->output, f->xb, nl, f->logits);
         if (m->logit_scale != 1.0f || m->logit_softcap > 0) {
             barrier(&c, P_HEAD);
