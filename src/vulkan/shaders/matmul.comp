@@ -290,23 +290,7 @@ void main() {
     for (uint r = 0u; r < TR; r++) acc[r] = 0.0;
     uint nc = pc.K / 32u;
     uint steps = (nc + LANES - 1u) / LANES;
-    if (TR == 1u) {
-        // One row (decode): each lane reads its chunks' activations itself
-        // (a cached read) instead of the workgroup staging them in shared
-        // memory, so the loop has no barrier and the lanes' loads overlap.
-        // The same values meet the same fma in the same order as below.
-        uint xrow = pc.x_off + r0 * pc.x_stride;
-        for (uint c = lane; c < nc; c += LANES) {
-            chunk_begin(row, c);
-            precise float s1 = 0.0;
-            [[dont_unroll]] for (uint g = 0u; g < 4u; g++) {
-                precise float v[8];
-                load8(g, v);
-                for (uint i = 0u; i < 8u; i++) s1 = fma(v[i], x_at(xrow + c * 32u + elem(g, i)), s1);
-            }
-            acc[0] += s1;
-        }
-    } else for (uint k = 0u; k < steps; k++) {
+    for (uint k = 0u; k < steps; k++) {
         // Past n_rows or K: copies of the last row or column, never used.
         [[dont_unroll]] for (uint t = tid; t < TR * SPAN; t += LANES * OUTS) {
             uint xr = min(r0 + t / SPAN, pc.n_rows - 1u);
