@@ -20,6 +20,7 @@
 #include <cmocka.h>
 #include <math.h>
 
+#include "format/kernels/fp16.h"
 #include "format/quant.h"
 #include "test_common.h"
 #include "vulkan/vk_device.h"
@@ -593,6 +594,219 @@ static void test_asan_vulkan_descriptor_pools(void **state) {
     assert_int_equal(vk_live_objects(), 0);
 }
 
+/* attention.comp on its own, against a double reference of the CPU's
+ * rounding (Q and the probabilities as f16): rows of their own sequences
+ * through shuffled block tables, sliding windows (lo not a multiple of 16),
+ * soft-capping, the second table of a row, head dims that are not
+ * multiples of 8 (the shader's 4-byte loads) and up to 512, GQA, and
+ * contexts past what the shader keeps in shared memory (its tiled path:
+ * more than 2880 positions). Every K and V entry outside a row's lo..pos is
+ * NaN, so a position read that should not be shows. Each row also runs
+ * alone, with the same bits. */
+typedef struct attn_push {
+    uint32_t n_head, n_head_kv, hd, hdv;
+    int32_t window;
+    float scale, softcap;
+    uint32_t group, k_row_words, v_row_words, block_words;
+} attn_push;
+
+typedef struct attn_case {
+    uint32_t hd, hdv, n_head, n_head_kv;
+    int32_t window;
+    float softcap;
+    uint32_t group;
+    int n_rows;
+    int32_t pos[9];
+} attn_case;
+
+static const attn_case attn_cases[] = {
+    {64, 64, 9, 3, 2900, 0.0f, 0, 9, {0, 1, 15, 16, 37, 200, 2879, 2880, 3100}},
+    {256, 256, 4, 1, 40, 1.0f, 1, 6, {0, 39, 40, 41, 100, 300}},
+    {6, 10, 2, 2, 0, 0.0f, 0, 4, {0, 5, 33, 70}},
+    {512, 512, 2, 1, 0, 0.0f, 0, 3, {0, 20, 130}},
+};
+
+static float round_f16(float x) {
+    return fp16_to_fp32(fp32_to_fp16(x));
+}
+
+enum { SLOT = 8192 }; /* bytes between single rows' operands: any device's alignment */
+
+static void check_attention(vk_device *dev, vk_recorder *rec, const attn_case *c, uint64_t seed) {
+    const int R = c->n_rows;
+    const uint32_t kw = c->n_head_kv * c->hd / 2, vw = c->n_head_kv * c->hdv / 2;
+    const uint32_t bw = 16 * (kw + vw);
+    /* Each row's table, then a decoy table (what the row's other group
+     * names) of blocks no row owns: NaN throughout. */
+    int32_t base[9], total = 0, maxpos = 0;
+    for (int r = 0; r < R; r++) {
+        base[r] = total;
+        total += c->pos[r] / 16 + 1;
+        if (c->pos[r] > maxpos) maxpos = c->pos[r];
+    }
+    const int32_t decoy = total, n_decoy = maxpos / 16 + 1;
+    total += n_decoy;
+    int32_t *perm = malloc(sizeof(int32_t) * total);
+    for (int i = 0; i < total; i++) perm[i] = i;
+    for (int i = total - 1; i > 0; i--) {
+        int k = (int)(rnd(&seed) % (uint32_t)(i + 1)), s = perm[i];
+        perm[i] = perm[k];
+        perm[k] = s;
+    }
+    size_t kv_words = (size_t)total * bw;
+    uint32_t *kv = malloc(sizeof(uint32_t) * kv_words);
+    for (size_t i = 0; i < kv_words; i++) kv[i] = 0x7E007E00u; /* NaN pairs */
+    uint16_t *h16 = (uint16_t *)kv;
+    for (int r = 0; r < R; r++) {
+        int32_t pos = c->pos[r],
+                lo = c->window > 0 && pos - c->window + 1 > 0 ? pos - c->window + 1 : 0;
+        for (int32_t j = lo; j <= pos; j++) {
+            size_t b = (size_t)perm[base[r] + j / 16] * bw;
+            uint16_t *k = h16 + 2 * (b + (size_t)(j % 16) * kw);
+            uint16_t *v = h16 + 2 * (b + 16 * (size_t)kw + (size_t)(j % 16) * vw);
+            for (uint32_t i = 0; i < 2 * kw; i++) k[i] = fp32_to_fp16(frand(&seed));
+            for (uint32_t i = 0; i < 2 * vw; i++) v[i] = fp32_to_fp16(frand(&seed));
+        }
+    }
+    size_t qn = (size_t)c->n_head * c->hd, on = (size_t)c->n_head * c->hdv;
+    float *q = malloc(sizeof(float) * qn * R);
+    for (size_t i = 0; i < qn * R; i++) q[i] = 4.0f * frand(&seed);
+    int32_t ri[9][4];
+    for (int r = 0; r < R; r++) {
+        ri[r][0] = c->pos[r];
+        ri[r][1] = c->group == 0 ? base[r] : decoy;
+        ri[r][2] = c->group == 1 ? base[r] : decoy;
+        ri[r][3] = 0;
+    }
+
+    cellm_error err;
+    vk_buffer *qb, *rib, *tb, *kvb, *ob, *q1b, *ri1b, *o1b;
+    const size_t kv_off = 512; /* the layer's slice starts inside the pool */
+    assert_int_equal(vk_buffer_create(dev, sizeof(float) * qn * R, VK_BUF_DEVICE, &qb, &err),
+                     CELLM_OK);
+    assert_int_equal(vk_buffer_create(dev, sizeof ri, VK_BUF_DEVICE, &rib, &err), CELLM_OK);
+    assert_int_equal(vk_buffer_create(dev, sizeof(int32_t) * total, VK_BUF_DEVICE, &tb, &err),
+                     CELLM_OK);
+    assert_int_equal(
+        vk_buffer_create(dev, kv_off + sizeof(uint32_t) * kv_words, VK_BUF_DEVICE, &kvb, &err),
+        CELLM_OK);
+    assert_int_equal(vk_buffer_create(dev, sizeof(float) * on * R, VK_BUF_DEVICE, &ob, &err),
+                     CELLM_OK);
+    assert_int_equal(vk_buffer_create(dev, (size_t)SLOT * R, VK_BUF_DEVICE, &q1b, &err), CELLM_OK);
+    assert_int_equal(vk_buffer_create(dev, (size_t)SLOT * R, VK_BUF_DEVICE, &ri1b, &err), CELLM_OK);
+    assert_int_equal(vk_buffer_create(dev, (size_t)SLOT * R, VK_BUF_DEVICE, &o1b, &err), CELLM_OK);
+    assert_int_equal(vk_buffer_upload(qb, 0, q, sizeof(float) * qn * R, &err), CELLM_OK);
+    assert_int_equal(vk_buffer_upload(rib, 0, ri, sizeof ri, &err), CELLM_OK);
+    assert_int_equal(vk_buffer_upload(tb, 0, perm, sizeof(int32_t) * total, &err), CELLM_OK);
+    assert_int_equal(vk_buffer_upload(kvb, kv_off, kv, sizeof(uint32_t) * kv_words, &err),
+                     CELLM_OK);
+    for (int r = 0; r < R; r++) {
+        assert_int_equal(
+            vk_buffer_upload(q1b, (size_t)SLOT * r, q + qn * r, sizeof(float) * qn, &err),
+            CELLM_OK);
+        assert_int_equal(vk_buffer_upload(ri1b, (size_t)SLOT * r, ri[r], sizeof ri[r], &err),
+                         CELLM_OK);
+    }
+    const vk_pipeline *pipe;
+    assert_int_equal(vk_pipeline_get(dev, VK_SHADER_ATTENTION, &pipe, &err), CELLM_OK);
+    attn_push p = {c->n_head,  c->n_head_kv, c->hd, c->hdv, c->window, 1.0f / sqrtf((float)c->hd),
+                   c->softcap, c->group,     kw,    vw,     bw};
+    assert_int_equal(vk_recorder_begin(rec, &err), CELLM_OK);
+    assert_int_equal(vk_recorder_fill(rec, ob, 0, sizeof(float) * on * R, 0x7FC00000u, &err),
+                     CELLM_OK);
+    vk_recorder_barrier(rec);
+    vk_binding kb = {kvb, kv_off, sizeof(uint32_t) * kv_words};
+    vk_binding b[5] = {{qb, 0, 0}, {rib, 0, 0}, {tb, 0, 0}, kb, {ob, 0, 0}};
+    uint32_t g[3] = {(uint32_t)R, c->n_head, 1};
+    assert_int_equal(vk_recorder_dispatch(rec, pipe, b, 5, &p, sizeof p, g, &err), CELLM_OK);
+    for (int r = 0; r < R; r++) {
+        vk_binding b1[5] = {{q1b, (size_t)SLOT * r, SLOT},
+                            {ri1b, (size_t)SLOT * r, SLOT},
+                            {tb, 0, 0},
+                            kb,
+                            {o1b, (size_t)SLOT * r, SLOT}};
+        uint32_t g1[3] = {1, c->n_head, 1};
+        assert_int_equal(vk_recorder_dispatch(rec, pipe, b1, 5, &p, sizeof p, g1, &err), CELLM_OK);
+    }
+    assert_int_equal(vk_recorder_submit(rec, &err), CELLM_OK);
+    float *o = malloc(sizeof(float) * on * R), *o1 = malloc(sizeof(float) * on);
+    assert_int_equal(vk_buffer_download(ob, 0, o, sizeof(float) * on * R, &err), CELLM_OK);
+
+    double worst = 0, *s = malloc(sizeof(double) * (maxpos + 1));
+    for (int r = 0; r < R; r++) {
+        int32_t pos = c->pos[r],
+                lo = c->window > 0 && pos - c->window + 1 > 0 ? pos - c->window + 1 : 0;
+        for (uint32_t h = 0; h < c->n_head; h++) {
+            uint32_t kvh = h / (c->n_head / c->n_head_kv);
+            const float *qh = q + qn * r + (size_t)h * c->hd;
+            double mx = -INFINITY, sum = 0;
+            for (int32_t j = lo; j <= pos; j++) {
+                size_t bb = (size_t)perm[base[r] + j / 16] * bw;
+                const uint16_t *k = h16 + 2 * (bb + (size_t)(j % 16) * kw) + kvh * c->hd;
+                double d = 0;
+                for (uint32_t i = 0; i < c->hd; i++)
+                    d += (double)round_f16(qh[i]) * fp16_to_fp32(k[i]);
+                d *= p.scale;
+                if (c->softcap > 0) d = c->softcap * tanh(fmax(-15, fmin(15, d / c->softcap)));
+                s[j - lo] = d;
+                if (d > mx) mx = d;
+            }
+            for (int32_t j = lo; j <= pos; j++) sum += exp(s[j - lo] - mx);
+            for (uint32_t e = 0; e < c->hdv; e++) {
+                double ref = 0, mag = 0;
+                for (int32_t j = lo; j <= pos; j++) {
+                    size_t bb = (size_t)perm[base[r] + j / 16] * bw;
+                    const uint16_t *v =
+                        h16 + 2 * (bb + 16 * (size_t)kw + (size_t)(j % 16) * vw) + kvh * c->hdv;
+                    double t =
+                        (double)round_f16((float)(exp(s[j - lo] - mx) / sum)) * fp16_to_fp32(v[e]);
+                    ref += t;
+                    mag += fabs(t);
+                }
+                float got = o[on * r + (size_t)h * c->hdv + e];
+                double err_rel = fabs(got - ref) / (mag + 1e-30);
+                if (!(err_rel <= 2e-3)) {
+                    print_error("attention hd %u: row %d (pos %d) head %u dim %u: %.9g, reference "
+                                "%.9g (magnitude %.3g)\n",
+                                c->hd, r, pos, h, e, got, ref, mag);
+                    fail();
+                }
+                if (err_rel > worst) worst = err_rel;
+            }
+        }
+        assert_int_equal(vk_buffer_download(o1b, (size_t)SLOT * r, o1, sizeof(float) * on, &err),
+                         CELLM_OK);
+        assert_memory_equal(o1, o + on * r, sizeof(float) * on);
+    }
+    print_message("    hd %3u/%3u: worst relative error %.2g\n", c->hd, c->hdv, worst);
+    vk_buffer_free(qb);
+    vk_buffer_free(rib);
+    vk_buffer_free(tb);
+    vk_buffer_free(kvb);
+    vk_buffer_free(ob);
+    vk_buffer_free(q1b);
+    vk_buffer_free(ri1b);
+    vk_buffer_free(o1b);
+    free(perm);
+    free(kv);
+    free(q);
+    free(o);
+    free(o1);
+    free(s);
+}
+
+static void test_vulkan_attention(void **state) {
+    (void)state;
+    vk_device *dev = open_device(NULL);
+    vk_recorder *rec;
+    cellm_error err;
+    assert_int_equal(vk_recorder_create(dev, &rec, &err), CELLM_OK);
+    for (size_t i = 0; i < sizeof attn_cases / sizeof attn_cases[0]; i++)
+        check_attention(dev, rec, &attn_cases[i], 1234 + i);
+    vk_device_close(dev);
+    assert_int_equal(vk_live_objects(), 0);
+}
+
 /* `cellm devices` lists the device the library opens, and with no loader
  * says so and still exits 0. */
 static void test_vulkan_devices_command(void **state) {
@@ -664,6 +878,7 @@ int main(void) {
         cmocka_unit_test(test_vulkan_matmul),
         cmocka_unit_test(test_vulkan_matmul_ragged),
         cmocka_unit_test(test_vulkan_matmul_glu),
+        cmocka_unit_test(test_vulkan_attention),
         cmocka_unit_test(test_asan_vulkan_descriptor_pools),
         cmocka_unit_test(test_vulkan_devices_command),
     };

@@ -1,21 +1,63 @@
 #version 450
+#extension GL_EXT_control_flow_attributes : require
 // attention.comp — one workgroup per (row, query head): attention of the
 // row's query over its sequence's positions lo..pos (lo from the layer's
 // window), read from the paged KV cache (f16) through the block table.
 // Rounding follows the CPU backend (cpu/forward.c): Q rounded to f16 like
 // the keys it meets, scores times attn_scale, soft-capped where the model
-// has it, softmax in f32, the probabilities rounded to f16 before they
-// weight V. Two passes over the keys: the first finds the maximum and the
-// sum (each lane keeps a running pair, merged in a fixed tree), the second
-// weights the values, a tile of 64 positions at a time, in position order.
-// The work of a (row, head) is fixed by its inputs alone, so the result
-// does not depend on the batch.
-layout(local_size_x = 64) in;
+// has it, softmax in f32 with the maximum and sum over all positions, the
+// probabilities rounded to f16 before they weight V.
+//
+// The scheme (T = 256 invocations; n = pos - lo + 1 positions):
+//  1. Q (as f16) into shared memory; when the n probabilities fit in
+//     shared memory (n <= S_MAX) the block table's entries for lo..pos too,
+//     so that no later load waits on a table load.
+//  2. Scores: invocation t takes positions lo + t, lo + t + T, ..., a whole
+//     dot product each (16-byte loads of the key, eight at a time; four
+//     partial sums added in a fixed order), keeps a running (maximum, sum
+//     of exp) pair and, if n <= S_MAX, the score in shared memory. The T
+//     pairs are merged in two fixed levels: 16 invocations merge 16 pairs
+//     each, then every invocation merges those 16, in index order.
+//  3. Probabilities: each score's invocation turns it into
+//     f16(exp(s - max) * (1 / sum)) in place.
+//  4. Weighted values: the workgroup is G groups of L = hdv / 8 invocations
+//     (rounded up); invocation c of a group owns output dims 8c..8c+7 and
+//     reads them as one 16-byte load, so a group reads a V row whole.
+//     Position i goes to group i % G; a group adds its positions in
+//     increasing order, eight rows loaded before any is added. The G
+//     partial outputs go to shared memory and are added in group order.
+//  Longer contexts (n > S_MAX) keep step 2's pairs but not the scores;
+//  steps 3-4 then run over tiles of S_MAX positions (the tile's scores
+//  recomputed, the same bits), position i of a tile going to group i % G.
+//
+// Every order of additions above depends only on n, lo and the head
+// dimensions: not on the batch, the row's place in the grid or the
+// device's subgroup size (no subgroup operations; `precise` keeps the
+// compiler from reassociating or contracting), so a row's output has the
+// same bits in a batch of 1 (decode) as in a batch of thousands (prefill).
+// Barriers are few and none is per position: lavapipe (a CPU emulation
+// used by CI) pays a coroutine switch per invocation at each.
+layout(local_size_x = 256) in;
+
+const uint T = 256u;
+// Positions whose scores fit in shared memory at once, a multiple of 16.
+// Every shared array together stays within 16 KiB (Vulkan's least limit):
+// 2 KiB of Q, 2 KiB of merge pairs, S_MAX floats and S_MAX / 16 + 1 table
+// entries. A build may set it lower to test the tiled path.
+#ifndef S_MAX
+#define S_MAX 2880
+#endif
+const int SMAX = S_MAX;
+const int TAB_N = SMAX / 16 + 1;
+const uint R1 = 16u; // first merge level: 16 invocations of T / R1 pairs each
 
 layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };
 layout(std430, set = 0, binding = 1) readonly buffer RI { ivec4 rowinfo[]; };
-layout(std430, set = 0, binding = 2) readonly buffer T { int tables[]; };
+layout(std430, set = 0, binding = 2) readonly buffer TB { int tables[]; };
 layout(std430, set = 0, binding = 3) readonly buffer KV { uint kv[]; };
+// The same binding as 16-byte words, for rows that start at a multiple of
+// 4 words (any head dim that is a multiple of 8; the slice is 256-aligned).
+layout(std430, set = 0, binding = 3) readonly buffer KV4 { uvec4 kv4[]; };
 layout(std430, set = 0, binding = 4) writeonly buffer O { float o[]; };
 
 layout(push_constant) uniform P {
@@ -29,31 +71,68 @@ layout(push_constant) uniform P {
     uint block_words;
 } p;
 
-shared float qs[512];
-shared float wm[64], wl[64];
-shared float ws[64];
+shared vec4 qs[128];            // Q as f16 values, zero past hd
+shared float pm[T], pl[T];      // the invocations' (maximum, sum) pairs
+shared int tab[TAB_N];          // block table entries of the positions at hand
+// Scores, then probabilities; at the end the groups' partial outputs,
+// G * hdv <= 8 T floats (S_MAX is larger unless a test build lowers it).
+shared float sc[SMAX > 8 * int(T) ? SMAX : 8 * int(T)];
 
 float f16(float v) {
     return unpackHalf2x16(packHalf2x16(vec2(v, 0.0))).x;
 }
 
-int table_base;
+bool wide; // rows start at multiples of 4 words: kv4 may be used
 
-uint block_at(int pos) {
-    return uint(tables[table_base + pos / 16]) * p.block_words;
+// Four words from word `at`, of which the first nw (>= 1) belong to the
+// row; the others read as zero (and are not read).
+uvec4 load4(uint at, uint nw) {
+    if (wide) return kv4[at >> 2];
+    uvec4 w = uvec4(kv[at], 0u, 0u, 0u);
+    if (nw > 1u) w.y = kv[at + 1u];
+    if (nw > 2u) w.z = kv[at + 2u];
+    if (nw > 3u) w.w = kv[at + 3u];
+    return w;
 }
 
-float score(int pos, uint kvh) {
-    uint at = block_at(pos) + uint(pos % 16) * p.k_row_words + kvh * p.hd / 2u;
-    float s = 0.0;
-    for (uint i = 0u; i < p.hd / 2u; i++) {
-        vec2 kk = unpackHalf2x16(kv[at + i]);
-        s += qs[2u * i] * kk.x;
-        s += qs[2u * i + 1u] * kk.y;
+// The score of the key row whose head starts at word `at`.
+float score(uint at) {
+    uint nw = p.hd / 2u;
+    precise vec4 a = vec4(0.0);
+    for (uint c0 = 0u; 4u * c0 < nw; c0 += 8u) {
+        // Up to 64 dims (8 loads of 16 bytes) requested before any is used.
+        uvec4 w[8];
+        [[unroll]] for (uint u = 0u; u < 8u; u++) {
+            uint c = c0 + u;
+            w[u] = uvec4(0u);
+            if (4u * c < nw) w[u] = load4(at + 4u * c, nw - 4u * c);
+        }
+        [[unroll]] for (uint u = 0u; u < 8u; u++) {
+            uint c = c0 + u;
+            if (4u * c < nw) {
+                a = fma(qs[2u * c], vec4(unpackHalf2x16(w[u].x), unpackHalf2x16(w[u].y)), a);
+                a = fma(qs[2u * c + 1u], vec4(unpackHalf2x16(w[u].z), unpackHalf2x16(w[u].w)), a);
+            }
+        }
     }
-    s *= p.scale;
+    precise float s = ((a.x + a.y) + (a.z + a.w)) * p.scale;
     if (p.softcap > 0.0) s = p.softcap * tanh(clamp(s / p.softcap, -15.0, 15.0));
     return s;
+}
+
+// Merges the pairs pm/pl[at + k * stride], k < cnt, into (m, l), in index
+// order. The exps do not depend on one another, so they overlap; only the
+// sum is a chain.
+void merge(uint at, uint stride, uint cnt, out float m, out float l) {
+    m = -1.0 / 0.0;
+    for (uint k = 0u; k < cnt; k++) m = max(m, pm[at + k * stride]);
+    precise float sum = 0.0;
+    for (uint k = 0u; k < cnt; k++) {
+        float mk = pm[at + k * stride], lk = pl[at + k * stride];
+        // Equal maxima (-inf included, whose difference is NaN) need no scale.
+        sum += mk == m ? lk : lk * exp(mk - m);
+    }
+    l = sum;
 }
 
 void main() {
@@ -61,16 +140,43 @@ void main() {
     uint kvh = h / (p.n_head / p.n_head_kv);
     ivec4 ri = rowinfo[r];
     int pos = ri.x;
-    table_base = p.group == 0u ? ri.y : ri.z;
+    int table_base = p.group == 0u ? ri.y : ri.z;
     int lo = p.window > 0 ? max(0, pos - p.window + 1) : 0;
-    uint qb = (r * p.n_head + h) * p.hd;
-    for (uint i = t; i < p.hd; i += 64u) qs[i] = f16(q[qb + i]);
+    int n = pos - lo + 1;
+    bool fits = n <= SMAX;
+    wide = p.hd % 8u == 0u && p.hdv % 8u == 0u && p.k_row_words % 4u == 0u &&
+           p.v_row_words % 4u == 0u && p.block_words % 4u == 0u;
+    uint kq = kvh * (p.hd / 2u);                           // the head's key words
+    uint vq = 16u * p.k_row_words + kvh * (p.hdv / 2u);    // the head's value words
+
+    // 1. Q, and the block table of lo..pos when all fits.
+    if (t < 128u) {
+        uint qb = (r * p.n_head + h) * p.hd;
+        vec4 v = vec4(0.0);
+        for (uint e = 0u; e < 4u; e++)
+            if (4u * t + e < p.hd) v[e] = f16(q[qb + 4u * t + e]);
+        qs[t] = v;
+    }
+    int tb0 = lo / 16;
+    if (fits)
+        for (int b = int(t); b <= pos / 16 - tb0; b += int(T))
+            tab[b] = tables[table_base + tb0 + b];
     barrier();
 
-    // Pass 1: the maximum and the sum of exp(score - maximum).
-    float m = -1.0 / 0.0, l = 0.0;
-    for (int j = lo + int(t); j <= pos; j += 64) {
-        float s = score(j, kvh);
+    // 2. Scores, and each invocation's running maximum and sum of exp.
+    float m = -1.0 / 0.0;
+    precise float l = 0.0;
+    for (int j = lo + int(t); j <= pos; j += int(T)) {
+        // A branch, not a select: the table in global memory is not read
+        // when its entries are at hand.
+        int blk;
+        if (fits) {
+            blk = tab[j / 16 - tb0];
+        } else {
+            blk = tables[table_base + j / 16];
+        }
+        float s = score(uint(blk) * p.block_words + uint(j % 16) * p.k_row_words + kq);
+        if (fits) sc[j - lo] = s;
         if (s > m) {
             l = l * exp(m - s) + 1.0;
             m = s;
@@ -78,47 +184,93 @@ void main() {
             l += exp(s - m);
         }
     }
-    wm[t] = m;
-    wl[t] = l;
+    pm[t] = m;
+    pl[t] = l;
     barrier();
-    for (uint w = 32u; w > 0u; w >>= 1) {
-        if (t < w) {
-            float m1 = wm[t], m2 = wm[t + w];
-            float mx = max(m1, m2);
-            float l1 = m1 == mx ? wl[t] : wl[t] * exp(m1 - mx);
-            float l2 = m2 == mx ? wl[t + w] : wl[t + w] * exp(m2 - mx);
-            wm[t] = mx;
-            wl[t] = l1 + l2;
+    const uint per = T / R1;
+    if (t < R1) {
+        float m1, l1;
+        merge(t * per, 1u, per, m1, l1);
+        pm[t * per] = m1; // only this invocation reads t * per .. t * per + per - 1
+        pl[t * per] = l1;
+    }
+    barrier();
+    float mx, sum;
+    merge(0u, per, R1, mx, sum); // every invocation, the same bits
+    float inv = 1.0 / sum;
+
+    // 3-4. Per tile (one when n <= S_MAX): probabilities, weighted values.
+    uint L = (p.hdv + 7u) / 8u;          // invocations per group
+    int G = int(T / L);                  // groups
+    int g = int(t / L);                  // this invocation's group (none if >= G)
+    uint c = t % L;                      // its output dims 8c..8c+7
+    uint vnw = p.hdv / 2u - 4u * c;      // the words of its chunk in the row
+    uint voff = vq + 4u * c;
+    precise vec4 acc0 = vec4(0.0), acc1 = vec4(0.0);
+    for (int t0 = lo; t0 <= pos; t0 += SMAX) {
+        int cnt = min(SMAX, pos - t0 + 1);
+        int tb = t0 / 16;
+        if (!fits) {
+            barrier(); // the last tile's weighted sum is done with sc and tab
+            for (int b = int(t); b <= (t0 + cnt - 1) / 16 - tb; b += int(T))
+                tab[b] = tables[table_base + tb + b];
+        }
+        for (int i = int(t); i < cnt; i += int(T)) {
+            float s;
+            if (fits) {
+                s = sc[i];
+            } else {
+                int j = t0 + i;
+                uint bw = uint(tables[table_base + j / 16]) * p.block_words;
+                s = score(bw + uint(j % 16) * p.k_row_words + kq);
+            }
+            sc[i] = f16(exp(s - mx) * inv);
         }
         barrier();
-    }
-    float mx = wm[0], inv = 1.0 / wl[0];
-
-    // Pass 2: the weighted values; lane t owns output dims t, t + 64, ...
-    float acc[8];
-    for (uint d = 0u; d < 8u; d++) acc[d] = 0.0;
-    for (int j0 = lo; j0 <= pos; j0 += 64) {
-        int j = j0 + int(t);
-        barrier();
-        ws[t] = j <= pos ? f16(exp(score(j, kvh) - mx) * inv) : 0.0;
-        barrier();
-        int cnt = min(64, pos - j0 + 1);
-        for (int c = 0; c < cnt; c++) {
-            int jp = j0 + c;
-            uint at = block_at(jp) + 16u * p.k_row_words + uint(jp % 16) * p.v_row_words +
-                      kvh * p.hdv / 2u;
-            float wgt = ws[c];
-            for (uint d = 0u; d < 8u; d++) {
-                uint e = t + d * 64u;
-                if (e >= p.hdv) break;
-                vec2 vv = unpackHalf2x16(kv[at + e / 2u]);
-                acc[d] += wgt * ((e & 1u) == 0u ? vv.x : vv.y);
+        if (g < G) {
+            for (int i = g; i < cnt; i += 8 * G) {
+                // Eight rows requested before any is added: loads in flight.
+                float w[8];
+                uvec4 v[8];
+                [[unroll]] for (int u = 0; u < 8; u++) {
+                    int ii = i + u * G;
+                    w[u] = 0.0;
+                    v[u] = uvec4(0u);
+                    if (ii < cnt) {
+                        int j = t0 + ii;
+                        uint at = uint(tab[j / 16 - tb]) * p.block_words +
+                                  uint(j % 16) * p.v_row_words + voff;
+                        w[u] = sc[ii];
+                        v[u] = load4(at, vnw);
+                    }
+                }
+                // An absent row adds 0 * 0: the sums are unchanged.
+                [[unroll]] for (int u = 0; u < 8; u++) {
+                    vec4 x0 = vec4(unpackHalf2x16(v[u].x), unpackHalf2x16(v[u].y));
+                    vec4 x1 = vec4(unpackHalf2x16(v[u].z), unpackHalf2x16(v[u].w));
+                    acc0 = fma(vec4(w[u]), x0, acc0);
+                    acc1 = fma(vec4(w[u]), x1, acc1);
+                }
             }
         }
     }
+
+    // The groups' partial outputs, added in group order. Groups past the
+    // n-th had no position and are left out.
+    barrier(); // every group is done reading sc
+    if (g < G) {
+        uint at = uint(g) * p.hdv + 8u * c;
+        for (uint e = 0u; e < 4u; e++) {
+            if (8u * c + e < p.hdv) sc[at + e] = acc0[e];
+            if (8u * c + 4u + e < p.hdv) sc[at + 4u + e] = acc1[e];
+        }
+    }
+    barrier();
+    int gu = min(G, n);
     uint ob = (r * p.n_head + h) * p.hdv;
-    for (uint d = 0u; d < 8u; d++) {
-        uint e = t + d * 64u;
-        if (e < p.hdv) o[ob + e] = acc[d];
+    for (uint d = t; d < p.hdv; d += T) {
+        precise float s = 0.0;
+        for (int k = 0; k < gu; k++) s += sc[uint(k) * p.hdv + d];
+        o[ob + d] = s;
     }
 }
