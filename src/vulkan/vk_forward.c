@@ -211,6 +211,7 @@ static const char *cannot_run(const model *m, const kv_cache *kv, char *msg, siz
     if (m->head_dim > 512 || m->head_dim_v > 512 || m->head_dim % 2 || m->head_dim_v % 2)
         return "head sizes past 512, or odd, are not in the Vulkan backend";
     if (m->n_head % m->n_head_kv) return "query heads must be a multiple of the KV heads";
+    if (m->n_embd > 4096) return "models wider than 4096 are not in the Vulkan backend yet";
     if (!vk_matmul_supports(m->output.type)) {
         snprintf(msg, cap, "the Vulkan backend has no matmul for %s weights (the classifier)",
                  quant_type_get(m->output.type)->name);
