@@ -608,6 +608,11 @@ typedef struct attn_push {
     int32_t window;
     float scale, softcap;
     uint32_t group, k_row_words, v_row_words, block_words;
+    /* The decode form (fused, with qk_prep's inputs): off here;
+     * test_vk_forward checks it against the separate form, bit for bit. */
+    uint32_t rope_pairs, rope_neox, rope_cfg, rope_cfgs, flags;
+    float eps;
+    uint32_t fused;
 } attn_push;
 
 typedef struct attn_case {
@@ -709,24 +714,38 @@ static void check_attention(vk_device *dev, vk_recorder *rec, const attn_case *c
     }
     const vk_pipeline *pipe;
     assert_int_equal(vk_pipeline_get(dev, VK_SHADER_ATTENTION, &pipe, &err), CELLM_OK);
-    attn_push p = {c->n_head,  c->n_head_kv, c->hd, c->hdv, c->window, 1.0f / sqrtf((float)c->hd),
-                   c->softcap, c->group,     kw,    vw,     bw};
+    attn_push p = {c->n_head,  c->n_head_kv,
+                   c->hd,      c->hdv,
+                   c->window,  1.0f / sqrtf((float)c->hd),
+                   c->softcap, c->group,
+                   kw,         vw,
+                   bw,         0,
+                   0,          0,
+                   0,          0,
+                   0.0f,       0};
     assert_int_equal(vk_recorder_begin(rec, &err), CELLM_OK);
     assert_int_equal(vk_recorder_fill(rec, ob, 0, sizeof(float) * on * R, 0x7FC00000u, &err),
                      CELLM_OK);
     vk_recorder_barrier(rec);
     vk_binding kb = {kvb, kv_off, sizeof(uint32_t) * kv_words};
-    vk_binding b[5] = {{qb, 0, 0}, {rib, 0, 0}, {tb, 0, 0}, kb, {ob, 0, 0}};
+    const vk_binding unused = {qb, 0, 0}; /* the decode form's inputs */
+    vk_binding b[10] = {{qb, 0, 0}, {rib, 0, 0}, {tb, 0, 0}, kb,     {ob, 0, 0},
+                        unused,     unused,      unused,     unused, unused};
     uint32_t g[3] = {(uint32_t)R, c->n_head, 1};
-    assert_int_equal(vk_recorder_dispatch(rec, pipe, b, 5, &p, sizeof p, g, &err), CELLM_OK);
+    assert_int_equal(vk_recorder_dispatch(rec, pipe, b, 10, &p, sizeof p, g, &err), CELLM_OK);
     for (int r = 0; r < R; r++) {
-        vk_binding b1[5] = {{q1b, (size_t)SLOT * r, SLOT},
-                            {ri1b, (size_t)SLOT * r, SLOT},
-                            {tb, 0, 0},
-                            kb,
-                            {o1b, (size_t)SLOT * r, SLOT}};
+        vk_binding b1[10] = {{q1b, (size_t)SLOT * r, SLOT},
+                             {ri1b, (size_t)SLOT * r, SLOT},
+                             {tb, 0, 0},
+                             kb,
+                             {o1b, (size_t)SLOT * r, SLOT},
+                             unused,
+                             unused,
+                             unused,
+                             unused,
+                             unused};
         uint32_t g1[3] = {1, c->n_head, 1};
-        assert_int_equal(vk_recorder_dispatch(rec, pipe, b1, 5, &p, sizeof p, g1, &err), CELLM_OK);
+        assert_int_equal(vk_recorder_dispatch(rec, pipe, b1, 10, &p, sizeof p, g1, &err), CELLM_OK);
     }
     assert_int_equal(vk_recorder_submit(rec, &err), CELLM_OK);
     float *o = malloc(sizeof(float) * on * R), *o1 = malloc(sizeof(float) * on);

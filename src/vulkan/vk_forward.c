@@ -133,6 +133,11 @@ typedef struct vkf {
      * (CELLM_VK_REPLAY=0: record every step). */
     bool replay_ok, replay_off;
     int32_t replay_n, replay_nl;
+    uint32_t replay_fused;
+    /* 1: every row of this step is its sequence's only one (decode):
+     * attention does qk_prep's work itself. */
+    uint32_t step_fused;
+    bool fuse_off; /* CELLM_VK_FUSED=0: qk_prep always a dispatch (comparison) */
 } vkf;
 
 /* ------------------------------------------------------------ creation */
@@ -359,6 +364,8 @@ cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, int32_t max
     vk_recorder_set_marks(f->rec, f->prof.on);
     const char *rp = getenv("CELLM_VK_REPLAY");
     f->replay_off = rp && !strcmp(rp, "0");
+    const char *fu = getenv("CELLM_VK_FUSED");
+    f->fuse_off = fu && !strcmp(fu, "0");
 
     /* Weights. */
     f->layers = calloc((size_t)m->n_layer, sizeof *f->layers);
@@ -593,6 +600,10 @@ typedef struct attn_push {
     int32_t window;
     float scale, softcap;
     uint32_t group, k_row_words, v_row_words, block_words;
+    /* The decode form (fused): qk_prep's settings. */
+    uint32_t rope_pairs, rope_neox, rope_cfg, rope_cfgs, flags;
+    float eps;
+    uint32_t fused;
 } attn_push;
 
 static void attention_layer(rec_ctx *c, int32_t il, int32_t n) {
@@ -630,9 +641,14 @@ static void attention_layer(rec_ctx *c, int32_t il, int32_t n) {
                         {f->rowinfo, 0, 0},
                         {f->tables, 0, 0},
                         kvb};
-    uint32_t g[3] = {(uint32_t)n, (uint32_t)(m->n_head + m->n_head_kv), 1};
-    dispatch(c, VK_SHADER_QK_PREP, qb, 9, &qp, sizeof qp, g);
-    barrier(c, P_QK_PREP);
+    /* A batch where each sequence has one row (decode) leaves this to
+     * attention (its decode form); a row that reads K/V another row of the
+     * batch writes needs the stores done first. */
+    if (!f->step_fused) {
+        uint32_t g[3] = {(uint32_t)n, (uint32_t)(m->n_head + m->n_head_kv), 1};
+        dispatch(c, VK_SHADER_QK_PREP, qb, 9, &qp, sizeof qp, g);
+        barrier(c, P_QK_PREP);
+    }
     attn_push ap = {(uint32_t)m->n_head,
                     (uint32_t)m->n_head_kv,
                     (uint32_t)m->head_dim,
@@ -643,10 +659,26 @@ static void attention_layer(rec_ctx *c, int32_t il, int32_t n) {
                     (uint32_t)L->kv_group,
                     (uint32_t)(kg->k_row / 4),
                     (uint32_t)(kg->v_row / 4),
-                    (uint32_t)(kg->layer_bytes / 4)};
-    vk_binding ab[5] = {{f->q, 0, 0}, {f->rowinfo, 0, 0}, {f->tables, 0, 0}, kvb, {f->att, 0, 0}};
+                    (uint32_t)(kg->layer_bytes / 4),
+                    qp.rope_pairs,
+                    qp.rope_neox,
+                    qp.rope_cfg,
+                    qp.rope_cfgs,
+                    qp.flags,
+                    qp.eps,
+                    f->step_fused};
+    vk_binding ab[10] = {{f->q, 0, 0},
+                         {f->rowinfo, 0, 0},
+                         {f->tables, 0, 0},
+                         kvb,
+                         {f->att, 0, 0},
+                         qb[1],
+                         qb[2],
+                         qb[3],
+                         qb[4],
+                         qb[5]};
     uint32_t ga[3] = {(uint32_t)n, (uint32_t)m->n_head, 1};
-    dispatch(c, VK_SHADER_ATTENTION, ab, 5, &ap, sizeof ap, ga);
+    dispatch(c, VK_SHADER_ATTENTION, ab, 10, &ap, sizeof ap, ga);
     barrier(c, P_ATTENTION);
     mm(c, &V->wo, f->att, n, f->hb);
     barrier(c, P_WO);
@@ -690,6 +722,7 @@ static cellm_status fill_inputs(vkf *f, const fwd_row *rows, const float *const 
     quant_nbytes(m->tok_embd.type, (uint64_t)d, &rb);
     size_t nt = 0;
     int32_t nl = 0;
+    f->step_fused = 1;
     for (int32_t r = 0; r < n; r++) {
         float *x = f->host_x + (size_t)r * d;
         if (embd && embd[r]) {
@@ -705,6 +738,7 @@ static cellm_status fill_inputs(vkf *f, const fwd_row *rows, const float *const 
         int32_t same = -1;
         for (int32_t e = r - 1; e >= 0 && same < 0; e--)
             if (rows[e].seq == rows[r].seq) same = e;
+        if (same >= 0 || f->fuse_off) f->step_fused = 0;
         int32_t *info = f->host_info + (size_t)r * 4;
         info[0] = rows[r].pos;
         info[3] = 0;
@@ -801,7 +835,8 @@ static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const 
         return st;
     }
     if (f->prof.on) t1 = now_ns();
-    if (f->replay_ok && !f->n_copies && n == f->replay_n && nl == f->replay_nl) {
+    if (f->replay_ok && !f->n_copies && n == f->replay_n && nl == f->replay_nl &&
+        f->step_fused == f->replay_fused) {
         if (f->prof.on) t2 = now_ns();
         st = vk_recorder_resubmit(f->rec, err);
     } else {
@@ -811,6 +846,7 @@ static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const 
         f->replay_ok = !st && !f->n_copies && !f->replay_off;
         f->replay_n = n;
         f->replay_nl = nl;
+        f->replay_fused = f->step_fused;
     }
     if (st) {
         f->replay_ok = false;

@@ -1,5 +1,6 @@
 #version 450
 #extension GL_EXT_control_flow_attributes : require
+#extension GL_GOOGLE_include_directive : require
 // attention.comp — one workgroup per (row, query head): attention of the
 // row's query over its sequence's positions lo..pos (lo from the layer's
 // window), read from the paged KV cache (f16) through the block table.
@@ -54,11 +55,20 @@ const uint R1 = 16u; // first merge level: 16 invocations of T / R1 pairs each
 layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };
 layout(std430, set = 0, binding = 1) readonly buffer RI { ivec4 rowinfo[]; };
 layout(std430, set = 0, binding = 2) readonly buffer TB { int tables[]; };
-layout(std430, set = 0, binding = 3) readonly buffer KV { uint kv[]; };
+// Coherent: the decode form writes the row's own K and V here and then
+// reads them back with the rest (through kv4 too).
+layout(std430, set = 0, binding = 3) coherent buffer KV { uint kv[]; };
 // The same binding as 16-byte words, for rows that start at a multiple of
 // 4 words (any head dim that is a multiple of 8; the slice is 256-aligned).
-layout(std430, set = 0, binding = 3) readonly buffer KV4 { uvec4 kv4[]; };
+layout(std430, set = 0, binding = 3) coherent readonly buffer KV4 { uvec4 kv4[]; };
 layout(std430, set = 0, binding = 4) writeonly buffer O { float o[]; };
+// The decode form's inputs (qk_prep.comp's): K and V rows, biases, QK-norm
+// weights, RoPE angles.
+layout(std430, set = 0, binding = 5) readonly buffer K { float k[]; };
+layout(std430, set = 0, binding = 6) readonly buffer V { float v[]; };
+layout(std430, set = 0, binding = 7) readonly buffer B { float bias[]; };
+layout(std430, set = 0, binding = 8) readonly buffer N { float norm[]; };
+layout(std430, set = 0, binding = 9) readonly buffer R { float rope[]; };
 
 layout(push_constant) uniform P {
     uint n_head, n_head_kv, hd, hdv;
@@ -69,6 +79,11 @@ layout(push_constant) uniform P {
     uint k_row_words;  // the KV binding is the layer's slice: per block,
     uint v_row_words;  // 16 K rows then 16 V rows, block_words in all
     uint block_words;
+    // The decode form (fused 1: every row of the batch is its sequence's
+    // only one, so no row reads another's K/V): qk_prep.comp's settings.
+    uint rope_pairs, rope_neox, rope_cfg, rope_cfgs, flags;
+    float eps;
+    uint fused;
 } p;
 
 shared vec4 qs[128];            // Q as f16 values, zero past hd
@@ -77,6 +92,10 @@ shared int tab[TAB_N];          // block table entries of the positions at hand
 // Scores, then probabilities; at the end the groups' partial outputs,
 // G * hdv <= 8 T floats (S_MAX is larger unless a test build lowers it).
 shared float sc[SMAX > 8 * int(T) ? SMAX : 8 * int(T)];
+
+#define PREP_HS sc
+#define PREP_PART pm
+#include "qk_prep.glsl"
 
 float f16(float v) {
     return unpackHalf2x16(packHalf2x16(vec2(v, 0.0))).x;
@@ -149,19 +168,32 @@ void main() {
     uint kq = kvh * (p.hd / 2u);                           // the head's key words
     uint vq = 16u * p.k_row_words + kvh * (p.hdv / 2u);    // the head's value words
 
+    // 0. The decode form: qk_prep.comp's work for this head's Q (lanes
+    // 0-63, into sc[0 ..]) and its KV head's K (lanes 64-127, into
+    // sc[512 ..]), then K and V stored at the row's position (lanes
+    // 128-255). Every query head of the KV head stores the same bits there;
+    // each reads back only after its own store.
+    bool fused = p.fused != 0u;
+    if (fused) {
+        bool kl = t >= 64u;
+        prep_head(t < 128u, t % 64u, kl ? 512u : 0u, kl ? 64u : 0u, r, kl ? kvh : h, !kl);
+        store_kv(t >= 128u, t - 128u, 128u, 512u, r, kvh, tables[table_base + pos / 16], pos);
+        memoryBarrierBuffer();
+    }
+
     // 1. Q, and the block table of lo..pos when all fits.
     if (t < 128u) {
         uint qb = (r * p.n_head + h) * p.hd;
-        vec4 v = vec4(0.0);
+        vec4 qv = vec4(0.0);
         for (uint e = 0u; e < 4u; e++)
-            if (4u * t + e < p.hd) v[e] = f16(q[qb + 4u * t + e]);
-        qs[t] = v;
+            if (4u * t + e < p.hd) qv[e] = f16(fused ? sc[4u * t + e] : q[qb + 4u * t + e]);
+        qs[t] = qv;
     }
     int tb0 = lo / 16;
     if (fits)
         for (int b = int(t); b <= pos / 16 - tb0; b += int(T))
             tab[b] = tables[table_base + tb0 + b];
-    barrier();
+    barrier(); // also: the decode form's stores are visible, sc's Q is read
 
     // 2. Scores, and each invocation's running maximum and sum of exp.
     float m = -1.0 / 0.0;
@@ -231,23 +263,23 @@ void main() {
             for (int i = g; i < cnt; i += 8 * G) {
                 // Eight rows requested before any is added: loads in flight.
                 float w[8];
-                uvec4 v[8];
+                uvec4 vr[8];
                 [[unroll]] for (int u = 0; u < 8; u++) {
                     int ii = i + u * G;
                     w[u] = 0.0;
-                    v[u] = uvec4(0u);
+                    vr[u] = uvec4(0u);
                     if (ii < cnt) {
                         int j = t0 + ii;
                         uint at = uint(tab[j / 16 - tb]) * p.block_words +
                                   uint(j % 16) * p.v_row_words + voff;
                         w[u] = sc[ii];
-                        v[u] = load4(at, vnw);
+                        vr[u] = load4(at, vnw);
                     }
                 }
                 // An absent row adds 0 * 0: the sums are unchanged.
                 [[unroll]] for (int u = 0; u < 8; u++) {
-                    vec4 x0 = vec4(unpackHalf2x16(v[u].x), unpackHalf2x16(v[u].y));
-                    vec4 x1 = vec4(unpackHalf2x16(v[u].z), unpackHalf2x16(v[u].w));
+                    vec4 x0 = vec4(unpackHalf2x16(vr[u].x), unpackHalf2x16(vr[u].y));
+                    vec4 x1 = vec4(unpackHalf2x16(vr[u].z), unpackHalf2x16(vr[u].w));
                     acc0 = fma(vec4(w[u]), x0, acc0);
                     acc1 = fma(vec4(w[u]), x1, acc1);
                 }
