@@ -292,7 +292,10 @@ void main() {
     uint steps = (nc + LANES - 1u) / LANES;
     for (uint k = 0u; k < steps; k++) {
         // Past n_rows or K: copies of the last row or column, never used.
-        [[dont_unroll]] for (uint t = tid; t < TR * SPAN; t += LANES * OUTS) {
+        // Unrolled (TR is a constant), so that every load of the tile is in
+        // flight at once: a loop of dependent waits cost microseconds a
+        // step on the H200, most of a decode matmul's time.
+        [[unroll]] for (uint t = tid; t < TR * SPAN; t += LANES * OUTS) {
             uint xr = min(r0 + t / SPAN, pc.n_rows - 1u);
             uint col = min(k * SPAN + t % SPAN, pc.K - 1u);
             sh[t] = x_at(pc.x_off + xr * pc.x_stride + col);
@@ -303,14 +306,16 @@ void main() {
             chunk_begin(row, c);
             precise float s[TR];
             for (uint r = 0u; r < TR; r++) s[r] = 0.0;
-            // A loop, not unrolled: lavapipe (LLVM) compiles the unrolled
-            // chunk for seconds.
-            [[dont_unroll]] for (uint g = 0u; g < 4u; g++) {
-                precise float v[8];
-                load8(g, v);
+            // The chunk's four weight loads first, then the arithmetic:
+            // unrolled, they are in flight together. (Lavapipe, which
+            // compiles an unrolled chunk for seconds, runs the lane
+            // variant.)
+            precise float v[4][8];
+            [[unroll]] for (uint g = 0u; g < 4u; g++) load8(g, v[g]);
+            [[unroll]] for (uint g = 0u; g < 4u; g++) {
                 for (uint i = 0u; i < 8u; i++) {
                     uint xb = lane * 32u + elem(g, i);
-                    for (uint r = 0u; r < TR; r++) s[r] = fma(v[i], sh[r * SPAN + xb], s[r]);
+                    for (uint r = 0u; r < TR; r++) s[r] = fma(v[g][i], sh[r * SPAN + xb], s[r]);
                 }
             }
             for (uint r = 0u; r < TR; r++) acc[r] += s[r];
