@@ -71,6 +71,17 @@ layout(push_constant) uniform Push {
 const uint SPAN = LANES * 32u;
 shared float sh[TR * SPAN];
 
+// Where element e of lane l's chunk (row r of the tile) sits in sh: the
+// lanes' chunks interleaved, element-major, each element's 16 lanes
+// swizzled by the element (l ^ e % 16). The 16 lanes of an output read
+// element e of their chunks at once: with chunks stored whole they were 32
+// floats apart, one shared-memory bank, and waited on each other 16 times
+// over. Here they read 16 neighbouring words; the loads' 32 stores of one
+// chunk meet at most two to a bank.
+uint shx(uint r, uint l, uint e) {
+    return r * SPAN + e * LANES + (l ^ (e % LANES));
+}
+
 uint byte_at(uint off) {
     return (wd[off >> 2] >> ((off & 3u) * 8u)) & 0xFFu;
 }
@@ -298,7 +309,8 @@ void main() {
         [[unroll]] for (uint t = tid; t < TR * SPAN; t += LANES * OUTS) {
             uint xr = min(r0 + t / SPAN, pc.n_rows - 1u);
             uint col = min(k * SPAN + t % SPAN, pc.K - 1u);
-            sh[t] = x_at(pc.x_off + xr * pc.x_stride + col);
+            uint tc = t % SPAN;
+            sh[shx(t / SPAN, tc / 32u, tc % 32u)] = x_at(pc.x_off + xr * pc.x_stride + col);
         }
         barrier();
         uint c = k * LANES + lane;
@@ -314,8 +326,8 @@ void main() {
             [[unroll]] for (uint g = 0u; g < 4u; g++) load8(g, v[g]);
             [[unroll]] for (uint g = 0u; g < 4u; g++) {
                 for (uint i = 0u; i < 8u; i++) {
-                    uint xb = lane * 32u + elem(g, i);
-                    for (uint r = 0u; r < TR; r++) s[r] = fma(v[g][i], sh[r * SPAN + xb], s[r]);
+                    uint e = elem(g, i);
+                    for (uint r = 0u; r < TR; r++) s[r] = fma(v[g][i], sh[shx(r, lane, e)], s[r]);
                 }
             }
             for (uint r = 0u; r < TR; r++) acc[r] += s[r];
