@@ -8,7 +8,8 @@
 // which is most of what a small model's decode step waits on.
 //
 // Lane t owns elements t, t + 128, ... (at most E of them: rows up to
-// 128 E wide) and loads all it needs at once into registers, so the row
+// 128 E wide) and loads all it needs (y, x and both weights) at once into
+// registers, so the row
 // costs one round trip to memory, not one per phase. Each sum of squares
 // adds a lane's elements in order, then the 128 lane sums in two fixed
 // levels (16 lanes add 8 each, then every lane adds those 16 in order):
@@ -58,11 +59,14 @@ void main() {
     uint r = gl_WorkGroupID.x, t = gl_LocalInvocationID.x;
     uint b = r * p.n;
     uint m = t < p.n ? (p.n - t + 127u) / 128u : 0u; // this lane's elements
-    float yv[E], xv[E];
+    float yv[E], xv[E], pw[E], nw[E];
     [[unroll]] for (uint k = 0u; k < E; k++) {
         if (k >= m) break;
-        yv[k] = y[b + t + 128u * k];
-        xv[k] = x[b + t + 128u * k];
+        uint i = t + 128u * k;
+        yv[k] = y[b + i];
+        xv[k] = x[b + i];
+        pw[k] = p.has_post != 0u ? post_w[i] : 1.0;
+        nw[k] = p.has_norm == 1u ? norm_w[i] : 1.0;
     }
     float post = 1.0;
     if (p.has_post != 0u) {
@@ -78,7 +82,7 @@ void main() {
         if (k >= m) break;
         uint i = t + 128u * k;
         float v = yv[k];
-        if (p.has_post != 0u) v = v * post * post_w[i];
+        if (p.has_post != 0u) v = v * post * pw[k];
         float nx = xv[k] + (p.scale == 1.0 ? v : v * p.scale);
         x[b + i] = nx;
         xv[k] = nx;
@@ -90,6 +94,6 @@ void main() {
         if (k >= m) break;
         uint i = t + 128u * k;
         float v = xv[k] * sc;
-        o[b + i] = p.has_norm == 1u ? v * norm_w[i] : v;
+        o[b + i] = p.has_norm == 1u ? v * nw[k] : v;
     }
 }
