@@ -336,6 +336,14 @@ cellm_status vk_device_open(const vk_open_params *params, vk_device **out, cellm
              * default timeout, there to turn a GPU hang into an error,
              * gives it ten minutes. */
             if (d->info.type == VK_TYPE_CPU && p.timeout_ms == 60000) d->timeout_ms = 600000;
+            /* A discrete GPU finishes a decode step in about a millisecond,
+             * and a sleeping wait wakes tens of microseconds late: the
+             * host polls the fence for up to 2 ms first (a core busy while
+             * the GPU works; phones' integrated GPUs and CPU emulations
+             * sleep at once). CELLM_VK_SPIN_US sets it (0: never poll). */
+            d->spin_ns = d->info.type == VK_TYPE_DISCRETE ? 2e6 : 0;
+            const char *spin = getenv("CELLM_VK_SPIN_US");
+            if (spin && *spin) d->spin_ns = 1e3 * atof(spin);
         }
     }
     free(phys);

@@ -333,6 +333,32 @@ static int32_t max_i32(int32_t a, int32_t b) {
 static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const *embd, int32_t n,
                             const float **logits, cellm_error *err);
 
+/* Makes the pipelines a pass uses now rather than on first use, where the
+ * driver's compiler would add tens of milliseconds to a first request's
+ * time to first token (and to the first batch of a new size). A CPU
+ * emulation compiles each for a second, and the tests open many engines:
+ * it keeps compiling on first use. */
+static cellm_status prepare_pipelines(vkf *f, cellm_error *err) {
+    if (vk_device_get_info(f->dev)->type == VK_TYPE_CPU) return CELLM_OK;
+    const model *m = f->m;
+    uint32_t act = m->act == ACT_GELU_TANH;
+    cellm_status st = vk_matmul_prepare(f->dev, f->output.type, false, 0, err);
+    for (int32_t il = 0; il < m->n_layer && !st; il++) {
+        const vlayer *V = &f->layers[il];
+        const vweight *ws[] = {&V->wq, &V->wk, &V->wv, &V->wo, &V->w_gate, &V->w_up, &V->w_down};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0] && !st; i++)
+            st = vk_matmul_prepare(f->dev, ws[i]->type, false, 0, err); /* made once each */
+        if (!st) st = vk_matmul_prepare(f->dev, V->w_down.type, true, act, err);
+    }
+    const vk_shader_id others[] = {VK_SHADER_RMSNORM, VK_SHADER_ADD_NORM, VK_SHADER_QK_PREP,
+                                   VK_SHADER_ATTENTION, VK_SHADER_LOGITS};
+    for (size_t i = 0; i < sizeof others / sizeof others[0] && !st; i++) {
+        const vk_pipeline *pipe;
+        st = vk_pipeline_get(f->dev, others[i], &pipe, err);
+    }
+    return st;
+}
+
 static const backend_ops vk_ops = {"vulkan", vkf_run, vkf_free};
 
 cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, int32_t max_rows,
@@ -473,6 +499,7 @@ cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, int32_t max
         st = err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
         goto fail;
     }
+    if ((st = prepare_pipelines(f, err))) goto fail;
     f->kv = kv;
     kv->ext = (kv_storage){f, kv_copy};
     *out = (backend){&vk_ops, f};

@@ -78,6 +78,7 @@
     X(vkDestroyFence)                                                                              \
     X(vkResetFences)                                                                               \
     X(vkWaitForFences)                                                                             \
+    X(vkGetFenceStatus)                                                                            \
     X(vkQueueSubmit)
 
 #define VK_FN_FIELD(name) PFN_##name name;
@@ -175,6 +176,7 @@ struct vk_device {
     uint64_t storage_align; /* minStorageBufferOffsetAlignment */
     float timestamp_period; /* ns per tick */
     uint32_t timeout_ms;
+    double spin_ns; /* how long a wait polls the fence before it sleeps */
     size_t staging_bytes;
     bool use_push;
     vk_pipeline *pipes;     /* every pipeline made, by shader and constants */

@@ -125,6 +125,26 @@ cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_e
     return vk_recorder_dispatch(rec, pipe, b, a->u ? 4 : 3, &pc, sizeof pc, groups, err);
 }
 
+cellm_status vk_matmul_prepare(vk_device *d, uint32_t type, bool glu, uint32_t act,
+                               cellm_error *err) {
+    int shader = shader_of(type);
+    if (shader < 0) return err_set(err, CELLM_ERR_UNSUPPORTED, "Vulkan matmul: no kernel");
+    if (vk_matmul_lane_variant(d)) {
+        if (glu) return CELLM_OK; /* the lane variant has no GLU form */
+        shader += VK_SHADER_MATMULL_F32 - VK_SHADER_MATMUL_F32;
+    } else if (glu) {
+        shader += VK_SHADER_MATMULG_F32 - VK_SHADER_MATMUL_F32;
+    }
+    const uint32_t rows[2] = {1, MM_ROWS};
+    for (int i = 0; i < 2; i++) {
+        const uint32_t spec[4] = {rows[i], glu ? act : 0, 0, 0};
+        const vk_pipeline *pipe;
+        cellm_status st = vk_pipeline_get_spec(d, (vk_shader_id)shader, spec, &pipe, err);
+        if (st != CELLM_OK) return st;
+    }
+    return CELLM_OK;
+}
+
 cellm_status vk_matmul(vk_recorder *rec, uint32_t type, const vk_buffer *w, size_t w_off,
                        uint32_t rows, uint32_t cols, const vk_buffer *x, size_t x_off,
                        const vk_buffer *y, size_t y_off, uint32_t n_rows, cellm_error *err) {

@@ -10,6 +10,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "vulkan/vk_internal.h"
 
@@ -229,6 +230,22 @@ cellm_status vk_recorder_create(vk_device *d, vk_recorder **out, cellm_error *er
 static cellm_status wait_pending(vk_recorder *rec, cellm_error *err) {
     if (!rec->pending) return CELLM_OK;
     vk_device *d = rec->dev;
+    if (d->spin_ns > 0) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (;;) {
+            VkResult s = d->fn.vkGetFenceStatus(d->dev, rec->fence);
+            if (s == VK_SUCCESS) {
+                rec->pending = false;
+                return CELLM_OK;
+            }
+            if (s != VK_NOT_READY) return vk_fail(err, "vkGetFenceStatus", s);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            if ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec) >
+                d->spin_ns)
+                break;
+        }
+    }
     VkResult r =
         d->fn.vkWaitForFences(d->dev, 1, &rec->fence, VK_TRUE, (uint64_t)d->timeout_ms * 1000000u);
     if (r == VK_TIMEOUT)

@@ -240,6 +240,15 @@ cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_e
     return unsupported(err);
 }
 
+cellm_status vk_matmul_prepare(vk_device *d, uint32_t type, bool glu, uint32_t act,
+                               cellm_error *err) {
+    (void)d;
+    (void)type;
+    (void)glu;
+    (void)act;
+    return unsupported(err);
+}
+
 cellm_status vk_matmul(vk_recorder *rec, uint32_t type, const vk_buffer *w, size_t w_off,
                        uint32_t rows, uint32_t cols, const vk_buffer *x, size_t x_off,
                        const vk_buffer *y, size_t y_off, uint32_t n_rows, cellm_error *err) {
