@@ -5,7 +5,8 @@
  * they are, recordings copy, fill and dispatch, errors surface with
  * messages, nothing stays allocated after close, and the matmul of every
  * weight type matches the CPU's dequantized weights and is batch-invariant
- * (a row's outputs have the same bits alone as among 16 or 63 others).
+ * (a row's outputs have the same bits alone as among 16 or 63 others), and
+ * so does attention (against a double reference).
  * A build with Vulkan cannot pass without a device: no device is a setup
  * bug, and the test fails with the reason. A build without it checks that
  * every entry point says "built without Vulkan". */
