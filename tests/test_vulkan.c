@@ -80,7 +80,7 @@ static void test_asan_vulkan_open(void **state) {
     }
     /* Other specialization constants make another pipeline, once. */
     const vk_pipeline *deflt, *one, *again;
-    const uint32_t spec1[4] = {1, 0, 0, 0};
+    const uint32_t spec1[4] = {1, 0, 1, 0};
     assert_int_equal(vk_pipeline_get(dev, VK_SHADER_MATMUL_Q4_0, &deflt, &err), CELLM_OK);
     assert_int_equal(vk_pipeline_get_spec(dev, VK_SHADER_MATMUL_Q4_0, spec1, &one, &err), CELLM_OK);
     assert_int_equal(vk_pipeline_get_spec(dev, VK_SHADER_MATMUL_Q4_0, spec1, &again, &err),

@@ -14,7 +14,7 @@
 #include "vulkan/vk_internal.h"
 #include "vulkan/vk_matmul.h"
 
-enum { MM_OUTS = 8, MM_ROWS = 8 }; /* OUTS and (the default) TR of matmul.comp */
+enum { MM_OUTS = 8, MM_ROWS = 8, MM_OPT = 2 }; /* OUTS, TR and OPT of matmul.comp */
 
 /* The push constants of matmul.comp, in its order. */
 typedef struct matmul_push {
@@ -80,13 +80,15 @@ cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_e
     /* A single row (decode) gets the pipeline of one row per workgroup;
      * its arithmetic per row is the same (matmul.comp), so the row's bits
      * are those it has in any batch. */
-    const uint32_t tr = a->n_rows == 1 ? 1 : MM_ROWS, spec[4] = {tr, a->act, 0, 0};
+    const uint32_t tr = a->n_rows == 1 ? 1 : MM_ROWS;
+    uint32_t spec[4] = {tr, a->act, tr == 1 ? 1 : MM_OPT, 0};
     const vk_pipeline *pipe;
     /* A CPU emulating a GPU (lavapipe) pays a coroutine switch per
      * invocation at each barrier: it takes the variant without any, one
      * invocation per output, 128 outputs per workgroup (matmul.comp). */
-    uint32_t outs = MM_OUTS;
+    uint32_t outs = MM_OUTS * spec[2];
     if (vk_matmul_lane_variant(d)) {
+        spec[2] = 1; /* the lane variant has no such constant */
         if (a->u)
             return err_set(err, CELLM_ERR_INVALID_ARG,
                            "Vulkan matmul: no GLU input in the lane variant");
@@ -136,8 +138,9 @@ cellm_status vk_matmul_prepare(vk_device *d, uint32_t type, bool glu, uint32_t a
         shader += VK_SHADER_MATMULG_F32 - VK_SHADER_MATMUL_F32;
     }
     const uint32_t rows[2] = {1, MM_ROWS};
+    bool lane = vk_matmul_lane_variant(d);
     for (int i = 0; i < 2; i++) {
-        const uint32_t spec[4] = {rows[i], glu ? act : 0, 0, 0};
+        const uint32_t spec[4] = {rows[i], glu ? act : 0, rows[i] == 1 || lane ? 1 : MM_OPT, 0};
         const vk_pipeline *pipe;
         cellm_status st = vk_pipeline_get_spec(d, (vk_shader_id)shader, spec, &pipe, err);
         if (st != CELLM_OK) return st;

@@ -11,12 +11,13 @@
 
 /* matmul.comp: W (weights as stored in the file), X (f32 rows), Y (f32
  * rows); push constants: vk_matmul.c's matmul_push (8 words). */
-/* Specialization constant 0 of matmul.comp: activation rows per workgroup
- * (8; vk_matmul asks for 1 for a single row). */
+/* Specialization constants of matmul.comp: 0, activation rows per
+ * workgroup (8; vk_matmul asks for 1 for a single row); 1, the GLU form's
+ * activation; 2, outputs per invocation (vk_matmul: 2 for a batch). */
 #define MATMUL(name)                                                                               \
     {                                                                                              \
-        name, 3, 32, 1, {                                                                          \
-            8, 0, 0, 0                                                                             \
+        name, 3, 32, 3, {                                                                          \
+            8, 0, 1, 0                                                                             \
         }                                                                                          \
     }
 
@@ -24,8 +25,8 @@
  * activation's kind (act.glsl). */
 #define MATMULG(name)                                                                              \
     {                                                                                              \
-        name, 4, 32, 2, {                                                                          \
-            8, 0, 0, 0                                                                             \
+        name, 4, 32, 3, {                                                                          \
+            8, 0, 1, 0                                                                             \
         }                                                                                          \
     }
 

@@ -36,6 +36,11 @@ const uint OUTS = 8u;   // outputs per workgroup: LANES * OUTS = 128 invocations
 // which then does not compute 7 copies. Every value below is `precise`, so
 // a row's bits are the same in either pipeline.
 layout(constant_id = 0) const uint TR = 8u;
+// Outputs per invocation in the cooperative variant: 2 for batches (a
+// workgroup then covers 16 outputs, and each activation read from shared
+// memory feeds two weights), 1 for a single row, where more workgroups
+// matter more. An output's arithmetic is the same either way.
+layout(constant_id = 2) const uint OPT = 1u;
 
 layout(std430, binding = 0) readonly buffer Wbuf { uint wd[]; };
 layout(std430, binding = 1) readonly buffer Xbuf { float xd[]; };
@@ -291,63 +296,82 @@ void main() {
     uint tid = gl_LocalInvocationID.x;
     uint ol = tid / LANES, lane = tid % LANES;
     uint tile = gl_WorkGroupID.z * gl_NumWorkGroups.x + gl_WorkGroupID.x;
-    if (tile * OUTS >= pc.N) return; // the same for the whole workgroup
-    uint o = tile * OUTS + ol;
-    uint oc = min(o, pc.N - 1u); // past N: computes a copy, writes nothing
+    if (tile * OUTS * OPT >= pc.N) return; // the same for the whole workgroup
+    // Output k of this invocation: o[k] = (tile OPT + k) OUTS + ol.
+    uint o[OPT], row[OPT];
+    for (uint k = 0u; k < OPT; k++) {
+        o[k] = (tile * OPT + k) * OUTS + ol;
+        uint oc = min(o[k], pc.N - 1u); // past N: computes a copy, writes nothing
+        row[k] = pc.w_off + oc * row_bytes(pc.K);
+    }
     uint r0 = gl_WorkGroupID.y * TR;
-    uint row = pc.w_off + oc * row_bytes(pc.K);
 
-    precise float acc[TR];
-    for (uint r = 0u; r < TR; r++) acc[r] = 0.0;
+    precise float acc[OPT][TR];
+    for (uint k = 0u; k < OPT; k++)
+        for (uint r = 0u; r < TR; r++) acc[k][r] = 0.0;
     uint nc = pc.K / 32u;
     uint steps = (nc + LANES - 1u) / LANES;
-    for (uint k = 0u; k < steps; k++) {
+    for (uint st = 0u; st < steps; st++) {
         // Past n_rows or K: copies of the last row or column, never used.
         // Unrolled (TR is a constant), so that every load of the tile is in
-        // flight at once: a loop of dependent waits cost microseconds a
-        // step on the H200, most of a decode matmul's time.
+        // flight at once.
         [[unroll]] for (uint t = tid; t < TR * SPAN; t += LANES * OUTS) {
             uint xr = min(r0 + t / SPAN, pc.n_rows - 1u);
-            uint col = min(k * SPAN + t % SPAN, pc.K - 1u);
+            uint col = min(st * SPAN + t % SPAN, pc.K - 1u);
             uint tc = t % SPAN;
             sh[shx(t / SPAN, tc / 32u, tc % 32u)] = x_at(pc.x_off + xr * pc.x_stride + col);
         }
         barrier();
-        uint c = k * LANES + lane;
+        uint c = st * LANES + lane;
         if (c < nc) {
-            chunk_begin(row, c);
-            precise float s[TR];
-            for (uint r = 0u; r < TR; r++) s[r] = 0.0;
-            // The chunk's four weight loads first, then the arithmetic:
-            // unrolled, they are in flight together. (Lavapipe, which
-            // compiles an unrolled chunk for seconds, runs the lane
-            // variant.)
-            precise float v[4][8];
-            [[unroll]] for (uint g = 0u; g < 4u; g++) load8(g, v[g]);
+            // Each output's chunk: its four weight loads first, then the
+            // arithmetic (unrolled, the loads are in flight together; the
+            // lavapipe, which compiles an unrolled chunk for seconds, runs
+            // the lane variant). The OPT outputs share each activation
+            // read from shared memory, which bounds a batch's speed; each
+            // output's sums are what they would be alone.
+            precise float v[OPT][4][8];
+            for (uint k = 0u; k < OPT; k++) {
+                chunk_begin(row[k], c);
+                [[unroll]] for (uint g = 0u; g < 4u; g++) load8(g, v[k][g]);
+            }
+            precise float s[OPT][TR];
+            for (uint k = 0u; k < OPT; k++)
+                for (uint r = 0u; r < TR; r++) s[k][r] = 0.0;
             [[unroll]] for (uint g = 0u; g < 4u; g++) {
                 for (uint i = 0u; i < 8u; i++) {
                     uint e = elem(g, i);
-                    for (uint r = 0u; r < TR; r++) s[r] = fma(v[g][i], sh[shx(r, lane, e)], s[r]);
+                    for (uint r = 0u; r < TR; r++) {
+                        float xv = sh[shx(r, lane, e)];
+                        for (uint k = 0u; k < OPT; k++) s[k][r] = fma(v[k][g][i], xv, s[k][r]);
+                    }
                 }
             }
-            for (uint r = 0u; r < TR; r++) acc[r] += s[r];
+            for (uint k = 0u; k < OPT; k++)
+                for (uint r = 0u; r < TR; r++) acc[k][r] += s[k][r];
         }
         barrier();
     }
-    uint me = (ol * LANES + lane) * TR;
-    for (uint r = 0u; r < TR; r++) sh[me + r] = acc[r];
+    // The 16 lane sums of each (output, row), added in a fixed tree.
+    for (uint k = 0u; k < OPT; k++) {
+        uint me = ((k * OUTS + ol) * LANES + lane) * TR;
+        for (uint r = 0u; r < TR; r++) sh[me + r] = acc[k][r];
+    }
     barrier();
-    for (uint st = LANES / 2u; st > 0u; st >>= 1) {
-        if (lane < st) {
-            uint other = me + st * TR;
-            for (uint r = 0u; r < TR; r++) {
-                precise float v = sh[me + r] + sh[other + r];
-                sh[me + r] = v;
+    for (uint w = LANES / 2u; w > 0u; w >>= 1) {
+        if (lane < w)
+            for (uint k = 0u; k < OPT; k++) {
+                uint me = ((k * OUTS + ol) * LANES + lane) * TR, other = me + w * TR;
+                for (uint r = 0u; r < TR; r++) {
+                    precise float t = sh[me + r] + sh[other + r];
+                    sh[me + r] = t;
+                }
             }
-        }
         barrier();
     }
-    if (lane < TR && o < pc.N && r0 + lane < pc.n_rows)
-        yd[pc.y_off + (r0 + lane) * pc.y_stride + o] = sh[ol * LANES * TR + lane];
+    for (uint k = 0u; k < OPT; k++)
+        if (lane < TR && o[k] < pc.N && r0 + lane < pc.n_rows)
+            yd[pc.y_off + (r0 + lane) * pc.y_stride + o[k]] =
+                sh[(k * OUTS + ol) * LANES * TR + lane];
 }
 #endif
