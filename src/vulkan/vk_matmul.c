@@ -81,7 +81,10 @@ cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_e
      * its arithmetic per row is the same (matmul.comp), so the row's bits
      * are those it has in any batch. */
     const uint32_t tr = a->n_rows == 1 ? 1 : MM_ROWS;
-    uint32_t spec[4] = {tr, a->act, tr == 1 ? 1 : MM_OPT, 0};
+    /* Two outputs an invocation once there are several row tiles: with
+     * one (up to 8 rows) the workgroups are few enough that halving them
+     * costs more than the shared reads save (8 sessions on the H100). */
+    uint32_t spec[4] = {tr, a->act, a->n_rows > MM_ROWS ? MM_OPT : 1, 0};
     const vk_pipeline *pipe;
     /* A CPU emulating a GPU (lavapipe) pays a coroutine switch per
      * invocation at each barrier: it takes the variant without any, one
@@ -137,10 +140,10 @@ cellm_status vk_matmul_prepare(vk_device *d, uint32_t type, bool glu, uint32_t a
     } else if (glu) {
         shader += VK_SHADER_MATMULG_F32 - VK_SHADER_MATMUL_F32;
     }
-    const uint32_t rows[2] = {1, MM_ROWS};
+    const uint32_t rows[3] = {1, MM_ROWS, MM_ROWS}, opt[3] = {1, 1, MM_OPT};
     bool lane = vk_matmul_lane_variant(d);
-    for (int i = 0; i < 2; i++) {
-        const uint32_t spec[4] = {rows[i], glu ? act : 0, rows[i] == 1 || lane ? 1 : MM_OPT, 0};
+    for (int i = 0; i < (lane ? 2 : 3); i++) {
+        const uint32_t spec[4] = {rows[i], glu ? act : 0, opt[i], 0};
         const vk_pipeline *pipe;
         cellm_status st = vk_pipeline_get_spec(d, (vk_shader_id)shader, spec, &pipe, err);
         if (st != CELLM_OK) return st;

@@ -36,10 +36,11 @@ const uint OUTS = 8u;   // outputs per workgroup: LANES * OUTS = 128 invocations
 // which then does not compute 7 copies. Every value below is `precise`, so
 // a row's bits are the same in either pipeline.
 layout(constant_id = 0) const uint TR = 8u;
-// Outputs per invocation in the cooperative variant: 2 for batches (a
-// workgroup then covers 16 outputs, and each activation read from shared
-// memory feeds two weights), 1 for a single row, where more workgroups
-// matter more. An output's arithmetic is the same either way.
+// Outputs per invocation in the cooperative variant: 2 for batches of
+// several row tiles (a workgroup then covers 16 outputs, and each
+// activation read from shared memory feeds two weights), 1 for up to 8
+// rows, where more workgroups matter more. An output's arithmetic is the
+// same either way.
 layout(constant_id = 2) const uint OPT = 1u;
 
 layout(std430, binding = 0) readonly buffer Wbuf { uint wd[]; };
