@@ -47,11 +47,44 @@ bool vk_matmul_supports(uint32_t type) {
     return shader_of(type) >= 0;
 }
 
+/* The pipeline vk_matmul_record takes for `type` weights against n_rows
+ * activation rows, with the GLU input (activation `act`) or without, and
+ * how many outputs and rows (outs, tr) one of its workgroups covers. */
+static cellm_status matmul_pipeline(vk_device *d, uint32_t type, bool glu, uint32_t act,
+                                    uint32_t n_rows, const vk_pipeline **pipe, uint32_t *outs,
+                                    uint32_t *tr, cellm_error *err) {
+    int shader = shader_of(type);
+    /* A single row (decode) gets the pipeline of one row per workgroup;
+     * its arithmetic per row is the same (matmul.comp), so the row's bits
+     * are those it has in any batch. */
+    *tr = n_rows == 1 ? 1 : MM_ROWS;
+    /* Two outputs an invocation once there are several row tiles: with
+     * one (up to 8 rows) the workgroups are few enough that halving them
+     * costs more than the shared reads save (8 sessions on the H100). */
+    uint32_t spec[4] = {*tr, glu ? act : 0, n_rows > MM_ROWS ? MM_OPT : 1, 0};
+    *outs = MM_OUTS * spec[2];
+    /* A CPU emulating a GPU (lavapipe) pays a coroutine switch per
+     * invocation at each barrier: it takes the variant without any, one
+     * invocation per output, 128 outputs per workgroup (matmul.comp). */
+    if (vk_matmul_lane_variant(d)) {
+        if (glu)
+            return err_set(err, CELLM_ERR_INVALID_ARG,
+                           "Vulkan matmul: no GLU input in the lane variant");
+        spec[2] = 1; /* the lane variant has no such constant */
+        shader += VK_SHADER_MATMULL_F32 - VK_SHADER_MATMUL_F32;
+        *outs = 128;
+    } else if (glu) {
+        if (act > 1)
+            return err_set(err, CELLM_ERR_INVALID_ARG, "Vulkan matmul: activation %u", act);
+        shader += VK_SHADER_MATMULG_F32 - VK_SHADER_MATMUL_F32;
+    }
+    return vk_pipeline_get_spec(d, (vk_shader_id)shader, spec, pipe, err);
+}
+
 cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_error *err) {
     vk_device *d = vk_recorder_device(rec);
-    int shader = shader_of(a->type);
     const quant_type_info *qi = quant_type_get(a->type);
-    if (shader < 0 || !qi)
+    if (shader_of(a->type) < 0 || !qi)
         return err_set(err, CELLM_ERR_UNSUPPORTED, "Vulkan matmul: no kernel for weight type %s",
                        qi ? qi->name : "(unknown)");
     uint64_t row_bytes;
@@ -77,32 +110,10 @@ cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_e
     if (w_shift + w_bytes > UINT32_MAX || (x_shift + x_bytes) / 4 > UINT32_MAX ||
         (y_shift + y_bytes) / 4 > UINT32_MAX)
         return err_set(err, CELLM_ERR_UNSUPPORTED, "Vulkan matmul: operands past 4 GiB");
-    /* A single row (decode) gets the pipeline of one row per workgroup;
-     * its arithmetic per row is the same (matmul.comp), so the row's bits
-     * are those it has in any batch. */
-    const uint32_t tr = a->n_rows == 1 ? 1 : MM_ROWS;
-    /* Two outputs an invocation once there are several row tiles: with
-     * one (up to 8 rows) the workgroups are few enough that halving them
-     * costs more than the shared reads save (8 sessions on the H100). */
-    uint32_t spec[4] = {tr, a->act, a->n_rows > MM_ROWS ? MM_OPT : 1, 0};
     const vk_pipeline *pipe;
-    /* A CPU emulating a GPU (lavapipe) pays a coroutine switch per
-     * invocation at each barrier: it takes the variant without any, one
-     * invocation per output, 128 outputs per workgroup (matmul.comp). */
-    uint32_t outs = MM_OUTS * spec[2];
-    if (vk_matmul_lane_variant(d)) {
-        spec[2] = 1; /* the lane variant has no such constant */
-        if (a->u)
-            return err_set(err, CELLM_ERR_INVALID_ARG,
-                           "Vulkan matmul: no GLU input in the lane variant");
-        shader += VK_SHADER_MATMULL_F32 - VK_SHADER_MATMUL_F32;
-        outs = 128;
-    } else if (a->u) {
-        if (a->act > 1)
-            return err_set(err, CELLM_ERR_INVALID_ARG, "Vulkan matmul: activation %u", a->act);
-        shader += VK_SHADER_MATMULG_F32 - VK_SHADER_MATMUL_F32;
-    }
-    cellm_status st = vk_pipeline_get_spec(d, (vk_shader_id)shader, spec, &pipe, err);
+    uint32_t outs, tr;
+    cellm_status st =
+        matmul_pipeline(d, a->type, a->u != NULL, a->act, a->n_rows, &pipe, &outs, &tr, err);
     if (st != CELLM_OK) return st;
     vk_binding b[4] = {
         {a->w, a->w_off, (size_t)w_bytes},
@@ -132,20 +143,15 @@ cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_e
 
 cellm_status vk_matmul_prepare(vk_device *d, uint32_t type, bool glu, uint32_t act,
                                cellm_error *err) {
-    int shader = shader_of(type);
-    if (shader < 0) return err_set(err, CELLM_ERR_UNSUPPORTED, "Vulkan matmul: no kernel");
-    if (vk_matmul_lane_variant(d)) {
-        if (glu) return CELLM_OK; /* the lane variant has no GLU form */
-        shader += VK_SHADER_MATMULL_F32 - VK_SHADER_MATMUL_F32;
-    } else if (glu) {
-        shader += VK_SHADER_MATMULG_F32 - VK_SHADER_MATMUL_F32;
-    }
-    const uint32_t rows[3] = {1, MM_ROWS, MM_ROWS}, opt[3] = {1, 1, MM_OPT};
-    bool lane = vk_matmul_lane_variant(d);
-    for (int i = 0; i < (lane ? 2 : 3); i++) {
-        const uint32_t spec[4] = {rows[i], glu ? act : 0, opt[i], 0};
+    if (shader_of(type) < 0) return err_set(err, CELLM_ERR_UNSUPPORTED, "Vulkan matmul: no kernel");
+    if (glu && vk_matmul_lane_variant(d)) return CELLM_OK; /* no GLU form there */
+    /* One row, one row tile, several row tiles: each pipeline a batch may
+     * take (the lane variant's last two are the same). */
+    const uint32_t n_rows[3] = {1, MM_ROWS, MM_ROWS + 1};
+    for (int i = 0; i < 3; i++) {
         const vk_pipeline *pipe;
-        cellm_status st = vk_pipeline_get_spec(d, (vk_shader_id)shader, spec, &pipe, err);
+        uint32_t outs, tr;
+        cellm_status st = matmul_pipeline(d, type, glu, act, n_rows[i], &pipe, &outs, &tr, err);
         if (st != CELLM_OK) return st;
     }
     return CELLM_OK;
