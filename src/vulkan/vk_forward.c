@@ -535,17 +535,10 @@ static void dispatch(rec_ctx *c, vk_shader_id id, const vk_binding *b, uint32_t 
     c->st = vk_recorder_dispatch(c->f->rec, pipe, b, nb, push, push_bytes, g, c->err);
 }
 
-/* y = x W^T for n rows. A matrix larger than one binding may span
- * (Gemma 3's 262144-row classifier on a device that binds 128 MiB) goes
- * as several products over ranges of its rows. */
-static void mm_glu(rec_ctx *c, const vweight *w, const vk_buffer *x, const vk_buffer *u, int32_t n,
-                   const vk_buffer *y);
-
-static void mm(rec_ctx *c, const vweight *w, const vk_buffer *x, int32_t n, const vk_buffer *y) {
-    mm_glu(c, w, x, NULL, n, y);
-}
-
-/* mm with the activation rows act(x) * u (u non-NULL: vk_matmul_args.u). */
+/* y = x W^T for n rows; with u, the activation rows are act(x) * u
+ * (vk_matmul_args.u). A matrix larger than one binding may span (Gemma 3's
+ * 262144-row classifier on a device that binds 128 MiB) goes as several
+ * products over ranges of its rows. */
 static void mm_glu(rec_ctx *c, const vweight *w, const vk_buffer *x, const vk_buffer *u, int32_t n,
                    const vk_buffer *y) {
     if (c->st) return;
@@ -572,6 +565,10 @@ static void mm_glu(rec_ctx *c, const vweight *w, const vk_buffer *x, const vk_bu
                             .act = c->f->m->act == ACT_GELU_TANH};
         c->st = vk_matmul_record(c->f->rec, &a, c->err);
     }
+}
+
+static void mm(rec_ctx *c, const vweight *w, const vk_buffer *x, int32_t n, const vk_buffer *y) {
+    mm_glu(c, w, x, NULL, n, y);
 }
 
 /* The end of a stage of kind `tag` (P_*): the next stage sees its writes. */
@@ -906,9 +903,9 @@ static cellm_status record_step(vkf *f, int32_t n, int32_t nl, cellm_error *err)
                                 (size_t)n * (size_t)m->n_embd * sizeof(float), err);
     barrier(&c, P_INPUT);
     uint32_t d = (uint32_t)m->n_embd;
-    /* Each block's input norm comes with the residual add before it,
-     * but the first's; the last layer's add goes without (the final norm
-     * is of the rows that want logits alone). */
+    /* Each block's input norm comes with the residual add before it
+     * (add_norm), but the first's; the last layer's add brings the final
+     * norm when every row wants logits. */
     rmsnorm(&c, f->x, &f->layers[0].attn_norm, f->xb, n, d, false);
     barrier(&c, P_NORM);
     for (int32_t il = 0; il < m->n_layer && !c.st; il++) {

@@ -6,9 +6,9 @@
 // -DW_<TYPE> at build time: cmake/vulkan.cmake builds one module per type),
 // f32 activation rows x and f32 output rows y.
 //
-// Batch invariance (docs/gpu.md): a workgroup computes OUTS outputs for TR
-// activation rows. Each output's dot product is split over K in chunks of
-// 32 elements; lane l of LANES takes chunks l, l + LANES, l + 2 LANES, ...,
+// Batch invariance (docs/gpu.md): a workgroup computes OUTS (times OPT)
+// outputs for TR activation rows. Each output's dot product is split over
+// K in chunks of 32 elements; lane l of LANES takes chunks l, l + LANES, l + 2 LANES, ...,
 // sums each chunk with fma in an order fixed by the type (its 4 groups of
 // 8 values, elem() below) and adds the chunk sums in chunk order; the LANES partial sums are then added through shared
 // memory in a fixed tree. Nothing of that depends on the number of rows,
@@ -326,7 +326,7 @@ void main() {
         uint c = st * LANES + lane;
         if (c < nc) {
             // Each output's chunk: its four weight loads first, then the
-            // arithmetic (unrolled, the loads are in flight together; the
+            // arithmetic (unrolled, the loads are in flight together;
             // lavapipe, which compiles an unrolled chunk for seconds, runs
             // the lane variant). The OPT outputs share each activation
             // read from shared memory, which bounds a batch's speed; each
