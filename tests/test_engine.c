@@ -726,6 +726,25 @@ static void test_tsan_seed_determinism(void **state) {
     p = sampled(prompt, 99);
     run_one(e2, &p, &runs[4]);
     assert_true(strcmp(runs[4].text, runs[0].text) != 0);
+    /* Ten at once, seeds 1234 and 99 by turns: from eight plain rows in a
+     * step the samplers draw on both threads (engine.c, presample), each
+     * request's text still the one it has alone. */
+    enum { N_TOGETHER = 10 };
+    static sink together[N_TOGETHER];
+    cellm_request *req[N_TOGETHER];
+    for (int i = 0; i < N_TOGETHER; i++) {
+        memset(&together[i], 0, sizeof together[i]);
+        p = sampled(prompt, i % 2 ? 99 : 1234);
+        p.on_piece = on_piece;
+        p.on_done = on_done;
+        p.user = &together[i];
+        assert_int_equal(cellm_submit(e2, &p, &req[i]), CELLM_OK);
+    }
+    for (int i = 0; i < N_TOGETHER; i++) {
+        assert_int_equal(cellm_wait(req[i], NULL), CELLM_OK);
+        cellm_request_free(req[i]);
+        assert_string_equal(together[i].text, runs[i % 2 ? 4 : 0].text);
+    }
     cellm_engine_free(e1);
     cellm_engine_free(e2);
 }

@@ -352,9 +352,11 @@ static void finish_taken(cellm_engine *e, cellm_request *r, int why) {
 static int32_t sample_timed(cellm_engine *e, cellm_request *r, const float *row, int32_t j) {
     double t0 = now_s();
     int32_t pos = r->sched.n_tokens;
-    int32_t t = !r->spec_q ? sampler_sample(r->smp, row)
-                : j < 0    ? spec_sample(r->smp, row, pos, -1, NULL)
-                           : spec_sample(r->smp, row, pos, r->tokens[pos], &r->spec_q[j]);
+    int32_t t = r->pre_row == row ? r->pre_tok
+                : !r->spec_q      ? sampler_sample(r->smp, row)
+                : j < 0           ? spec_sample(r->smp, row, pos, -1, NULL)
+                                  : spec_sample(r->smp, row, pos, r->tokens[pos], &r->spec_q[j]);
+    r->pre_row = NULL;
     /* With a grammar: the token drawn from the whole distribution stands
      * when the grammar allows it; only otherwise is the vocabulary masked
      * and the token drawn again from what the grammar allows. (As
@@ -423,11 +425,59 @@ static void report_prompt(cellm_engine *e, cellm_request *r, int32_t from, int32
     }
 }
 
+/* Draws the pending token of the requests step_outputs marked (pre_row),
+ * the fed requests split over the pool's threads. Each sampler is its
+ * request's alone and draws what it would on the engine thread: its own
+ * generator, in the request's own order. */
+static void presample_task(void *arg, int ith, int nth) {
+    cellm_engine *e = arg;
+    long b, end;
+    tp_split(e->sched.n_fed, ith, nth, &b, &end);
+    for (long i = b; i < end; i++) {
+        cellm_request *r = req_of(e->sched.fed[i]);
+        if (r->pre_row) r->pre_tok = sampler_sample(r->smp, r->pre_row);
+    }
+}
+
+/* With many requests sampling plain rows this step (no guesses to check,
+ * no prompt log-probabilities), their first draws run on the pool first;
+ * the grammar check, the tokens' delivery and everything else stay on the
+ * engine thread, in order. Each row marked here goes through sample_timed
+ * in step_outputs, which takes the token and clears the mark. */
+static void presample(cellm_engine *e, const float *logits) {
+    enum { PRESAMPLE_MIN = 8 }; /* fewer are not worth waking the pool */
+    if (tp_threads(e->tp) < 2 || e->sched.n_fed < PRESAMPLE_MIN) return;
+    size_t n_vocab = (size_t)e->model->m->n_vocab;
+    for (int32_t i = 0; i < e->sched.n_fed; i++) {
+        const cellm_request *r = req_of(e->sched.fed[i]);
+        if (r->lp_prompt && r->sched.lp_done < r->n_prompt) return; /* rows of its own */
+    }
+    int32_t li = 0, n = 0;
+    for (int32_t i = 0; i < e->sched.n_fed; i++) {
+        cellm_request *r = req_of(e->sched.fed[i]);
+        int32_t n_rows = r->seq.n_pos - r->sched.n_tokens + 1;
+        if (n_rows <= 0) continue;
+        if (n_rows == 1 && r->sched.n_draft == 0 && !r->spec_q && r->max_tokens != 0) {
+            r->pre_row = logits + (size_t)li * n_vocab;
+            n++;
+        }
+        li += n_rows;
+    }
+    if (n < PRESAMPLE_MIN) {
+        for (int32_t i = 0; i < e->sched.n_fed; i++) req_of(e->sched.fed[i])->pre_row = NULL;
+        return;
+    }
+    double t0 = now_s();
+    tp_run(e->tp, presample_task, e);
+    e->t_sample += now_s() - t0;
+}
+
 /* After a forward pass: the prompt tokens' log-probabilities of requests
  * that report them, and the next token of every request that asked (and
  * the check of its guesses, if it made any). */
 static void step_outputs(cellm_engine *e, const float *logits, double t_now) {
     int32_t n_vocab = e->model->m->n_vocab, li = 0;
+    presample(e, logits);
     for (int32_t i = 0; i < e->sched.n_fed; i++) {
         cellm_request *r = req_of(e->sched.fed[i]);
         if (r->lp_prompt && r->sched.lp_done < r->n_prompt)

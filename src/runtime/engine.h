@@ -145,6 +145,10 @@ struct cellm_request {
     bool detached;    /* freed by the owner from a callback: no more callbacks */
     bool cancel_seen; /* the engine's copy of `cancel` for this step */
     double t_first_step, t_first_token;
+    /* This step's logits row and the token its sampler drew from it on the
+     * pool (step_outputs' first pass); NULL: not drawn ahead. */
+    const float *pre_row;
+    int32_t pre_tok;
     char err[CELLM_ERR_MSG_MAX];
     cellm_top_logprob lp_top_buf[CELLM_MAX_TOP_LOGPROBS];
 

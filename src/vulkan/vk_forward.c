@@ -91,6 +91,11 @@ typedef struct vk_profile {
     double gpu_ns[P_KINDS], gpu_total_ns;
     long stages[P_KINDS];
     double host_fill_ns, host_record_ns, host_submit_ns;
+    /* The engine's own time from one pass's end to the next's start
+     * (sampling, scheduling), over the gaps of under 50 ms (longer ones are
+     * idle time), and the gaps counted. */
+    double between_ns, last_end_ns;
+    long gaps;
 } vk_profile;
 
 /* The RoPE settings the layers use (gemma3: its local and global layers). */
@@ -262,6 +267,9 @@ static void profile_print(const vkf *f) {
             "%.1f us, recording %.1f us, submit and wait %.1f us\n",
             p->steps, (double)p->rows / st, p->gpu_total_ns / st / 1e3, p->host_fill_ns / st / 1e3,
             p->host_record_ns / st / 1e3, p->host_submit_ns / st / 1e3);
+    if (p->gaps)
+        fprintf(stderr, "  the engine between passes (sampling, scheduling): %.1f us a step\n",
+                p->between_ns / (double)p->gaps / 1e3);
     for (int k = 0; k < P_KINDS; k++)
         if (p->stages[k])
             fprintf(stderr, "  %-16s %8.1f us  %5.1f%%  %5.1f stages, %.2f us each\n", P_NAMES[k],
@@ -287,6 +295,11 @@ static void profile_step(vkf *f, int32_t n, double t0, double t1, double t2) {
     p->host_fill_ns += t1 - t0;
     p->host_record_ns += t2 - t1;
     p->host_submit_ns += t3 - t2;
+    if (p->last_end_ns > 0 && t0 - p->last_end_ns < 50e6) {
+        p->between_ns += t0 - p->last_end_ns;
+        p->gaps++;
+    }
+    p->last_end_ns = t3;
     const uint32_t *tags;
     const double *ns;
     uint32_t nm = vk_recorder_marks(f->rec, &tags, &ns);

@@ -58,11 +58,21 @@ static cellm_status matmul_pipeline(vk_device *d, uint32_t type, bool glu, uint3
      * its arithmetic per row is the same (matmul.comp), so the row's bits
      * are those it has in any batch. */
     *tr = n_rows == 1 ? 1 : MM_ROWS;
+    uint32_t opt = n_rows > MM_ROWS ? MM_OPT : 1;
+    if (n_rows > MM_ROWS) {
+        const char *v = getenv("CELLM_VK_MM_TR");
+        if (v && atoi(v) == 16 && vk_device_get_info(d)->max_shared >= 16 * 512 * 4) *tr = 16;
+        v = getenv("CELLM_VK_MM_OPT");
+        if (v && (atoi(v) == 1 || atoi(v) == 2 || atoi(v) == 4)) opt = (uint32_t)atoi(v);
+    }
     /* Two outputs an invocation once there are several row tiles: with
      * one (up to 8 rows) the workgroups are few enough that halving them
      * costs more than the shared reads save (8 sessions on the H100). */
-    uint32_t spec[4] = {*tr, glu ? act : 0, n_rows > MM_ROWS ? MM_OPT : 1, 0};
-    *outs = MM_OUTS * spec[2];
+    uint32_t lanes = 16;
+    const char *lv = getenv("CELLM_VK_MM_LANES");
+    if (lv && atoi(lv) == 8) lanes = 8;
+    uint32_t spec[4] = {*tr, glu ? act : 0, opt, lanes};
+    *outs = 128 / lanes * spec[2];
     /* A CPU emulating a GPU (lavapipe) pays a coroutine switch per
      * invocation at each barrier: it takes the variant without any, one
      * invocation per output, 128 outputs per workgroup (matmul.comp). */

@@ -13,11 +13,12 @@
  * rows); push constants: vk_matmul.c's matmul_push (8 words). */
 /* Specialization constants of matmul.comp: 0, activation rows per
  * workgroup (8; vk_matmul asks for 1 for a single row); 1, the GLU form's
- * activation; 2, outputs per invocation (vk_matmul: 2 for a batch). */
+ * activation; 2, outputs per invocation (vk_matmul: 2 for a batch); 3,
+ * partial sums per output (16). */
 #define MATMUL(name)                                                                               \
     {                                                                                              \
-        name, 3, 32, 3, {                                                                          \
-            8, 0, 1, 0                                                                             \
+        name, 3, 32, 4, {                                                                          \
+            8, 0, 1, 16                                                                            \
         }                                                                                          \
     }
 
@@ -25,8 +26,8 @@
  * activation's kind (act.glsl). */
 #define MATMULG(name)                                                                              \
     {                                                                                              \
-        name, 4, 32, 3, {                                                                          \
-            8, 0, 1, 0                                                                             \
+        name, 4, 32, 4, {                                                                          \
+            8, 0, 1, 16                                                                            \
         }                                                                                          \
     }
 

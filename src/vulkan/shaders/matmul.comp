@@ -30,8 +30,11 @@
 
 layout(local_size_x = 128) in;
 
-const uint LANES = 16u; // partial sums per output
-const uint OUTS = 8u;   // outputs per workgroup: LANES * OUTS = 128 invocations
+// Partial sums per output (16, or 8), and outputs per workgroup: LANES *
+// OUTS = 128 invocations. A matrix takes the same LANES in every pipeline
+// (vk_matmul.c), since an output's bits depend on it.
+layout(constant_id = 3) const uint LANES = 16u;
+const uint OUTS = 128u / LANES;
 // Activation rows per workgroup: 8, or 1 for a single row (decode),
 // which then does not compute 7 copies. Every value below is `precise`, so
 // a row's bits are the same in either pipeline.
@@ -75,7 +78,8 @@ layout(push_constant) uniform Push {
 // lanes work on, read once for all OUTS outputs. Then the partial sums'
 // reduction (OUTS * LANES * TR floats). 16 KiB: Vulkan's least limit.
 const uint SPAN = LANES * 32u;
-shared float sh[TR * SPAN];
+const uint RED = OPT * OUTS * LANES; // partial sums of a tile's row
+shared float sh[TR * (SPAN > RED ? SPAN : RED)];
 
 // Where element e of lane l's chunk (row r of the tile) sits in sh: the
 // lanes' chunks interleaved, element-major, each element's 16 lanes
@@ -371,8 +375,8 @@ void main() {
         barrier();
     }
     for (uint k = 0u; k < OPT; k++)
-        if (lane < TR && o[k] < pc.N && r0 + lane < pc.n_rows)
-            yd[pc.y_off + (r0 + lane) * pc.y_stride + o[k]] =
-                sh[(k * OUTS + ol) * LANES * TR + lane];
+        for (uint r = lane; r < TR; r += LANES)
+            if (o[k] < pc.N && r0 + r < pc.n_rows)
+                yd[pc.y_off + (r0 + r) * pc.y_stride + o[k]] = sh[(k * OUTS + ol) * LANES * TR + r];
 }
 #endif
