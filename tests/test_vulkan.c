@@ -213,7 +213,7 @@ static void test_asan_vulkan_no_driver(void **state) {
     assert_int_equal(vk_live_objects(), 0);
 }
 
-enum { ROWS = 128, COLS = 512, XR = 64 };
+enum { ROWS = 128, XR = 64 };
 
 /* Byte offsets of the operands in their buffers: not multiples of the
  * storage alignment, so the shader's own offsets are exercised. */
@@ -224,27 +224,27 @@ enum { W_OFF = 36, X_OFF = 20, Y_OFF = 12 };
 static const int single[] = {0, 1, 7, 8, 9, 16, 40, 63};
 enum { NS = sizeof single / sizeof single[0] };
 
-/* For one weight type: quantize a random matrix with the CPU's own
- * quantizer, run it on the device for 64, 17, 3 and 1 activation rows in
+/* For one weight type: quantize a random matrix of `cols` columns with the
+ * CPU's own quantizer, run it on the device for 64, 17, 3 and 1 activation rows in
  * one recording, and check against the dequantized weights in double, and
  * each row's bits across the batch sizes. */
-static void check_matmul(vk_device *dev, vk_recorder *rec, uint32_t type) {
+static void check_matmul(vk_device *dev, vk_recorder *rec, uint32_t type, int cols) {
     const quant_type_info *qi = quant_type_get(type);
     assert_non_null(qi);
     assert_true(vk_matmul_supports(type));
     uint64_t row_bytes;
-    assert_true(quant_nbytes(type, COLS, &row_bytes));
+    assert_true(quant_nbytes(type, cols, &row_bytes));
     size_t w_bytes = (size_t)row_bytes * ROWS;
     uint8_t *w = malloc(w_bytes);
-    float *wf = malloc(sizeof(float) * COLS), *deq = malloc(sizeof(float) * ROWS * COLS);
-    float *x = malloc(sizeof(float) * XR * COLS);
+    float *wf = malloc(sizeof(float) * cols), *deq = malloc(sizeof(float) * ROWS * cols);
+    float *x = malloc(sizeof(float) * XR * cols);
     uint64_t seed = 99 + type;
     for (int o = 0; o < ROWS; o++) {
-        for (int i = 0; i < COLS; i++) wf[i] = frand(&seed) * (o % 7 == 0 ? 3.0f : 1.0f);
-        qi->from_float(wf, w + (size_t)o * row_bytes, COLS);
-        qi->to_float(w + (size_t)o * row_bytes, deq + (size_t)o * COLS, COLS);
+        for (int i = 0; i < cols; i++) wf[i] = frand(&seed) * (o % 7 == 0 ? 3.0f : 1.0f);
+        qi->from_float(wf, w + (size_t)o * row_bytes, cols);
+        qi->to_float(w + (size_t)o * row_bytes, deq + (size_t)o * cols, cols);
     }
-    for (int i = 0; i < XR * COLS; i++) x[i] = frand(&seed) * (i % 89 == 0 ? 6.0f : 1.0f);
+    for (int i = 0; i < XR * cols; i++) x[i] = frand(&seed) * (i % 89 == 0 ? 6.0f : 1.0f);
     /* y: the 64-row result, then 17 rows, 3 rows, and the single rows. */
     const int sizes[3] = {XR, 17, 3};
     size_t y_floats = (size_t)ROWS * (XR + 17 + 3 + NS);
@@ -252,13 +252,13 @@ static void check_matmul(vk_device *dev, vk_recorder *rec, uint32_t type) {
     cellm_error err;
     assert_int_equal(vk_buffer_create(dev, W_OFF + w_bytes, VK_BUF_DEVICE, &wb, &err), CELLM_OK);
     assert_int_equal(
-        vk_buffer_create(dev, X_OFF + sizeof(float) * XR * COLS, VK_BUF_DEVICE, &xb, &err),
+        vk_buffer_create(dev, X_OFF + sizeof(float) * XR * cols, VK_BUF_DEVICE, &xb, &err),
         CELLM_OK);
     assert_int_equal(
         vk_buffer_create(dev, Y_OFF + sizeof(float) * y_floats, VK_BUF_DEVICE, &yb, &err),
         CELLM_OK);
     assert_int_equal(vk_buffer_upload(wb, W_OFF, w, w_bytes, &err), CELLM_OK);
-    assert_int_equal(vk_buffer_upload(xb, X_OFF, x, sizeof(float) * XR * COLS, &err), CELLM_OK);
+    assert_int_equal(vk_buffer_upload(xb, X_OFF, x, sizeof(float) * XR * cols, &err), CELLM_OK);
     assert_int_equal(vk_recorder_begin(rec, &err), CELLM_OK);
     /* NaN everywhere first, so a missed output cannot pass. */
     assert_int_equal(
@@ -266,14 +266,14 @@ static void check_matmul(vk_device *dev, vk_recorder *rec, uint32_t type) {
     vk_recorder_barrier(rec);
     size_t y_at = 0;
     for (int s = 0; s < 3; s++) {
-        assert_int_equal(vk_matmul(rec, type, wb, W_OFF, ROWS, COLS, xb, X_OFF, yb,
+        assert_int_equal(vk_matmul(rec, type, wb, W_OFF, ROWS, cols, xb, X_OFF, yb,
                                    Y_OFF + sizeof(float) * y_at, (uint32_t)sizes[s], &err),
                          CELLM_OK);
         y_at += (size_t)ROWS * sizes[s];
     }
     for (int k = 0; k < NS; k++)
-        assert_int_equal(vk_matmul(rec, type, wb, W_OFF, ROWS, COLS, xb,
-                                   X_OFF + sizeof(float) * COLS * single[k], yb,
+        assert_int_equal(vk_matmul(rec, type, wb, W_OFF, ROWS, cols, xb,
+                                   X_OFF + sizeof(float) * cols * single[k], yb,
                                    Y_OFF + sizeof(float) * (y_at + (size_t)ROWS * k), 1, &err),
                          CELLM_OK);
     assert_int_equal(vk_recorder_submit(rec, &err), CELLM_OK);
@@ -285,8 +285,8 @@ static void check_matmul(vk_device *dev, vk_recorder *rec, uint32_t type) {
     for (int r = 0; r < XR; r++)
         for (int o = 0; o < ROWS; o++) {
             double ref = 0, mag = 0;
-            for (int i = 0; i < COLS; i++) {
-                double t = (double)deq[(size_t)o * COLS + i] * x[r * COLS + i];
+            for (int i = 0; i < cols; i++) {
+                double t = (double)deq[(size_t)o * cols + i] * x[r * cols + i];
                 ref += t;
                 mag += fabs(t);
             }
@@ -329,7 +329,19 @@ static void test_vulkan_matmul(void **state) {
         setenv("CELLM_VK_MATMUL", kernels[k], 1);
         print_message("  %s kernel\n", kernels[k]);
         for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-            check_matmul(dev, rec, types[i]);
+            check_matmul(dev, rec, types[i], 512);
+        /* Widths whose chunks of 32 share out over fewer than 16 lanes
+         * (vk_matmul.c's matmul_lanes): 18 chunks over 9, 24 over 12, 49
+         * over 13 (the last lane one short). */
+        check_matmul(dev, rec, QT_Q4_1, 576);
+        check_matmul(dev, rec, QT_Q4_K, 768);
+        check_matmul(dev, rec, QT_Q8_0, 1568);
+        /* Four outputs an invocation, which batches of more than 128 rows
+         * take, on these batches. */
+        setenv("CELLM_VK_MM_OPT", "4", 1);
+        check_matmul(dev, rec, QT_Q4_1, 576);
+        check_matmul(dev, rec, QT_Q6_K, 512);
+        unsetenv("CELLM_VK_MM_OPT");
     }
     unsetenv("CELLM_VK_MATMUL");
     /* A type without a kernel is refused, not run. */

@@ -355,13 +355,13 @@ static cellm_status prepare_pipelines(vkf *f, cellm_error *err) {
     if (vk_device_get_info(f->dev)->type == VK_TYPE_CPU) return CELLM_OK;
     const model *m = f->m;
     uint32_t act = m->act == ACT_GELU_TANH;
-    cellm_status st = vk_matmul_prepare(f->dev, f->output.type, false, 0, err);
+    cellm_status st = vk_matmul_prepare(f->dev, f->output.type, f->output.cols, false, 0, err);
     for (int32_t il = 0; il < m->n_layer && !st; il++) {
         const vlayer *V = &f->layers[il];
         const vweight *ws[] = {&V->wq, &V->wk, &V->wv, &V->wo, &V->w_gate, &V->w_up, &V->w_down};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0] && !st; i++)
-            st = vk_matmul_prepare(f->dev, ws[i]->type, false, 0, err); /* made once each */
-        if (!st) st = vk_matmul_prepare(f->dev, V->w_down.type, true, act, err);
+            st = vk_matmul_prepare(f->dev, ws[i]->type, ws[i]->cols, false, 0, err); /* once each */
+        if (!st) st = vk_matmul_prepare(f->dev, V->w_down.type, V->w_down.cols, true, act, err);
     }
     const vk_shader_id others[] = {VK_SHADER_RMSNORM, VK_SHADER_ADD_NORM, VK_SHADER_QK_PREP,
                                    VK_SHADER_ATTENTION, VK_SHADER_LOGITS};

@@ -2,10 +2,10 @@
  * vk_matmul.c — records matmul.comp (vk_matmul.h): picks the module of the
  * weight type, binds the three operands from their offsets rounded down to
  * the device's alignment (the remainders go to the shader as push
- * constants), and covers the outputs with workgroups of MM_OUTS outputs
- * by MM_ROWS activation rows. Output tiles past the device's first
- * workgroup-count limit continue in the third dimension (Gemma 3's 262144
- * vocabulary rows are 32768 tiles; some devices stop at 65535).
+ * constants), and covers the outputs with workgroups of 128 / LANES
+ * times OPT outputs by MM_ROWS activation rows (matmul_pipeline). Output tiles past the device's
+ * first workgroup-count limit continue in the third dimension (Gemma 3's 262144 vocabulary rows are
+ * 32768 tiles; some devices stop at 65535).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +14,8 @@
 #include "vulkan/vk_internal.h"
 #include "vulkan/vk_matmul.h"
 
-enum { MM_OUTS = 8, MM_ROWS = 8, MM_OPT = 2 }; /* OUTS, TR and OPT of matmul.comp */
+/* matmul.comp's TR for batches, and the batches past which OPT is 4. */
+enum { MM_ROWS = 8, MM_OPT4_ROWS = 128 };
 
 /* The push constants of matmul.comp, in its order. */
 typedef struct matmul_push {
@@ -47,10 +48,36 @@ bool vk_matmul_supports(uint32_t type) {
     return shader_of(type) >= 0;
 }
 
-/* The pipeline vk_matmul_record takes for `type` weights against n_rows
- * activation rows, with the GLU input (activation `act`) or without, and
- * how many outputs and rows (outs, tr) one of its workgroups covers. */
-static cellm_status matmul_pipeline(vk_device *d, uint32_t type, bool glu, uint32_t act,
+/* matmul.comp's LANES for K columns: as few lanes as give each the same
+ * number of 32-column chunks in as many steps as 16 lanes would take
+ * (576 columns, 18 chunks: 9 lanes of 2, where 16 lanes left 14 idle in
+ * the second step). It depends on K alone, so every pipeline gives an
+ * output the same bits. CELLM_VK_MM_LANES=16 takes 16 for every K (the
+ * arithmetic before; for comparisons). */
+static uint32_t matmul_lanes(uint32_t K) {
+    const char *v = getenv("CELLM_VK_MM_LANES");
+    if (v && atoi(v) == 16) return 16;
+    uint32_t nc = K / 32, steps = (nc + 15) / 16;
+    return steps ? (nc + steps - 1) / steps : 16;
+}
+
+/* Outputs per invocation for n_rows activation rows: 1 up to one row tile
+ * (8 rows; there more workgroups matter more than the shared reads each
+ * saves), 2 for a few tiles (64 sessions: 72 rows), 4 for a prompt's
+ * hundreds. An output's arithmetic is the same for each. CELLM_VK_MM_OPT
+ * (1, 2 or 4) sets it for every batch of more than 8 rows. */
+static uint32_t matmul_opt(uint32_t n_rows) {
+    if (n_rows <= MM_ROWS) return 1;
+    const char *v = getenv("CELLM_VK_MM_OPT");
+    if (v && (atoi(v) == 1 || atoi(v) == 2 || atoi(v) == 4)) return (uint32_t)atoi(v);
+    return n_rows > MM_OPT4_ROWS ? 4 : 2;
+}
+
+/* The pipeline vk_matmul_record takes for `type` weights of K columns
+ * against n_rows activation rows, with the GLU input (activation `act`) or
+ * without, and how many outputs and rows (outs, tr) one of its workgroups
+ * covers. */
+static cellm_status matmul_pipeline(vk_device *d, uint32_t type, bool glu, uint32_t act, uint32_t K,
                                     uint32_t n_rows, const vk_pipeline **pipe, uint32_t *outs,
                                     uint32_t *tr, cellm_error *err) {
     int shader = shader_of(type);
@@ -58,20 +85,8 @@ static cellm_status matmul_pipeline(vk_device *d, uint32_t type, bool glu, uint3
      * its arithmetic per row is the same (matmul.comp), so the row's bits
      * are those it has in any batch. */
     *tr = n_rows == 1 ? 1 : MM_ROWS;
-    uint32_t opt = n_rows > MM_ROWS ? MM_OPT : 1;
-    if (n_rows > MM_ROWS) {
-        const char *v = getenv("CELLM_VK_MM_TR");
-        if (v && atoi(v) == 16 && vk_device_get_info(d)->max_shared >= 16 * 512 * 4) *tr = 16;
-        v = getenv("CELLM_VK_MM_OPT");
-        if (v && (atoi(v) == 1 || atoi(v) == 2 || atoi(v) == 4)) opt = (uint32_t)atoi(v);
-    }
-    /* Two outputs an invocation once there are several row tiles: with
-     * one (up to 8 rows) the workgroups are few enough that halving them
-     * costs more than the shared reads save (8 sessions on the H100). */
-    uint32_t lanes = 16;
-    const char *lv = getenv("CELLM_VK_MM_LANES");
-    if (lv && atoi(lv) == 8) lanes = 8;
-    uint32_t spec[4] = {*tr, glu ? act : 0, opt, lanes};
+    uint32_t lanes = matmul_lanes(K);
+    uint32_t spec[4] = {*tr, glu ? act : 0, matmul_opt(n_rows), lanes};
     *outs = 128 / lanes * spec[2];
     /* A CPU emulating a GPU (lavapipe) pays a coroutine switch per
      * invocation at each barrier: it takes the variant without any, one
@@ -80,7 +95,8 @@ static cellm_status matmul_pipeline(vk_device *d, uint32_t type, bool glu, uint3
         if (glu)
             return err_set(err, CELLM_ERR_INVALID_ARG,
                            "Vulkan matmul: no GLU input in the lane variant");
-        spec[2] = 1; /* the lane variant has no such constant */
+        spec[2] = 1; /* the lane variant has neither constant: one pipeline */
+        spec[3] = 16;
         shader += VK_SHADER_MATMULL_F32 - VK_SHADER_MATMUL_F32;
         *outs = 128;
     } else if (glu) {
@@ -122,8 +138,8 @@ cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_e
         return err_set(err, CELLM_ERR_UNSUPPORTED, "Vulkan matmul: operands past 4 GiB");
     const vk_pipeline *pipe;
     uint32_t outs, tr;
-    cellm_status st =
-        matmul_pipeline(d, a->type, a->u != NULL, a->act, a->n_rows, &pipe, &outs, &tr, err);
+    cellm_status st = matmul_pipeline(d, a->type, a->u != NULL, a->act, a->cols, a->n_rows, &pipe,
+                                      &outs, &tr, err);
     if (st != CELLM_OK) return st;
     vk_binding b[4] = {
         {a->w, a->w_off, (size_t)w_bytes},
@@ -151,17 +167,18 @@ cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_e
     return vk_recorder_dispatch(rec, pipe, b, a->u ? 4 : 3, &pc, sizeof pc, groups, err);
 }
 
-cellm_status vk_matmul_prepare(vk_device *d, uint32_t type, bool glu, uint32_t act,
+cellm_status vk_matmul_prepare(vk_device *d, uint32_t type, uint32_t cols, bool glu, uint32_t act,
                                cellm_error *err) {
     if (shader_of(type) < 0) return err_set(err, CELLM_ERR_UNSUPPORTED, "Vulkan matmul: no kernel");
     if (glu && vk_matmul_lane_variant(d)) return CELLM_OK; /* no GLU form there */
-    /* One row, one row tile, several row tiles: each pipeline a batch may
-     * take (the lane variant's last two are the same). */
-    const uint32_t n_rows[3] = {1, MM_ROWS, MM_ROWS + 1};
-    for (int i = 0; i < 3; i++) {
+    /* One row, one row tile, several row tiles, a prompt: each pipeline a
+     * batch may take (the lane variant's last three are the same). */
+    const uint32_t n_rows[4] = {1, MM_ROWS, MM_ROWS + 1, MM_OPT4_ROWS + 1};
+    for (int i = 0; i < 4; i++) {
         const vk_pipeline *pipe;
         uint32_t outs, tr;
-        cellm_status st = matmul_pipeline(d, type, glu, act, n_rows[i], &pipe, &outs, &tr, err);
+        cellm_status st =
+            matmul_pipeline(d, type, glu, act, cols, n_rows[i], &pipe, &outs, &tr, err);
         if (st != CELLM_OK) return st;
     }
     return CELLM_OK;

@@ -51,10 +51,10 @@ typedef struct vk_matmul_args {
 cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_error *err);
 
 /* Makes now the pipelines vk_matmul_record would make on first use for
- * `type` on this device (one row and a batch; with `glu`, the GLU input
- * form with activation `act` instead), so that a first request does not
- * wait for the driver's compiler. */
-cellm_status vk_matmul_prepare(vk_device *d, uint32_t type, bool glu, uint32_t act,
+ * `type` weights of `cols` columns on this device (one row and a batch;
+ * with `glu`, the GLU input form with activation `act` instead), so that a
+ * first request does not wait for the driver's compiler. */
+cellm_status vk_matmul_prepare(vk_device *d, uint32_t type, uint32_t cols, bool glu, uint32_t act,
                                cellm_error *err);
 
 /* vk_matmul_record with packed rows (strides cols and rows). */

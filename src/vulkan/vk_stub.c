@@ -240,10 +240,11 @@ cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_e
     return unsupported(err);
 }
 
-cellm_status vk_matmul_prepare(vk_device *d, uint32_t type, bool glu, uint32_t act,
+cellm_status vk_matmul_prepare(vk_device *d, uint32_t type, uint32_t cols, bool glu, uint32_t act,
                                cellm_error *err) {
     (void)d;
     (void)type;
+    (void)cols;
     (void)glu;
     (void)act;
     return unsupported(err);

@@ -8,14 +8,16 @@
 //
 // Batch invariance (docs/gpu.md): a workgroup computes OUTS (times OPT)
 // outputs for TR activation rows. Each output's dot product is split over
-// K in chunks of 32 elements; lane l of LANES takes chunks l, l + LANES, l + 2 LANES, ...,
-// sums each chunk with fma in an order fixed by the type (its 4 groups of
-// 8 values, elem() below) and adds the chunk sums in chunk order; the LANES partial sums are then added through shared
-// memory in a fixed tree. Nothing of that depends on the number of rows,
-// on which tile a row falls in or on the device's subgroup size, and every
-// row of a tile runs the same arithmetic (`precise` keeps the compiler from
-// contracting or reordering it), so a row's outputs have the same bits in
-// a batch of 1 (decode) as in a batch of thousands (prefill).
+// K in chunks of 32 elements; lane l of LANES takes chunks l, l + LANES,
+// l + 2 LANES, ..., sums each chunk with fma in an order fixed by the type
+// (its 4 groups of 8 values, elem() below) and adds the chunk sums in
+// chunk order; the LANES partial sums are then added through shared memory
+// in a fixed tree. LANES comes from K alone (vk_matmul.c), and nothing of
+// that depends on the number of rows, on which tile a row falls in or on
+// the device's subgroup size; every row of a tile runs the same arithmetic
+// (`precise` keeps the compiler from contracting or reordering it), so a
+// row's outputs have the same bits in a batch of 1 (decode) as in a batch
+// of thousands (prefill).
 //
 // Weights are read as 32-bit words and unpacked (blocks may start at any
 // even byte: Q4_0's are 18 bytes), which every Vulkan 1.1 device runs.
@@ -30,11 +32,17 @@
 
 layout(local_size_x = 128) in;
 
-// Partial sums per output (16, or 8), and outputs per workgroup: LANES *
-// OUTS = 128 invocations. A matrix takes the same LANES in every pipeline
-// (vk_matmul.c), since an output's bits depend on it.
+// Partial sums per output, 1 to 16: as few as give each lane the same
+// number of chunks in as many steps as 16 lanes take (K = 576, 18 chunks:
+// 9 lanes of 2, not 16 lanes of which 14 idle in the second step). An
+// output's bits depend on it, so a matrix takes the same LANES in every
+// pipeline (vk_matmul.c). OUTS outputs of LANES invocations each; the
+// invocations past LIVE (128 % LANES of them) only load tiles.
 layout(constant_id = 3) const uint LANES = 16u;
 const uint OUTS = 128u / LANES;
+const uint LIVE = OUTS * LANES;
+// The reduction tree's first stride: half the least power of two >= LANES.
+const uint TOP = LANES > 8u ? 8u : LANES > 4u ? 4u : LANES > 2u ? 2u : 1u;
 // Activation rows per workgroup: 8, or 1 for a single row (decode),
 // which then does not compute 7 copies. Every value below is `precise`, so
 // a row's bits are the same in either pipeline.
@@ -82,14 +90,15 @@ const uint RED = OPT * OUTS * LANES; // partial sums of a tile's row
 shared float sh[TR * (SPAN > RED ? SPAN : RED)];
 
 // Where element e of lane l's chunk (row r of the tile) sits in sh: the
-// lanes' chunks interleaved, element-major, each element's 16 lanes
-// swizzled by the element (l ^ e % 16). The 16 lanes of an output read
-// element e of their chunks at once: with chunks stored whole they were 32
-// floats apart, one shared-memory bank, and waited on each other 16 times
-// over. Here they read 16 neighbouring words; the loads' 32 stores of one
-// chunk meet at most two to a bank.
+// lanes' chunks interleaved, element-major, each element's lanes rotated
+// by the element ((l + e) % LANES). The LANES lanes of an output read
+// element e of their chunks at once, from neighbouring words (with chunks
+// stored whole they were 32 floats apart, one shared-memory bank); the
+// tile's loads, consecutive invocations reading consecutive columns (one
+// chunk's elements), store words LANES apart, which the rotation moves to
+// different banks (at most two to a bank for 16 lanes; without it, 16).
 uint shx(uint r, uint l, uint e) {
-    return r * SPAN + e * LANES + (l ^ (e % LANES));
+    return r * SPAN + e * LANES + (l + e) % LANES;
 }
 
 uint byte_at(uint off) {
@@ -300,6 +309,7 @@ void main() {
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint ol = tid / LANES, lane = tid % LANES;
+    bool live = tid < LIVE;
     uint tile = gl_WorkGroupID.z * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     if (tile * OUTS * OPT >= pc.N) return; // the same for the whole workgroup
     // Output k of this invocation: o[k] = (tile OPT + k) OUTS + ol.
@@ -320,15 +330,15 @@ void main() {
         // Past n_rows or K: copies of the last row or column, never used.
         // Unrolled (TR is a constant), so that every load of the tile is in
         // flight at once.
-        [[unroll]] for (uint t = tid; t < TR * SPAN; t += LANES * OUTS) {
+        [[unroll]] for (uint t = tid; t < TR * SPAN; t += 128u) {
             uint xr = min(r0 + t / SPAN, pc.n_rows - 1u);
-            uint col = min(st * SPAN + t % SPAN, pc.K - 1u);
             uint tc = t % SPAN;
+            uint col = min(st * SPAN + tc, pc.K - 1u);
             sh[shx(t / SPAN, tc / 32u, tc % 32u)] = x_at(pc.x_off + xr * pc.x_stride + col);
         }
         barrier();
         uint c = st * LANES + lane;
-        if (c < nc) {
+        if (live && c < nc) {
             // Each output's chunk: its four weight loads first, then the
             // arithmetic (unrolled, the loads are in flight together;
             // lavapipe, which compiles an unrolled chunk for seconds, runs
@@ -357,14 +367,16 @@ void main() {
         }
         barrier();
     }
-    // The 16 lane sums of each (output, row), added in a fixed tree.
-    for (uint k = 0u; k < OPT; k++) {
-        uint me = ((k * OUTS + ol) * LANES + lane) * TR;
-        for (uint r = 0u; r < TR; r++) sh[me + r] = acc[k][r];
-    }
+    // The LANES lane sums of each (output, row), added in a fixed tree:
+    // at stride w, lane l < w takes lane l + w's sum where there is one.
+    if (live)
+        for (uint k = 0u; k < OPT; k++) {
+            uint me = ((k * OUTS + ol) * LANES + lane) * TR;
+            for (uint r = 0u; r < TR; r++) sh[me + r] = acc[k][r];
+        }
     barrier();
-    for (uint w = LANES / 2u; w > 0u; w >>= 1) {
-        if (lane < w)
+    for (uint w = TOP; w > 0u; w >>= 1) {
+        if (live && lane < w && lane + w < LANES)
             for (uint k = 0u; k < OPT; k++) {
                 uint me = ((k * OUTS + ol) * LANES + lane) * TR, other = me + w * TR;
                 for (uint r = 0u; r < TR; r++) {
@@ -374,9 +386,11 @@ void main() {
             }
         barrier();
     }
-    for (uint k = 0u; k < OPT; k++)
-        for (uint r = lane; r < TR; r += LANES)
-            if (o[k] < pc.N && r0 + r < pc.n_rows)
-                yd[pc.y_off + (r0 + r) * pc.y_stride + o[k]] = sh[(k * OUTS + ol) * LANES * TR + r];
+    if (live)
+        for (uint k = 0u; k < OPT; k++)
+            for (uint r = lane; r < TR; r += LANES)
+                if (o[k] < pc.N && r0 + r < pc.n_rows)
+                    yd[pc.y_off + (r0 + r) * pc.y_stride + o[k]] =
+                        sh[(k * OUTS + ol) * LANES * TR + r];
 }
 #endif
