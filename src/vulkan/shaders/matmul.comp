@@ -32,17 +32,6 @@
 
 layout(local_size_x = 128) in;
 
-// Partial sums per output, 1 to 16: as few as give each lane the same
-// number of chunks in as many steps as 16 lanes take (K = 576, 18 chunks:
-// 9 lanes of 2, not 16 lanes of which 14 idle in the second step). An
-// output's bits depend on it, so a matrix takes the same LANES in every
-// pipeline (vk_matmul.c). OUTS outputs of LANES invocations each; the
-// invocations past LIVE (128 % LANES of them) only load tiles.
-layout(constant_id = 3) const uint LANES = 16u;
-const uint OUTS = 128u / LANES;
-const uint LIVE = OUTS * LANES;
-// The reduction tree's first stride: half the least power of two >= LANES.
-const uint TOP = LANES > 8u ? 8u : LANES > 4u ? 4u : LANES > 2u ? 2u : 1u;
 // Activation rows per workgroup: 8, or 1 for a single row (decode),
 // which then does not compute 7 copies. Every value below is `precise`, so
 // a row's bits are the same in either pipeline.
@@ -53,6 +42,21 @@ layout(constant_id = 0) const uint TR = 8u;
 // rows, where more workgroups matter more. An output's arithmetic is the
 // same either way.
 layout(constant_id = 2) const uint OPT = 1u;
+// Partial sums per output, 1 to 16: as few as give each lane the same
+// number of chunks in as many steps as 16 lanes take (K = 576, 18 chunks:
+// 9 lanes of 2, not 16 lanes of which 14 idle in the second step). An
+// output's bits depend on it, so a matrix takes the same LANES in every
+// pipeline (vk_matmul.c). OUTS outputs of LANES invocations each; the
+// invocations past LIVE (128 % LANES of them) only load tiles.
+layout(constant_id = 3) const uint LANES = 16u;
+// A single row's pipeline (decode, TR = 1) gives each workgroup half as
+// many outputs, so that a matrix of 576 outputs spreads over 83
+// workgroups rather than 42 (9 lanes); its upper 64 invocations only load
+// the tile.
+const uint OUTS = (TR == 1u ? 64u : 128u) / LANES;
+const uint LIVE = OUTS * LANES;
+// The reduction tree's first stride: half the least power of two >= LANES.
+const uint TOP = LANES > 8u ? 8u : LANES > 4u ? 4u : LANES > 2u ? 2u : 1u;
 
 layout(std430, binding = 0) readonly buffer Wbuf { uint wd[]; };
 layout(std430, binding = 1) readonly buffer Xbuf { float xd[]; };
@@ -98,7 +102,8 @@ shared float sh[TR * (SPAN > RED ? SPAN : RED)];
 // chunk's elements), store words LANES apart, which the rotation moves to
 // different banks (at most two to a bank for 16 lanes; without it, 16).
 uint shx(uint r, uint l, uint e) {
-    return r * SPAN + e * LANES + (l + e) % LANES;
+    uint j = l + e % LANES; // e is a constant where it counts (unrolled)
+    return r * SPAN + e * LANES + (j >= LANES ? j - LANES : j);
 }
 
 uint byte_at(uint off) {
