@@ -87,7 +87,7 @@ static cellm_status matmul_pipeline(vk_device *d, uint32_t type, bool glu, uint3
     *tr = n_rows == 1 ? 1 : MM_ROWS;
     uint32_t lanes = matmul_lanes(K);
     uint32_t spec[4] = {*tr, glu ? act : 0, matmul_opt(n_rows), lanes};
-    *outs = (*tr == 1 ? 64 : 128) / lanes * spec[2]; /* matmul.comp's OUTS times OPT */
+    *outs = 128 / lanes * spec[2]; /* matmul.comp's OUTS times OPT */
     /* A CPU emulating a GPU (lavapipe) pays a coroutine switch per
      * invocation at each barrier: it takes the variant without any, one
      * invocation per output, 128 outputs per workgroup (matmul.comp). */

@@ -49,11 +49,7 @@ layout(constant_id = 2) const uint OPT = 1u;
 // pipeline (vk_matmul.c). OUTS outputs of LANES invocations each; the
 // invocations past LIVE (128 % LANES of them) only load tiles.
 layout(constant_id = 3) const uint LANES = 16u;
-// A single row's pipeline (decode, TR = 1) gives each workgroup half as
-// many outputs, so that a matrix of 576 outputs spreads over 83
-// workgroups rather than 42 (9 lanes); its upper 64 invocations only load
-// the tile.
-const uint OUTS = (TR == 1u ? 64u : 128u) / LANES;
+const uint OUTS = 128u / LANES;
 const uint LIVE = OUTS * LANES;
 // The reduction tree's first stride: half the least power of two >= LANES.
 const uint TOP = LANES > 8u ? 8u : LANES > 4u ? 4u : LANES > 2u ? 2u : 1u;
@@ -94,16 +90,17 @@ const uint RED = OPT * OUTS * LANES; // partial sums of a tile's row
 shared float sh[TR * (SPAN > RED ? SPAN : RED)];
 
 // Where element e of lane l's chunk (row r of the tile) sits in sh: the
-// lanes' chunks interleaved, element-major, each element's lanes rotated
-// by the element ((l + e) % LANES). The LANES lanes of an output read
-// element e of their chunks at once, from neighbouring words (with chunks
-// stored whole they were 32 floats apart, one shared-memory bank); the
-// tile's loads, consecutive invocations reading consecutive columns (one
-// chunk's elements), store words LANES apart, which the rotation moves to
-// different banks (at most two to a bank for 16 lanes; without it, 16).
+// lanes' chunks interleaved, element-major. The LANES lanes of an output
+// read element e of their chunks at once, from neighbouring words (with
+// chunks stored whole they were 32 floats apart, one shared-memory bank).
+// The tile's loads, consecutive invocations reading consecutive columns
+// (one chunk's elements), store words LANES apart: for an odd LANES those
+// fall in 32 different banks; a power of two is swizzled by the element
+// (l ^ e % LANES), which leaves at most two to a bank (16 lanes; without
+// it, 16 to a bank); other even counts meet gcd(LANES, 32) to a bank.
+const bool POW2 = (LANES & (LANES - 1u)) == 0u;
 uint shx(uint r, uint l, uint e) {
-    uint j = l + e % LANES; // e is a constant where it counts (unrolled)
-    return r * SPAN + e * LANES + (j >= LANES ? j - LANES : j);
+    return r * SPAN + e * LANES + (POW2 ? l ^ (e % LANES) : l);
 }
 
 uint byte_at(uint off) {
