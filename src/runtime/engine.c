@@ -425,6 +425,12 @@ static void report_prompt(cellm_engine *e, cellm_request *r, int32_t from, int32
     }
 }
 
+/* The rows of this step's logits that are r's (its pending token's and its
+ * guesses'); 0 or less mid-prompt. */
+static int32_t logit_rows(const cellm_request *r) {
+    return r->seq.n_pos - r->sched.n_tokens + 1;
+}
+
 /* Draws the pending token of the requests step_outputs marked (pre_row),
  * the fed requests split over the pool's threads. Each sampler is its
  * request's alone and draws what it would on the engine thread: its own
@@ -455,7 +461,7 @@ static void presample(cellm_engine *e, const float *logits) {
     int32_t li = 0, n = 0;
     for (int32_t i = 0; i < e->sched.n_fed; i++) {
         cellm_request *r = req_of(e->sched.fed[i]);
-        int32_t n_rows = r->seq.n_pos - r->sched.n_tokens + 1;
+        int32_t n_rows = logit_rows(r);
         if (n_rows <= 0) continue;
         if (n_rows == 1 && r->sched.n_draft == 0 && !r->spec_q && r->max_tokens != 0) {
             r->pre_row = logits + (size_t)li * n_vocab;
@@ -482,8 +488,8 @@ static void step_outputs(cellm_engine *e, const float *logits, double t_now) {
         cellm_request *r = req_of(e->sched.fed[i]);
         if (r->lp_prompt && r->sched.lp_done < r->n_prompt)
             report_prompt(e, r, r->seq.n_pos - r->sched.plan_n, r->seq.n_pos, logits, &li);
-        int32_t n_rows = r->seq.n_pos - r->sched.n_tokens + 1; /* rows with logits */
-        if (n_rows <= 0) continue;                             /* mid-prompt: no logits */
+        int32_t n_rows = logit_rows(r);
+        if (n_rows <= 0) continue; /* mid-prompt: no logits */
         const float *row = logits + (size_t)li * (size_t)n_vocab;
         li += n_rows;
         if (r->max_tokens == 0) { /* the prompt alone was asked for */

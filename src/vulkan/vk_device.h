@@ -68,7 +68,6 @@ typedef struct vk_device_info {
     bool timestamps; /* the compute queue can time a recording */
     bool usable;     /* Vulkan 1.1 and a compute queue: vk_device_open takes it */
     uint32_t max_workgroups[3];
-    uint32_t max_shared;        /* bytes of shared memory a workgroup may use */
     uint64_t max_storage_range; /* the most bytes one buffer binding may span */
 } vk_device_info;
 

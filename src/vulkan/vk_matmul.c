@@ -3,9 +3,10 @@
  * weight type, binds the three operands from their offsets rounded down to
  * the device's alignment (the remainders go to the shader as push
  * constants), and covers the outputs with workgroups of 128 / LANES
- * times OPT outputs by MM_ROWS activation rows (matmul_pipeline). Output tiles past the device's
- * first workgroup-count limit continue in the third dimension (Gemma 3's 262144 vocabulary rows are
- * 32768 tiles; some devices stop at 65535).
+ * times OPT outputs by MM_ROWS activation rows (matmul_pipeline). Output
+ * tiles past the device's first workgroup-count limit continue in the
+ * third dimension (Gemma 3's 262144 vocabulary rows are 32768 tiles; some
+ * devices stop at 65535).
  */
 #include <stdlib.h>
 #include <string.h>

@@ -13,8 +13,8 @@
  * rows); push constants: vk_matmul.c's matmul_push (8 words). */
 /* Specialization constants of matmul.comp: 0, activation rows per
  * workgroup (8; vk_matmul asks for 1 for a single row); 1, the GLU form's
- * activation; 2, outputs per invocation (vk_matmul: 2 for a batch); 3,
- * partial sums per output (16). */
+ * activation; 2, outputs per invocation (vk_matmul: 1, 2 or 4 by the
+ * batch's rows); 3, partial sums per output (vk_matmul: from K). */
 #define MATMUL(name)                                                                               \
     {                                                                                              \
         name, 3, 32, 4, {                                                                          \

@@ -36,11 +36,11 @@ layout(local_size_x = 128) in;
 // which then does not compute 7 copies. Every value below is `precise`, so
 // a row's bits are the same in either pipeline.
 layout(constant_id = 0) const uint TR = 8u;
-// Outputs per invocation in the cooperative variant: 2 for batches of
-// several row tiles (a workgroup then covers 16 outputs, and each
-// activation read from shared memory feeds two weights), 1 for up to 8
-// rows, where more workgroups matter more. An output's arithmetic is the
-// same either way.
+// Outputs per invocation in the cooperative variant (vk_matmul.c's
+// matmul_opt): 1 for up to 8 rows, where more workgroups matter more; 2
+// for several row tiles and 4 past 128 rows, so that each activation read
+// from shared memory feeds two or four weights. An output's arithmetic is
+// the same whatever OPT.
 layout(constant_id = 2) const uint OPT = 1u;
 // Partial sums per output, 1 to 16: as few as give each lane the same
 // number of chunks in as many steps as 16 lanes take (K = 576, 18 chunks:
@@ -83,8 +83,9 @@ layout(push_constant) uniform Push {
 } pc;
 
 // The activation tile of one step: TR rows of the LANES * 32 columns the
-// lanes work on, read once for all OUTS outputs. Then the partial sums'
-// reduction (OUTS * LANES * TR floats). 16 KiB: Vulkan's least limit.
+// lanes work on, read once for all OUTS * OPT outputs. Then the partial
+// sums' reduction (RED * TR floats). At most 16 KiB (TR 8, OPT <= 4):
+// Vulkan's least limit.
 const uint SPAN = LANES * 32u;
 const uint RED = OPT * OUTS * LANES; // partial sums of a tile's row
 shared float sh[TR * (SPAN > RED ? SPAN : RED)];
@@ -331,7 +332,8 @@ void main() {
     for (uint st = 0u; st < steps; st++) {
         // Past n_rows or K: copies of the last row or column, never used.
         // Unrolled (TR is a constant), so that every load of the tile is in
-        // flight at once.
+        // flight at once: a loop of dependent waits cost microseconds a
+        // step on the H200, most of a decode matmul's time.
         [[unroll]] for (uint t = tid; t < TR * SPAN; t += 128u) {
             uint xr = min(r0 + t / SPAN, pc.n_rows - 1u);
             uint tc = t % SPAN;
