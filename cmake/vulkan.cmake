@@ -71,7 +71,8 @@ set(CELLM_VK_SHADERS
     "attention|attention.comp"
     "act|act.comp"
     "add_norm|add_norm.comp"
-    "logits|logits.comp")
+    "logits|logits.comp"
+    "top|top.comp")
 
 set(shader_dir ${PROJECT_SOURCE_DIR}/src/vulkan/shaders)
 file(GLOB shader_includes CONFIGURE_DEPENDS ${shader_dir}/*.glsl)

@@ -916,6 +916,99 @@ static void test_stale_memory(void **st) {
     sampler_free(b);
 }
 
+/* fwd_top's order: the larger logit first (-0 equal to +0), NaN last, a
+ * tie to the lower token. */
+static bool top_before(float a, int ta, float b, int tb) {
+    if (isnan(a) || isnan(b)) return isnan(a) && isnan(b) ? ta < tb : isnan(b);
+    return a > b || (a == b && ta < tb);
+}
+
+/* A greedy request's token from a row's 8 best logits (what a GPU hands
+ * back: sampler_pick_top) is the one sampler_sample picks from the whole
+ * row, with up to 7 tokens banned, over rows of ties, signed zeros,
+ * infinities and NaN (the all-banned fallback to the raw argmax
+ * included); and sampler_top_ok says which samplers that holds for. */
+static void test_pick_top(void **st) {
+    (void)st;
+    enum { N = 48, K = 8 };
+    const float pool[] = {0.5f, 1.0f, -0.0f, 0.0f, -INFINITY, NAN, INFINITY, -2.0f, 3.0f};
+    uint64_t x = 99;
+    int fallbacks = 0;
+    for (int trial = 0; trial < 3000; trial++) {
+        float l[N];
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int kinds = 1 + (int)((x >> 40) % 9); /* values drawn from the pool's first `kinds` */
+        for (int i = 0; i < N; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            l[i] = trial % 5 == 0 ? pool[4 + (x >> 33) % 2] : pool[(x >> 33) % (uint64_t)kinds];
+        }
+        sampler_logit_bias ban[K - 1];
+        int n_ban = (int)((x >> 20) % K);
+        int top[K];
+        for (int k = 0; k < K; k++) {
+            int b = -1;
+            for (int i = 0; i < N; i++) {
+                bool taken = false;
+                for (int q = 0; q < k; q++) taken |= top[q] == i;
+                if (!taken && (b < 0 || top_before(l[i], i, l[b], b))) b = i;
+            }
+            top[k] = b;
+        }
+        for (int i = 0; i < n_ban; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            /* mostly the best tokens, so that the pick moves down the list */
+            ban[i] = (sampler_logit_bias){(x >> 33) % 3 ? top[(x >> 40) % K] : (int)((x >> 40) % N),
+                                          -INFINITY};
+        }
+        sampler_params p = sampler_default_params();
+        p.logit_bias = ban;
+        p.n_logit_bias = n_ban;
+        sampler *s;
+        assert_int_equal(sampler_create(&p, N, &s, NULL), CELLM_OK);
+        assert_true(sampler_top_ok(s, K));
+        float tl[K];
+        int32_t tt[K];
+        for (int k = 0; k < K; k++) {
+            tl[k] = l[top[k]];
+            tt[k] = top[k];
+        }
+        int32_t want = sampler_sample(s, l), got = sampler_pick_top(s, tl, tt, K);
+        if (got != want)
+            fail_msg("trial %d: picked %d from the top, %d from the row", trial, got, want);
+        fallbacks += want == top[0] && n_ban > 0 && !(l[top[0]] > -INFINITY);
+        sampler_free(s);
+    }
+    assert_true(fallbacks > 10); /* the all-banned and all-NaN rows were met */
+
+    /* Which samplers the top decides. */
+    sampler_params p = sampler_default_params();
+    sampler_logit_bias ban8[K], half = {3, -0.5f};
+    for (int i = 0; i < K; i++) ban8[i] = (sampler_logit_bias){i, -INFINITY};
+    struct {
+        float temp;
+        int top_k;
+        float rep;
+        const sampler_logit_bias *bias;
+        int n_bias;
+        bool ok;
+    } cases[] = {
+        {0, 0, 1, NULL, 0, true},     {0.8f, 1, 1, NULL, 0, true}, {0.8f, 0, 1, NULL, 0, false},
+        {0, 0, 1.1f, NULL, 0, false}, {0, 0, 1, &half, 1, false},  {0, 0, 1, ban8, K - 1, true},
+        {0, 0, 1, ban8, K, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        p.temperature = cases[i].temp;
+        p.top_k = cases[i].top_k;
+        p.repeat_penalty = cases[i].rep;
+        p.logit_bias = cases[i].bias;
+        p.n_logit_bias = cases[i].n_bias;
+        sampler *s;
+        assert_int_equal(sampler_create(&p, N, &s, NULL), CELLM_OK);
+        if (sampler_top_ok(s, K) != cases[i].ok) fail_msg("case %zu", i);
+        sampler_free(s);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),       cmocka_unit_test(test_seed_repeats),
@@ -928,7 +1021,7 @@ int main(void) {
         cmocka_unit_test(test_stat_chain),   cmocka_unit_test(test_stat_penalties),
         cmocka_unit_test(test_edges),        cmocka_unit_test(test_golden_draws),
         cmocka_unit_test(test_stale_memory), cmocka_unit_test(test_golden_logprobs),
-        cmocka_unit_test(test_stat_spec),
+        cmocka_unit_test(test_stat_spec),    cmocka_unit_test(test_pick_top),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

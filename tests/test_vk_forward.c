@@ -212,13 +212,21 @@ static void on_piece(const char *piece, size_t len, void *user) {
     }
 }
 
-/* Submits prompts[0..n) (greedy, `max` tokens each) at once and waits. */
-static void run_batch(cellm_engine *eng, const char *const *prompts, int n, int max, gen *out) {
+/* Submits prompts[0..n) (greedy, `max` tokens each, bans[i] banned where
+ * bans and bans[i] >= 0) at once and waits. */
+static void run_batch_ban(cellm_engine *eng, const char *const *prompts, int n, int max,
+                          const int32_t *bans, gen *out) {
     cellm_request *rq[16];
+    cellm_logit_bias ban[16];
     for (int i = 0; i < n; i++) {
         cellm_request_params rp = cellm_request_default_params();
         rp.prompt = prompts[i];
         rp.sampling.temperature = 0;
+        if (bans && bans[i] >= 0) {
+            ban[i] = (cellm_logit_bias){bans[i], -INFINITY};
+            rp.sampling.logit_bias = &ban[i];
+            rp.sampling.n_logit_bias = 1;
+        }
         rp.max_tokens = max;
         rp.on_piece = on_piece;
         rp.user = &out[i];
@@ -236,6 +244,10 @@ static void run_batch(cellm_engine *eng, const char *const *prompts, int n, int 
         memcpy(out[i].tok, ids, sizeof(int32_t) * (size_t)out[i].n_tok);
         cellm_request_free(rq[i]);
     }
+}
+
+static void run_batch(cellm_engine *eng, const char *const *prompts, int n, int max, gen *out) {
+    run_batch_ban(eng, prompts, n, max, NULL, out);
 }
 
 static void test_vk_engine_batch(void **st) {
@@ -281,6 +293,26 @@ static void test_vk_engine_batch(void **st) {
                   "together; %llu prompt tokens came from the prefix cache\n",
                   (int)together[0].n_tok, (unsigned long long)sts.n_prefix_tokens);
     assert_true(sts.n_prefix_tokens > 0);
+    /* Greedy rows come back as their best FWD_TOP_K (run_top) above;
+     * CELLM_TOP=0 reads whole rows: the same tokens with each request's
+     * first token banned (then picked from lower in the list; its second
+     * token is most likely a plain argmax). */
+    int32_t bans[3];
+    for (int i = 0; i < 3; i++) bans[i] = alone[i].tok[0];
+    gen banned[3], whole_banned[3];
+    run_batch_ban(eng, prompts, 3, steps, bans, banned);
+    cellm_engine_free(eng);
+    setenv("CELLM_TOP", "0", 1);
+    cellm_status est = cellm_engine_create(cm, &ep, &eng);
+    unsetenv("CELLM_TOP");
+    if (est != CELLM_OK) fail_msg("%s", cellm_last_error());
+    run_batch_ban(eng, prompts, 3, steps, bans, whole_banned);
+    for (int i = 0; i < 3; i++) {
+        assert_true(banned[i].n_tok >= 1 && banned[i].tok[0] != bans[i]);
+        assert_int_equal(banned[i].n_tok, whole_banned[i].n_tok);
+        assert_memory_equal(banned[i].tok, whole_banned[i].tok,
+                            sizeof(int32_t) * (size_t)banned[i].n_tok);
+    }
     cellm_engine_free(eng);
     cellm_model_free(cm);
     assert_int_equal(vk_live_objects(), 0);
@@ -312,6 +344,42 @@ static void test_asan_vk_forward_small(void **st) {
     kv_seq_free(gpu.kv, &s);
     for (int p = 0; p < n; p++)
         assert_int_equal(argmax(a + (size_t)p * V, V), argmax(b + (size_t)p * V, V));
+    /* The same positions again with each row's best FWD_TOP_K handed back
+     * instead of the row (run_top: the engine's greedy rows): the K best
+     * of the rows above, in their order, with the same bits; in chunks of
+     * 4 and 2, the last asking for one row of two (the gathered norm). */
+    assert_true(backend_has_top(&gpu.f));
+    assert_int_equal(kv_seq_init(gpu.kv, &s, &e), CELLM_OK);
+    for (int i = 0; i < n;) {
+        int c = i == 0 ? 4 : 2;
+        fwd_row rows[4];
+        for (int j = 0; j < c; j++)
+            rows[j] = (fwd_row){&s, fx.c[0].tok[i + j], i + j, i == 0 || j == c - 1};
+        const fwd_top *top;
+        if (backend_run_top(&gpu.f, rows, NULL, c, &top, &e)) fail_msg("%s", e.msg);
+        for (int j = 0, k = 0; j < c; j++) {
+            if (!rows[j].logits) continue;
+            const float *row = b + (size_t)(i + j) * V;
+            int prev = -1;
+            for (int q = 0; q < FWD_TOP_K; q++) {
+                int32_t t = top[k].token[q];
+                assert_true(t >= 0 && t < V && t != prev);
+                assert_memory_equal(&top[k].logit[q], &row[t], sizeof(float));
+                /* no token of the row comes between place q - 1 and q */
+                for (int u = 0; u < V; u++) {
+                    bool before_t = row[u] > row[t] || (row[u] == row[t] && u < t);
+                    bool after_prev =
+                        prev < 0 || row[u] < row[prev] || (row[u] == row[prev] && u > prev);
+                    if (u != t && before_t && after_prev)
+                        fail_msg("position %d: token %d belongs before place %d", i + j, u, q);
+                }
+                prev = t;
+            }
+            k++;
+        }
+        i += c;
+    }
+    kv_seq_free(gpu.kv, &s);
     free(a);
     free(b);
     rig_close(&cpu);

@@ -839,6 +839,91 @@ static void test_vulkan_attention(void **state) {
     assert_int_equal(vk_live_objects(), 0);
 }
 
+/* Whether logit a (token ta) comes before b (tb) in fwd_top's order: the
+ * larger first (-0 equal to +0), NaN last, a tie to the lower token. */
+static bool top_before(float a, int ta, float b, int tb) {
+    if (isnan(a) || isnan(b)) return isnan(a) && isnan(b) ? ta < tb : isnan(b);
+    return a > b || (a == b && ta < tb);
+}
+
+/* top.comp: the K best of rows made of ties, signed zeros, infinities and
+ * NaN, against a sort on the host, bound at row 0 and (out0, shift) at an
+ * unaligned row 1. */
+static void test_vulkan_top(void **state) {
+    (void)state;
+    enum { R = 8, V = 1000, K = 8 };
+    static float l[R * V];
+    uint64_t seed = 77;
+    const float pick[] = {0.5f, 1.0f, -0.0f, 0.0f, -INFINITY, NAN, -3.0f, 2.0f};
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < V; i++) {
+            float *x = &l[r * V + i];
+            switch (r) {
+            case 0: *x = frand(&seed) * 8; break;
+            case 1: *x = pick[rnd(&seed) % 8]; break;
+            case 2: *x = NAN; break;
+            case 3: *x = rnd(&seed) % 3 ? -INFINITY : NAN; break;
+            case 4: *x = rnd(&seed) % 97 ? frand(&seed) : INFINITY; break;
+            case 5: *x = 1.25f; break;
+            case 6:
+                *x = rnd(&seed) % 2 ? -0.0f : rnd(&seed) % 2 ? 0.0f : -frand(&seed) - 1.0f;
+                break;
+            default: *x = i == V - 1 ? 100.0f : (float)(i % 7) - 10.0f; break;
+            }
+        }
+    vk_device *dev = open_device(NULL);
+    vk_recorder *rec;
+    cellm_error err;
+    vk_buffer *lb, *ob;
+    const size_t row = sizeof(float) * V, out = sizeof(uint32_t) * 2 * K;
+    assert_int_equal(vk_recorder_create(dev, &rec, &err), CELLM_OK);
+    assert_int_equal(vk_buffer_create(dev, sizeof l, VK_BUF_DEVICE, &lb, &err), CELLM_OK);
+    assert_int_equal(vk_buffer_create(dev, out * (2 * R - 1), VK_BUF_DEVICE, &ob, &err), CELLM_OK);
+    assert_int_equal(vk_buffer_upload(lb, 0, l, sizeof l, &err), CELLM_OK);
+    const vk_pipeline *pipe;
+    assert_int_equal(vk_pipeline_get(dev, VK_SHADER_TOP, &pipe, &err), CELLM_OK);
+    assert_int_equal(vk_recorder_begin(rec, &err), CELLM_OK);
+    struct {
+        uint32_t n, shift, out0;
+    } p0 = {V, 0, 0}, p1 = {V, (uint32_t)(vk_binding_shift(dev, row) / sizeof(float)), R};
+    vk_binding b0[2] = {{lb, 0, 0}, {ob, 0, 0}}, b1[2] = {{lb, row, row * (R - 1)}, {ob, 0, 0}};
+    uint32_t g0[3] = {R, 1, 1}, g1[3] = {R - 1, 1, 1};
+    assert_int_equal(vk_recorder_dispatch(rec, pipe, b0, 2, &p0, sizeof p0, g0, &err), CELLM_OK);
+    assert_int_equal(vk_recorder_dispatch(rec, pipe, b1, 2, &p1, sizeof p1, g1, &err), CELLM_OK);
+    assert_int_equal(vk_recorder_submit(rec, &err), CELLM_OK);
+    uint32_t o[(2 * R - 1) * 2 * K];
+    assert_int_equal(vk_buffer_download(ob, 0, o, sizeof o, &err), CELLM_OK);
+    for (int j = 0; j < 2 * R - 1; j++) {
+        int r = j < R ? j : j - R + 1;
+        const float *x = l + (size_t)r * V;
+        /* The host's K best: selection over the whole row. */
+        int best[K];
+        for (int k = 0; k < K; k++) {
+            int b = -1;
+            for (int i = 0; i < V; i++) {
+                bool taken = false;
+                for (int q = 0; q < k; q++) taken |= best[q] == i;
+                if (!taken && (b < 0 || top_before(x[i], i, x[b], b))) b = i;
+            }
+            best[k] = b;
+        }
+        const uint32_t *oj = o + (size_t)j * 2 * K;
+        for (int k = 0; k < K; k++) {
+            if ((int)oj[K + k] != best[k])
+                fail_msg("row %d (output %d) place %d: token %u, expected %d", r, j, k, oj[K + k],
+                         best[k]);
+            uint32_t bits;
+            memcpy(&bits, &x[best[k]], 4);
+            assert_int_equal(oj[k], bits); /* the logit as it was */
+        }
+    }
+    vk_buffer_free(lb);
+    vk_buffer_free(ob);
+    vk_recorder_free(rec);
+    vk_device_close(dev);
+    assert_int_equal(vk_live_objects(), 0);
+}
+
 /* `cellm devices` lists the device the library opens, and with no loader
  * says so and still exits 0. */
 static void test_vulkan_devices_command(void **state) {
@@ -908,6 +993,7 @@ int main(void) {
         cmocka_unit_test(test_asan_vulkan_no_loader),
         cmocka_unit_test(test_asan_vulkan_no_driver),
         cmocka_unit_test(test_vulkan_matmul),
+        cmocka_unit_test(test_vulkan_top),
         cmocka_unit_test(test_vulkan_matmul_ragged),
         cmocka_unit_test(test_vulkan_matmul_glu),
         cmocka_unit_test(test_vulkan_attention),

@@ -865,7 +865,7 @@ static void cpu_free(void *impl) {
     forward_free(impl);
 }
 
-static const backend_ops cpu_ops = {"cpu", cpu_run, cpu_free};
+static const backend_ops cpu_ops = {"cpu", cpu_run, cpu_free, NULL};
 
 cellm_status forward_backend(const model *m, kv_cache *kv, threadpool *tp, int32_t max_rows,
                              int32_t max_logit_rows, backend *out, cellm_error *err) {

@@ -36,6 +36,17 @@ typedef struct fwd_row {
     bool logits; /* return logits for this row */
 } fwd_row;
 
+/* The best logits of a row, best first: a larger logit first, a tie to
+ * the lower token, NaN last. What a backend may hand back instead of the
+ * whole row for a row whose token is picked greedily (the engine's top
+ * rows: sampler_pick_top), so that a GPU sends K pairs to the host, not
+ * n_vocab floats. */
+#define FWD_TOP_K 8
+typedef struct fwd_top {
+    float logit[FWD_TOP_K];
+    int32_t token[FWD_TOP_K];
+} fwd_top;
+
 /* What a backend implements. run: the pass over rows[0..n), where row r's
  * input is the n_embd floats at embd[r] instead of its token's embedding
  * when embd (may be NULL) and embd[r] are not NULL (an image's rows); on
@@ -50,6 +61,11 @@ typedef struct backend_ops {
     cellm_status (*run)(void *impl, const fwd_row *rows, const float *const *embd, int32_t n,
                         const float **logits, cellm_error *err);
     void (*free)(void *impl);
+    /* Optional (NULL: the backend has none): the pass as run, but on
+     * success *top points to one fwd_top per row that asked for logits,
+     * in batch order, valid until the next run, instead of the logits. */
+    cellm_status (*run_top)(void *impl, const fwd_row *rows, const float *const *embd, int32_t n,
+                            const fwd_top **top, cellm_error *err);
 } backend_ops;
 
 /* A backend made for one model, one KV cache and batch limits. A zeroed
@@ -68,6 +84,16 @@ static inline cellm_status backend_run_embd(backend *b, const fwd_row *rows,
                                             const float *const *embd, int32_t n,
                                             const float **logits, cellm_error *err) {
     return b->ops->run(b->impl, rows, embd, n, logits, err);
+}
+
+static inline bool backend_has_top(const backend *b) {
+    return b->ops && b->ops->run_top;
+}
+
+static inline cellm_status backend_run_top(backend *b, const fwd_row *rows,
+                                           const float *const *embd, int32_t n, const fwd_top **top,
+                                           cellm_error *err) {
+    return b->ops->run_top(b->impl, rows, embd, n, top, err);
 }
 
 static inline void backend_free(backend *b) {

@@ -505,6 +505,44 @@ static void step_outputs(cellm_engine *e, const float *logits, double t_now) {
     }
 }
 
+/* Whether this step's logit rows may come back as their best FWD_TOP_K
+ * (backend.h's fwd_top) instead of whole rows: the backend can, and every
+ * request with a logit row this step has exactly one, its pending token's
+ * (no guesses), whose pick those decide (top_ok). On a GPU that spares
+ * the copy of the rows to the host and the host's pass over them: at 64
+ * rows of SmolLM2's vocabulary, 12 MiB a step. */
+static bool step_top(const cellm_engine *e) {
+    if (e->top_off || !backend_has_top(&e->fwd)) return false;
+    bool any = false;
+    for (int32_t i = 0; i < e->sched.n_fed; i++) {
+        const cellm_request *r = req_of(e->sched.fed[i]);
+        /* logit_rows once the step has advanced the sequence */
+        int32_t n_rows = r->seq.n_pos + r->sched.plan_n - r->sched.n_tokens + 1;
+        if (n_rows <= 0) continue;
+        if (!r->top_ok || n_rows != 1 || r->sched.n_draft > 0) return false;
+        any = true;
+    }
+    return any;
+}
+
+/* step_outputs for a step whose logit rows came back as fwd_top: each
+ * request's greedy pick (the token sampler_sample would draw from the
+ * whole row). */
+static void step_outputs_top(cellm_engine *e, const fwd_top *top, double t_now) {
+    int32_t li = 0;
+    for (int32_t i = 0; i < e->sched.n_fed; i++) {
+        cellm_request *r = req_of(e->sched.fed[i]);
+        if (logit_rows(r) <= 0) continue;
+        const fwd_top *tp = &top[li++];
+        double t0 = now_s();
+        int32_t t = sampler_pick_top(r->smp, tp->logit, tp->token, FWD_TOP_K);
+        e->t_sample += now_s() - t0;
+        e->n_sampled++;
+        int why = take_token(e, r, t, NULL, t_now);
+        if (why >= 0) finish_taken(e, r, why);
+    }
+}
+
 /* Gives memory back at `level` (cellm_trim_level); returns the bytes the
  * OS got back. */
 static size_t trim_now(cellm_engine *e, int level) {
@@ -661,9 +699,14 @@ static int engine_step_once(cellm_engine *e, bool block) {
         n_prompt_rows += before_last < 0 ? 0 : before_last < it->plan_n ? before_last : it->plan_n;
     }
     const float *logits = NULL;
+    const fwd_top *top = NULL;
     err_clear(&err);
     const float *const *embd = engine_image_rows(e) ? e->embd_rows : NULL;
-    if (backend_run_embd(&e->fwd, e->sched.rows, embd, n_rows, &logits, &err) != CELLM_OK) {
+    bool use_top = step_top(e);
+    cellm_status st = use_top
+                          ? backend_run_top(&e->fwd, e->sched.rows, embd, n_rows, &top, &err)
+                          : backend_run_embd(&e->fwd, e->sched.rows, embd, n_rows, &logits, &err);
+    if (st != CELLM_OK) {
         /* The scheduler counted the blocks, so this is a bug or a bad
          * input we did not catch at submit: fail the step's requests,
          * keep serving the others. */
@@ -673,7 +716,10 @@ static int engine_step_once(cellm_engine *e, bool block) {
     e->n_prompt_tok += (uint64_t)n_prompt_rows;
     e->win_prompt += (uint64_t)n_prompt_rows;
     double t1 = now_s();
-    step_outputs(e, logits, t1);
+    if (use_top)
+        step_outputs_top(e, top, t1);
+    else
+        step_outputs(e, logits, t1);
     e->n_steps++;
     e->step_t0 = t0;
     e->step_t1 = now_s();
@@ -965,6 +1011,8 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
         draft_kv = (size_t)((double)kv_budget * (dneed / (need + dneed)));
         kv_budget -= draft_kv;
     }
+    const char *top_env = getenv("CELLM_TOP");
+    e->top_off = top_env && !strcmp(top_env, "0");
     if (kv_cache_create(m, kv_budget, p.max_ctx, p.max_seqs, kv_chunk, p.kv_type, &e->kv, &err) ||
         tp_create(p.n_threads, &e->tp, &err) ||
         device_backend(p.device, m, e->kv, e->tp, p.max_batch_tokens, e->logit_rows, &e->fwd,
@@ -1394,6 +1442,8 @@ cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm
         request_discard(e, r);
         return fail_msg(CELLM_ERR_NO_MEMORY, "out of memory for the request's guesses");
     }
+    r->top_ok = sampler_top_ok(r->smp, FWD_TOP_K) && !r->lp_gen && !r->lp_prompt && !r->gst &&
+                !r->spec_q && r->max_tokens != 0;
     r->seq.tokens = r->tokens; /* its full blocks go into the prefix cache */
     r->sched.seq = &r->seq;
     r->sched.tokens = r->tokens;

@@ -149,6 +149,10 @@ struct cellm_request {
      * pool (step_outputs' first pass); NULL: not drawn ahead. */
     const float *pre_row;
     int32_t pre_tok;
+    /* Fixed at submit: its next token is a greedy pick from a row's best
+     * FWD_TOP_K logits (sampler_top_ok), and nothing else reads its rows
+     * (no log-probabilities, grammar or resample rule). */
+    bool top_ok;
     char err[CELLM_ERR_MSG_MAX];
     cellm_top_logprob lp_top_buf[CELLM_MAX_TOP_LOGPROBS];
 
@@ -231,6 +235,8 @@ struct cellm_engine {
      * draft model has its own KV pool and forward context; drows and dreq
      * are its batch and the requests drafting in it. */
     bool spec_on;
+    /* CELLM_TOP=0: every step reads whole logit rows (comparisons). */
+    bool top_off;
     kv_cache *dkv;
     backend dfwd;
     fwd_row *drows;       /* [p.max_batch_tokens] */

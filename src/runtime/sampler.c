@@ -298,6 +298,31 @@ int32_t sampler_argmax(const float *logits, int32_t n) {
     return first_of(logits, n, max_of(logits, n));
 }
 
+bool sampler_top_ok(const sampler *s, int32_t k) {
+    const sampler_params *p = &s->p;
+    if (!(p->temperature <= 0 || p->top_k == 1) || s->n_vocab < k || s->n_bias >= k) return false;
+    if (p->repeat_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0)
+        return false;
+    if (s->hist && p->ngram_size > 0) return false;
+    for (int32_t i = 0; i < s->n_bias; i++)
+        if (s->bias[i].bias != -INFINITY) return false;
+    return true;
+}
+
+/* Among a row's k best, the first not banned is the best of the adjusted
+ * row (a banned token's logit is -inf, or NaN from +inf, and loses): the
+ * greedy pick (kept's first_of) when it is above -inf. Otherwise every
+ * adjusted logit is -inf or NaN, and the pick is the raw argmax, the
+ * first of the k. With fewer bans than k, one of the k is not banned. */
+int32_t sampler_pick_top(const sampler *s, const float *logit, const int32_t *token, int32_t k) {
+    for (int32_t i = 0; i < k; i++) {
+        bool banned = false;
+        for (int32_t j = 0; j < s->n_bias && !banned; j++) banned = s->bias[j].token == token[i];
+        if (!banned) return logit[i] > -INFINITY ? token[i] : token[0];
+    }
+    return token[0];
+}
+
 /* Weights 2^y for y = (logit - max) x log2(e) / T <= 0, in float, the
  * same bits on every platform: y = k + f with k an integer and |f| <= 1/2,
  * 2^f = e^(f ln 2) by its Taylor polynomial to degree 6 (relative error

@@ -19,6 +19,7 @@
 #ifndef CELLM_SAMPLER_H
 #define CELLM_SAMPLER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "base/util.h"
@@ -103,6 +104,18 @@ const sampler_params *sampler_get_params(const sampler *s);
 
 /* The most likely token; ties go to the lowest id. */
 int32_t sampler_argmax(const float *logits, int32_t n);
+
+/* Whether sampler_sample's next token is decided by a row's k best raw
+ * logits: greedy, no penalty or n-gram guard, and no logit bias but bans
+ * (-INFINITY), fewer than k of them. Then a backend may hand back those k
+ * instead of the row (model/backend.h's fwd_top). */
+bool sampler_top_ok(const sampler *s, int32_t k);
+
+/* The token sampler_sample would return for a row whose k best raw
+ * logits are logit[0..k), tokens token[0..k), in the order fwd_top gives
+ * (a larger logit first, a tie to the lower token, NaN last), given
+ * sampler_top_ok(s, k). It does not touch the sampler. */
+int32_t sampler_pick_top(const sampler *s, const float *logit, const int32_t *token, int32_t k);
 
 /* Log-probabilities: the log-softmax of a row of raw logits (no bias,
  * penalty or temperature), computed in one fixed order with the sampler's

@@ -184,6 +184,7 @@ typedef enum vk_shader_id {
     VK_SHADER_ACT,
     VK_SHADER_ADD_NORM,
     VK_SHADER_LOGITS,
+    VK_SHADER_TOP,
     VK_SHADER_COUNT
 } vk_shader_id;
 

@@ -120,6 +120,8 @@ typedef struct vkf {
     /* Written by the host each step (mapped). */
     vk_buffer *in_x, *rowinfo, *tables, *rope, *lidx;
     vk_buffer *readback;
+    /* The top rows' K best logits (top.comp) and their readback. */
+    vk_buffer *top, *top_rb;
     float *host_x;      /* [max_rows][n_embd], staging for in_x */
     int32_t *host_info; /* [max_rows][4] */
     int32_t *host_tab;  /* block table words */
@@ -139,6 +141,7 @@ typedef struct vkf {
     bool replay_ok, replay_off;
     int32_t replay_n, replay_nl;
     uint32_t replay_fused;
+    bool replay_top;
     /* 1: every row of this step is its sequence's only one (decode):
      * attention does qk_prep's work itself. */
     uint32_t step_fused;
@@ -345,6 +348,8 @@ static int32_t max_i32(int32_t a, int32_t b) {
 
 static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const *embd, int32_t n,
                             const float **logits, cellm_error *err);
+static cellm_status vkf_run_top(void *impl, const fwd_row *rows, const float *const *embd,
+                                int32_t n, const fwd_top **top, cellm_error *err);
 
 /* Makes the pipelines a pass uses now rather than on first use, where the
  * driver's compiler would add tens of milliseconds to a first request's
@@ -363,8 +368,8 @@ static cellm_status prepare_pipelines(vkf *f, cellm_error *err) {
             st = vk_matmul_prepare(f->dev, ws[i]->type, ws[i]->cols, false, 0, err); /* once each */
         if (!st) st = vk_matmul_prepare(f->dev, V->w_down.type, V->w_down.cols, true, act, err);
     }
-    const vk_shader_id others[] = {VK_SHADER_RMSNORM, VK_SHADER_ADD_NORM, VK_SHADER_QK_PREP,
-                                   VK_SHADER_ATTENTION, VK_SHADER_LOGITS};
+    const vk_shader_id others[] = {VK_SHADER_RMSNORM,   VK_SHADER_ADD_NORM, VK_SHADER_QK_PREP,
+                                   VK_SHADER_ATTENTION, VK_SHADER_LOGITS,   VK_SHADER_TOP};
     for (size_t i = 0; i < sizeof others / sizeof others[0] && !st; i++) {
         const vk_pipeline *pipe;
         st = vk_pipeline_get(f->dev, others[i], &pipe, err);
@@ -372,7 +377,7 @@ static cellm_status prepare_pipelines(vkf *f, cellm_error *err) {
     return st;
 }
 
-static const backend_ops vk_ops = {"vulkan", vkf_run, vkf_free};
+static const backend_ops vk_ops = {"vulkan", vkf_run, vkf_free, vkf_run_top};
 
 cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, int32_t max_rows,
                         int32_t max_logit_rows, backend *out, cellm_error *err) {
@@ -486,7 +491,10 @@ cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, int32_t max
         (st = make_buf(f, (size_t)max_logit_rows * (size_t)m->n_vocab * fl, VK_BUF_DEVICE,
                        &f->logits, err)) ||
         (st = make_buf(f, (size_t)max_logit_rows * (size_t)m->n_vocab * fl, VK_BUF_READBACK,
-                       &f->readback, err)))
+                       &f->readback, err)) ||
+        (st = make_buf(f, (size_t)max_logit_rows * sizeof(fwd_top), VK_BUF_DEVICE, &f->top, err)) ||
+        (st = make_buf(f, (size_t)max_logit_rows * sizeof(fwd_top), VK_BUF_READBACK, &f->top_rb,
+                       err)))
         goto fail;
 
     /* What the host writes each step. Block tables: each row's sequence
@@ -851,11 +859,11 @@ static void flush_copies(vkf *f) {
     f->n_copies = 0;
 }
 
-static cellm_status record_step(vkf *f, int32_t n, int32_t nl, cellm_error *err);
+static cellm_status record_step(vkf *f, int32_t n, int32_t nl, bool top, cellm_error *err);
 
-static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const *embd, int32_t n,
-                            const float **logits, cellm_error *err) {
-    vkf *f = impl;
+/* The pass; *out: the logit rows, or with `top` their fwd_top each. */
+static cellm_status vkf_pass(vkf *f, const fwd_row *rows, const float *const *embd, int32_t n,
+                             bool top, const void **out, cellm_error *err) {
     const model *m = f->m;
     f->n_copies = 0;
     f->copy_overflow = false;
@@ -873,17 +881,18 @@ static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const 
     }
     if (f->prof.on) t1 = now_ns();
     if (f->replay_ok && !f->n_copies && n == f->replay_n && nl == f->replay_nl &&
-        f->step_fused == f->replay_fused) {
+        f->step_fused == f->replay_fused && top == f->replay_top) {
         if (f->prof.on) t2 = now_ns();
         st = vk_recorder_resubmit(f->rec, err);
     } else {
-        st = record_step(f, n, nl, err);
+        st = record_step(f, n, nl, top, err);
         if (f->prof.on) t2 = now_ns();
         if (!st) st = vk_recorder_submit(f->rec, err);
         f->replay_ok = !st && !f->n_copies && !f->replay_off;
         f->replay_n = n;
         f->replay_nl = nl;
         f->replay_fused = f->step_fused;
+        f->replay_top = top;
     }
     if (st) {
         f->replay_ok = false;
@@ -893,18 +902,55 @@ static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const 
      * cached memory), which stays as it is until the next step: at 64 rows
      * of a 49,152-token vocabulary a copy would be 12 MiB a step. */
     const void *lg = NULL;
-    if (nl && (st = vk_buffer_read_mapped(f->readback, &lg, err))) return st;
+    if (nl && (st = vk_buffer_read_mapped(top ? f->top_rb : f->readback, &lg, err))) return st;
     if (f->prof.on) profile_step(f, n, t0, t1, t2);
     batch_advance(f->kv, rows, n);
-    *logits = lg;
+    *out = lg;
     return CELLM_OK;
+}
+
+static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const *embd, int32_t n,
+                            const float **logits, cellm_error *err) {
+    const void *out = NULL;
+    cellm_status st = vkf_pass(impl, rows, embd, n, false, &out, err);
+    if (!st) *logits = out;
+    return st;
+}
+
+static cellm_status vkf_run_top(void *impl, const fwd_row *rows, const float *const *embd,
+                                int32_t n, const fwd_top **top, cellm_error *err) {
+    const void *out = NULL;
+    cellm_status st = vkf_pass(impl, rows, embd, n, true, &out, err);
+    if (!st) *top = out;
+    return st;
+}
+
+/* The K best logits of each of the nl rows in f->logits into f->top
+ * (top.comp), a dispatch per as many rows as one binding spans. */
+static void record_top(rec_ctx *c, int32_t nl) {
+    vkf *f = c->f;
+    size_t row_bytes = (size_t)f->m->n_vocab * sizeof(float);
+    uint64_t range = vk_device_get_info(f->dev)->max_storage_range;
+    int32_t per = (int32_t)((range - 256) / row_bytes);
+    if (per < 1) per = 1; /* a row past the binding limit fails in the recorder, with a message */
+    for (int32_t r0 = 0; r0 < nl && !c->st; r0 += per) {
+        int32_t cnt = nl - r0 < per ? nl - r0 : per;
+        size_t at = (size_t)r0 * row_bytes;
+        struct {
+            uint32_t n, shift, out0;
+        } p = {(uint32_t)f->m->n_vocab, (uint32_t)(vk_binding_shift(f->dev, at) / sizeof(float)),
+               (uint32_t)r0};
+        vk_binding b[2] = {{f->logits, at, (size_t)cnt * row_bytes}, {f->top, 0, 0}};
+        uint32_t g[3] = {(uint32_t)cnt, 1, 1};
+        dispatch(c, VK_SHADER_TOP, b, 2, &p, sizeof p, g);
+    }
 }
 
 /* Records a step of n rows, nl of them with logits, after the pending
  * copies-on-write. Everything else a step needs is in the buffers
  * fill_inputs wrote, so the recording may be submitted again for the next
  * step of the same shape. */
-static cellm_status record_step(vkf *f, int32_t n, int32_t nl, cellm_error *err) {
+static cellm_status record_step(vkf *f, int32_t n, int32_t nl, bool top, cellm_error *err) {
     const model *m = f->m;
     cellm_status st;
     if ((st = vk_recorder_begin(f->rec, err))) return st;
@@ -954,9 +1000,16 @@ static cellm_status record_step(vkf *f, int32_t n, int32_t nl, cellm_error *err)
             dispatch(&c, VK_SHADER_LOGITS, b, 1, &p, sizeof p, g);
         }
         barrier(&c, P_HEAD);
-        if (!c.st)
+        if (top) {
+            record_top(&c, nl);
+            barrier(&c, P_HEAD);
+            if (!c.st)
+                c.st = vk_recorder_copy(f->rec, f->top, 0, f->top_rb, 0,
+                                        (size_t)nl * sizeof(fwd_top), err);
+        } else if (!c.st) {
             c.st = vk_recorder_copy(f->rec, f->logits, 0, f->readback, 0,
                                     (size_t)nl * (size_t)m->n_vocab * sizeof(float), err);
+        }
     }
     /* A recording that went wrong is not submitted (the next begin
      * resets it). */
