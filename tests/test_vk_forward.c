@@ -293,21 +293,22 @@ static void test_vk_engine_batch(void **st) {
                   "together; %llu prompt tokens came from the prefix cache\n",
                   (int)together[0].n_tok, (unsigned long long)sts.n_prefix_tokens);
     assert_true(sts.n_prefix_tokens > 0);
-    /* Greedy rows come back as their best FWD_TOP_K (run_top) above;
-     * CELLM_TOP=0 reads whole rows: the same tokens with each request's
-     * first token banned (then picked from lower in the list; its second
-     * token is most likely a plain argmax). */
-    int32_t bans[3];
-    for (int i = 0; i < 3; i++) bans[i] = alone[i].tok[0];
-    gen banned[3], whole_banned[3];
-    run_batch_ban(eng, prompts, 3, steps, bans, banned);
+    /* Greedy rows of steps of 4 or more (engine.c's step_top) come back
+     * as their best FWD_TOP_K (run_top) above; CELLM_TOP=0 reads whole
+     * rows: the same tokens for 4 requests at once, each with its first
+     * token banned (then picked from lower in the list; its second token
+     * is most likely a plain argmax). */
+    int32_t bans[4];
+    for (int i = 0; i < 4; i++) bans[i] = alone[i].tok[0];
+    gen banned[4], whole_banned[4];
+    run_batch_ban(eng, prompts, 4, steps, bans, banned);
     cellm_engine_free(eng);
     setenv("CELLM_TOP", "0", 1);
     cellm_status est = cellm_engine_create(cm, &ep, &eng);
     unsetenv("CELLM_TOP");
     if (est != CELLM_OK) fail_msg("%s", cellm_last_error());
-    run_batch_ban(eng, prompts, 3, steps, bans, whole_banned);
-    for (int i = 0; i < 3; i++) {
+    run_batch_ban(eng, prompts, 4, steps, bans, whole_banned);
+    for (int i = 0; i < 4; i++) {
         assert_true(banned[i].n_tok >= 1 && banned[i].tok[0] != bans[i]);
         assert_int_equal(banned[i].n_tok, whole_banned[i].n_tok);
         assert_memory_equal(banned[i].tok, whole_banned[i].tok,

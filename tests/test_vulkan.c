@@ -26,6 +26,7 @@
 #include "test_common.h"
 #include "vulkan/vk_device.h"
 #include "vulkan/vk_matmul.h"
+#include "vulkan/vk_shaders.h"
 
 /* Opens the best device or fails the test with the reason. */
 static vk_device *open_device(const vk_open_params *p) {
@@ -847,11 +848,12 @@ static bool top_before(float a, int ta, float b, int tb) {
 }
 
 /* top.comp: the K best of rows made of ties, signed zeros, infinities and
- * NaN, against a sort on the host, bound at row 0 and (out0, shift) at an
- * unaligned row 1. */
+ * NaN, against a sort on the host, through both stages (rows of 9,000
+ * logits: three slices, the last short), bound at row 0 and (out0,
+ * shift) at an unaligned row 1. */
 static void test_vulkan_top(void **state) {
     (void)state;
-    enum { R = 8, V = 1000, K = 8 };
+    enum { R = 8, V = 9000, K = 8 };
     static float l[R * V];
     uint64_t seed = 77;
     const float pick[] = {0.5f, 1.0f, -0.0f, 0.0f, -INFINITY, NAN, -3.0f, 2.0f};
@@ -863,33 +865,42 @@ static void test_vulkan_top(void **state) {
             case 1: *x = pick[rnd(&seed) % 8]; break;
             case 2: *x = NAN; break;
             case 3: *x = rnd(&seed) % 3 ? -INFINITY : NAN; break;
-            case 4: *x = rnd(&seed) % 97 ? frand(&seed) : INFINITY; break;
+            case 4: *x = rnd(&seed) % 997 ? frand(&seed) : INFINITY; break;
             case 5: *x = 1.25f; break;
             case 6:
                 *x = rnd(&seed) % 2 ? -0.0f : rnd(&seed) % 2 ? 0.0f : -frand(&seed) - 1.0f;
                 break;
-            default: *x = i == V - 1 ? 100.0f : (float)(i % 7) - 10.0f; break;
+            default:
+                *x = i >= V - 3 ? 100.0f : (float)(i % 7) - 10.0f;
+                break; /* best in the short slice */
             }
         }
     vk_device *dev = open_device(NULL);
     vk_recorder *rec;
     cellm_error err;
-    vk_buffer *lb, *ob;
+    vk_buffer *lb, *pb, *ob;
+    const uint32_t S = vk_top_slices(V);
+    assert_int_equal(S, 3);
     const size_t row = sizeof(float) * V, out = sizeof(uint32_t) * 2 * K;
     assert_int_equal(vk_recorder_create(dev, &rec, &err), CELLM_OK);
     assert_int_equal(vk_buffer_create(dev, sizeof l, VK_BUF_DEVICE, &lb, &err), CELLM_OK);
+    assert_int_equal(vk_buffer_create(dev, out * S * (2 * R - 1), VK_BUF_DEVICE, &pb, &err),
+                     CELLM_OK);
     assert_int_equal(vk_buffer_create(dev, out * (2 * R - 1), VK_BUF_DEVICE, &ob, &err), CELLM_OK);
     assert_int_equal(vk_buffer_upload(lb, 0, l, sizeof l, &err), CELLM_OK);
     const vk_pipeline *pipe;
     assert_int_equal(vk_pipeline_get(dev, VK_SHADER_TOP, &pipe, &err), CELLM_OK);
     assert_int_equal(vk_recorder_begin(rec, &err), CELLM_OK);
-    struct {
-        uint32_t n, shift, out0;
-    } p0 = {V, 0, 0}, p1 = {V, (uint32_t)(vk_binding_shift(dev, row) / sizeof(float)), R};
-    vk_binding b0[2] = {{lb, 0, 0}, {ob, 0, 0}}, b1[2] = {{lb, row, row * (R - 1)}, {ob, 0, 0}};
-    uint32_t g0[3] = {R, 1, 1}, g1[3] = {R - 1, 1, 1};
+    vk_top_push p0 = {V, 0, 0, 0, S},
+                p1 = {V, (uint32_t)(vk_binding_shift(dev, row) / sizeof(float)), R, 0, S},
+                p2 = {V, 0, 0, 1, S};
+    vk_binding b0[2] = {{lb, 0, 0}, {pb, 0, 0}}, b1[2] = {{lb, row, row * (R - 1)}, {pb, 0, 0}},
+               b2[2] = {{pb, 0, 0}, {ob, 0, 0}};
+    uint32_t g0[3] = {S, R, 1}, g1[3] = {S, R - 1, 1}, g2[3] = {2 * R - 1, 1, 1};
     assert_int_equal(vk_recorder_dispatch(rec, pipe, b0, 2, &p0, sizeof p0, g0, &err), CELLM_OK);
     assert_int_equal(vk_recorder_dispatch(rec, pipe, b1, 2, &p1, sizeof p1, g1, &err), CELLM_OK);
+    vk_recorder_barrier(rec);
+    assert_int_equal(vk_recorder_dispatch(rec, pipe, b2, 2, &p2, sizeof p2, g2, &err), CELLM_OK);
     assert_int_equal(vk_recorder_submit(rec, &err), CELLM_OK);
     uint32_t o[(2 * R - 1) * 2 * K];
     assert_int_equal(vk_buffer_download(ob, 0, o, sizeof o, &err), CELLM_OK);
@@ -918,6 +929,7 @@ static void test_vulkan_top(void **state) {
         }
     }
     vk_buffer_free(lb);
+    vk_buffer_free(pb);
     vk_buffer_free(ob);
     vk_recorder_free(rec);
     vk_device_close(dev);

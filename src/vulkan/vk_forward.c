@@ -41,6 +41,7 @@
 #include "format/quant.h"
 #include "model/batch.h"
 #include "vulkan/vk_matmul.h"
+#include "vulkan/vk_shaders.h"
 
 /* A weight on the device (buf NULL: the model has none there). */
 typedef struct vweight {
@@ -120,8 +121,9 @@ typedef struct vkf {
     /* Written by the host each step (mapped). */
     vk_buffer *in_x, *rowinfo, *tables, *rope, *lidx;
     vk_buffer *readback;
-    /* The top rows' K best logits (top.comp) and their readback. */
-    vk_buffer *top, *top_rb;
+    /* The top rows' K best logits (top.comp: its partial lists, its
+     * output) and their readback. */
+    vk_buffer *top_part, *top, *top_rb;
     float *host_x;      /* [max_rows][n_embd], staging for in_x */
     int32_t *host_info; /* [max_rows][4] */
     int32_t *host_tab;  /* block table words */
@@ -492,6 +494,8 @@ cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, int32_t max
                        &f->logits, err)) ||
         (st = make_buf(f, (size_t)max_logit_rows * (size_t)m->n_vocab * fl, VK_BUF_READBACK,
                        &f->readback, err)) ||
+        (st = make_buf(f, (size_t)max_logit_rows * vk_top_slices(m->n_vocab) * sizeof(fwd_top),
+                       VK_BUF_DEVICE, &f->top_part, err)) ||
         (st = make_buf(f, (size_t)max_logit_rows * sizeof(fwd_top), VK_BUF_DEVICE, &f->top, err)) ||
         (st = make_buf(f, (size_t)max_logit_rows * sizeof(fwd_top), VK_BUF_READBACK, &f->top_rb,
                        err)))
@@ -926,24 +930,29 @@ static cellm_status vkf_run_top(void *impl, const fwd_row *rows, const float *co
 }
 
 /* The K best logits of each of the nl rows in f->logits into f->top
- * (top.comp), a dispatch per as many rows as one binding spans. */
+ * (top.comp): the slices' lists, a dispatch per as many rows as one
+ * binding spans, then their merge. */
 static void record_top(rec_ctx *c, int32_t nl) {
     vkf *f = c->f;
-    size_t row_bytes = (size_t)f->m->n_vocab * sizeof(float);
+    uint32_t n = (uint32_t)f->m->n_vocab, slices = vk_top_slices(n);
+    size_t row_bytes = (size_t)n * sizeof(float);
     uint64_t range = vk_device_get_info(f->dev)->max_storage_range;
     int32_t per = (int32_t)((range - 256) / row_bytes);
     if (per < 1) per = 1; /* a row past the binding limit fails in the recorder, with a message */
     for (int32_t r0 = 0; r0 < nl && !c->st; r0 += per) {
         int32_t cnt = nl - r0 < per ? nl - r0 : per;
         size_t at = (size_t)r0 * row_bytes;
-        struct {
-            uint32_t n, shift, out0;
-        } p = {(uint32_t)f->m->n_vocab, (uint32_t)(vk_binding_shift(f->dev, at) / sizeof(float)),
-               (uint32_t)r0};
-        vk_binding b[2] = {{f->logits, at, (size_t)cnt * row_bytes}, {f->top, 0, 0}};
-        uint32_t g[3] = {(uint32_t)cnt, 1, 1};
+        vk_top_push p = {n, (uint32_t)(vk_binding_shift(f->dev, at) / sizeof(float)), (uint32_t)r0,
+                         0, slices};
+        vk_binding b[2] = {{f->logits, at, (size_t)cnt * row_bytes}, {f->top_part, 0, 0}};
+        uint32_t g[3] = {slices, (uint32_t)cnt, 1};
         dispatch(c, VK_SHADER_TOP, b, 2, &p, sizeof p, g);
     }
+    barrier(c, P_HEAD);
+    vk_top_push p = {n, 0, 0, 1, slices};
+    vk_binding b[2] = {{f->top_part, 0, 0}, {f->top, 0, 0}};
+    uint32_t g[3] = {(uint32_t)nl, 1, 1};
+    dispatch(c, VK_SHADER_TOP, b, 2, &p, sizeof p, g);
 }
 
 /* Records a step of n rows, nl of them with logits, after the pending

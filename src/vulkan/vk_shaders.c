@@ -67,7 +67,7 @@ static const vk_shader_desc shaders[VK_SHADER_COUNT] = {
     [VK_SHADER_ACT] = {"act", 2, 8, 0, {0}},
     [VK_SHADER_ADD_NORM] = {"add_norm", 5, 20, 0, {0}},
     [VK_SHADER_LOGITS] = {"logits", 1, 12, 0, {0}},
-    [VK_SHADER_TOP] = {"top", 2, 12, 0, {0}},
+    [VK_SHADER_TOP] = {"top", 2, 20, 0, {0}},
 };
 
 const vk_shader_desc *vk_shader_get(vk_shader_id id) {

@@ -37,6 +37,16 @@ typedef struct vk_shader_desc {
 /* The description of a shader id (vk_shaders.c). */
 const vk_shader_desc *vk_shader_get(vk_shader_id id);
 
+/* top.comp's push constants (its header says what each stage does), and
+ * its lists per row: one per 4,096 logits. */
+typedef struct vk_top_push {
+    uint32_t n, shift, out0, stage, slices;
+} vk_top_push;
+
+static inline uint32_t vk_top_slices(uint32_t n_vocab) {
+    return (n_vocab + 4095) / 4096;
+}
+
 /* The module called `name`, or NULL. */
 const vk_spirv *vk_spirv_find(const char *name);
 
