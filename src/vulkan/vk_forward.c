@@ -24,7 +24,8 @@
  *   the cache) → attention → output matmul → (post-norm) → residual →
  *   rmsnorm → gate, up matmuls → act → down matmul → (post-norm) → residual
  * then the final norm of the rows that want logits, the classifier and
- * its scale and soft-cap, and a copy of the logits into a readback buffer.
+ * its scale and soft-cap, and a copy of the logits into a readback buffer
+ * (or, for run_top, top.comp's 8 best of each row and a copy of those).
  * It is submitted once and waited on once; only the logits come back.
  *
  * What it does not run yet (creation says so, and AUTO falls back to the
