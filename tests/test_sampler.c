@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "runtime/sampler.h"
+#include "top_ref.h"
 
 #define V 1000
 
@@ -916,13 +917,6 @@ static void test_stale_memory(void **st) {
     sampler_free(b);
 }
 
-/* fwd_top's order: the larger logit first (-0 equal to +0), NaN last, a
- * tie to the lower token. */
-static bool top_before(float a, int ta, float b, int tb) {
-    if (isnan(a) || isnan(b)) return isnan(a) && isnan(b) ? ta < tb : isnan(b);
-    return a > b || (a == b && ta < tb);
-}
-
 /* A greedy request's token from a row's 8 best logits (what a GPU hands
  * back: sampler_pick_top) is the one sampler_sample picks from the whole
  * row, with up to 7 tokens banned, over rows of ties, signed zeros,
@@ -945,15 +939,7 @@ static void test_pick_top(void **st) {
         sampler_logit_bias ban[K - 1];
         int n_ban = (int)((x >> 20) % K);
         int top[K];
-        for (int k = 0; k < K; k++) {
-            int b = -1;
-            for (int i = 0; i < N; i++) {
-                bool taken = false;
-                for (int q = 0; q < k; q++) taken |= top[q] == i;
-                if (!taken && (b < 0 || top_before(l[i], i, l[b], b))) b = i;
-            }
-            top[k] = b;
-        }
+        top_select(l, N, K, top);
         for (int i = 0; i < n_ban; i++) {
             x = x * 6364136223846793005ull + 1442695040888963407ull;
             /* mostly the best tokens, so that the pick moves down the list */

@@ -24,6 +24,7 @@
 #include "format/kernels/fp16.h"
 #include "format/quant.h"
 #include "test_common.h"
+#include "top_ref.h"
 #include "vulkan/vk_device.h"
 #include "vulkan/vk_matmul.h"
 #include "vulkan/vk_shaders.h"
@@ -840,13 +841,6 @@ static void test_vulkan_attention(void **state) {
     assert_int_equal(vk_live_objects(), 0);
 }
 
-/* Whether logit a (token ta) comes before b (tb) in fwd_top's order: the
- * larger first (-0 equal to +0), NaN last, a tie to the lower token. */
-static bool top_before(float a, int ta, float b, int tb) {
-    if (isnan(a) || isnan(b)) return isnan(a) && isnan(b) ? ta < tb : isnan(b);
-    return a > b || (a == b && ta < tb);
-}
-
 /* top.comp: the K best of rows made of ties, signed zeros, infinities and
  * NaN, against a sort on the host, through both stages (rows of 9,000
  * logits: three slices, the last short), bound at row 0 and (out0,
@@ -907,17 +901,8 @@ static void test_vulkan_top(void **state) {
     for (int j = 0; j < 2 * R - 1; j++) {
         int r = j < R ? j : j - R + 1;
         const float *x = l + (size_t)r * V;
-        /* The host's K best: selection over the whole row. */
         int best[K];
-        for (int k = 0; k < K; k++) {
-            int b = -1;
-            for (int i = 0; i < V; i++) {
-                bool taken = false;
-                for (int q = 0; q < k; q++) taken |= best[q] == i;
-                if (!taken && (b < 0 || top_before(x[i], i, x[b], b))) b = i;
-            }
-            best[k] = b;
-        }
+        top_select(x, V, K, best);
         const uint32_t *oj = o + (size_t)j * 2 * K;
         for (int k = 0; k < K; k++) {
             if ((int)oj[K + k] != best[k])
