@@ -6,7 +6,8 @@ tokens, BOS first where that case says so), for chunk sizes from 64 up.
 The Vulkan backend multiplies f32 activations, so its perplexity is checked
 against this within 0.5%; the CPU's 8-bit activations come out about 0.7%
 higher (docs/benchmarks.md). Needs transformers, torch and gguf (run on the
-device tool's GPU). Writes tests/data/forward/f32-ppl.txt:
+device tool's GPU). Writes tests/data/forward/f32-ppl.txt (the rows of
+the models named; those of others stay):
 
   NAME CTX CHUNKS PERPLEXITY
 
@@ -52,7 +53,15 @@ def main():
                 ppl, count, _ = perplexity(model, tok, c, n, bos_id)
                 rows.append("%s %d %d %.6f" % (name, c, n, ppl))
                 print(rows[-1], "(%d tokens scored)" % count)
-    with open(os.path.join(OUT, "f32-ppl.txt"), "w") as f:
+    # The rows of models not named this time stay.
+    path = os.path.join(OUT, "f32-ppl.txt")
+    named = {a.split("=", 1)[0] for a in sys.argv[1:]}
+    if os.path.exists(path):
+        with open(path) as f:
+            keep = [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")
+                    and ln.split()[0] not in named]
+        rows = keep + rows
+    with open(path, "w") as f:
         f.write("# transformers float32 perplexity over the ppl case's tokens; "
                 "made by scripts/gen_f32_ppl_fixtures.py\n")
         f.write("\n".join(rows) + "\n")

@@ -186,27 +186,37 @@ static double f32_ppl(const char *name, int ctx) {
  * way scores the second half of a chunk; $CELLM_VK_PPL_CTX sets 128, 256
  * or 512), on both devices. The Vulkan backend multiplies f32 activations,
  * as transformers does in float32 on the same dequantized weights: its
- * perplexity is within 0.5% of transformers' (-0.02% on the H100,
- * +0.09% on lavapipe). The CPU (like llama.cpp's CPU backend) rounds each
- * block of activations to 8 bits for its integer dot products and comes
- * out higher (+1.9% here, +0.6 to +0.9% over the whole text:
- * docs/benchmarks.md), so against the CPU this checks 2%, which a wrong
- * scale, offset or rounding in any kernel passes by far. */
-static void test_vk_perplexity_smollm2(void **st) {
-    (void)st;
+ * perplexity is within 0.5% of transformers' (on lavapipe SmolLM2 +0.09%,
+ * Gemma 3 +0.005%; on the H100 -0.02% and within 0.01% over the whole
+ * text). The CPU (like llama.cpp's CPU backend) rounds each block of
+ * activations to 8 bits for its integer dot products, which moves these
+ * 31 tokens' perplexity by 1.7% (SmolLM2, higher) and 2.3% (Gemma 3,
+ * lower), and the whole text's by +0.6 to +1.7% (docs/benchmarks.md):
+ * against the CPU this checks 5%, that both compute the same model. */
+static void check_perplexity(const char *name) {
     rig_ppl_chunks = 1;
     rig_ppl_ctx = getenv("CELLM_VK_PPL_CTX") ? atoi(getenv("CELLM_VK_PPL_CTX")) : 64;
-    double ref, f32 = f32_ppl("smollm2-135m", rig_ppl_ctx);
-    if (f32 <= 0) fail_msg("f32-ppl.txt has no smollm2-135m chunk of %d", rig_ppl_ctx);
+    double ref, f32 = f32_ppl(name, rig_ppl_ctx);
+    if (f32 <= 0) fail_msg("f32-ppl.txt has no %s chunk of %d", name, rig_ppl_ctx);
     rig_device = CELLM_DEVICE_CPU;
-    double cpu = perplexity_of("smollm2-135m", CELLM_KV_F16, &ref);
+    double cpu = perplexity_of(name, CELLM_KV_F16, &ref);
     rig_device = CELLM_DEVICE_VULKAN;
-    double gpu = perplexity_of("smollm2-135m", CELLM_KV_F16, &ref);
-    print_message("smollm2-135m: perplexity Vulkan %.4f, transformers f32 %.4f (%+.3f%%), CPU "
-                  "%.4f (%+.3f%%)\n",
-                  gpu, f32, 100 * (gpu / f32 - 1), cpu, 100 * (gpu / cpu - 1));
+    double gpu = perplexity_of(name, CELLM_KV_F16, &ref);
+    print_message("%s: perplexity Vulkan %.4f, transformers f32 %.4f (%+.3f%%), CPU %.4f "
+                  "(%+.3f%%)\n",
+                  name, gpu, f32, 100 * (gpu / f32 - 1), cpu, 100 * (gpu / cpu - 1));
     assert_true(fabs(gpu / f32 - 1) <= 0.005);
-    assert_true(fabs(gpu / cpu - 1) <= 0.02);
+    assert_true(fabs(gpu / cpu - 1) <= 0.05);
+}
+
+static void test_vk_perplexity_smollm2(void **st) {
+    (void)st;
+    check_perplexity("smollm2-135m");
+}
+
+static void test_vk_perplexity_gemma3(void **st) {
+    (void)st;
+    check_perplexity("gemma3-270m");
 }
 
 /* 18 positions (past a KV block) as one chunk, token by token, in chunks
@@ -489,8 +499,8 @@ int main(void) {
         cmocka_unit_test(test_asan_vk_no_loader),     cmocka_unit_test(test_asan_vk_forward_small),
         cmocka_unit_test(test_vk_logits_smollm2),     cmocka_unit_test(test_vk_logits_gemma3),
         cmocka_unit_test(test_vk_greedy_smollm2),     cmocka_unit_test(test_vk_greedy_gemma3),
-        cmocka_unit_test(test_vk_perplexity_smollm2), cmocka_unit_test(test_vk_invariance_smollm2),
-        cmocka_unit_test(test_vk_engine_batch),
+        cmocka_unit_test(test_vk_perplexity_smollm2), cmocka_unit_test(test_vk_perplexity_gemma3),
+        cmocka_unit_test(test_vk_invariance_smollm2), cmocka_unit_test(test_vk_engine_batch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
