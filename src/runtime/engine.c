@@ -514,19 +514,21 @@ static void step_outputs(cellm_engine *e, const float *logits, double t_now) {
  * step (64 sessions: 15,400-15,700 -> 17,800-18,300 tokens/s on the
  * H100). A row or two come back faster whole than picked in the top
  * kernel's two stages (tg128 818-821 tokens/s whole, 797-816 picked). */
-static bool step_top(const cellm_engine *e) {
+static bool step_top(const cellm_engine *e, int32_t n_rows) {
     enum { TOP_MIN_ROWS = 4 };
     if (e->top_off || !backend_has_top(&e->fwd)) return false;
-    int32_t n = 0;
+    int32_t n = 0, asked = 0;
     for (int32_t i = 0; i < e->sched.n_fed; i++) {
         const cellm_request *r = req_of(e->sched.fed[i]);
         /* logit_rows once the step has advanced the sequence */
-        int32_t n_rows = r->seq.n_pos + r->sched.plan_n - r->sched.n_tokens + 1;
-        if (n_rows <= 0) continue;
-        if (!r->top_ok || n_rows != 1 || r->sched.n_draft > 0) return false;
+        int32_t n_out = r->seq.n_pos + r->sched.plan_n - r->sched.n_tokens + 1;
+        if (n_out <= 0) continue;
+        if (!r->top_ok || n_out != 1 || r->sched.n_draft > 0) return false;
         n++;
     }
-    return n >= TOP_MIN_ROWS;
+    /* No other row asks (a prompt's log-probabilities, mid-prompt). */
+    for (int32_t i = 0; i < n_rows; i++) asked += e->sched.rows[i].logits;
+    return n == asked && n >= TOP_MIN_ROWS;
 }
 
 /* step_outputs for a step whose logit rows came back as fwd_top: each
@@ -706,7 +708,7 @@ static int engine_step_once(cellm_engine *e, bool block) {
     const fwd_top *top = NULL;
     err_clear(&err);
     const float *const *embd = engine_image_rows(e) ? e->embd_rows : NULL;
-    bool use_top = step_top(e);
+    bool use_top = step_top(e, n_rows);
     cellm_status st = use_top
                           ? backend_run_top(&e->fwd, e->sched.rows, embd, n_rows, &top, &err)
                           : backend_run_embd(&e->fwd, e->sched.rows, embd, n_rows, &logits, &err);
