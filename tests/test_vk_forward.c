@@ -31,6 +31,7 @@
 
 #include "forward_rig.h"
 #include "runtime/sampler.h"
+#include "top_ref.h"
 #include "vulkan/vk_device.h"
 
 #define NEAR_TIE 0.5 /* test_forward.c's: the logit noise between engines */
@@ -192,8 +193,9 @@ static double f32_ppl(const char *name, int ctx) {
  * activations to 8 bits for its integer dot products, which moves these
  * 31 tokens' perplexity by 1.7% (SmolLM2, higher) and 2.3% (Gemma 3,
  * lower), and the whole text's by +0.6 to +1.7% (docs/benchmarks.md):
- * against the CPU this checks 5%, that both compute the same model. */
-static void check_perplexity(const char *name) {
+ * against the CPU this checks cpu_bound (2% for SmolLM2, 5% for Gemma 3),
+ * that both compute the same model. */
+static void check_perplexity(const char *name, double cpu_bound) {
     rig_ppl_chunks = 1;
     rig_ppl_ctx = getenv("CELLM_VK_PPL_CTX") ? atoi(getenv("CELLM_VK_PPL_CTX")) : 64;
     double ref, f32 = f32_ppl(name, rig_ppl_ctx);
@@ -206,17 +208,17 @@ static void check_perplexity(const char *name) {
                   "(%+.3f%%)\n",
                   name, gpu, f32, 100 * (gpu / f32 - 1), cpu, 100 * (gpu / cpu - 1));
     assert_true(fabs(gpu / f32 - 1) <= 0.005);
-    assert_true(fabs(gpu / cpu - 1) <= 0.05);
+    assert_true(fabs(gpu / cpu - 1) <= cpu_bound);
 }
 
 static void test_vk_perplexity_smollm2(void **st) {
     (void)st;
-    check_perplexity("smollm2-135m");
+    check_perplexity("smollm2-135m", 0.02);
 }
 
 static void test_vk_perplexity_gemma3(void **st) {
     (void)st;
-    check_perplexity("gemma3-270m");
+    check_perplexity("gemma3-270m", 0.05);
 }
 
 /* 18 positions (past a KV block) as one chunk, token by token, in chunks
@@ -394,20 +396,13 @@ static void test_asan_vk_forward_small(void **st) {
         for (int j = 0, k = 0; j < c; j++) {
             if (!rows[j].logits) continue;
             const float *row = b + (size_t)(i + j) * V;
-            int prev = -1;
+            int best[FWD_TOP_K];
+            top_select(row, V, FWD_TOP_K, best);
             for (int q = 0; q < FWD_TOP_K; q++) {
-                int32_t t = top[k].token[q];
-                assert_true(t >= 0 && t < V && t != prev);
-                assert_memory_equal(&top[k].logit[q], &row[t], sizeof(float));
-                /* no token of the row comes between place q - 1 and q */
-                for (int u = 0; u < V; u++) {
-                    bool before_t = row[u] > row[t] || (row[u] == row[t] && u < t);
-                    bool after_prev =
-                        prev < 0 || row[u] < row[prev] || (row[u] == row[prev] && u > prev);
-                    if (u != t && before_t && after_prev)
-                        fail_msg("position %d: token %d belongs before place %d", i + j, u, q);
-                }
-                prev = t;
+                if (top[k].token[q] != best[q])
+                    fail_msg("position %d place %d: token %d, the row's is %d", i + j, q,
+                             top[k].token[q], best[q]);
+                assert_memory_equal(&top[k].logit[q], &row[best[q]], sizeof(float));
             }
             k++;
         }
