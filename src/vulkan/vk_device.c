@@ -165,6 +165,7 @@ void vk_describe(const vk_fns *fn, VkPhysicalDevice phys, uint32_t index, vk_dev
     info->timestamps = fam != UINT32_MAX && ts_bits > 0 && p->limits.timestampPeriod > 0;
     info->usable = c.api >= VK_API_VERSION_1_1 && fam != UINT32_MAX;
     for (int i = 0; i < 3; i++) info->max_workgroups[i] = p->limits.maxComputeWorkGroupCount[i];
+    info->max_shared = p->limits.maxComputeSharedMemorySize;
     info->max_storage_range = p->limits.maxStorageBufferRange;
 }
 

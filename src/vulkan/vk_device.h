@@ -69,6 +69,7 @@ typedef struct vk_device_info {
     bool usable;     /* Vulkan 1.1 and a compute queue: vk_device_open takes it */
     uint32_t max_workgroups[3];
     uint64_t max_storage_range; /* the most bytes one buffer binding may span */
+    uint32_t max_shared;        /* bytes of shared memory a workgroup may use */
 } vk_device_info;
 
 /* Lists the physical devices into out[0..cap) and sets *n to how many there
@@ -178,6 +179,33 @@ typedef enum vk_shader_id {
     VK_SHADER_MATMULG_Q4_K,
     VK_SHADER_MATMULG_Q5_K,
     VK_SHADER_MATMULG_Q6_K,
+    VK_SHADER_MATMULQ_F32,
+    VK_SHADER_MATMULQ_F16,
+    VK_SHADER_MATMULQ_Q4_0,
+    VK_SHADER_MATMULQ_Q4_1,
+    VK_SHADER_MATMULQ_Q5_0,
+    VK_SHADER_MATMULQ_Q8_0,
+    VK_SHADER_MATMULQ_Q4_K,
+    VK_SHADER_MATMULQ_Q5_K,
+    VK_SHADER_MATMULQ_Q6_K,
+    VK_SHADER_MATMULLQ_F32,
+    VK_SHADER_MATMULLQ_F16,
+    VK_SHADER_MATMULLQ_Q4_0,
+    VK_SHADER_MATMULLQ_Q4_1,
+    VK_SHADER_MATMULLQ_Q5_0,
+    VK_SHADER_MATMULLQ_Q8_0,
+    VK_SHADER_MATMULLQ_Q4_K,
+    VK_SHADER_MATMULLQ_Q5_K,
+    VK_SHADER_MATMULLQ_Q6_K,
+    VK_SHADER_MATMULGQ_F32,
+    VK_SHADER_MATMULGQ_F16,
+    VK_SHADER_MATMULGQ_Q4_0,
+    VK_SHADER_MATMULGQ_Q4_1,
+    VK_SHADER_MATMULGQ_Q5_0,
+    VK_SHADER_MATMULGQ_Q8_0,
+    VK_SHADER_MATMULGQ_Q4_K,
+    VK_SHADER_MATMULGQ_Q5_K,
+    VK_SHADER_MATMULGQ_Q6_K,
     VK_SHADER_RMSNORM,
     VK_SHADER_QK_PREP,
     VK_SHADER_ATTENTION,

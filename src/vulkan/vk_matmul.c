@@ -62,6 +62,33 @@ static uint32_t matmul_lanes(uint32_t K) {
     return steps ? (nc + steps - 1) / steps : 16;
 }
 
+bool vk_matmul_rounds_activations(void) {
+    const char *v = getenv("CELLM_VK_ACT");
+    return v && !strcmp(v, "q8");
+}
+
+/* Whether `type` weights take the form that rounds the activations as the
+ * CPU does (matmul.comp's -DX_Q8), and its lanes: a tile of the K-quants'
+ * 256-element blocks spans whole blocks (8 or 16 lanes: 768 columns take
+ * 16, in steps of 16 and 8 chunks). The cooperative kernel keeps each
+ * block's largest magnitude in shared memory beside its tile: 512 bytes
+ * more than the 16 KiB of its largest pipeline (8 rows, 4 outputs an
+ * invocation, 16 lanes) for the 32-element types. A device that cannot
+ * give them (Vulkan promises 16 KiB) multiplies that matrix's activations
+ * as they are, in every pipeline, so a row's bits still do not depend on
+ * its batch. */
+static bool matmul_rounds(const vk_device *d, uint32_t type, uint32_t *lanes) {
+    if (type == QT_F32 || !vk_matmul_rounds_activations()) return false;
+    uint32_t blk = quant_type_get(quant_type_get(type)->vec_dot_type)->block_size;
+    uint32_t l = blk == 256 ? (*lanes <= 8 ? 8 : 16) : *lanes;
+    uint32_t span = l * 32, red = 4 * 128;
+    uint32_t bytes =
+        MM_ROWS * (span > red ? span : red) * 4 + (blk > 1 ? MM_ROWS * span / blk * 4 : 0);
+    if (!vk_matmul_lane_variant(d) && bytes > vk_device_get_info(d)->max_shared) return false;
+    *lanes = l;
+    return true;
+}
+
 /* Outputs per invocation for n_rows activation rows: 1 up to one row tile
  * (8 rows; there more workgroups matter more than the shared reads each
  * saves), 2 for a few tiles (64 sessions: 72 rows), 4 for a prompt's
@@ -87,6 +114,9 @@ static cellm_status matmul_pipeline(vk_device *d, uint32_t type, bool glu, uint3
      * are those it has in any batch. */
     *tr = n_rows == 1 ? 1 : MM_ROWS;
     uint32_t lanes = matmul_lanes(K);
+    /* The forms that round the activations follow the plain ones in
+     * vk_shader_id, in the same order. */
+    if (matmul_rounds(d, type, &lanes)) shader += VK_SHADER_MATMULQ_F32 - VK_SHADER_MATMUL_F32;
     uint32_t spec[4] = {*tr, glu ? act : 0, matmul_opt(n_rows), lanes};
     *outs = 128 / lanes * spec[2]; /* matmul.comp's OUTS times OPT */
     /* A CPU emulating a GPU (lavapipe) pays a coroutine switch per
@@ -98,7 +128,7 @@ static cellm_status matmul_pipeline(vk_device *d, uint32_t type, bool glu, uint3
                            "Vulkan matmul: no GLU input in the lane variant");
         spec[2] = 1; /* the lane variant has neither constant: one pipeline */
         spec[3] = 16;
-        shader += VK_SHADER_MATMULL_F32 - VK_SHADER_MATMUL_F32;
+        shader += VK_SHADER_MATMULL_F32 - VK_SHADER_MATMUL_F32; /* MATMULQ to MATMULLQ too */
         *outs = 128;
     } else if (glu) {
         if (act > 1)

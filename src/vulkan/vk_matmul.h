@@ -22,6 +22,14 @@ bool vk_matmul_supports(uint32_t type);
  * ("lane" or "coop": tests run both on one device). */
 bool vk_matmul_lane_variant(const vk_device *d);
 
+/* Whether matmuls round their activations as the CPU's matmul does before
+ * its integer dot products (8-bit blocks of 32 against the 32-element
+ * types, of 256 against the K-quants, F16 against F16 weights), the CPU's
+ * arithmetic: with $CELLM_VK_ACT=q8. By default they multiply the f32
+ * activations as they are (transformers' arithmetic, and the nearer to
+ * it: docs/gpu.md). Read at each pipeline's choice. */
+bool vk_matmul_rounds_activations(void);
+
 /* One matrix product, its operands given as buffer + byte offset:
  *   y[r * y_stride + o] = sum_i W[o][i] * x[r * x_stride + i]
  * for r < n_rows and o < rows, where W is `rows` rows of `cols` elements of

@@ -229,6 +229,10 @@ bool vk_matmul_lane_variant(const vk_device *d) {
     return false;
 }
 
+bool vk_matmul_rounds_activations(void) {
+    return false;
+}
+
 bool vk_matmul_supports(uint32_t type) {
     (void)type;
     return false;

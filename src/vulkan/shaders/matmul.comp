@@ -29,6 +29,11 @@
 // its chunk sums in chunk order, with no shared memory and no barrier. Its
 // bits differ from the cooperative variant's; a device uses one variant
 // for every batch, so a row's result still does not depend on the batch.
+//
+// -DX_Q8 builds the variant that rounds the activations as the CPU's
+// matmul rounds them for its integer dot products (below, before the
+// kernels), $CELLM_VK_ACT=q8: its own modules, so that the f32 kernels'
+// code is what it was without it.
 
 layout(local_size_x = 128) in;
 
@@ -278,6 +283,57 @@ uint elem(uint g, uint i) { return 8u * g + i; }
 #error "matmul.comp: build with -DW_<TYPE>"
 #endif
 
+#ifdef X_Q8
+// The CPU's rounding of the activations (src/format/quant.c's vec_dot_type
+// of each weight type): the 32-element types meet A8 rows (a block of 32
+// codes round(x / d), d = max |x| / 127 stored as F16), the K-quants Q8_K
+// rows (blocks of 256, d kept in F32), F16 weights F16 activations. XBLK is
+// the block (1: each value on its own, F16).
+#if defined(W_Q4_0) || defined(W_Q4_1) || defined(W_Q5_0) || defined(W_Q8_0)
+const uint XBLK = 32u;
+const bool XD_F16 = true;
+#elif defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K)
+const uint XBLK = 256u;
+const bool XD_F16 = false;
+#elif defined(W_F16)
+const uint XBLK = 1u;
+const bool XD_F16 = false;
+#else
+#error "matmul.comp: -DX_Q8 for a type the CPU multiplies in f32"
+#endif
+
+// x >= 0 rounded to the nearest F16, ties to even (fp16.h's fp32_to_fp16;
+// a device's packHalf2x16 may truncate).
+float round_f16(float x) {
+    if (x >= 65520.0) return uintBitsToFloat(0x7F800000u);
+    if (x < 6.103515625e-05) return roundEven(x * 16777216.0) * 5.9604644775390625e-08;
+    uint b = floatBitsToUint(x);
+    b += 0xFFFu + ((b >> 13) & 1u);
+    return uintBitsToFloat(b & ~0x1FFFu);
+}
+
+float signed_f16(float x) {
+    return x < 0.0 ? -round_f16(-x) : round_f16(x);
+}
+
+// A block's scale from its largest magnitude: 1 / d, and what one code is
+// worth (d, through F16 for A8).
+void xq_scale(float amax, out float id, out float dq) {
+    precise float d = amax / 127.0;
+    id = d != 0.0 ? 1.0 / d : 0.0;
+    dq = XD_F16 ? round_f16(d) : d;
+}
+
+// x as the CPU's code stands for it: clamp(x / d) to [-127, 127], rounded
+// half away from zero (roundf), times the code's worth.
+float xq_round(float x, float id, float dq) {
+    precise float v = clamp(x * id, -127.0, 127.0);
+    float a = abs(v), r = floor(a);
+    if (a - r >= 0.5) r += 1.0;
+    return (v < 0.0 ? -r : r) * dq;
+}
+#endif
+
 #ifdef LANE_PER_OUTPUT
 void main() {
     uint tile = gl_WorkGroupID.z * gl_NumWorkGroups.x + gl_WorkGroupID.x;
@@ -288,8 +344,21 @@ void main() {
     precise float acc[TR];
     for (uint r = 0u; r < TR; r++) acc[r] = 0.0;
     uint nc = pc.K / 32u;
+#ifdef X_Q8
+    float xid[TR], xdq[TR]; // each row's block scale
+#endif
     for (uint c = 0u; c < nc; c++) {
         chunk_begin(row, c);
+#ifdef X_Q8
+        // A block's scale at its first chunk (a block is 1 or 8 chunks).
+        if (XBLK > 1u && (c * 32u) % XBLK == 0u)
+            for (uint r = 0u; r < TR; r++) {
+                uint x0 = pc.x_off + min(r0 + r, pc.n_rows - 1u) * pc.x_stride + c * 32u;
+                float amax = 0.0;
+                for (uint i = 0u; i < XBLK; i++) amax = max(amax, abs(xd[x0 + i]));
+                xq_scale(amax, xid[r], xdq[r]);
+            }
+#endif
         precise float s[TR];
         for (uint r = 0u; r < TR; r++) s[r] = 0.0;
         [[dont_unroll]] for (uint g = 0u; g < 4u; g++) {
@@ -299,7 +368,13 @@ void main() {
                 uint col = c * 32u + elem(g, i);
                 for (uint r = 0u; r < TR; r++) {
                     uint xr = min(r0 + r, pc.n_rows - 1u); // past n_rows: not written
+#ifdef X_Q8
+                    float x = xd[pc.x_off + xr * pc.x_stride + col];
+                    x = XBLK == 1u ? signed_f16(x) : xq_round(x, xid[r], xdq[r]);
+                    s[r] = fma(v[i], x, s[r]);
+#else
                     s[r] = fma(v[i], xd[pc.x_off + xr * pc.x_stride + col], s[r]);
+#endif
                 }
             }
         }
@@ -309,6 +384,15 @@ void main() {
         if (r0 + r < pc.n_rows) yd[pc.y_off + (r0 + r) * pc.y_stride + o] = acc[r];
 }
 #else
+#ifdef X_Q8
+// Each block's largest magnitude in the tile of a step (a tile's span is
+// whole blocks: vk_matmul.c gives the K-quants 8 or 16 lanes), and how
+// many of the tile's values each invocation loads.
+const uint XNB = TR * SPAN / (XBLK > 1u ? XBLK : 1u);
+const uint XPER = (TR * SPAN + 127u) / 128u;
+shared uint xmax[XNB];
+#endif
+
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint ol = tid / LANES, lane = tid % LANES;
@@ -329,11 +413,57 @@ void main() {
         for (uint r = 0u; r < TR; r++) acc[k][r] = 0.0;
     uint nc = pc.K / 32u;
     uint steps = (nc + LANES - 1u) / LANES;
+#ifdef X_Q8
+    if (XBLK > 1u) {
+        for (uint b = tid; b < XNB; b += 128u) xmax[b] = 0u;
+        barrier();
+    }
+#endif
     for (uint st = 0u; st < steps; st++) {
-        // Past n_rows or K: copies of the last row or column, never used.
+        // Past n_rows or K: copies of the last row or column, never used
+        // (whole blocks of them under X_Q8: a tile's span is whole blocks).
         // Unrolled (TR is a constant), so that every load of the tile is in
         // flight at once: a loop of dependent waits cost microseconds a
         // step on the H200, most of a decode matmul's time.
+#ifdef X_Q8
+        if (XBLK > 1u) {
+            // Each block's largest magnitude (the bits of a non-negative
+            // float order as the float), then the values rounded.
+            float xv[XPER];
+            [[unroll]] for (uint i = 0u; i < XPER; i++) {
+                uint t = tid + 128u * i;
+                if (t < TR * SPAN) {
+                    uint xr = min(r0 + t / SPAN, pc.n_rows - 1u);
+                    uint col = min(st * SPAN + t % SPAN, pc.K - 1u);
+                    xv[i] = x_at(pc.x_off + xr * pc.x_stride + col);
+                    atomicMax(xmax[t / XBLK], floatBitsToUint(abs(xv[i])));
+                }
+            }
+            barrier();
+            [[unroll]] for (uint i = 0u; i < XPER; i++) {
+                uint t = tid + 128u * i;
+                if (t < TR * SPAN) {
+                    float id, dq;
+                    xq_scale(uintBitsToFloat(xmax[t / XBLK]), id, dq);
+                    uint tc = t % SPAN;
+                    sh[shx(t / SPAN, tc / 32u, tc % 32u)] = xq_round(xv[i], id, dq);
+                }
+            }
+        } else {
+            [[unroll]] for (uint t = tid; t < TR * SPAN; t += 128u) {
+                uint xr = min(r0 + t / SPAN, pc.n_rows - 1u);
+                uint tc = t % SPAN;
+                uint col = min(st * SPAN + tc, pc.K - 1u);
+                sh[shx(t / SPAN, tc / 32u, tc % 32u)] =
+                    signed_f16(x_at(pc.x_off + xr * pc.x_stride + col));
+            }
+        }
+        barrier();
+        // The block maxima are read: clear them for the next step (the
+        // barrier at the step's end comes first).
+        if (XBLK > 1u)
+            for (uint b = tid; b < XNB; b += 128u) xmax[b] = 0u;
+#else
         [[unroll]] for (uint t = tid; t < TR * SPAN; t += 128u) {
             uint xr = min(r0 + t / SPAN, pc.n_rows - 1u);
             uint tc = t % SPAN;
@@ -341,6 +471,7 @@ void main() {
             sh[shx(t / SPAN, tc / 32u, tc % 32u)] = x_at(pc.x_off + xr * pc.x_stride + col);
         }
         barrier();
+#endif
         uint c = st * LANES + lane;
         if (live && c < nc) {
             // Each output's chunk: its four weight loads first, then the
