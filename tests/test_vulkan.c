@@ -234,11 +234,12 @@ enum { NS = sizeof single / sizeof single[0] };
  * 5e-4 of a half, and the F16 scale's last bit where d lies within 8 ulp of
  * an F16 rounding tie; 0 elsewhere. */
 static void device_acts(uint32_t type, const float *x, float *xr, float *slack, int n) {
-    const quant_type_info *xt = quant_type_get(quant_type_get(type)->vec_dot_type);
+    const uint32_t vt = quant_type_get(type)->vec_dot_type;
+    const quant_type_info *xt = quant_type_get(vt);
     for (int i = 0; i < n; i++) xr[i] = x[i], slack[i] = 0;
     if (!vk_matmul_rounds_activations() || type == QT_F32) return;
     uint64_t bytes;
-    assert_true(quant_nbytes(quant_type_get(type)->vec_dot_type, (uint64_t)n, &bytes));
+    assert_true(quant_nbytes(vt, (uint64_t)n, &bytes));
     void *q = malloc(bytes);
     xt->from_float(x, q, (size_t)n);
     xt->to_float(q, xr, (size_t)n);
@@ -416,10 +417,14 @@ static void test_vulkan_matmul_ragged(void **state) {
     assert_int_equal(vk_recorder_create(dev, &rec, &err), CELLM_OK);
     enum { N = 13, K = 256, R = 9, XS = K + 40, YS = N + 7 };
     const uint32_t types[2] = {QT_Q4_K, QT_Q4_0};
-    for (int t = 0; t < 2; t++) {
-        const quant_type_info *qi = quant_type_get(types[t]);
+    /* Each type with f32 activations, then rounded as the CPU
+     * ($CELLM_VK_ACT=q8: the lanes' blocks of strided rows). */
+    for (int t = 0; t < 4; t++) {
+        const uint32_t type = types[t % 2];
+        if (t == 2) setenv("CELLM_VK_ACT", "q8", 1);
+        const quant_type_info *qi = quant_type_get(type);
         uint64_t rb;
-        assert_true(quant_nbytes(types[t], K, &rb));
+        assert_true(quant_nbytes(type, K, &rb));
         uint8_t *w = malloc(rb * N);
         float wf[K], deq[N][K], x[R * XS], y[R * YS], y1[YS];
         uint64_t seed = 17 + t;
@@ -430,7 +435,7 @@ static void test_vulkan_matmul_ragged(void **state) {
         }
         for (int i = 0; i < R * XS; i++) x[i] = frand(&seed);
         float xr[R][K], slack[R][K];
-        for (int r = 0; r < R; r++) device_acts(types[t], x + r * XS, xr[r], slack[r], K);
+        for (int r = 0; r < R; r++) device_acts(type, x + r * XS, xr[r], slack[r], K);
         vk_buffer *wb, *xb, *yb, *y1b;
         assert_int_equal(vk_buffer_create(dev, 2 + rb * N, VK_BUF_DEVICE, &wb, &err), CELLM_OK);
         assert_int_equal(vk_buffer_create(dev, sizeof x, VK_BUF_DEVICE, &xb, &err), CELLM_OK);
@@ -441,7 +446,7 @@ static void test_vulkan_matmul_ragged(void **state) {
         assert_int_equal(vk_recorder_begin(rec, &err), CELLM_OK);
         assert_int_equal(vk_recorder_fill(rec, yb, 0, sizeof y, 0x3F800000u, &err), CELLM_OK);
         vk_recorder_barrier(rec);
-        vk_matmul_args a = {.type = types[t],
+        vk_matmul_args a = {.type = type,
                             .w = wb,
                             .w_off = 2,
                             .rows = N,
@@ -453,7 +458,7 @@ static void test_vulkan_matmul_ragged(void **state) {
                             .n_rows = R};
         assert_int_equal(vk_matmul_record(rec, &a, &err), CELLM_OK);
         for (int r = 0; r < R; r++) /* each row alone */
-            assert_int_equal(vk_matmul(rec, types[t], wb, 2, N, K, xb, sizeof(float) * XS * r, y1b,
+            assert_int_equal(vk_matmul(rec, type, wb, 2, N, K, xb, sizeof(float) * XS * r, y1b,
                                        sizeof y1 * r, 1, &err),
                              CELLM_OK);
         assert_int_equal(vk_recorder_submit(rec, &err), CELLM_OK);
@@ -483,6 +488,7 @@ static void test_vulkan_matmul_ragged(void **state) {
         vk_buffer_free(y1b);
         free(w);
     }
+    unsetenv("CELLM_VK_ACT");
     /* Misaligned and short operands are refused. */
     vk_buffer *b;
     assert_int_equal(vk_buffer_create(dev, 1 << 16, VK_BUF_DEVICE, &b, &err), CELLM_OK);

@@ -386,9 +386,10 @@ void main() {
 #else
 #ifdef X_Q8
 // Each block's largest magnitude in the tile of a step (a tile's span is
-// whole blocks: vk_matmul.c gives the K-quants 8 or 16 lanes), and how
-// many of the tile's values each invocation loads.
-const uint XNB = TR * SPAN / (XBLK > 1u ? XBLK : 1u);
+// whole blocks: vk_matmul.c gives the K-quants 8 or 16 lanes; one unused
+// word for F16, which rounds each value alone), and how many of the tile's
+// values each invocation loads.
+const uint XNB = XBLK > 1u ? TR * SPAN / XBLK : 1u;
 const uint XPER = (TR * SPAN + 127u) / 128u;
 shared uint xmax[XNB];
 #endif
