@@ -290,6 +290,15 @@ typedef struct cellm_engine_params {
      * (7,281 rows of SmolVLM-256M, 2,048 of SmolVLM-2.2B). Models without
      * pictures reserve nothing. */
     size_t image_budget_bytes;
+    /* Partial offload, for a model the GPU's memory does not hold: on a
+     * Vulkan device, the last gpu_layers layers and the classifier run on
+     * the GPU and the embedding and the layers before them on the CPU,
+     * whose KV blocks stay in host memory; each step hands the residual
+     * stream from the CPU to the GPU once. 0 (default), or the model's
+     * layer count or more: every layer on the GPU. Ignored on the CPU
+     * (device CELLM_DEVICE_CPU, or AUTO falling back). The draft model of
+     * speculative decoding runs whole on the engine's device. */
+    int32_t gpu_layers;
 } cellm_engine_params;
 
 /* cellm_engine_params.device. */

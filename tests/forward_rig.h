@@ -142,6 +142,8 @@ typedef struct rig {
  * and the most chunks of the fixture's text perplexity_of scores (0: all;
  * a slow emulated GPU scores fewer). */
 static int32_t rig_device = CELLM_DEVICE_CPU;
+/* cellm_engine_params.gpu_layers of the rigs (0: every layer on the GPU). */
+static int32_t rig_gpu_layers = 0;
 static int rig_ppl_chunks = 0;
 /* perplexity_of's chunk size (0: the fixture's) and check_invariance's
  * prompt length (0: 24, or 48 outside test_small), for the same reason. */
@@ -157,7 +159,8 @@ static inline void rig_open_kv(rig *r, const char *name, int threads, int32_t ma
     if (model_load(path, &r->m, &e) ||
         kv_cache_create(r->m, 256u << 20, 4096, 1, max_rows, kv_type, &r->kv, &e) ||
         tp_create(threads, &r->tp, &e) ||
-        device_backend(rig_device, r->m, r->kv, r->tp, max_rows, max_logits, &r->f, &e)) {
+        device_backend(rig_device, rig_gpu_layers, r->m, r->kv, r->tp, max_rows, max_logits, &r->f,
+                       &e)) {
         print_error("%s\n", e.msg);
         fail();
     }

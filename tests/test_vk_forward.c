@@ -57,9 +57,12 @@ static void check_logits(const char *name) {
     const fx_case *c = &fx.c[0];
     int n = n_compare(name);
     rig cpu, gpu;
+    int32_t gl = rig_gpu_layers;
     rig_device = CELLM_DEVICE_CPU;
+    rig_gpu_layers = 0;
     rig_open(&cpu, name, 2, 64, 64);
     rig_device = CELLM_DEVICE_VULKAN;
+    rig_gpu_layers = gl;
     rig_open(&gpu, name, 2, 64, 64);
     assert_string_equal(backend_name(&gpu.f), "vulkan");
     int V = cpu.m->n_vocab;
@@ -91,10 +94,10 @@ static void check_logits(const char *name) {
             if (g > worst_tie) worst_tie = g;
         }
     }
-    print_message("%s: Vulkan top-1 equals the CPU's at %d of %d positions (the others within "
-                  "%.4f of a tie); llama.cpp's at %d (the CPU's: %d); largest logit difference "
-                  "%.4f\n",
-                  name, agree, n, worst_tie, agree_ref, cpu_ref, worst);
+    print_message("%s, %d GPU layers (0: all): Vulkan top-1 equals the CPU's at %d of %d "
+                  "positions (the others within %.4f of a tie); llama.cpp's at %d (the CPU's: "
+                  "%d); largest logit difference %.4f\n",
+                  name, (int)gl, agree, n, worst_tie, agree_ref, cpu_ref, worst);
     assert_true(worst_tie <= NEAR_TIE);
     /* Against llama.cpp, as good as the CPU backend within one position
      * (the CPU meets test_forward's bounds over many more). */
@@ -296,34 +299,28 @@ static void run_batch(cellm_engine *eng, const char *const *prompts, int n, int 
     run_batch_ban(eng, prompts, n, max, NULL, out);
 }
 
-static void test_vk_engine_batch(void **st) {
-    (void)st;
-    char path[1024];
-    test_model_path("smollm2-135m", path, sizeof path);
-    cellm_model *cm;
-    assert_int_equal(cellm_model_load(path, NULL, &cm), CELLM_OK);
-    cellm_engine_params ep = cellm_engine_default_params();
-    ep.device = CELLM_DEVICE_VULKAN;
-    ep.n_threads = 2;
-    ep.max_seqs = 9;
-    cellm_engine *eng;
-    if (cellm_engine_create(cm, &ep, &eng) != CELLM_OK) fail_msg("%s", cellm_last_error());
-    /* 9 raw prompts sharing a prefix of 23 tokens (over one KV block), so
-     * later requests take the block from the prefix cache; unfinished
-     * sentences, so none ends at once; short, for lavapipe. */
+/* 9 raw prompts sharing a prefix of 23 tokens (over one KV block), so
+ * later requests take the block from the prefix cache; unfinished
+ * sentences, so none ends at once; short, for lavapipe. */
+static void capital_prompts(char buf[9][256], const char *prompts[9]) {
     static const char prefix[] =
         "You are a careful assistant who answers questions about the world. Answer in one short "
         "sentence, please. The capital of ";
     static const char *const tails[9] = {"France is", "Spain is",  "Italy is", "Peru is", "Chad is",
                                          "Japan is",  "Norway is", "Chile is", "Egypt is"};
-    char buf[9][256];
-    const char *prompts[9];
     for (int i = 0; i < 9; i++) {
         snprintf(buf[i], sizeof buf[i], "%s%s", prefix, tails[i]);
         prompts[i] = buf[i];
     }
-    int steps = 2;
-    gen alone[9], together[9];
+}
+
+/* The 9 prompts, `steps` greedy tokens each, one at a time and then all
+ * at once on the engine: the same tokens and text (alone: each alone).
+ * The later requests' shared block comes from the prefix cache, and its
+ * copy-on-write runs where its layers are. */
+static void check_alone_together(cellm_engine *eng, const char *const *prompts, int steps,
+                                 gen alone[9]) {
+    gen together[9];
     for (int i = 0; i < 9; i++) run_batch(eng, &prompts[i], 1, steps, &alone[i]);
     run_batch(eng, prompts, 9, steps, together);
     for (int i = 0; i < 9; i++) {
@@ -339,6 +336,26 @@ static void test_vk_engine_batch(void **st) {
                   "together; %llu prompt tokens came from the prefix cache\n",
                   (int)together[0].n_tok, (unsigned long long)sts.n_prefix_tokens);
     assert_true(sts.n_prefix_tokens > 0);
+}
+
+static void test_vk_engine_batch(void **st) {
+    (void)st;
+    char path[1024];
+    test_model_path("smollm2-135m", path, sizeof path);
+    cellm_model *cm;
+    assert_int_equal(cellm_model_load(path, NULL, &cm), CELLM_OK);
+    cellm_engine_params ep = cellm_engine_default_params();
+    ep.device = CELLM_DEVICE_VULKAN;
+    ep.n_threads = 2;
+    ep.max_seqs = 9;
+    cellm_engine *eng;
+    if (cellm_engine_create(cm, &ep, &eng) != CELLM_OK) fail_msg("%s", cellm_last_error());
+    char buf[9][256];
+    const char *prompts[9];
+    capital_prompts(buf, prompts);
+    int steps = 2;
+    gen alone[9];
+    check_alone_together(eng, prompts, steps, alone);
     /* Greedy rows of steps of 4 or more (engine.c's step_top) come back
      * as their best FWD_TOP_K (run_top) above; CELLM_TOP=0 reads whole
      * rows: the same tokens for 4 requests at once, each with its first
@@ -365,9 +382,47 @@ static void test_vk_engine_batch(void **st) {
     assert_int_equal(vk_live_objects(), 0);
 }
 
+/* A copy-on-write on the rig's backend: sequence a holds 20 positions
+ * (a block and a part), b is forked from it and writes position 20 into
+ * the shared part (copied first), then a writes other tokens there: each
+ * gives the logits of a fresh sequence fed the same tokens, bit for bit. */
+static void check_fork(rig *r, const int32_t *tok, int n_tok) {
+    assert_true(n_tok >= 32);
+    int V = r->m->n_vocab;
+    size_t bytes = sizeof(float) * (size_t)V * 2;
+    float *fa = malloc(bytes), *fb = malloc(bytes), *ref = malloc(bytes);
+    int32_t mine[22], theirs[22];
+    memcpy(mine, tok, sizeof mine);
+    memcpy(theirs, tok, sizeof theirs);
+    theirs[20] = tok[30], theirs[21] = tok[31];
+    kv_seq a, b, c;
+    cellm_error e;
+    assert_int_equal(kv_seq_init(r->kv, &a, &e), CELLM_OK);
+    assert_int_equal(kv_seq_init(r->kv, &b, &e), CELLM_OK);
+    feed(r, &a, mine, 20, 20, 0, NULL);
+    kv_seq_fork(r->kv, &b, &a);
+    feed(r, &b, mine + 20, 2, 2, 0, fb);
+    feed(r, &a, theirs + 20, 2, 2, 0, fa);
+    const int32_t *const want[2] = {mine, theirs};
+    const float *const got[2] = {fb, fa};
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(kv_seq_init(r->kv, &c, &e), CELLM_OK);
+        feed(r, &c, want[k], 20, 20, 0, NULL);
+        feed(r, &c, want[k] + 20, 2, 2, 0, ref);
+        assert_memory_equal(got[k], ref, bytes);
+        kv_seq_free(r->kv, &c);
+    }
+    kv_seq_free(r->kv, &a);
+    kv_seq_free(r->kv, &b);
+    free(fa);
+    free(fb);
+    free(ref);
+}
+
 /* A few positions through the Vulkan backend with ASan watching the host
  * side (the engine's buffers, uploads, the recording): top-1 equal to the
- * CPU's, nothing left on the device. */
+ * CPU's, nothing left on the device; the same with the last layers alone
+ * on the device. */
 static void test_asan_vk_forward_small(void **st) {
     (void)st;
     const char *name = "smollm2-135m";
@@ -420,12 +475,97 @@ static void test_asan_vk_forward_small(void **st) {
         i += c;
     }
     kv_seq_free(gpu.kv, &s);
+    rig_close(&gpu);
+    /* Partial offload, the last 2 layers on the device: the same top-1
+     * (but for near-ties) and a copy-on-write in both memories. */
+    rig_gpu_layers = 2;
+    rig_open(&gpu, name, 1, 32, 32);
+    rig_gpu_layers = 0;
+    assert_int_equal(kv_seq_init(gpu.kv, &s, &e), CELLM_OK);
+    feed(&gpu, &s, fx.c[0].tok, n, 4, 0, b);
+    kv_seq_free(gpu.kv, &s);
+    for (int p = 0; p < n; p++) /* the CPU's two best are 0.11 apart at position 1 */
+        assert_true(gap_to(a + (size_t)p * V, V, argmax(b + (size_t)p * V, V)) <= NEAR_TIE);
+    check_fork(&gpu, fx.c[0].tok, fx.c[0].n_tok);
     free(a);
     free(b);
     rig_close(&cpu);
     rig_close(&gpu);
     free(fx.c);
     assert_int_equal(vk_live_objects(), 0);
+}
+
+/* ---- partial offload: the last layers on the GPU, the rest on the CPU ---- */
+
+/* SmolLM2 with the last 15 of its 30 layers on the device: top-1 as the
+ * CPU's (near-ties aside), perplexity between the CPU's and transformers'
+ * f32, a row's logits bit-identical however the batch is cut (each step
+ * hands the CPU's residual stream to the device, and each keeps its own
+ * layers' KV blocks) and after a copy-on-write, and through the engine the same tokens alone and
+ * among 8 others sharing a cached prefix (whose copy-on-write then runs in
+ * host memory for the CPU's layers and on the device for the others). */
+static void test_vk_partial_smollm2(void **st) {
+    (void)st;
+    const char *name = "smollm2-135m";
+    rig_gpu_layers = 15;
+    check_logits(name);
+    rig_device = CELLM_DEVICE_VULKAN;
+    rig_inv_n = 18;
+    check_invariance(name, CELLM_KV_F16);
+    fixture fx;
+    load_fixture(name, &fx);
+    rig r;
+    rig_open(&r, name, 2, 32, 32);
+    uint64_t cow = r.kv->n_cow;
+    check_fork(&r, fx.c[0].tok, fx.c[0].n_tok);
+    assert_true(r.kv->n_cow > cow);
+    rig_close(&r);
+    free(fx.c);
+    rig_ppl_chunks = 1;
+    rig_ppl_ctx = 64;
+    double ref, part = perplexity_of(name, CELLM_KV_F16, &ref);
+    rig_device = CELLM_DEVICE_CPU;
+    double cpu = perplexity_of(name, CELLM_KV_F16, &ref), f32 = f32_ppl(name, 64);
+    /* The CPU's layers round their activations as the CPU does, the
+     * device's multiply them in f32 (check_perplexity): within 0.5% of
+     * the span between the CPU's perplexity and transformers' f32. */
+    double lo = cpu < f32 ? cpu : f32, hi = cpu < f32 ? f32 : cpu;
+    print_message("%s: perplexity with 15 GPU layers %.4f, CPU %.4f (%+.3f%%), transformers f32 "
+                  "%.4f (%+.3f%%)\n",
+                  name, part, cpu, 100 * (part / cpu - 1), f32, 100 * (part / f32 - 1));
+    assert_true(f32 > 0 && part >= lo * 0.995 && part <= hi * 1.005);
+
+    char path[1024];
+    test_model_path(name, path, sizeof path);
+    cellm_model *cm;
+    assert_int_equal(cellm_model_load(path, NULL, &cm), CELLM_OK);
+    cellm_engine_params ep = cellm_engine_default_params();
+    ep.device = CELLM_DEVICE_VULKAN;
+    ep.gpu_layers = 15;
+    ep.n_threads = 2;
+    ep.max_seqs = 9;
+    cellm_engine *eng;
+    if (cellm_engine_create(cm, &ep, &eng) != CELLM_OK) fail_msg("%s", cellm_last_error());
+    char buf[9][256];
+    const char *prompts[9];
+    capital_prompts(buf, prompts);
+    gen alone[9];
+    check_alone_together(eng, prompts, 2, alone);
+    cellm_engine_free(eng);
+    ep.gpu_layers = -1;
+    assert_int_equal(cellm_engine_create(cm, &ep, &eng), CELLM_ERR_INVALID_ARG);
+    cellm_model_free(cm);
+    rig_gpu_layers = 0;
+    assert_int_equal(vk_live_objects(), 0);
+}
+
+/* Gemma 3 with its last 9 of 18 layers on the device: each of its two KV
+ * groups (window and global layers) is split between host and device. */
+static void test_vk_partial_gemma3(void **st) {
+    (void)st;
+    rig_gpu_layers = 9;
+    check_logits("gemma3-270m");
+    rig_gpu_layers = 0;
 }
 
 /* No loader: VULKAN says why, AUTO runs on the CPU. */
@@ -444,12 +584,12 @@ static void test_asan_vk_no_loader(void **st) {
     assert_int_equal(tp_create(1, &tp, &e), CELLM_OK);
     backend b;
     err_clear(&e);
-    assert_int_equal(device_backend(CELLM_DEVICE_VULKAN, m, kv, tp, 16, 1, &b, &e),
+    assert_int_equal(device_backend(CELLM_DEVICE_VULKAN, 0, m, kv, tp, 16, 1, &b, &e),
                      CELLM_ERR_UNSUPPORTED);
     print_message("device vulkan without a loader: %s\n", e.msg);
     assert_true(strlen(e.msg) > 0);
     assert_null(kv->ext.copy);
-    assert_int_equal(device_backend(CELLM_DEVICE_AUTO, m, kv, tp, 16, 1, &b, &e), CELLM_OK);
+    assert_int_equal(device_backend(CELLM_DEVICE_AUTO, 0, m, kv, tp, 16, 1, &b, &e), CELLM_OK);
     assert_string_equal(backend_name(&b), "cpu");
     backend_free(&b);
     tp_destroy(tp);
@@ -472,10 +612,10 @@ static void test_asan_vk_not_built(void **st) {
     assert_int_equal(kv_cache_create(m, 16u << 20, 512, 1, 16, CELLM_KV_F16, &kv, &e), CELLM_OK);
     assert_int_equal(tp_create(1, &tp, &e), CELLM_OK);
     backend b;
-    assert_int_equal(device_backend(CELLM_DEVICE_VULKAN, m, kv, tp, 16, 1, &b, &e),
+    assert_int_equal(device_backend(CELLM_DEVICE_VULKAN, 0, m, kv, tp, 16, 1, &b, &e),
                      CELLM_ERR_UNSUPPORTED);
     assert_non_null(strstr(e.msg, "built without Vulkan"));
-    assert_int_equal(device_backend(CELLM_DEVICE_AUTO, m, kv, tp, 16, 1, &b, &e), CELLM_OK);
+    assert_int_equal(device_backend(CELLM_DEVICE_AUTO, 0, m, kv, tp, 16, 1, &b, &e), CELLM_OK);
     assert_string_equal(backend_name(&b), "cpu");
     backend_free(&b);
     tp_destroy(tp);
@@ -507,6 +647,7 @@ int main(void) {
         cmocka_unit_test(test_vk_greedy_smollm2),     cmocka_unit_test(test_vk_greedy_gemma3),
         cmocka_unit_test(test_vk_perplexity_smollm2), cmocka_unit_test(test_vk_perplexity_gemma3),
         cmocka_unit_test(test_vk_invariance_smollm2), cmocka_unit_test(test_vk_engine_batch),
+        cmocka_unit_test(test_vk_partial_smollm2),    cmocka_unit_test(test_vk_partial_gemma3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -794,6 +794,7 @@ int cmd_bench(int argc, char **argv) {
     bench_spec_opts so = {
         .draft_max = -1, .draft_min = -1, .draft_p_min = -1, .tasks = "prose,edit,summary"};
     const char *draft_name = NULL;
+    long gpu_layers = -1;
     bool spec = false, set_sessions = false, set_n = false, set_reps = false, set_ctx = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -834,6 +835,8 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--kv-type") && v && cli_parse_kv_type(v, &ep.kv_type)) {
             i++;
         } else if (!strcmp(a, "--device") && v && cli_parse_device(v, &ep.device)) {
+            i++;
+        } else if (cli_is_gpu_layers(a) && cli_parse_gpu_layers(v, &gpu_layers)) {
             i++;
         } else if (!strcmp(a, "--sampling")) {
             sampling_only = true;
@@ -889,6 +892,7 @@ int cmd_bench(int argc, char **argv) {
             return 2;
         }
     }
+    cli_apply_gpu_layers(gpu_layers, &ep.device, &ep.gpu_layers);
     char path[4096];
     cellm_error err;
     err_clear(&err);

@@ -39,6 +39,24 @@ bool cli_parse_device(const char *s, int32_t *out) {
     return device_parse(s, out);
 }
 
+bool cli_is_gpu_layers(const char *opt) {
+    return !strcmp(opt, "--gpu-layers") || !strcmp(opt, "-ngl") || !strcmp(opt, "--n-gpu-layers");
+}
+
+bool cli_parse_gpu_layers(const char *s, long *out) {
+    unsigned long long u;
+    if (!s || !cli_parse_uint(s, 1u << 20, &u)) return false;
+    *out = (long)u;
+    return true;
+}
+
+void cli_apply_gpu_layers(long arg, int32_t *device, int32_t *gpu_layers) {
+    if (arg == 0)
+        *device = CELLM_DEVICE_CPU;
+    else if (arg > 0)
+        *gpu_layers = (int32_t)arg;
+}
+
 bool cli_parse_kv_type(const char *s, cellm_kv_type *out) {
     static const struct {
         const char *name;

@@ -26,8 +26,19 @@ bool cli_parse_uint(const char *s, unsigned long long max, unsigned long long *o
 #define CLI_DEVICES "auto, cpu, vulkan"
 #define CLI_DEVICE_USAGE                                                                           \
     "  --device D            where the model runs: " CLI_DEVICES " (default auto: a GPU\n"         \
-    "                        through Vulkan where one is usable, else the CPU)\n"
+    "                        through Vulkan where one is usable, else the CPU)\n"                  \
+    "  --gpu-layers N        on a GPU, only the last N layers and the classifier there, the\n"     \
+    "                        rest on the CPU, for a model too big for the GPU's memory;\n"         \
+    "                        0: all on the CPU (default: every layer on the GPU)\n"
 bool cli_parse_device(const char *s, int32_t *out);
+
+/* --gpu-layers N (also -ngl, --n-gpu-layers): kept as given (-1: not
+ * given) and applied once the options are read (cli_apply_gpu_layers),
+ * so that its place beside --device does not matter: 0 runs on the CPU,
+ * N sets cellm_engine_params.gpu_layers. */
+bool cli_is_gpu_layers(const char *opt);
+bool cli_parse_gpu_layers(const char *s, long *out);
+void cli_apply_gpu_layers(long arg, int32_t *device, int32_t *gpu_layers);
 
 /* Parses a KV cache type name (CLI_KV_TYPES) for --kv-type. */
 #define CLI_KV_TYPES "f16, q8_0, q4_0, q4_0h, k5v4h"

@@ -21,12 +21,13 @@
 
 static void usage(FILE *out) {
     fprintf(out, "usage: cellm perplexity MODEL FILE [-c N] [--chunks K] [-t THREADS]\n"
-                 "                        [--kv-type T] [--device D]\n\n"
+                 "                        [--kv-type T] [--device D] [--gpu-layers N]\n\n"
                  "Perplexity of MODEL over the text in FILE, in chunks of N tokens (default 512),\n"
                  "scoring the second half of each chunk as llama.cpp's perplexity tool does.\n"
                  "--chunks limits how many chunks are used (default: all). --kv-type stores\n"
                  "the KV cache as " CLI_KV_TYPES " (default f16). --device runs it on\n" CLI_DEVICES
-                 " (default auto).\n");
+                 " (default auto);\n"
+                 "--gpu-layers N runs only the last N layers there, the rest on the CPU.\n");
 }
 
 static void log_softmax_at(const float *x, int32_t n, double *lse) {
@@ -41,6 +42,7 @@ int cmd_perplexity(int argc, char **argv) {
     const char *model_name = NULL, *file = NULL, *kv_name = "f16";
     rt_opts o = {.ctx = 512, .logit_rows = LOGIT_ROWS, .batch = 256};
     unsigned long long max_chunks = 0, u;
+    long gpu_layers = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -61,6 +63,11 @@ int cmd_perplexity(int argc, char **argv) {
         } else if (!strcmp(a, "--device") && i + 1 < argc) {
             if (!cli_parse_device(argv[++i], &o.device)) {
                 cli_error("perplexity: --device needs one of " CLI_DEVICES);
+                return 2;
+            }
+        } else if (cli_is_gpu_layers(a) && i + 1 < argc) {
+            if (!cli_parse_gpu_layers(argv[++i], &gpu_layers)) {
+                cli_error("perplexity: %s needs a count of layers", a);
                 return 2;
             }
         } else if (!strcmp(a, "--chunks") && i + 1 < argc) {
@@ -99,6 +106,7 @@ int cmd_perplexity(int argc, char **argv) {
         return 1;
     }
     rt r;
+    cli_apply_gpu_layers(gpu_layers, &o.device, &o.gpu_layers);
     if (rt_open(model_name, &o, &r, &err) != CELLM_OK) {
         cli_error("%s", err.msg);
         free(text);

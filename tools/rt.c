@@ -46,7 +46,8 @@ cellm_status rt_open(const char *name_or_path, const rt_opts *o, rt *r, cellm_er
         r->tp = o->tp;
     else if ((st = tp_create(threads, &r->tp, err)))
         goto fail;
-    if ((st = device_backend(o->device, r->m, r->kv, r->tp, r->batch, logit_rows, &r->fwd, err)))
+    if ((st = device_backend(o->device, o->gpu_layers, r->m, r->kv, r->tp, r->batch, logit_rows,
+                             &r->fwd, err)))
         goto fail;
     return CELLM_OK;
 fail:

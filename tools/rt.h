@@ -43,8 +43,9 @@ typedef struct rt_opts {
      * guesses speculative decoding takes back); the KV cache is sized for
      * passes that much longer. */
     int32_t slack;
-    threadpool *tp; /* a pool to share, not owned; NULL: its own of `threads` */
-    int32_t device; /* cellm_device: 0 (auto) */
+    threadpool *tp;     /* a pool to share, not owned; NULL: its own of `threads` */
+    int32_t device;     /* cellm_device: 0 (auto) */
+    int32_t gpu_layers; /* cellm_engine_params.gpu_layers: 0 (all) */
 } rt_opts;
 
 /* Resolves `name_or_path` (fetching a known model if needed) and opens it. */

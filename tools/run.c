@@ -566,6 +566,7 @@ int cmd_run(int argc, char **argv) {
     const char *model_name = NULL, *prompt = NULL, *system = NULL, *tpl = NULL, *tpl_file = NULL;
     const char *grammar_file = NULL, *json_schema = NULL, *mmproj = NULL, *image = NULL;
     rt_opts o = {0};
+    long gpu_layers = -1;
     static rt_sampling rs; /* its bias table is 8 KiB */
     rt_sampling_init(&rs);
     rt_spec_opts so;
@@ -626,6 +627,12 @@ int cmd_run(int argc, char **argv) {
             NEED_ARG();
             if (!cli_parse_device(v, &o.device)) {
                 cli_error("run: --device needs one of " CLI_DEVICES);
+                return 2;
+            }
+        } else if (cli_is_gpu_layers(a)) {
+            NEED_ARG();
+            if (!cli_parse_gpu_layers(v, &gpu_layers)) {
+                cli_error("run: %s needs a count of layers", a);
                 return 2;
             }
         } else if (!strcmp(a, "--chat-template")) {
@@ -699,6 +706,7 @@ int cmd_run(int argc, char **argv) {
             return 2;
         }
     }
+    cli_apply_gpu_layers(gpu_layers, &o.device, &o.gpu_layers);
     if (rt_open(model_name, &o, &c.r, &err) != CELLM_OK) {
         cli_error("%s", err.msg);
         free(tpl_text);

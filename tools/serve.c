@@ -290,6 +290,9 @@ static const char *const valued[] = {"--host",
                                      "--affinity-tokens",
                                      "--kv-type",
                                      "--device",
+                                     "--gpu-layers",
+                                     "-ngl",
+                                     "--n-gpu-layers",
                                      "-md",
                                      "--model-draft",
                                      "--mmproj",
@@ -302,6 +305,7 @@ static const char *const valued[] = {"--host",
 /* Parses the flags into *o; returns -1 to go on, else an exit status. */
 static int parse_flags(int argc, char **argv, serve_opts *o) {
     bool have_model = false;
+    long gpu_layers = -1;
     const char *spec_tuned = NULL; /* the last --draft-* flag given */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -379,6 +383,12 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
         } else if (!strcmp(a, "--device")) {
             if (!cli_parse_device(v, &o->engine.device)) {
                 cli_error("serve: --device needs one of " CLI_DEVICES);
+                return 2;
+            }
+            i++;
+        } else if (cli_is_gpu_layers(a)) {
+            if (!cli_parse_gpu_layers(v, &gpu_layers)) {
+                cli_error("serve: %s needs a count of layers", a);
                 return 2;
             }
             i++;
@@ -466,6 +476,7 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
         cli_error("serve: the API key must not be empty");
         return 2;
     }
+    cli_apply_gpu_layers(gpu_layers, &o->engine.device, &o->engine.gpu_layers);
     return -1;
 }
 

@@ -772,10 +772,10 @@ cellm_status forward_run(forward_ctx *f, const fwd_row *rows, int32_t n, const f
     return forward_run_embd(f, rows, NULL, n, logits, err);
 }
 
-cellm_status forward_run_embd(forward_ctx *f, const fwd_row *rows, const float *const *embd,
-                              int32_t n, const float **logits, cellm_error *err) {
-    cellm_status st = batch_reserve(f->m, f->kv, rows, n, f->max_rows, f->max_logit_rows, err);
-    if (st) return st;
+/* The embedding and layers [0, end) of the batch, whose blocks are
+ * reserved: the residual stream after layer end - 1 in f->x. */
+static void run_layers(forward_ctx *f, const fwd_row *rows, const float *const *embd, int32_t n,
+                       int32_t end) {
     const model *m = f->m;
     int32_t d = m->n_embd;
     for (int32_t r = 0; r < n; r++) {
@@ -790,7 +790,7 @@ cellm_status forward_run_embd(forward_ctx *f, const fwd_row *rows, const float *
     }
     step s = {f, rows, n, NULL, 0, m->n_ff, NULL, NULL, NULL, 0, false};
     f->rope_valid[0] = f->rope_valid[1] = false;
-    for (int32_t il = 0; il < m->n_layer; il++) {
+    for (int32_t il = 0; il < end; il++) {
         const layer_desc *L = &m->layers[il];
         const weight *qkv[] = {&L->wq, &L->wk, &L->wv}, *gu[] = {&L->w_gate, &L->w_up};
         /* the previous layer's MLP residual, this one's norm, Q/K/V's input */
@@ -825,11 +825,30 @@ cellm_status forward_run_embd(forward_ctx *f, const fwd_row *rows, const float *
                       true);
         }
     }
-    if (m->n_layer > 0) { /* the last MLP residual */
-        s.res_post = &m->layers[m->n_layer - 1].post_ffn_norm;
+    if (end > 0) { /* the last MLP residual */
+        s.res_post = &m->layers[end - 1].post_ffn_norm;
         s.norm = s.quant = NULL;
         run_rows(f, task_rows, &s);
     }
+}
+
+cellm_status forward_run_layers(forward_ctx *f, const fwd_row *rows, const float *const *embd,
+                                int32_t n, int32_t end, const float **x, cellm_error *err) {
+    if (n < 1 || n > f->max_rows || end < 0 || end > f->m->n_layer)
+        return err_set(err, CELLM_ERR_INVALID_ARG, "%d rows through %d layers (limits %d, %d)", n,
+                       end, f->max_rows, f->m->n_layer);
+    run_layers(f, rows, embd, n, end);
+    *x = f->x;
+    return CELLM_OK;
+}
+
+cellm_status forward_run_embd(forward_ctx *f, const fwd_row *rows, const float *const *embd,
+                              int32_t n, const float **logits, cellm_error *err) {
+    cellm_status st = batch_reserve(f->m, f->kv, rows, n, f->max_rows, f->max_logit_rows, err);
+    if (st) return st;
+    const model *m = f->m;
+    int32_t d = m->n_embd;
+    run_layers(f, rows, embd, n, m->n_layer);
     /* The classifier, only for rows that want logits: gather their normed
      * states into xb, in batch order. */
     int32_t nl = 0;

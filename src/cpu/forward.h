@@ -42,6 +42,16 @@ cellm_status forward_run(forward_ctx *f, const fwd_row *rows, int32_t n_rows, co
 cellm_status forward_run_embd(forward_ctx *f, const fwd_row *rows, const float *const *embd,
                               int32_t n, const float **logits, cellm_error *err);
 
+/* The first layers of a pass, for a backend that runs the rest (a GPU
+ * that holds only the last layers: vulkan/vk_forward.h): the rows' inputs
+ * (as forward_run_embd) through layers [0, end), whose K and V rows it
+ * writes; *x then points to the residual stream after layer end - 1, n_embd
+ * floats per row, valid until the next call. The caller reserved the
+ * rows' KV blocks (batch_reserve) and advances the sequences after the
+ * rest of the pass (batch_advance); the rows are as forward_run's. */
+cellm_status forward_run_layers(forward_ctx *f, const fwd_row *rows, const float *const *embd,
+                                int32_t n, int32_t end, const float **x, cellm_error *err);
+
 /* The CPU backend (model/backend.h): forward_create()'s context behind the
  * seam; the backend owns it (backend_free frees it). */
 cellm_status forward_backend(const model *m, kv_cache *kv, threadpool *tp, int32_t max_rows,

@@ -963,6 +963,8 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
     if (kv_type_check(m, p.kv_type, &err)) return fail(&err);
     if (!device_name(p.device))
         return fail_msg(CELLM_ERR_INVALID_ARG, "device must be CELLM_DEVICE_AUTO, _CPU or _VULKAN");
+    if (p.gpu_layers < 0)
+        return fail_msg(CELLM_ERR_INVALID_ARG, "gpu_layers must be 0 (every layer) or more");
     const char *bad_qos = qos_check(&p.qos, p.n_threads);
     if (bad_qos) return fail_msg(CELLM_ERR_INVALID_ARG, bad_qos);
     char spec_msg[CELLM_ERR_MSG_MAX];
@@ -1021,8 +1023,8 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
     e->top_off = top_env && !strcmp(top_env, "0");
     if (kv_cache_create(m, kv_budget, p.max_ctx, p.max_seqs, kv_chunk, p.kv_type, &e->kv, &err) ||
         tp_create(p.n_threads, &e->tp, &err) ||
-        device_backend(p.device, m, e->kv, e->tp, p.max_batch_tokens, e->logit_rows, &e->fwd,
-                       &err) ||
+        device_backend(p.device, p.gpu_layers, m, e->kv, e->tp, p.max_batch_tokens, e->logit_rows,
+                       &e->fwd, &err) ||
         spec_create(e, draft_kv, &err)) {
         engine_destroy(e);
         return fail(&err);

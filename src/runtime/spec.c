@@ -154,8 +154,8 @@ cellm_status spec_create(cellm_engine *e, size_t kv_bytes, cellm_error *err) {
     e->dfirst = malloc((size_t)p->max_seqs * sizeof *e->dfirst);
     if (!e->drows || !e->dreq || !e->dfirst)
         return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory for the draft model's batch");
-    return device_backend(p->device, d, e->dkv, e->tp, p->max_batch_tokens, p->max_seqs, &e->dfwd,
-                          err);
+    return device_backend(p->device, 0, d, e->dkv, e->tp, p->max_batch_tokens, p->max_seqs,
+                          &e->dfwd, err);
 }
 
 void spec_destroy(cellm_engine *e) {

@@ -106,6 +106,14 @@ typedef struct vk_profile {
 typedef struct vkf {
     const model *m;
     kv_cache *kv;
+    /* Partial offload: layers [0, layer0) run elsewhere (lower), which
+     * hands the residual stream to the device's first layer and keeps
+     * their KV, the first kv_first[g] layers of each group's blocks.
+     * layer0 0: every layer is on the device. */
+    vk_lower lower;
+    int32_t layer0;
+    int32_t kv_first[2];
+    const float **lower_rows; /* [max_rows]: row r's input, lower's residual stream */
     vk_device *dev;
     vk_recorder *rec;
     int32_t max_rows, max_logit_rows;
@@ -220,7 +228,8 @@ static cellm_status upload_concat(vkf *f, const weight *const *w, int n, vk_buff
 }
 
 /* Why the backend cannot run `m` with this cache; NULL when it can. */
-static const char *cannot_run(const model *m, const kv_cache *kv, char *msg, size_t cap) {
+static const char *cannot_run(const model *m, const kv_cache *kv, int32_t layer0, char *msg,
+                              size_t cap) {
     if (m->n_expert) return "mixture-of-experts layers are not in the Vulkan backend yet";
     if (m->n_conv_layers) return "short-convolution layers are not in the Vulkan backend yet";
     if (kv->type != CELLM_KV_F16) return "the Vulkan backend keeps its KV cache as f16 only";
@@ -233,7 +242,7 @@ static const char *cannot_run(const model *m, const kv_cache *kv, char *msg, siz
                  quant_type_get(m->output.type)->name);
         return msg;
     }
-    for (int32_t il = 0; il < m->n_layer; il++) {
+    for (int32_t il = layer0; il < m->n_layer; il++) {
         const layer_desc *L = &m->layers[il];
         if (L->qk_norm_full) return "QK-norm across all heads is not in the Vulkan backend yet";
         const weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
@@ -253,9 +262,12 @@ static const char *cannot_run(const model *m, const kv_cache *kv, char *msg, siz
 }
 
 /* kv_storage.copy: a copy-on-write, done at the start of the next
- * recording (before anything the pass writes). */
+ * recording (before anything the pass writes); the layers below the
+ * device's are lower's to copy, now. */
 static void kv_copy(void *user, int32_t group, int32_t dst, int32_t src) {
     vkf *f = user;
+    if (f->kv_first[group]) f->lower.copy(f->lower.user, group, dst, src);
+    if (f->kv_first[group] == f->kv->groups[group].n_layers) return;
     if (f->n_copies == f->cap_copies) {
         f->copy_overflow = true; /* cannot happen: the cap covers a batch's */
         return;
@@ -327,6 +339,8 @@ static void vkf_free(void *impl) {
     profile_print(f);
     if (f->kv && f->kv->ext.user == f) f->kv->ext = (kv_storage){0};
     vk_device_close(f->dev); /* frees every buffer, the recorder, the pipelines */
+    if (f->lower.free) f->lower.free(f->lower.user);
+    free(f->lower_rows);
     free(f->owned);
     free(f->layers);
     free(f->host_x);
@@ -364,7 +378,7 @@ static cellm_status prepare_pipelines(vkf *f, cellm_error *err) {
     const model *m = f->m;
     uint32_t act = m->act == ACT_GELU_TANH;
     cellm_status st = vk_matmul_prepare(f->dev, f->output.type, f->output.cols, false, 0, err);
-    for (int32_t il = 0; il < m->n_layer && !st; il++) {
+    for (int32_t il = f->layer0; il < m->n_layer && !st; il++) {
         const vlayer *V = &f->layers[il];
         const vweight *ws[] = {&V->wq, &V->wk, &V->wv, &V->wo, &V->w_gate, &V->w_up, &V->w_down};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0] && !st; i++)
@@ -382,23 +396,39 @@ static cellm_status prepare_pipelines(vkf *f, cellm_error *err) {
 
 static const backend_ops vk_ops = {"vulkan", vkf_run, vkf_free, vkf_run_top};
 
-cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, int32_t max_rows,
-                        int32_t max_logit_rows, backend *out, cellm_error *err) {
+cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, const vk_lower *lower,
+                        int32_t max_rows, int32_t max_logit_rows, backend *out, cellm_error *err) {
     *out = (backend){0};
+    vk_lower low = lower ? *lower : (vk_lower){0};
+    int32_t layer0 = low.layer0;
     char msg[CELLM_ERR_MSG_MAX];
-    const char *why = cannot_run(m, kv, msg, sizeof msg);
-    if (why) return err_set(err, CELLM_ERR_UNSUPPORTED, "%s", why);
-    if (max_rows < 1 || max_logit_rows < 1 || max_logit_rows > max_rows)
+    const char *why = NULL;
+    if (layer0 < 0 || layer0 >= m->n_layer || (layer0 && (!low.run || !low.copy)))
+        why = "the layers below the device's are bad";
+    else
+        why = cannot_run(m, kv, layer0, msg, sizeof msg);
+    vkf *f = why ? NULL : calloc(1, sizeof *f);
+    if (why || !f || max_rows < 1 || max_logit_rows < 1 || max_logit_rows > max_rows) {
+        if (low.free) low.free(low.user);
+        free(f);
+        if (why) return err_set(err, CELLM_ERR_UNSUPPORTED, "%s", why);
+        if (!f) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
         return err_set(err, CELLM_ERR_INVALID_ARG, "batch limits %d rows / %d logit rows are bad",
                        max_rows, max_logit_rows);
-    vkf *f = calloc(1, sizeof *f);
-    if (!f) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    }
     f->m = m;
     f->max_rows = max_rows;
     f->max_logit_rows = max_logit_rows;
+    f->lower = low;
+    f->layer0 = layer0;
+    for (int32_t il = 0; il < layer0; il++) f->kv_first[m->layers[il].kv_group]++;
     vk_open_params op = vk_open_default_params();
     cellm_status st = vk_device_open(&op, &f->dev, err);
     if (st) goto fail;
+    if (layer0 && !(f->lower_rows = malloc((size_t)max_rows * sizeof *f->lower_rows))) {
+        st = err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+        goto fail;
+    }
     if (gpu_only && vk_device_get_info(f->dev)->type == VK_TYPE_CPU) {
         st = err_set(err, CELLM_ERR_UNSUPPORTED, "the only Vulkan device is a CPU emulation (%s)",
                      vk_device_get_info(f->dev)->name);
@@ -422,7 +452,7 @@ cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, int32_t max
     }
     if ((st = upload_weight(f, &m->out_norm, &f->out_norm, err))) goto fail;
     if ((st = upload_weight(f, &m->output, &f->output, err))) goto fail;
-    for (int32_t il = 0; il < m->n_layer; il++) {
+    for (int32_t il = layer0; il < m->n_layer; il++) {
         const layer_desc *L = &m->layers[il];
         vlayer *V = &f->layers[il];
         if ((st = upload_weight(f, &L->attn_norm, &V->attn_norm, err)) ||
@@ -459,10 +489,11 @@ cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, int32_t max
         V->rope_cfg = (uint32_t)c;
     }
 
-    /* The KV pool, as the cache lays it out. */
+    /* The KV pool, as the cache lays it out: the layers on the device. */
     uint64_t range = vk_device_get_info(f->dev)->max_storage_range;
     for (int32_t g = 0; g < kv->n_groups; g++) {
         const kv_group *kg = &kv->groups[g];
+        if (f->kv_first[g] == kg->n_layers) continue;
         size_t slice = ((size_t)kg->n_blocks * kg->layer_bytes + 255) / 256 * 256;
         if (slice > range) {
             st = err_set(err, CELLM_ERR_UNSUPPORTED,
@@ -472,7 +503,8 @@ cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, int32_t max
             goto fail;
         }
         f->kv_slice[g] = slice;
-        if ((st = make_buf(f, slice * (size_t)kg->n_layers, VK_BUF_DEVICE, &f->kvbuf[g], err)))
+        if ((st = make_buf(f, slice * (size_t)(kg->n_layers - f->kv_first[g]), VK_BUF_DEVICE,
+                           &f->kvbuf[g], err)))
             goto fail;
     }
 
@@ -532,6 +564,15 @@ cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, int32_t max
     return CELLM_OK;
 fail:
     vkf_free(f);
+    if (st == CELLM_ERR_NO_MEMORY) {
+        /* The device's memory is short: say what would fit it. */
+        char hint[160];
+        snprintf(hint, sizeof hint,
+                 "; fewer layers on the GPU (--gpu-layers N, cellm_engine_params.gpu_layers: "
+                 "%d of %d now) need less",
+                 (int)(m->n_layer - layer0), (int)m->n_layer);
+        if (err && strlen(err->msg) + strlen(hint) < sizeof err->msg) strcat(err->msg, hint);
+    }
     return st;
 }
 
@@ -662,7 +703,8 @@ static void attention_layer(rec_ctx *c, int32_t il, int32_t n) {
     const layer_desc *L = &m->layers[il];
     const vlayer *V = &f->layers[il];
     const kv_group *kg = &f->kv->groups[L->kv_group];
-    vk_binding kvb = {f->kvbuf[L->kv_group], (size_t)L->kv_index * f->kv_slice[L->kv_group],
+    vk_binding kvb = {f->kvbuf[L->kv_group],
+                      (size_t)(L->kv_index - f->kv_first[L->kv_group]) * f->kv_slice[L->kv_group],
                       f->kv_slice[L->kv_group]};
     mm(c, &V->wq, f->xb, n, f->q);
     mm(c, &V->wk, f->xb, n, f->k);
@@ -843,8 +885,8 @@ static void record_copies(rec_ctx *c) {
         const blk_copy *bc = &f->copies[i];
         const kv_group *kg = &f->kv->groups[bc->group];
         const vk_buffer *kb = f->kvbuf[bc->group];
-        for (int32_t l = 0; l < kg->n_layers && !c->st; l++) {
-            size_t at = (size_t)l * f->kv_slice[bc->group];
+        for (int32_t l = f->kv_first[bc->group]; l < kg->n_layers && !c->st; l++) {
+            size_t at = (size_t)(l - f->kv_first[bc->group]) * f->kv_slice[bc->group];
             c->st =
                 vk_recorder_copy(f->rec, kb, at + (size_t)bc->src * kg->layer_bytes, kb,
                                  at + (size_t)bc->dst * kg->layer_bytes, kg->layer_bytes, c->err);
@@ -877,6 +919,14 @@ static cellm_status vkf_pass(vkf *f, const fwd_row *rows, const float *const *em
     if (f->copy_overflow)
         return err_set(err, CELLM_ERR_INTERNAL, "more block copies than a batch can ask for");
     int32_t nl = 0;
+    if (!st && f->layer0) {
+        /* Partial offload: the layers below first; their output is the
+         * device's input, every row of it. */
+        const float *x = NULL;
+        st = f->lower.run(f->lower.user, rows, embd, n, &x, err);
+        for (int32_t r = 0; !st && r < n; r++) f->lower_rows[r] = x + (size_t)r * (size_t)m->n_embd;
+        embd = f->lower_rows;
+    }
     if (!st) st = fill_inputs(f, rows, embd, n, &nl, err);
     if (st) {
         /* The blocks reserved before the failure stay with their
@@ -975,9 +1025,9 @@ static cellm_status record_step(vkf *f, int32_t n, int32_t nl, bool top, cellm_e
     /* Each block's input norm comes with the residual add before it
      * (add_norm), but the first's; the last layer's add brings the final
      * norm when every row wants logits. */
-    rmsnorm(&c, f->x, &f->layers[0].attn_norm, f->xb, n, d, false);
+    rmsnorm(&c, f->x, &f->layers[f->layer0].attn_norm, f->xb, n, d, false);
     barrier(&c, P_NORM);
-    for (int32_t il = 0; il < m->n_layer && !c.st; il++) {
+    for (int32_t il = f->layer0; il < m->n_layer && !c.st; il++) {
         const vlayer *V = &f->layers[il];
         attention_layer(&c, il, n);
         add_norm(&c, f->hb, &V->post_attn_norm, &V->ffn_norm, n);

@@ -271,9 +271,10 @@ cellm_status vk_matmul(vk_recorder *rec, uint32_t type, const vk_buffer *w, size
     return unsupported(err);
 }
 
-cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, int32_t max_rows,
-                        int32_t max_logit_rows, backend *out, cellm_error *err) {
+cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, const vk_lower *lower,
+                        int32_t max_rows, int32_t max_logit_rows, backend *out, cellm_error *err) {
     (void)gpu_only, (void)m, (void)kv, (void)max_rows, (void)max_logit_rows;
+    if (lower && lower->free) lower->free(lower->user);
     *out = (backend){0};
     return unsupported(err);
 }

@@ -49,6 +49,7 @@ class EngineParams(ctypes.Structure):
         ("spec_accept", ctypes.c_int32),
         ("device", ctypes.c_int32),
         ("image_budget_bytes", ctypes.c_size_t),
+        ("gpu_layers", ctypes.c_int32),
     ]
 
 
