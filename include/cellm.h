@@ -295,7 +295,10 @@ typedef struct cellm_engine_params {
      * the GPU and the embedding and the layers before them on the CPU,
      * whose KV blocks stay in host memory; each step hands the residual
      * stream from the CPU to the GPU once. 0 (default), or the model's
-     * layer count or more: every layer on the GPU. Ignored on the CPU
+     * layer count or more: every layer on the GPU, or, when the model's
+     * weights, KV cache and activations would not fit nine tenths of the
+     * GPU's device-local memory, the most layers that do (logged; none:
+     * AUTO runs on the CPU and VULKAN fails). Ignored on the CPU
      * (device CELLM_DEVICE_CPU, or AUTO falling back). The draft model of
      * speculative decoding runs whole on the engine's device. */
     int32_t gpu_layers;

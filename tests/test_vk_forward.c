@@ -33,6 +33,7 @@
 #include "runtime/sampler.h"
 #include "top_ref.h"
 #include "vulkan/vk_device.h"
+#include "vulkan/vk_forward.h"
 
 #define NEAR_TIE 0.5 /* test_forward.c's: the logit noise between engines */
 
@@ -568,6 +569,92 @@ static void test_vk_partial_gemma3(void **st) {
     rig_gpu_layers = 0;
 }
 
+static char fit_log[CELLM_ERR_MSG_MAX * 2];
+
+static void on_log(cellm_log_level level, const char *msg, void *user) {
+    (void)level, (void)user;
+    if (strstr(msg, "vulkan: the model takes")) snprintf(fit_log, sizeof fit_log, "%s", msg);
+}
+
+/* A model bigger than the device's memory ($CELLM_VK_MEMORY stands for it)
+ * with every layer asked for: the backend takes the most layers that fit
+ * (device_fit_layers over vk_backend_bytes, whose estimate shrinks layer by
+ * layer), says so, and runs them as --gpu-layers would; none fitting is
+ * CELLM_ERR_UNSUPPORTED with the sizes for VULKAN and the CPU for AUTO. */
+static void test_vk_fit_smollm2(void **st) {
+    (void)st;
+    const char *name = "smollm2-135m";
+    rig_device = CELLM_DEVICE_CPU;
+    rig cpu;
+    rig_open(&cpu, name, 2, 16, 16);
+    const model *m = cpu.m;
+    int32_t nl = m->n_layer;
+    uint64_t all = vk_backend_bytes(m, cpu.kv, 0, 16, 16);
+    uint64_t ten = vk_backend_bytes(m, cpu.kv, nl - 10, 16, 16);
+    uint64_t one = vk_backend_bytes(m, cpu.kv, nl - 1, 16, 16);
+    for (int32_t l0 = 1; l0 < nl; l0++)
+        assert_true(vk_backend_bytes(m, cpu.kv, l0, 16, 16) <
+                    vk_backend_bytes(m, cpu.kv, l0 - 1, 16, 16));
+    assert_int_equal(device_fit_layers(m, cpu.kv, 16, 16, all), nl);
+    assert_int_equal(device_fit_layers(m, cpu.kv, 16, 16, all - 1), nl - 1);
+    assert_int_equal(device_fit_layers(m, cpu.kv, 16, 16, ten), 10);
+    assert_int_equal(device_fit_layers(m, cpu.kv, 16, 16, one), 1);
+    assert_int_equal(device_fit_layers(m, cpu.kv, 16, 16, one - 1), 0);
+
+    /* A device whose usable nine tenths hold 10 layers. */
+    char mem[32];
+    snprintf(mem, sizeof mem, "%llu", (unsigned long long)(ten / 9 * 10 + 10));
+    setenv("CELLM_VK_MEMORY", mem, 1);
+    fit_log[0] = 0;
+    cellm_set_log_callback(on_log, NULL);
+    rig_device = CELLM_DEVICE_VULKAN;
+    rig gpu;
+    rig_open(&gpu, name, 2, 16, 16);
+    cellm_set_log_callback(NULL, NULL);
+    print_message("%s\n", fit_log);
+    assert_non_null(strstr(fit_log, "the last 10 of 30 layers"));
+    fixture fx;
+    load_fixture(name, &fx);
+    int V = m->n_vocab, n = 4;
+    float *a = malloc(sizeof(float) * (size_t)V * (size_t)n);
+    float *b = malloc(sizeof(float) * (size_t)V * (size_t)n);
+    kv_seq s;
+    cellm_error e;
+    assert_int_equal(kv_seq_init(cpu.kv, &s, &e), CELLM_OK);
+    feed(&cpu, &s, fx.c[0].tok, n, 4, 0, a);
+    kv_seq_free(cpu.kv, &s);
+    assert_int_equal(kv_seq_init(gpu.kv, &s, &e), CELLM_OK);
+    feed(&gpu, &s, fx.c[0].tok, n, 4, 0, b);
+    kv_seq_free(gpu.kv, &s);
+    for (int p = 0; p < n; p++)
+        assert_true(gap_to(a + (size_t)p * V, V, argmax(b + (size_t)p * V, V)) <= NEAR_TIE);
+    rig_close(&gpu);
+    free(a);
+    free(b);
+    free(fx.c);
+
+    /* Not even one layer: VULKAN says why, AUTO runs on the CPU. */
+    snprintf(mem, sizeof mem, "%llu", (unsigned long long)(one / 2));
+    setenv("CELLM_VK_MEMORY", mem, 1);
+    backend bk;
+    err_clear(&e);
+    assert_int_equal(device_backend(CELLM_DEVICE_VULKAN, 0, cpu.m, cpu.kv, cpu.tp, 16, 16, &bk, &e),
+                     CELLM_ERR_UNSUPPORTED);
+    print_message("%s\n", e.msg);
+    assert_non_null(strstr(e.msg, "holds not even the last layer"));
+    assert_int_equal(device_backend(CELLM_DEVICE_AUTO, 0, cpu.m, cpu.kv, cpu.tp, 16, 16, &bk, &e),
+                     CELLM_OK);
+    assert_string_equal(backend_name(&bk), "cpu");
+    backend_free(&bk);
+    /* An explicit count is taken as it is. */
+    assert_int_equal(device_backend(CELLM_DEVICE_VULKAN, 2, cpu.m, cpu.kv, cpu.tp, 16, 16, &bk, &e),
+                     CELLM_OK);
+    backend_free(&bk);
+    unsetenv("CELLM_VK_MEMORY");
+    rig_close(&cpu);
+    assert_int_equal(vk_live_objects(), 0);
+}
+
 /* No loader: VULKAN says why, AUTO runs on the CPU. */
 static void test_asan_vk_no_loader(void **st) {
     (void)st;
@@ -648,6 +735,7 @@ int main(void) {
         cmocka_unit_test(test_vk_perplexity_smollm2), cmocka_unit_test(test_vk_perplexity_gemma3),
         cmocka_unit_test(test_vk_invariance_smollm2), cmocka_unit_test(test_vk_engine_batch),
         cmocka_unit_test(test_vk_partial_smollm2),    cmocka_unit_test(test_vk_partial_gemma3),
+        cmocka_unit_test(test_vk_fit_smollm2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

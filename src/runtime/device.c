@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "cpu/forward.h"
+#include "vulkan/vk_device.h"
 #include "vulkan/vk_forward.h"
 
 static const char *const names[] = {
@@ -76,10 +77,65 @@ static void lower_free(void *user) {
     free(l);
 }
 
-/* The Vulkan backend with the last gpu_layers layers (all: 0). */
+/* The device memory a backend may plan on: the device-local memory of the
+ * GPU vk_device_open takes by default, less a tenth for the driver and
+ * whatever else runs there ($CELLM_VK_MEMORY, in bytes, stands for the
+ * device's memory: tests); 0 when there is no such device. The devices
+ * are listed once per process. */
+static pthread_once_t memory_once = PTHREAD_ONCE_INIT;
+static uint64_t memory_found;
+
+static void memory_find(void) {
+    vk_device_info devs[16];
+    uint32_t n = 0;
+    cellm_error e;
+    err_clear(&e);
+    if (vk_enumerate(devs, 16, &n, &e) != CELLM_OK) return;
+    int best = vk_pick_best(devs, n < 16 ? n : 16);
+    if (best >= 0) memory_found = devs[best].device_local_bytes;
+}
+
+static uint64_t device_memory(void) {
+    const char *v = getenv("CELLM_VK_MEMORY");
+    if (v && *v) return strtoull(v, NULL, 10) / 10 * 9;
+    (void)pthread_once(&memory_once, memory_find);
+    return memory_found / 10 * 9;
+}
+
+int32_t device_fit_layers(const model *m, const kv_cache *kv, int32_t max_rows,
+                          int32_t max_logit_rows, uint64_t budget) {
+    for (int32_t layer0 = 0; layer0 < m->n_layer; layer0++)
+        if (vk_backend_bytes(m, kv, layer0, max_rows, max_logit_rows) <= budget)
+            return m->n_layer - layer0;
+    return 0;
+}
+
+/* The Vulkan backend with the last gpu_layers layers (all: 0). With all
+ * asked for, a model whose weights, KV and activations do not fit the
+ * device's memory (device_memory) gets the most layers that do, as if
+ * gpu_layers had said so; none: CELLM_ERR_UNSUPPORTED (AUTO then runs on
+ * the CPU). */
 static cellm_status vulkan(bool gpu_only, int32_t gpu_layers, const model *m, kv_cache *kv,
                            threadpool *tp, int32_t max_rows, int32_t max_logit_rows, backend *out,
                            cellm_error *err) {
+    uint64_t mem = gpu_layers ? 0 : device_memory();
+    if (mem && vk_backend_bytes(m, kv, 0, max_rows, max_logit_rows) > mem) {
+        gpu_layers = device_fit_layers(m, kv, max_rows, max_logit_rows, mem);
+        if (!gpu_layers)
+            return err_set(
+                err, CELLM_ERR_UNSUPPORTED,
+                "the GPU's memory (%.0f MiB to use) holds not even the last layer and "
+                "the classifier (%.0f MiB)",
+                (double)mem / 1048576.0,
+                (double)vk_backend_bytes(m, kv, m->n_layer - 1, max_rows, max_logit_rows) /
+                    1048576.0);
+        cellm_log(
+            CELLM_LOG_INFO,
+            "vulkan: the model takes %.0f MiB on the GPU, which has %.0f MiB to use: the last "
+            "%d of %d layers there (--gpu-layers)",
+            (double)vk_backend_bytes(m, kv, 0, max_rows, max_logit_rows) / 1048576.0,
+            (double)mem / 1048576.0, (int)gpu_layers, (int)m->n_layer);
+    }
     if (!gpu_layers || gpu_layers >= m->n_layer)
         return vk_backend(gpu_only, m, kv, NULL, max_rows, max_logit_rows, out, err);
     lower_cpu *l = calloc(1, sizeof *l);

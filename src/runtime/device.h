@@ -26,12 +26,20 @@ bool device_parse(const char *name, int32_t *device);
 /* Makes the backend for `device` over model m and its KV cache kv, for
  * batches of up to max_rows rows of which max_logit_rows ask for logits.
  * gpu_layers (cellm_engine_params.gpu_layers): on a GPU, 0 runs every
- * layer there, N the last N (the rest on the CPU: vk_backend).
+ * layer there (or the most the device's memory holds: device_fit_layers),
+ * N the last N (the rest on the CPU: vk_backend).
  * AUTO takes a usable Vulkan GPU and otherwise the CPU, logging once per
  * process why it did not take the GPU; VULKAN fails with
  * CELLM_ERR_UNSUPPORTED and the reason when it cannot run there. */
 cellm_status device_backend(int32_t device, int32_t gpu_layers, const model *m, kv_cache *kv,
                             threadpool *tp, int32_t max_rows, int32_t max_logit_rows, backend *out,
                             cellm_error *err);
+
+/* The most layers, counted from the last, that a Vulkan backend for these
+ * limits holds in `budget` bytes of device memory (vk_backend_bytes), or
+ * 0 when not even one layer and the classifier fit. device_backend uses
+ * it when every layer is asked for and the model does not fit. */
+int32_t device_fit_layers(const model *m, const kv_cache *kv, int32_t max_rows,
+                          int32_t max_logit_rows, uint64_t budget);
 
 #endif /* CELLM_DEVICE_H */

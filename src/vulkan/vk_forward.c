@@ -396,6 +396,42 @@ static cellm_status prepare_pipelines(vkf *f, cellm_error *err) {
 
 static const backend_ops vk_ops = {"vulkan", vkf_run, vkf_free, vkf_run_top};
 
+/* The bytes of a weight when it has data. */
+static size_t data_bytes(const weight *w) {
+    return w->data ? weight_bytes(w) : 0;
+}
+
+uint64_t vk_backend_bytes(const model *m, const kv_cache *kv, int32_t layer0, int32_t max_rows,
+                          int32_t max_logit_rows) {
+    if (layer0 < 0) layer0 = 0;
+    uint64_t n = data_bytes(&m->out_norm) + data_bytes(&m->output);
+    int32_t first[2] = {0, 0};
+    for (int32_t il = 0; il < m->n_layer; il++) {
+        const layer_desc *L = &m->layers[il];
+        if (il < layer0) {
+            first[L->kv_group]++;
+            continue;
+        }
+        const weight *ws[] = {&L->attn_norm,      &L->wq,       &L->wk,     &L->wv,   &L->wo,
+                              &L->post_attn_norm, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down,
+                              &L->post_ffn_norm,  &L->bq,       &L->bk,     &L->bv,   &L->q_norm,
+                              &L->k_norm};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) n += data_bytes(ws[i]);
+    }
+    for (int32_t g = 0; g < kv->n_groups; g++) {
+        const kv_group *kg = &kv->groups[g];
+        uint64_t slice = ((uint64_t)kg->n_blocks * kg->layer_bytes + 255) / 256 * 256;
+        n += slice * (uint64_t)(kg->n_layers - first[g]);
+    }
+    /* Activations (as vk_backend makes them, rounded up): about a dozen
+     * rows of the widest vector per batch row, and the logits twice. */
+    uint64_t wide = (uint64_t)max_i32(max_i32(m->n_embd, m->n_ff),
+                                      max_i32(m->n_head * m->head_dim, m->n_head * m->head_dim_v));
+    n += (uint64_t)max_rows * wide * 12 * sizeof(float);
+    n += (uint64_t)max_logit_rows * (uint64_t)m->n_vocab * 2 * sizeof(float);
+    return n;
+}
+
 cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, const vk_lower *lower,
                         int32_t max_rows, int32_t max_logit_rows, backend *out, cellm_error *err) {
     *out = (backend){0};

@@ -45,4 +45,11 @@ typedef struct vk_lower {
 cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, const vk_lower *lower,
                         int32_t max_rows, int32_t max_logit_rows, backend *out, cellm_error *err);
 
+/* About the device memory vk_backend takes for these limits with layers
+ * [layer0, n_layer) on the device (0: all): their weights and the
+ * classifier's, their slices of the KV pool, the activations. For fitting
+ * a model to a device (runtime/device.c); 0 in a build without Vulkan. */
+uint64_t vk_backend_bytes(const model *m, const kv_cache *kv, int32_t layer0, int32_t max_rows,
+                          int32_t max_logit_rows);
+
 #endif /* CELLM_VK_FORWARD_H */

@@ -278,3 +278,9 @@ cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, const vk_lo
     *out = (backend){0};
     return unsupported(err);
 }
+
+uint64_t vk_backend_bytes(const model *m, const kv_cache *kv, int32_t layer0, int32_t max_rows,
+                          int32_t max_logit_rows) {
+    (void)m, (void)kv, (void)layer0, (void)max_rows, (void)max_logit_rows;
+    return 0;
+}
