@@ -784,8 +784,13 @@ static void check_attention(vk_device *dev, vk_recorder *rec, const attn_case *c
         assert_int_equal(vk_buffer_upload(ri1b, (size_t)SLOT * r, ri[r], sizeof ri[r], &err),
                          CELLM_OK);
     }
-    const vk_pipeline *pipe;
+    /* The batch through the module batches with prompt rows take
+     * (attention.comp -DPREFILL), each row alone through the plain one,
+     * bit for bit below. */
+    const vk_pipeline *pipe, *pipe_batch;
     assert_int_equal(vk_pipeline_get(dev, VK_SHADER_ATTENTION, &pipe, &err), CELLM_OK);
+    assert_int_equal(vk_pipeline_get(dev, VK_SHADER_ATTENTION_PREFILL, &pipe_batch, &err),
+                     CELLM_OK);
     attn_push p = {c->n_head,  c->n_head_kv,
                    c->hd,      c->hdv,
                    c->window,  1.0f / sqrtf((float)c->hd),
@@ -804,7 +809,7 @@ static void check_attention(vk_device *dev, vk_recorder *rec, const attn_case *c
     vk_binding b[10] = {{qb, 0, 0}, {rib, 0, 0}, {tb, 0, 0}, kb,     {ob, 0, 0},
                         unused,     unused,      unused,     unused, unused};
     uint32_t g[3] = {(uint32_t)R, c->n_head, 1};
-    assert_int_equal(vk_recorder_dispatch(rec, pipe, b, 10, &p, sizeof p, g, &err), CELLM_OK);
+    assert_int_equal(vk_recorder_dispatch(rec, pipe_batch, b, 10, &p, sizeof p, g, &err), CELLM_OK);
     for (int r = 0; r < R; r++) {
         vk_binding b1[10] = {{q1b, (size_t)SLOT * r, SLOT},
                              {ri1b, (size_t)SLOT * r, SLOT},

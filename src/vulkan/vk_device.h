@@ -209,6 +209,7 @@ typedef enum vk_shader_id {
     VK_SHADER_RMSNORM,
     VK_SHADER_QK_PREP,
     VK_SHADER_ATTENTION,
+    VK_SHADER_ATTENTION_PREFILL, /* attention.comp -DPREFILL: batches not all decode */
     VK_SHADER_ACT,
     VK_SHADER_ADD_NORM,
     VK_SHADER_LOGITS,

@@ -385,8 +385,9 @@ static cellm_status prepare_pipelines(vkf *f, cellm_error *err) {
             st = vk_matmul_prepare(f->dev, ws[i]->type, ws[i]->cols, false, 0, err); /* once each */
         if (!st) st = vk_matmul_prepare(f->dev, V->w_down.type, V->w_down.cols, true, act, err);
     }
-    const vk_shader_id others[] = {VK_SHADER_RMSNORM,   VK_SHADER_ADD_NORM, VK_SHADER_QK_PREP,
-                                   VK_SHADER_ATTENTION, VK_SHADER_LOGITS,   VK_SHADER_TOP};
+    const vk_shader_id others[] = {
+        VK_SHADER_RMSNORM,           VK_SHADER_ADD_NORM, VK_SHADER_QK_PREP, VK_SHADER_ATTENTION,
+        VK_SHADER_ATTENTION_PREFILL, VK_SHADER_LOGITS,   VK_SHADER_TOP};
     for (size_t i = 0; i < sizeof others / sizeof others[0] && !st; i++) {
         const vk_pipeline *pipe;
         st = vk_pipeline_get(f->dev, others[i], &pipe, err);
@@ -806,7 +807,10 @@ static void attention_layer(rec_ctx *c, int32_t il, int32_t n) {
                          qb[4],
                          qb[5]};
     uint32_t ga[3] = {(uint32_t)n, (uint32_t)m->n_head, 1};
-    dispatch(c, VK_SHADER_ATTENTION, ab, 10, &ap, sizeof ap, ga);
+    /* Batches with prompt rows take the module without the decode form
+     * (attention.comp's PREFILL): the same arithmetic, the same bits. */
+    dispatch(c, f->step_fused ? VK_SHADER_ATTENTION : VK_SHADER_ATTENTION_PREFILL, ab, 10, &ap,
+             sizeof ap, ga);
     barrier(c, P_ATTENTION);
     mm(c, &V->wo, f->att, n, f->hb);
     barrier(c, P_WO);

@@ -94,6 +94,7 @@ static const vk_shader_desc shaders[VK_SHADER_COUNT] = {
     [VK_SHADER_RMSNORM] = {"rmsnorm", 4, 24, 0, {0}},
     [VK_SHADER_QK_PREP] = {"qk_prep", 9, 56, 0, {0}},
     [VK_SHADER_ATTENTION] = {"attention", 10, 72, 0, {0}},
+    [VK_SHADER_ATTENTION_PREFILL] = {"attention_prefill", 10, 72, 0, {0}},
     [VK_SHADER_ACT] = {"act", 2, 8, 0, {0}},
     [VK_SHADER_ADD_NORM] = {"add_norm", 5, 20, 0, {0}},
     [VK_SHADER_LOGITS] = {"logits", 1, 12, 0, {0}},

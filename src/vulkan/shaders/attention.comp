@@ -38,6 +38,12 @@
 // same bits in a batch of 1 (decode) as in a batch of thousands (prefill).
 // Barriers are few and none is per position: lavapipe (a CPU emulation
 // used by CI) pays a coroutine switch per invocation at each.
+//
+// -DPREFILL builds the module for batches that are not all decode rows
+// (the fused form is off there): without the decode form's code, whose
+// registers every invocation would hold, and with the KV binding not
+// coherent (no row reads what this dispatch writes), so its loads may be
+// cached and reordered. The arithmetic is the same code: the same bits.
 layout(local_size_x = 256) in;
 
 const uint T = 256u;
@@ -55,12 +61,17 @@ const uint R1 = 16u; // first merge level: 16 invocations of T / R1 pairs each
 layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };
 layout(std430, set = 0, binding = 1) readonly buffer RI { ivec4 rowinfo[]; };
 layout(std430, set = 0, binding = 2) readonly buffer TB { int tables[]; };
+#ifdef PREFILL
+layout(std430, set = 0, binding = 3) readonly buffer KV { uint kv[]; };
+layout(std430, set = 0, binding = 3) readonly buffer KV4 { uvec4 kv4[]; };
+#else
 // Coherent: the decode form writes the row's own K and V here and then
 // reads them back with the rest (through kv4 too).
 layout(std430, set = 0, binding = 3) coherent buffer KV { uint kv[]; };
 // The same binding as 16-byte words, for rows that start at a multiple of
 // 4 words (any head dim that is a multiple of 8; the slice is 256-aligned).
 layout(std430, set = 0, binding = 3) coherent readonly buffer KV4 { uvec4 kv4[]; };
+#endif
 layout(std430, set = 0, binding = 4) writeonly buffer O { float o[]; };
 // The decode form's inputs (qk_prep.comp's): K and V rows, biases, QK-norm
 // weights, RoPE angles.
@@ -93,9 +104,11 @@ shared int tab[TAB_N];          // block table entries of the positions at hand
 // G * hdv <= 8 T floats (S_MAX is larger unless a test build lowers it).
 shared float sc[SMAX > 8 * int(T) ? SMAX : 8 * int(T)];
 
+#ifndef PREFILL
 #define PREP_HS sc
 #define PREP_PART pm
 #include "qk_prep.glsl"
+#endif
 
 float f16(float v) {
     return unpackHalf2x16(packHalf2x16(vec2(v, 0.0))).x;
@@ -173,6 +186,9 @@ void main() {
     // sc[512 ..]), then K and V stored at the row's position (lanes
     // 128-255). Every query head of the KV head stores the same bits there;
     // each reads back only after its own store.
+#ifdef PREFILL
+    const bool fused = false;
+#else
     bool fused = p.fused != 0u;
     if (fused) {
         bool kl = t >= 64u;
@@ -180,6 +196,7 @@ void main() {
         store_kv(t >= 128u, t - 128u, 128u, 512u, r, kvh, tables[table_base + pos / 16], pos);
         memoryBarrierBuffer();
     }
+#endif
 
     // 1. Q, and the block table of lo..pos when all fits.
     if (t < 128u) {
