@@ -93,7 +93,7 @@ set(CELLM_VK_SHADERS
     "rmsnorm|rmsnorm.comp"
     "qk_prep|qk_prep.comp"
     "attention|attention.comp"
-    "attention_prefill|attention.comp|-DPREFILL"
+    "attention_prefill|attention.comp|-DPREFILL|-DINFLIGHT=2"
     "act|act.comp"
     "add_norm|add_norm.comp"
     "logits|logits.comp"

@@ -43,7 +43,9 @@
 // (the fused form is off there): without the decode form's code, whose
 // registers every invocation would hold, and with the KV binding not
 // coherent (no row reads what this dispatch writes), so its loads may be
-// cached and reordered. The arithmetic is the same code: the same bits.
+// cached and reordered; it is built with INFLIGHT 2 (below: fewer
+// registers, more workgroups at once). The arithmetic is the same code:
+// the same bits.
 layout(local_size_x = 256) in;
 
 const uint T = 256u;
@@ -127,19 +129,28 @@ uvec4 load4(uint at, uint nw) {
     return w;
 }
 
+// Loads a score or a weighted sum requests before it uses any: more keep
+// more memory requests in flight, fewer hold fewer registers. The sums'
+// order is the same whatever it is.
+#ifndef INFLIGHT
+#define INFLIGHT 8
+#endif
+const uint NF = INFLIGHT;
+
 // The score of the key row whose head starts at word `at`.
 float score(uint at) {
     uint nw = p.hd / 2u;
     precise vec4 a = vec4(0.0);
-    for (uint c0 = 0u; 4u * c0 < nw; c0 += 8u) {
-        // Up to 64 dims (8 loads of 16 bytes) requested before any is used.
-        uvec4 w[8];
-        [[unroll]] for (uint u = 0u; u < 8u; u++) {
+    for (uint c0 = 0u; 4u * c0 < nw; c0 += NF) {
+        // Up to NF * 8 dims (NF loads of 16 bytes) requested before any is
+        // used.
+        uvec4 w[NF];
+        [[unroll]] for (uint u = 0u; u < NF; u++) {
             uint c = c0 + u;
             w[u] = uvec4(0u);
             if (4u * c < nw) w[u] = load4(at + 4u * c, nw - 4u * c);
         }
-        [[unroll]] for (uint u = 0u; u < 8u; u++) {
+        [[unroll]] for (uint u = 0u; u < NF; u++) {
             uint c = c0 + u;
             if (4u * c < nw) {
                 a = fma(qs[2u * c], vec4(unpackHalf2x16(w[u].x), unpackHalf2x16(w[u].y)), a);
@@ -277,11 +288,11 @@ void main() {
         }
         barrier();
         if (g < G) {
-            for (int i = g; i < cnt; i += 8 * G) {
-                // Eight rows requested before any is added: loads in flight.
-                float w[8];
-                uvec4 vr[8];
-                [[unroll]] for (int u = 0; u < 8; u++) {
+            for (int i = g; i < cnt; i += int(NF) * G) {
+                // NF rows requested before any is added: loads in flight.
+                float w[NF];
+                uvec4 vr[NF];
+                [[unroll]] for (int u = 0; u < int(NF); u++) {
                     int ii = i + u * G;
                     w[u] = 0.0;
                     vr[u] = uvec4(0u);
@@ -294,7 +305,7 @@ void main() {
                     }
                 }
                 // An absent row adds 0 * 0: the sums are unchanged.
-                [[unroll]] for (int u = 0; u < 8; u++) {
+                [[unroll]] for (int u = 0; u < int(NF); u++) {
                     vec4 x0 = vec4(unpackHalf2x16(vr[u].x), unpackHalf2x16(vr[u].y));
                     vec4 x1 = vec4(unpackHalf2x16(vr[u].z), unpackHalf2x16(vr[u].w));
                     acc0 = fma(vec4(w[u]), x0, acc0);
