@@ -339,18 +339,27 @@ static void check_alone_together(cellm_engine *eng, const char *const *prompts, 
     assert_true(sts.n_prefix_tokens > 0);
 }
 
-static void test_vk_engine_batch(void **st) {
-    (void)st;
+/* An engine for SmolLM2 on the Vulkan device, 9 sequences, the last
+ * gpu_layers layers there (0: all); *cm and *ep as it was made. */
+static cellm_engine *vk_engine(cellm_model **cm, cellm_engine_params *ep, int32_t gpu_layers) {
     char path[1024];
     test_model_path("smollm2-135m", path, sizeof path);
-    cellm_model *cm;
-    assert_int_equal(cellm_model_load(path, NULL, &cm), CELLM_OK);
-    cellm_engine_params ep = cellm_engine_default_params();
-    ep.device = CELLM_DEVICE_VULKAN;
-    ep.n_threads = 2;
-    ep.max_seqs = 9;
+    assert_int_equal(cellm_model_load(path, NULL, cm), CELLM_OK);
+    *ep = cellm_engine_default_params();
+    ep->device = CELLM_DEVICE_VULKAN;
+    ep->gpu_layers = gpu_layers;
+    ep->n_threads = 2;
+    ep->max_seqs = 9;
     cellm_engine *eng;
-    if (cellm_engine_create(cm, &ep, &eng) != CELLM_OK) fail_msg("%s", cellm_last_error());
+    if (cellm_engine_create(*cm, ep, &eng) != CELLM_OK) fail_msg("%s", cellm_last_error());
+    return eng;
+}
+
+static void test_vk_engine_batch(void **st) {
+    (void)st;
+    cellm_model *cm;
+    cellm_engine_params ep;
+    cellm_engine *eng = vk_engine(&cm, &ep, 0);
     char buf[9][256];
     const char *prompts[9];
     capital_prompts(buf, prompts);
@@ -381,6 +390,27 @@ static void test_vk_engine_batch(void **st) {
     cellm_engine_free(eng);
     cellm_model_free(cm);
     assert_int_equal(vk_live_objects(), 0);
+}
+
+/* The logits of tok[0..n) fed in chunks of `chunk` to a new sequence of
+ * r's cache, one row of the vocabulary per position into out. */
+static void feed_new(rig *r, const int32_t *tok, int n, int chunk, float *out) {
+    kv_seq s;
+    cellm_error e;
+    assert_int_equal(kv_seq_init(r->kv, &s, &e), CELLM_OK);
+    feed(r, &s, tok, n, chunk, 0, out);
+    kv_seq_free(r->kv, &s);
+}
+
+/* tok[0..n) through rigs x and y (chunks of 4) into a and b (n rows of
+ * the vocabulary each): y's best token at each position within `tie` of
+ * x's best logit (0: the same best). */
+static void top1_agree(rig *x, rig *y, const int32_t *tok, int n, float *a, float *b, double tie) {
+    int V = x->m->n_vocab;
+    feed_new(x, tok, n, 4, a);
+    feed_new(y, tok, n, 4, b);
+    for (int p = 0; p < n; p++)
+        assert_true(gap_to(a + (size_t)p * V, V, argmax(b + (size_t)p * V, V)) <= tie);
 }
 
 /* A copy-on-write on the rig's backend: sequence a holds 20 positions
@@ -439,14 +469,7 @@ static void test_asan_vk_forward_small(void **st) {
     float *b = malloc(sizeof(float) * (size_t)V * (size_t)n);
     kv_seq s;
     cellm_error e;
-    assert_int_equal(kv_seq_init(cpu.kv, &s, &e), CELLM_OK);
-    feed(&cpu, &s, fx.c[0].tok, n, 4, 0, a);
-    kv_seq_free(cpu.kv, &s);
-    assert_int_equal(kv_seq_init(gpu.kv, &s, &e), CELLM_OK);
-    feed(&gpu, &s, fx.c[0].tok, n, 4, 0, b);
-    kv_seq_free(gpu.kv, &s);
-    for (int p = 0; p < n; p++)
-        assert_int_equal(argmax(a + (size_t)p * V, V), argmax(b + (size_t)p * V, V));
+    top1_agree(&cpu, &gpu, fx.c[0].tok, n, a, b, 0);
     /* The same positions again with each row's best FWD_TOP_K handed back
      * instead of the row (run_top: the engine's greedy rows): the K best
      * of the rows above, in their order, with the same bits; in chunks of
@@ -482,11 +505,8 @@ static void test_asan_vk_forward_small(void **st) {
     rig_gpu_layers = 2;
     rig_open(&gpu, name, 1, 32, 32);
     rig_gpu_layers = 0;
-    assert_int_equal(kv_seq_init(gpu.kv, &s, &e), CELLM_OK);
-    feed(&gpu, &s, fx.c[0].tok, n, 4, 0, b);
-    kv_seq_free(gpu.kv, &s);
-    for (int p = 0; p < n; p++) /* the CPU's two best are 0.11 apart at position 1 */
-        assert_true(gap_to(a + (size_t)p * V, V, argmax(b + (size_t)p * V, V)) <= NEAR_TIE);
+    /* the CPU's two best are 0.11 apart at position 1 */
+    top1_agree(&cpu, &gpu, fx.c[0].tok, n, a, b, NEAR_TIE);
     check_fork(&gpu, fx.c[0].tok, fx.c[0].n_tok);
     free(a);
     free(b);
@@ -536,17 +556,9 @@ static void test_vk_partial_smollm2(void **st) {
                   name, part, cpu, 100 * (part / cpu - 1), f32, 100 * (part / f32 - 1));
     assert_true(f32 > 0 && part >= lo * 0.995 && part <= hi * 1.005);
 
-    char path[1024];
-    test_model_path(name, path, sizeof path);
     cellm_model *cm;
-    assert_int_equal(cellm_model_load(path, NULL, &cm), CELLM_OK);
-    cellm_engine_params ep = cellm_engine_default_params();
-    ep.device = CELLM_DEVICE_VULKAN;
-    ep.gpu_layers = 15;
-    ep.n_threads = 2;
-    ep.max_seqs = 9;
-    cellm_engine *eng;
-    if (cellm_engine_create(cm, &ep, &eng) != CELLM_OK) fail_msg("%s", cellm_last_error());
+    cellm_engine_params ep;
+    cellm_engine *eng = vk_engine(&cm, &ep, 15);
     char buf[9][256];
     const char *prompts[9];
     capital_prompts(buf, prompts);
@@ -618,16 +630,7 @@ static void test_vk_fit_smollm2(void **st) {
     int V = m->n_vocab, n = 4;
     float *a = malloc(sizeof(float) * (size_t)V * (size_t)n);
     float *b = malloc(sizeof(float) * (size_t)V * (size_t)n);
-    kv_seq s;
-    cellm_error e;
-    assert_int_equal(kv_seq_init(cpu.kv, &s, &e), CELLM_OK);
-    feed(&cpu, &s, fx.c[0].tok, n, 4, 0, a);
-    kv_seq_free(cpu.kv, &s);
-    assert_int_equal(kv_seq_init(gpu.kv, &s, &e), CELLM_OK);
-    feed(&gpu, &s, fx.c[0].tok, n, 4, 0, b);
-    kv_seq_free(gpu.kv, &s);
-    for (int p = 0; p < n; p++)
-        assert_true(gap_to(a + (size_t)p * V, V, argmax(b + (size_t)p * V, V)) <= NEAR_TIE);
+    top1_agree(&cpu, &gpu, fx.c[0].tok, n, a, b, NEAR_TIE);
     rig_close(&gpu);
     free(a);
     free(b);
@@ -637,6 +640,7 @@ static void test_vk_fit_smollm2(void **st) {
     snprintf(mem, sizeof mem, "%llu", (unsigned long long)(one / 2));
     setenv("CELLM_VK_MEMORY", mem, 1);
     backend bk;
+    cellm_error e;
     err_clear(&e);
     assert_int_equal(device_backend(CELLM_DEVICE_VULKAN, 0, cpu.m, cpu.kv, cpu.tp, 16, 16, &bk, &e),
                      CELLM_ERR_UNSUPPORTED);
