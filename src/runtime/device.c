@@ -54,7 +54,6 @@ typedef struct lower_cpu {
     forward_ctx *f;
     kv_cache *kv;
     int32_t layer0;
-    int32_t kv_first[2]; /* per KV group, its layers below layer0 */
 } lower_cpu;
 
 static cellm_status lower_run(void *user, const fwd_row *rows, const float *const *embd, int32_t n,
@@ -63,12 +62,12 @@ static cellm_status lower_run(void *user, const fwd_row *rows, const float *cons
     return forward_run_layers(l->f, rows, embd, n, l->layer0, x, err);
 }
 
-/* A block's layers of the CPU lead its layout (kv_cache.h), so a prefix. */
-static void lower_copy(void *user, int32_t group, int32_t dst, int32_t src) {
+/* The CPU's n layers lead a block's layout (kv_cache.h): a prefix. */
+static void lower_copy(void *user, int32_t group, int32_t dst, int32_t src, int32_t n) {
     lower_cpu *l = user;
     kv_group *g = &l->kv->groups[group];
     memcpy(g->mem + (size_t)dst * g->block_bytes, g->mem + (size_t)src * g->block_bytes,
-           (size_t)l->kv_first[group] * g->layer_bytes);
+           (size_t)n * g->layer_bytes);
 }
 
 static void lower_free(void *user) {
@@ -97,9 +96,14 @@ static void memory_find(void) {
 
 static uint64_t device_memory(void) {
     const char *v = getenv("CELLM_VK_MEMORY");
-    if (v && *v) return strtoull(v, NULL, 10) / 10 * 9;
-    (void)pthread_once(&memory_once, memory_find);
-    return memory_found / 10 * 9;
+    uint64_t bytes;
+    if (v && *v) {
+        bytes = strtoull(v, NULL, 10);
+    } else {
+        (void)pthread_once(&memory_once, memory_find);
+        bytes = memory_found;
+    }
+    return bytes / 10 * 9;
 }
 
 int32_t device_fit_layers(const model *m, const kv_cache *kv, int32_t max_rows,
@@ -119,7 +123,8 @@ static cellm_status vulkan(bool gpu_only, int32_t gpu_layers, const model *m, kv
                            threadpool *tp, int32_t max_rows, int32_t max_logit_rows, backend *out,
                            cellm_error *err) {
     uint64_t mem = gpu_layers ? 0 : device_memory();
-    if (mem && vk_backend_bytes(m, kv, 0, max_rows, max_logit_rows) > mem) {
+    uint64_t all = mem ? vk_backend_bytes(m, kv, 0, max_rows, max_logit_rows) : 0;
+    if (all > mem) {
         gpu_layers = device_fit_layers(m, kv, max_rows, max_logit_rows, mem);
         if (!gpu_layers)
             return err_set(
@@ -133,8 +138,7 @@ static cellm_status vulkan(bool gpu_only, int32_t gpu_layers, const model *m, kv
             CELLM_LOG_INFO,
             "vulkan: the model takes %.0f MiB on the GPU, which has %.0f MiB to use: the last "
             "%d of %d layers there (--gpu-layers)",
-            (double)vk_backend_bytes(m, kv, 0, max_rows, max_logit_rows) / 1048576.0,
-            (double)mem / 1048576.0, (int)gpu_layers, (int)m->n_layer);
+            (double)all / 1048576.0, (double)mem / 1048576.0, (int)gpu_layers, (int)m->n_layer);
     }
     if (!gpu_layers || gpu_layers >= m->n_layer)
         return vk_backend(gpu_only, m, kv, NULL, max_rows, max_logit_rows, out, err);
@@ -142,7 +146,6 @@ static cellm_status vulkan(bool gpu_only, int32_t gpu_layers, const model *m, kv
     if (!l) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
     l->kv = kv;
     l->layer0 = m->n_layer - gpu_layers;
-    for (int32_t il = 0; il < l->layer0; il++) l->kv_first[m->layers[il].kv_group]++;
     /* Its layers never ask for logits: one row's worth. */
     cellm_status st = forward_create(m, kv, tp, max_rows, 1, &l->f, err);
     if (st) {
@@ -150,7 +153,13 @@ static cellm_status vulkan(bool gpu_only, int32_t gpu_layers, const model *m, kv
         return st;
     }
     vk_lower low = {l->layer0, l, lower_run, lower_copy, lower_free};
-    return vk_backend(gpu_only, m, kv, &low, max_rows, max_logit_rows, out, err);
+    st = vk_backend(gpu_only, m, kv, &low, max_rows, max_logit_rows, out, err);
+    if (!st)
+        cellm_log(CELLM_LOG_INFO,
+                  "vulkan: layers %d-%d and the classifier on the GPU, the embedding and layers "
+                  "0-%d on the CPU",
+                  (int)l->layer0, (int)(m->n_layer - 1), (int)(l->layer0 - 1));
+    return st;
 }
 
 cellm_status device_backend(int32_t device, int32_t gpu_layers, const model *m, kv_cache *kv,
@@ -168,15 +177,7 @@ cellm_status device_backend(int32_t device, int32_t gpu_layers, const model *m, 
         err_clear(&verr);
         cellm_status st = vulkan(device == CELLM_DEVICE_AUTO, gpu_layers, m, kv, tp, max_rows,
                                  max_logit_rows, out, &verr);
-        if (st == CELLM_OK) {
-            if (gpu_layers && gpu_layers < m->n_layer)
-                cellm_log(CELLM_LOG_INFO,
-                          "vulkan: layers %d-%d and the classifier on the GPU, the embedding and "
-                          "layers 0-%d on the CPU",
-                          (int)(m->n_layer - gpu_layers), (int)(m->n_layer - 1),
-                          (int)(m->n_layer - gpu_layers - 1));
-            return CELLM_OK;
-        }
+        if (st == CELLM_OK) return CELLM_OK;
         if (device == CELLM_DEVICE_VULKAN || st != CELLM_ERR_UNSUPPORTED) {
             *err = verr;
             return st;

@@ -266,7 +266,7 @@ static const char *cannot_run(const model *m, const kv_cache *kv, int32_t layer0
  * device's are lower's to copy, now. */
 static void kv_copy(void *user, int32_t group, int32_t dst, int32_t src) {
     vkf *f = user;
-    if (f->kv_first[group]) f->lower.copy(f->lower.user, group, dst, src);
+    if (f->kv_first[group]) f->lower.copy(f->lower.user, group, dst, src, f->kv_first[group]);
     if (f->kv_first[group] == f->kv->groups[group].n_layers) return;
     if (f->n_copies == f->cap_copies) {
         f->copy_overflow = true; /* cannot happen: the cap covers a batch's */
@@ -397,6 +397,13 @@ static cellm_status prepare_pipelines(vkf *f, cellm_error *err) {
 
 static const backend_ops vk_ops = {"vulkan", vkf_run, vkf_free, vkf_run_top};
 
+/* Per KV group, how many of its layers lie below layer0 (a block's first
+ * slices: kv_cache.h lays a block out layer by layer). */
+static void kv_layers_below(const model *m, int32_t layer0, int32_t first[2]) {
+    first[0] = first[1] = 0;
+    for (int32_t il = 0; il < layer0; il++) first[m->layers[il].kv_group]++;
+}
+
 /* The bytes of a weight when it has data. */
 static size_t data_bytes(const weight *w) {
     return w->data ? weight_bytes(w) : 0;
@@ -406,19 +413,16 @@ uint64_t vk_backend_bytes(const model *m, const kv_cache *kv, int32_t layer0, in
                           int32_t max_logit_rows) {
     if (layer0 < 0) layer0 = 0;
     uint64_t n = data_bytes(&m->out_norm) + data_bytes(&m->output);
-    int32_t first[2] = {0, 0};
-    for (int32_t il = 0; il < m->n_layer; il++) {
+    for (int32_t il = layer0; il < m->n_layer; il++) {
         const layer_desc *L = &m->layers[il];
-        if (il < layer0) {
-            first[L->kv_group]++;
-            continue;
-        }
         const weight *ws[] = {&L->attn_norm,      &L->wq,       &L->wk,     &L->wv,   &L->wo,
                               &L->post_attn_norm, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down,
                               &L->post_ffn_norm,  &L->bq,       &L->bk,     &L->bv,   &L->q_norm,
                               &L->k_norm};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) n += data_bytes(ws[i]);
     }
+    int32_t first[2];
+    kv_layers_below(m, layer0, first);
     for (int32_t g = 0; g < kv->n_groups; g++) {
         const kv_group *kg = &kv->groups[g];
         uint64_t slice = ((uint64_t)kg->n_blocks * kg->layer_bytes + 255) / 256 * 256;
@@ -440,28 +444,28 @@ cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, const vk_lo
     int32_t layer0 = low.layer0;
     char msg[CELLM_ERR_MSG_MAX];
     const char *why = NULL;
+    cellm_status st = CELLM_OK;
     if (layer0 < 0 || layer0 >= m->n_layer || (layer0 && (!low.run || !low.copy)))
-        why = "the layers below the device's are bad";
-    else
-        why = cannot_run(m, kv, layer0, msg, sizeof msg);
-    vkf *f = why ? NULL : calloc(1, sizeof *f);
-    if (why || !f || max_rows < 1 || max_logit_rows < 1 || max_logit_rows > max_rows) {
-        if (low.free) low.free(low.user);
-        free(f);
-        if (why) return err_set(err, CELLM_ERR_UNSUPPORTED, "%s", why);
-        if (!f) return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
-        return err_set(err, CELLM_ERR_INVALID_ARG, "batch limits %d rows / %d logit rows are bad",
-                       max_rows, max_logit_rows);
+        st = err_set(err, CELLM_ERR_UNSUPPORTED, "the layers below the device's are bad");
+    else if ((why = cannot_run(m, kv, layer0, msg, sizeof msg)))
+        st = err_set(err, CELLM_ERR_UNSUPPORTED, "%s", why);
+    else if (max_rows < 1 || max_logit_rows < 1 || max_logit_rows > max_rows)
+        st = err_set(err, CELLM_ERR_INVALID_ARG, "batch limits %d rows / %d logit rows are bad",
+                     max_rows, max_logit_rows);
+    vkf *f = st ? NULL : calloc(1, sizeof *f);
+    if (!st && !f) st = err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    if (st) {
+        if (low.free) low.free(low.user); /* ours, made or not */
+        return st;
     }
     f->m = m;
     f->max_rows = max_rows;
     f->max_logit_rows = max_logit_rows;
     f->lower = low;
     f->layer0 = layer0;
-    for (int32_t il = 0; il < layer0; il++) f->kv_first[m->layers[il].kv_group]++;
+    kv_layers_below(m, layer0, f->kv_first);
     vk_open_params op = vk_open_default_params();
-    cellm_status st = vk_device_open(&op, &f->dev, err);
-    if (st) goto fail;
+    if ((st = vk_device_open(&op, &f->dev, err))) goto fail;
     if (layer0 && !(f->lower_rows = malloc((size_t)max_rows * sizeof *f->lower_rows))) {
         st = err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
         goto fail;

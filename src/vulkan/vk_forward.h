@@ -20,14 +20,16 @@
  * (as backend_ops.run takes them) and points x at the residual stream
  * after them, n_embd floats a row, which becomes the device's input; it
  * keeps those layers' K and V in the cache's host memory, where copy(user,
- * group, dst, src) makes a copy-on-write of them when the cache asks.
+ * group, dst, src, n) makes a copy-on-write of them when the cache asks:
+ * block src's first n layer slices of KV group `group` (those layers'
+ * share of it) to block dst.
  * free(user) is called when the backend goes (or is not made). */
 typedef struct vk_lower {
     int32_t layer0;
     void *user;
     cellm_status (*run)(void *user, const fwd_row *rows, const float *const *embd, int32_t n,
                         const float **x, cellm_error *err);
-    void (*copy)(void *user, int32_t group, int32_t dst, int32_t src);
+    void (*copy)(void *user, int32_t group, int32_t dst, int32_t src, int32_t n);
     void (*free)(void *user);
 } vk_lower;
 
