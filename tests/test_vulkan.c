@@ -387,6 +387,22 @@ static void test_vulkan_matmul(void **state) {
         check_matmul(dev, rec, QT_Q4_1, 576);
         check_matmul(dev, rec, QT_Q6_K, 512);
         unsetenv("CELLM_VK_MM_OPT");
+        /* The tiled form prompts take (past 128 rows) on the batches of
+         * 64 and 17 rows, in its two shapes (32 and 64 outputs by 64
+         * rows), against single rows through the cooperative form. */
+        if (k == 0) {
+            setenv("CELLM_VK_MM_TILED", "1", 1);
+            for (int t = 0; t < 2; t++) {
+                if (t) setenv("CELLM_VK_MM_TILE", "256x16", 1);
+                print_message("  tiled kernel, %s\n", t ? "256 invocations" : "128 invocations");
+                for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+                    check_matmul(dev, rec, types[i], t && i < 6 ? 576 : 512);
+                check_matmul(dev, rec, QT_Q4_K, 768);
+                check_matmul(dev, rec, QT_Q8_0, 1568);
+            }
+            unsetenv("CELLM_VK_MM_TILE");
+            unsetenv("CELLM_VK_MM_TILED");
+        }
         /* The activations rounded as the CPU rounds them ($CELLM_VK_ACT=q8). */
         setenv("CELLM_VK_ACT", "q8", 1);
         print_message("  %s kernel, activations rounded as the CPU's\n", kernels[k]);
@@ -418,10 +434,15 @@ static void test_vulkan_matmul_ragged(void **state) {
     enum { N = 13, K = 256, R = 9, XS = K + 40, YS = N + 7 };
     const uint32_t types[2] = {QT_Q4_K, QT_Q4_0};
     /* Each type with f32 activations, then rounded as the CPU
-     * ($CELLM_VK_ACT=q8: the lanes' blocks of strided rows). */
-    for (int t = 0; t < 4; t++) {
+     * ($CELLM_VK_ACT=q8: the lanes' blocks of strided rows), then through
+     * the tiled form. */
+    for (int t = 0; t < 6; t++) {
         const uint32_t type = types[t % 2];
         if (t == 2) setenv("CELLM_VK_ACT", "q8", 1);
+        if (t == 4) { /* the tiled form (prompts past 128 rows) */
+            unsetenv("CELLM_VK_ACT");
+            setenv("CELLM_VK_MM_TILED", "1", 1);
+        }
         const quant_type_info *qi = quant_type_get(type);
         uint64_t rb;
         assert_true(quant_nbytes(type, K, &rb));
@@ -488,6 +509,7 @@ static void test_vulkan_matmul_ragged(void **state) {
         vk_buffer_free(y1b);
         free(w);
     }
+    unsetenv("CELLM_VK_MM_TILED");
     unsetenv("CELLM_VK_ACT");
     /* Misaligned and short operands are refused. */
     vk_buffer *b;
@@ -506,7 +528,8 @@ static void test_vulkan_matmul_ragged(void **state) {
 
 /* The GLU input of the cooperative kernel (vk_matmul_args.u): act(g) * u
  * computed as the tile loads has the bits of act.comp's dispatch followed
- * by the plain product, for SiLU and GELU, on 1 and 5 rows. A recording
+ * by the plain product, for SiLU and GELU, on 1 and 5 rows and 9 through the
+ * tiled form. A recording
  * submitted again reads its inputs anew: after new g is uploaded,
  * vk_recorder_resubmit gives what a fresh recording gives. The lane
  * variant refuses a GLU input. */
@@ -517,7 +540,7 @@ static void test_vulkan_matmul_glu(void **state) {
     cellm_error err;
     assert_int_equal(vk_recorder_create(dev, &rec, &err), CELLM_OK);
     setenv("CELLM_VK_MATMUL", "coop", 1);
-    enum { N = 24, K = 256, R = 5 };
+    enum { N = 24, K = 256, R = 9 };
     const quant_type_info *qi = quant_type_get(QT_Q4_1);
     uint64_t rb;
     assert_true(quant_nbytes(QT_Q4_1, K, &rb));
@@ -539,7 +562,11 @@ static void test_vulkan_matmul_glu(void **state) {
     const vk_pipeline *act;
     assert_int_equal(vk_pipeline_get(dev, VK_SHADER_ACT, &act, &err), CELLM_OK);
     for (uint32_t kind = 0; kind < 2; kind++)
-        for (int rows = 1; rows <= R; rows += R - 1) {
+        for (int pass = 0; pass < 3; pass++) {
+            /* 1 and 5 rows, and 9 through the tiled form (which prompts
+             * take past 128 rows). */
+            const int rows = pass == 0 ? 1 : pass == 1 ? 5 : R;
+            if (pass == 2) setenv("CELLM_VK_MM_TILED", "1", 1);
             /* Values across GELU's cut-offs at +-10 and SiLU's tails. */
             for (int i = 0; i < R * K; i++) {
                 g[i] = frand(&seed) * (i % 13 == 0 ? 24.0f : 4.0f);
@@ -593,6 +620,7 @@ static void test_vulkan_matmul_glu(void **state) {
             assert_int_equal(vk_buffer_download(fb, 0, fresh, sizeof(float) * rows * N, &err),
                              CELLM_OK);
             assert_memory_equal(again, fresh, sizeof(float) * rows * N);
+            unsetenv("CELLM_VK_MM_TILED");
         }
     /* Nothing to submit again once a new recording has begun. */
     assert_int_equal(vk_recorder_begin(rec, &err), CELLM_OK);

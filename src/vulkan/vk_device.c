@@ -166,6 +166,9 @@ void vk_describe(const vk_fns *fn, VkPhysicalDevice phys, uint32_t index, vk_dev
     info->usable = c.api >= VK_API_VERSION_1_1 && fam != UINT32_MAX;
     for (int i = 0; i < 3; i++) info->max_workgroups[i] = p->limits.maxComputeWorkGroupCount[i];
     info->max_shared = p->limits.maxComputeSharedMemorySize;
+    info->max_invocations = p->limits.maxComputeWorkGroupInvocations;
+    if (p->limits.maxComputeWorkGroupSize[0] < info->max_invocations)
+        info->max_invocations = p->limits.maxComputeWorkGroupSize[0];
     info->max_storage_range = p->limits.maxStorageBufferRange;
 }
 

@@ -70,6 +70,7 @@ typedef struct vk_device_info {
     uint32_t max_workgroups[3];
     uint64_t max_storage_range; /* the most bytes one buffer binding may span */
     uint32_t max_shared;        /* bytes of shared memory a workgroup may use */
+    uint32_t max_invocations;   /* invocations of a one-dimensional workgroup */
 } vk_device_info;
 
 /* Lists the physical devices into out[0..cap) and sets *n to how many there
@@ -206,6 +207,24 @@ typedef enum vk_shader_id {
     VK_SHADER_MATMULGQ_Q4_K,
     VK_SHADER_MATMULGQ_Q5_K,
     VK_SHADER_MATMULGQ_Q6_K,
+    VK_SHADER_MATMULT_F32, /* matmul.comp -DTILED: prompts (vk_matmul.c) */
+    VK_SHADER_MATMULT_F16,
+    VK_SHADER_MATMULT_Q4_0,
+    VK_SHADER_MATMULT_Q4_1,
+    VK_SHADER_MATMULT_Q5_0,
+    VK_SHADER_MATMULT_Q8_0,
+    VK_SHADER_MATMULT_Q4_K,
+    VK_SHADER_MATMULT_Q5_K,
+    VK_SHADER_MATMULT_Q6_K,
+    VK_SHADER_MATMULTG_F32,
+    VK_SHADER_MATMULTG_F16,
+    VK_SHADER_MATMULTG_Q4_0,
+    VK_SHADER_MATMULTG_Q4_1,
+    VK_SHADER_MATMULTG_Q5_0,
+    VK_SHADER_MATMULTG_Q8_0,
+    VK_SHADER_MATMULTG_Q4_K,
+    VK_SHADER_MATMULTG_Q5_K,
+    VK_SHADER_MATMULTG_Q6_K,
     VK_SHADER_RMSNORM,
     VK_SHADER_QK_PREP,
     VK_SHADER_ATTENTION,

@@ -31,6 +31,20 @@
         }                                                                                          \
     }
 
+/* The tiled forms (-DTILED): 256 invocations, 16 along the outputs. */
+#define MATMULT(name)                                                                              \
+    {                                                                                              \
+        name, 3, 32, 4, {                                                                          \
+            256, 0, 16, 16                                                                         \
+        }                                                                                          \
+    }
+#define MATMULTG(name)                                                                             \
+    {                                                                                              \
+        name, 4, 32, 4, {                                                                          \
+            256, 0, 16, 16                                                                         \
+        }                                                                                          \
+    }
+
 static const vk_shader_desc shaders[VK_SHADER_COUNT] = {
     [VK_SHADER_MATMUL_F32] = MATMUL("matmul_f32"),
     [VK_SHADER_MATMUL_F16] = MATMUL("matmul_f16"),
@@ -89,6 +103,26 @@ static const vk_shader_desc shaders[VK_SHADER_COUNT] = {
     [VK_SHADER_MATMULGQ_Q4_K] = MATMULG("matmulGQ_q4_k"),
     [VK_SHADER_MATMULGQ_Q5_K] = MATMULG("matmulGQ_q5_k"),
     [VK_SHADER_MATMULGQ_Q6_K] = MATMULG("matmulGQ_q6_k"),
+    /* The tiled forms for prompts (-DTILED): constant 0 is the workgroup's
+     * size, 2 the invocations along the outputs (vk_matmul.c). */
+    [VK_SHADER_MATMULT_F32] = MATMULT("matmulT_f32"),
+    [VK_SHADER_MATMULT_F16] = MATMULT("matmulT_f16"),
+    [VK_SHADER_MATMULT_Q4_0] = MATMULT("matmulT_q4_0"),
+    [VK_SHADER_MATMULT_Q4_1] = MATMULT("matmulT_q4_1"),
+    [VK_SHADER_MATMULT_Q5_0] = MATMULT("matmulT_q5_0"),
+    [VK_SHADER_MATMULT_Q8_0] = MATMULT("matmulT_q8_0"),
+    [VK_SHADER_MATMULT_Q4_K] = MATMULT("matmulT_q4_k"),
+    [VK_SHADER_MATMULT_Q5_K] = MATMULT("matmulT_q5_k"),
+    [VK_SHADER_MATMULT_Q6_K] = MATMULT("matmulT_q6_k"),
+    [VK_SHADER_MATMULTG_F32] = MATMULTG("matmulTG_f32"),
+    [VK_SHADER_MATMULTG_F16] = MATMULTG("matmulTG_f16"),
+    [VK_SHADER_MATMULTG_Q4_0] = MATMULTG("matmulTG_q4_0"),
+    [VK_SHADER_MATMULTG_Q4_1] = MATMULTG("matmulTG_q4_1"),
+    [VK_SHADER_MATMULTG_Q5_0] = MATMULTG("matmulTG_q5_0"),
+    [VK_SHADER_MATMULTG_Q8_0] = MATMULTG("matmulTG_q8_0"),
+    [VK_SHADER_MATMULTG_Q4_K] = MATMULTG("matmulTG_q4_k"),
+    [VK_SHADER_MATMULTG_Q5_K] = MATMULTG("matmulTG_q5_k"),
+    [VK_SHADER_MATMULTG_Q6_K] = MATMULTG("matmulTG_q6_k"),
     /* The forward pass's other shaders: bindings and push constants as
      * each .comp declares them. */
     [VK_SHADER_RMSNORM] = {"rmsnorm", 4, 24, 0, {0}},

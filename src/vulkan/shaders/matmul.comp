@@ -35,8 +35,19 @@
 // kernels), $CELLM_VK_ACT=q8: its own modules, so that the f32 kernels'
 // code is what it was without it.
 
+#ifdef TILED
+// The tiled form for prompts (-DTILED; main below): NT invocations (the
+// workgroup's size, constant 0) as WO along the outputs (constant 2) by
+// NT / WO along the rows, each 4 outputs by 4 rows.
+layout(local_size_x_id = 0) in;
+#else
 layout(local_size_x = 128) in;
+#endif
 
+#ifdef TILED
+layout(constant_id = 0) const uint NT = 256u;
+layout(constant_id = 2) const uint WO = 16u;
+#else
 // Activation rows per workgroup: 8, or 1 for a single row (decode),
 // which then does not compute 7 copies. Every value below is `precise`, so
 // a row's bits are the same in either pipeline.
@@ -47,6 +58,7 @@ layout(constant_id = 0) const uint TR = 8u;
 // from shared memory feeds two or four weights. An output's arithmetic is
 // the same whatever OPT.
 layout(constant_id = 2) const uint OPT = 1u;
+#endif
 // Partial sums per output, 1 to 16: as few as give each lane the same
 // number of chunks in as many steps as 16 lanes take (K = 576, 18 chunks:
 // 9 lanes of 2, not 16 lanes of which 14 idle in the second step). An
@@ -91,6 +103,7 @@ layout(push_constant) uniform Push {
 // lanes work on, read once for all OUTS * OPT outputs. Then the partial
 // sums' reduction (RED * TR floats). At most 16 KiB (TR 8, OPT <= 4):
 // Vulkan's least limit.
+#ifndef TILED
 const uint SPAN = LANES * 32u;
 const uint RED = OPT * OUTS * LANES; // partial sums of a tile's row
 shared float sh[TR * (SPAN > RED ? SPAN : RED)];
@@ -108,6 +121,7 @@ const bool POW2 = (LANES & (LANES - 1u)) == 0u;
 uint shx(uint r, uint l, uint e) {
     return r * SPAN + e * LANES + (POW2 ? l ^ (e % LANES) : l);
 }
+#endif
 
 uint byte_at(uint off) {
     return (wd[off >> 2] >> ((off & 3u) * 8u)) & 0xFFu;
@@ -334,7 +348,139 @@ float xq_round(float x, float id, float dq) {
 }
 #endif
 
-#ifdef LANE_PER_OUTPUT
+#if defined(TILED)
+// The tiled form: the same sums as the cooperative form below, for each
+// (output, row), computed by one invocation instead of LANES of them.
+//
+// An output's value there is U(0, 1), where U(l, 16) is lane l's sum (0.0
+// plus its chunk sums in chunk order, each chunk an fma chain over the
+// type's element order from 0.0) and U(l, w) = U(l, 2w) + U(l + w, 2w) when
+// lane l + w exists (l + w < LANES), else U(l, 2w): the tree of strides 8,
+// 4, 2, 1 (a stride past TOP adds nothing, so 16 leaves serve every
+// LANES). Evaluated depth first, the leaves come in bit-reversed order
+// (lanes 0, 8, 4, 12, 2, ...) and each sum is a left subtree plus the right
+// one just finished: a binary counter over j, with one stored subtree per
+// level (st0..st3) and a lane past LANES an empty subtree. Addition
+// commutes bit for bit, so the tree's sums are the cooperative form's.
+//
+// The workgroup covers 4 WO outputs by 4 WR rows and walks K one chunk at
+// a time, in the leaves' order: the chunk's weights, decoded once for the
+// workgroup (tw, in the element order the sums take), and its 32 columns
+// of the rows (tx) go to shared memory; each invocation then adds 16 fma
+// chains from 2 vec4 reads an element.
+const uint WR = NT / WO;
+const uint OW = 4u * WO, RW = 4u * WR;
+// tw[p * WO + q][a]: value p (8g + i: group g, value i) of the chunk of
+// output 4q + a. tx[e * WR + (q ^ (e / 4 % 8))][b]: column e of the chunk
+// for row 4q + b, the row quads swizzled by the column so that the loads'
+// stores (a row's 32 columns from 8 invocations, 4 rows of a quad) fall in
+// 32 different banks; WR is a multiple of 8, so the swizzle stays in the
+// tile.
+shared vec4 tw[32u * WO];
+shared vec4 tx[32u * WR];
+
+uint bitrev4(uint j) {
+    return ((j & 1u) << 3) | ((j & 2u) << 1) | ((j & 4u) >> 1) | ((j & 8u) >> 3);
+}
+
+// b = a + b, where either subtree may be empty (ea, eb).
+void join(float a[16], bool ea, inout precise float b[16], inout bool eb) {
+    if (eb) {
+        b = a;
+        eb = ea;
+    } else if (!ea) {
+        for (uint k = 0u; k < 16u; k++) {
+            precise float t = a[k] + b[k];
+            b[k] = t;
+        }
+    }
+}
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    // 32 neighbouring invocations are 4 output quads by 8 row quads: a
+    // step's element is 4 weight and 8 row vec4s among them.
+    uint warp = tid / 32u, wl = tid % 32u;
+    uint oq = wl % 4u + 4u * (warp % (WO / 4u));
+    uint rq = wl / 4u + 8u * (warp / (WO / 4u));
+    uint tile = gl_WorkGroupID.z * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    uint o0 = tile * OW, r0 = gl_WorkGroupID.y * RW;
+    if (o0 >= pc.N) return; // the same for the whole workgroup
+    uint nc = pc.K / 32u, rb = row_bytes(pc.K);
+
+    // [4a + b]: output o0 + 4 oq + a, row r0 + 4 rq + b.
+    precise float cur[16], st0[16], st1[16], st2[16], st3[16];
+    bool e0 = true, e1 = true, e2 = true, e3 = true;
+    [[unroll]] for (uint j = 0u; j < 16u; j++) {
+        uint lane = bitrev4(j);
+        bool ev = lane >= LANES;
+        for (uint k = 0u; k < 16u; k++) cur[k] = 0.0;
+        if (!ev)
+            for (uint c = lane; c < nc; c += LANES) {
+                // Past N or n_rows: copies of the last output or row, not
+                // written.
+                for (uint t = tid; t < 4u * OW; t += NT) {
+                    uint o = t % OW, g = t / OW;
+                    chunk_begin(pc.w_off + min(o0 + o, pc.N - 1u) * rb, c);
+                    precise float v[8];
+                    load8(g, v);
+                    for (uint i = 0u; i < 8u; i++) tw[(8u * g + i) * WO + o / 4u][o % 4u] = v[i];
+                }
+                for (uint t = tid; t < 8u * RW; t += NT) {
+                    uint rr = t / 8u, e4 = t % 8u;
+                    uint x0 = pc.x_off + min(r0 + rr, pc.n_rows - 1u) * pc.x_stride + c * 32u + 4u * e4;
+                    uint q = (rr / 4u) ^ e4;
+                    for (uint i = 0u; i < 4u; i++) tx[(4u * e4 + i) * WR + q][rr % 4u] = x_at(x0 + i);
+                }
+                barrier();
+                precise float s[16];
+                for (uint k = 0u; k < 16u; k++) s[k] = 0.0;
+                [[unroll]] for (uint g = 0u; g < 4u; g++) {
+                    [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                        uint e = elem(g, i);
+                        vec4 wv = tw[(8u * g + i) * WO + oq];
+                        vec4 xv = tx[e * WR + (rq ^ (e / 4u % 8u))];
+                        for (uint a = 0u; a < 4u; a++)
+                            for (uint b = 0u; b < 4u; b++) s[4u * a + b] = fma(wv[a], xv[b], s[4u * a + b]);
+                    }
+                }
+                for (uint k = 0u; k < 16u; k++) cur[k] += s[k];
+                barrier();
+            }
+        // The binary counter: a finished subtree at level L is stored if
+        // bit L of j is clear, else joined to the one stored there.
+        if ((j & 1u) == 0u) {
+            st0 = cur;
+            e0 = ev;
+        } else {
+            join(st0, e0, cur, ev);
+            if ((j & 2u) == 0u) {
+                st1 = cur;
+                e1 = ev;
+            } else {
+                join(st1, e1, cur, ev);
+                if ((j & 4u) == 0u) {
+                    st2 = cur;
+                    e2 = ev;
+                } else {
+                    join(st2, e2, cur, ev);
+                    if ((j & 8u) == 0u) {
+                        st3 = cur;
+                        e3 = ev;
+                    } else {
+                        join(st3, e3, cur, ev); // j = 15: cur is the whole tree
+                    }
+                }
+            }
+        }
+    }
+    for (uint a = 0u; a < 4u; a++)
+        for (uint b = 0u; b < 4u; b++) {
+            uint o = o0 + 4u * oq + a, r = r0 + 4u * rq + b;
+            if (o < pc.N && r < pc.n_rows) yd[pc.y_off + r * pc.y_stride + o] = cur[4u * a + b];
+        }
+}
+#elif defined(LANE_PER_OUTPUT)
 void main() {
     uint tile = gl_WorkGroupID.z * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     uint o = tile * 128u + gl_LocalInvocationID.x;
