@@ -109,11 +109,11 @@ static uint32_t matmul_opt(uint32_t n_rows) {
 /* Whether a workgroup of nt invocations, wo of them along the outputs,
  * is a shape matmul.comp's tiled form takes on d: 32 neighbouring
  * invocations are 4 output quads by 8 row quads, and its shared memory is
- * 32 weights and 32 columns per quad (16 bytes each). */
+ * two buffers of 32 weights and 32 columns per quad (16 bytes each). */
 static bool tile_fits(const vk_device *d, uint32_t nt, uint32_t wo) {
     const vk_device_info *info = vk_device_get_info(d);
     if (nt % 32 || !wo || wo % 4 || nt % wo || (nt / wo) % 8) return false;
-    return nt <= info->max_invocations && 512 * (wo + nt / wo) <= info->max_shared;
+    return nt <= info->max_invocations && 1024 * (wo + nt / wo) <= info->max_shared;
 }
 
 /* Whether a batch of n_rows rows against N outputs takes the tiled form

@@ -359,41 +359,84 @@ float xq_round(float x, float id, float dq) {
 // 4, 2, 1 (a stride past TOP adds nothing, so 16 leaves serve every
 // LANES). Evaluated depth first, the leaves come in bit-reversed order
 // (lanes 0, 8, 4, 12, 2, ...) and each sum is a left subtree plus the right
-// one just finished: a binary counter over j, with one stored subtree per
-// level (st0..st3) and a lane past LANES an empty subtree. Addition
-// commutes bit for bit, so the tree's sums are the cooperative form's.
+// one just finished: a binary counter over the leaves, with one stored
+// subtree per level (st0..st3) and a lane past LANES an empty subtree.
+// Addition commutes bit for bit, so the tree's sums are the cooperative
+// form's.
 //
 // The workgroup covers 4 WO outputs by 4 WR rows and walks K one chunk at
 // a time, in the leaves' order: the chunk's weights, decoded once for the
 // workgroup (tw, in the element order the sums take), and its 32 columns
 // of the rows (tx) go to shared memory; each invocation then adds 16 fma
-// chains from 2 vec4 reads an element.
+// chains from 2 vec4 reads an element. The next chunk's loads are issued
+// before the sums and stored after them, into the other of two buffers:
+// one barrier a chunk, and the loads' latency behind the arithmetic.
 const uint WR = NT / WO;
 const uint OW = 4u * WO, RW = 4u * WR;
-// tw[p * WO + q][a]: value p (8g + i: group g, value i) of the chunk of
-// output 4q + a. tx[e * WR + (q ^ (e / 4 % 8))][b]: column e of the chunk
-// for row 4q + b, the row quads swizzled by the column so that the loads'
-// stores (a row's 32 columns from 8 invocations, 4 rows of a quad) fall in
-// 32 different banks; WR is a multiple of 8, so the swizzle stays in the
-// tile.
-shared vec4 tw[32u * WO];
-shared vec4 tx[32u * WR];
+// Loads an invocation makes per chunk: weight groups of 8 (at most 2, WR
+// >= 8) and row quads of 4 columns (at most 8, WO >= 4).
+const uint WT = 16u / WR, XT = 32u / WO;
+// tw[buf][p * WO + q][a]: value p (8g + i: group g, value i) of the chunk
+// of output 4q + a. tx[buf][e * WR + (q ^ (e / 4 % 8))][b]: column e of the
+// chunk for row 4q + b, the row quads swizzled by the column so that the
+// loads' stores (a row's 32 columns from 8 invocations, 4 rows of a quad)
+// fall in 32 different banks; WR is a multiple of 8, so the swizzle stays
+// in the tile.
+shared vec4 tw[2u * 32u * WO];
+shared vec4 tx[2u * 32u * WR];
 
 uint bitrev4(uint j) {
     return ((j & 1u) << 3) | ((j & 2u) << 1) | ((j & 4u) >> 1) | ((j & 8u) >> 3);
 }
 
-// b = a + b, where either subtree may be empty (ea, eb).
-void join(float a[16], bool ea, inout precise float b[16], inout bool eb) {
-    if (eb) {
-        b = a;
-        eb = ea;
+// [4a + b]: output o0 + 4 oq + a, row r0 + 4 rq + b. cur: the subtree
+// being finished; st0..st3 the stored ones, e0..e3 whether each is empty.
+// Their sums are single additions, each into a `precise` temporary (a
+// `precise` array here fails lavapipe's compiler).
+float cur[16], st0[16], st1[16], st2[16], st3[16];
+bool e0 = true, e1 = true, e2 = true, e3 = true;
+
+// cur = a + cur, where either subtree may be empty (ea, ec).
+void join(float a[16], bool ea, inout bool ec) {
+    if (ec) {
+        cur = a;
+        ec = ea;
     } else if (!ea) {
         for (uint k = 0u; k < 16u; k++) {
-            precise float t = a[k] + b[k];
-            b[k] = t;
+            precise float t = a[k] + cur[k];
+            cur[k] = t;
         }
     }
+}
+
+// Leaf j (lane bitrev4(j)) is cur, empty or not: store it or join it
+// with the subtrees it completes (a binary counter). After leaf 15, cur
+// is the whole tree.
+void leaf(uint j, bool ev) {
+    if ((j & 1u) == 0u) {
+        st0 = cur;
+        e0 = ev;
+        return;
+    }
+    join(st0, e0, ev);
+    if ((j & 2u) == 0u) {
+        st1 = cur;
+        e1 = ev;
+        return;
+    }
+    join(st1, e1, ev);
+    if ((j & 4u) == 0u) {
+        st2 = cur;
+        e2 = ev;
+        return;
+    }
+    join(st2, e2, ev);
+    if ((j & 8u) == 0u) {
+        st3 = cur;
+        e3 = ev;
+        return;
+    }
+    join(st3, e3, ev);
 }
 
 void main() {
@@ -408,71 +451,96 @@ void main() {
     if (o0 >= pc.N) return; // the same for the whole workgroup
     uint nc = pc.K / 32u, rb = row_bytes(pc.K);
 
-    // [4a + b]: output o0 + 4 oq + a, row r0 + 4 rq + b.
-    precise float cur[16], st0[16], st1[16], st2[16], st3[16];
-    bool e0 = true, e1 = true, e2 = true, e3 = true;
-    [[unroll]] for (uint j = 0u; j < 16u; j++) {
-        uint lane = bitrev4(j);
-        bool ev = lane >= LANES;
-        for (uint k = 0u; k < 16u; k++) cur[k] = 0.0;
-        if (!ev)
-            for (uint c = lane; c < nc; c += LANES) {
-                // Past N or n_rows: copies of the last output or row, not
-                // written.
-                for (uint t = tid; t < 4u * OW; t += NT) {
-                    uint o = t % OW, g = t / OW;
-                    chunk_begin(pc.w_off + min(o0 + o, pc.N - 1u) * rb, c);
-                    precise float v[8];
-                    load8(g, v);
-                    for (uint i = 0u; i < 8u; i++) tw[(8u * g + i) * WO + o / 4u][o % 4u] = v[i];
+    // The loads of a chunk: weight task t = o + OW g (group g of output o),
+    // row task t = 8 rr + e4 (columns 4 e4 .. 4 e4 + 3 of row rr). Past N
+    // or n_rows: copies of the last output or row, not written.
+    precise float pw[2][8];
+    float px[8][4];
+    uint j = 0u, c = 0u, buf = 0u; // lane 0 always has a chunk
+    for (uint k = 0u; k < 16u; k++) cur[k] = 0.0;
+    // The first chunk's loads; then each step issues the next one's
+    // before its sums.
+    for (uint n = 0u; n < WT; n++) {
+        uint t = tid + n * NT, o = t % OW, g = t / OW;
+        chunk_begin(pc.w_off + min(o0 + o, pc.N - 1u) * rb, c);
+        load8(g, pw[n]);
+    }
+    for (uint n = 0u; n < XT; n++) {
+        uint t = tid + n * NT, rr = t / 8u, e4 = t % 8u;
+        uint x0 = pc.x_off + min(r0 + rr, pc.n_rows - 1u) * pc.x_stride + c * 32u + 4u * e4;
+        for (uint i = 0u; i < 4u; i++) px[n][i] = x_at(x0 + i);
+    }
+    for (;;) {
+        // Store the loaded chunk into buffer buf.
+        for (uint n = 0u; n < WT; n++) {
+            uint t = tid + n * NT, o = t % OW, g = t / OW;
+            for (uint i = 0u; i < 8u; i++)
+                tw[buf * 32u * WO + (8u * g + i) * WO + o / 4u][o % 4u] = pw[n][i];
+        }
+        for (uint n = 0u; n < XT; n++) {
+            uint t = tid + n * NT, rr = t / 8u, e4 = t % 8u;
+            uint q = (rr / 4u) ^ e4;
+            for (uint i = 0u; i < 4u; i++)
+                tx[buf * 32u * WR + (4u * e4 + i) * WR + q][rr % 4u] = px[n][i];
+        }
+        barrier();
+        // The next chunk: the lane's next, else the first of the next lane
+        // with one.
+        uint jn = j, cn = c + LANES;
+        if (cn >= nc) {
+            jn = 16u;
+            for (uint jj = j + 1u; jj < 16u; jj++) {
+                uint l = bitrev4(jj);
+                if (l < LANES && l < nc) {
+                    jn = jj;
+                    break;
                 }
-                for (uint t = tid; t < 8u * RW; t += NT) {
-                    uint rr = t / 8u, e4 = t % 8u;
-                    uint x0 = pc.x_off + min(r0 + rr, pc.n_rows - 1u) * pc.x_stride + c * 32u + 4u * e4;
-                    uint q = (rr / 4u) ^ e4;
-                    for (uint i = 0u; i < 4u; i++) tx[(4u * e4 + i) * WR + q][rr % 4u] = x_at(x0 + i);
-                }
-                barrier();
-                precise float s[16];
-                for (uint k = 0u; k < 16u; k++) s[k] = 0.0;
-                [[unroll]] for (uint g = 0u; g < 4u; g++) {
-                    [[unroll]] for (uint i = 0u; i < 8u; i++) {
-                        uint e = elem(g, i);
-                        vec4 wv = tw[(8u * g + i) * WO + oq];
-                        vec4 xv = tx[e * WR + (rq ^ (e / 4u % 8u))];
-                        for (uint a = 0u; a < 4u; a++)
-                            for (uint b = 0u; b < 4u; b++) s[4u * a + b] = fma(wv[a], xv[b], s[4u * a + b]);
-                    }
-                }
-                for (uint k = 0u; k < 16u; k++) cur[k] += s[k];
-                barrier();
             }
-        // The binary counter: a finished subtree at level L is stored if
-        // bit L of j is clear, else joined to the one stored there.
-        if ((j & 1u) == 0u) {
-            st0 = cur;
-            e0 = ev;
-        } else {
-            join(st0, e0, cur, ev);
-            if ((j & 2u) == 0u) {
-                st1 = cur;
-                e1 = ev;
-            } else {
-                join(st1, e1, cur, ev);
-                if ((j & 4u) == 0u) {
-                    st2 = cur;
-                    e2 = ev;
-                } else {
-                    join(st2, e2, cur, ev);
-                    if ((j & 8u) == 0u) {
-                        st3 = cur;
-                        e3 = ev;
-                    } else {
-                        join(st3, e3, cur, ev); // j = 15: cur is the whole tree
-                    }
-                }
+            cn = jn < 16u ? bitrev4(jn) : 0u;
+        }
+        if (jn < 16u) {
+            for (uint n = 0u; n < WT; n++) {
+                uint t = tid + n * NT, o = t % OW, g = t / OW;
+                chunk_begin(pc.w_off + min(o0 + o, pc.N - 1u) * rb, cn);
+                load8(g, pw[n]);
+            }
+            for (uint n = 0u; n < XT; n++) {
+                uint t = tid + n * NT, rr = t / 8u, e4 = t % 8u;
+                uint x0 =
+                    pc.x_off + min(r0 + rr, pc.n_rows - 1u) * pc.x_stride + cn * 32u + 4u * e4;
+                for (uint i = 0u; i < 4u; i++) px[n][i] = x_at(x0 + i);
             }
         }
+        precise float s[16];
+        for (uint k = 0u; k < 16u; k++) s[k] = 0.0;
+        [[unroll]] for (uint g = 0u; g < 4u; g++) {
+            [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                uint e = elem(g, i);
+                vec4 wv = tw[buf * 32u * WO + (8u * g + i) * WO + oq];
+                vec4 xv = tx[buf * 32u * WR + e * WR + (rq ^ (e / 4u % 8u))];
+                [[unroll]] for (uint a = 0u; a < 4u; a++)
+                    [[unroll]] for (uint b = 0u; b < 4u; b++)
+                        s[4u * a + b] = fma(wv[a], xv[b], s[4u * a + b]);
+            }
+        }
+        for (uint k = 0u; k < 16u; k++) {
+            precise float t = cur[k] + s[k];
+            cur[k] = t;
+        }
+        if (jn != j) {
+            // The lane is done: its leaf, then the leaves up to the next
+            // lane with a chunk (or the tree's end).
+            leaf(j, false);
+            for (uint jj = j + 1u; jj < jn; jj++) {
+                for (uint k = 0u; k < 16u; k++) cur[k] = 0.0;
+                leaf(jj, bitrev4(jj) >= LANES);
+            }
+            if (jn == 16u) break;
+            for (uint k = 0u; k < 16u; k++) cur[k] = 0.0;
+        }
+        j = jn;
+        c = cn;
+        buf ^= 1u;
     }
     for (uint a = 0u; a < 4u; a++)
         for (uint b = 0u; b < 4u; b++) {
