@@ -827,8 +827,10 @@ static const vk_buffer *mlp_layer(rec_ctx *c, int32_t il, int32_t n) {
     mm(c, &V->w_gate, f->xb, n, f->hb2);
     mm(c, &V->w_up, f->xb, n, f->hb);
     barrier(c, P_GATE_UP);
-    if (!f->lane_mm) {
-        /* The activation as the down projection loads its input. */
+    if (!f->lane_mm && !vk_matmul_tiled(f->dev, (uint32_t)n)) {
+        /* The activation as the down projection loads its input (the
+         * tiled form of a prompt would compute each activation once per
+         * tile of outputs: there it is computed once, below). */
         mm_glu(c, &V->w_down, f->hb2, f->hb, n, f->mo);
         barrier(c, P_DOWN);
         return f->mo;

@@ -19,10 +19,6 @@
 /* matmul.comp's TR for batches, and the batches past which OPT is 4. */
 enum { MM_ROWS = 8, MM_OPT4_ROWS = 128 };
 
-/* The tiled form's 64 x 64 tiles of a matmul past which its workgroups
- * take 256 invocations (matmul_tiled). */
-enum { MM_TILES_MANY = 256 };
-
 /* The push constants of matmul.comp, in its order. */
 typedef struct matmul_push {
     uint32_t K, N, n_rows, w_off, x_off, y_off, x_stride, y_stride;
@@ -116,41 +112,38 @@ static bool tile_fits(const vk_device *d, uint32_t nt, uint32_t wo) {
     return nt <= info->max_invocations && 1024 * (wo + nt / wo) <= info->max_shared;
 }
 
-/* Whether a batch of n_rows rows against N outputs takes the tiled form
- * (matmul.comp -DTILED): past MM_OPT4_ROWS rows (prompts), with the
- * activations as they are, on devices that take the cooperative form. Its
- * workgroup (nt invocations, wo along the outputs) covers 4 wo outputs by
- * 4 nt / wo rows: 64 by 64 (256 invocations) where those tiles are many,
- * else 32 by 64 (128), so that a prompt's narrower matrices still fill
- * the GPU. $CELLM_VK_MM_TILED=0 takes the cooperative form instead (the
- * same bits), 1 the tiled one for every batch of more than 8 rows (tests),
- * and $CELLM_VK_MM_TILE=NTxWO another shape. */
-static bool matmul_tiled(const vk_device *d, uint32_t N, uint32_t n_rows, uint32_t *nt,
-                         uint32_t *wo) {
+bool vk_matmul_tiled(const vk_device *d, uint32_t n_rows) {
     const char *v = getenv("CELLM_VK_MM_TILED");
     bool every = v && !strcmp(v, "1");
     if (n_rows <= (every ? MM_ROWS : MM_OPT4_ROWS) || (v && !strcmp(v, "0"))) return false;
+    return !vk_matmul_lane_variant(d) && !vk_matmul_rounds_activations();
+}
+
+/* The tiled form's workgroup: nt invocations, wo of them along the
+ * outputs, covering 4 wo outputs by 4 nt / wo rows. 64 invocations, 32 by
+ * 32: on the H100 the smallest tiles were the fastest (more workgroups to
+ * hide the loads; docs/benchmarks.md), and they need 16 KiB of shared
+ * memory, Vulkan's least. $CELLM_VK_MM_TILE=NTxWO takes another shape. */
+static bool matmul_tile(const vk_device *d, uint32_t *nt, uint32_t *wo) {
     unsigned a, b;
-    v = getenv("CELLM_VK_MM_TILE");
+    const char *v = getenv("CELLM_VK_MM_TILE");
     if (v && sscanf(v, "%ux%u", &a, &b) == 2 && tile_fits(d, a, b)) {
         *nt = a;
         *wo = b;
         return true;
     }
-    bool many = (uint64_t)((N + 63) / 64) * ((n_rows + 63) / 64) >= MM_TILES_MANY;
-    *nt = many ? 256 : 128;
-    *wo = many ? 16 : 8;
-    if (!tile_fits(d, *nt, *wo)) *nt = 128, *wo = 8;
+    *nt = 64;
+    *wo = 8;
     return tile_fits(d, *nt, *wo);
 }
 
-/* The pipeline vk_matmul_record takes for `type` weights of N rows of K
- * columns against n_rows activation rows, with the GLU input (activation
+/* The pipeline vk_matmul_record takes for `type` weights of K columns
+ * against n_rows activation rows, with the GLU input (activation
  * `act`) or without, and how many outputs and rows (outs, tr) one of its
  * workgroups covers. */
-static cellm_status matmul_pipeline(vk_device *d, uint32_t type, bool glu, uint32_t act, uint32_t N,
-                                    uint32_t K, uint32_t n_rows, const vk_pipeline **pipe,
-                                    uint32_t *outs, uint32_t *tr, cellm_error *err) {
+static cellm_status matmul_pipeline(vk_device *d, uint32_t type, bool glu, uint32_t act, uint32_t K,
+                                    uint32_t n_rows, const vk_pipeline **pipe, uint32_t *outs,
+                                    uint32_t *tr, cellm_error *err) {
     int shader = shader_of(type);
     /* A single row (decode) gets the pipeline of one row per workgroup;
      * its arithmetic per row is the same (matmul.comp), so the row's bits
@@ -161,8 +154,12 @@ static cellm_status matmul_pipeline(vk_device *d, uint32_t type, bool glu, uint3
      * vk_shader_id, in the same order. */
     if (matmul_rounds(d, type, &lanes)) shader += VK_SHADER_MATMULQ_F32 - VK_SHADER_MATMUL_F32;
     uint32_t nt, wo;
-    if (shader == shader_of(type) && !vk_matmul_lane_variant(d) &&
-        matmul_tiled(d, N, n_rows, &nt, &wo)) {
+    /* The tiled form takes the activations as they are (not the forms
+     * that round them: shader moved past the plain ones). */
+    if (shader == shader_of(type) && vk_matmul_tiled(d, n_rows)) {
+        if (!matmul_tile(d, &nt, &wo))
+            return err_set(err, CELLM_ERR_UNSUPPORTED,
+                           "Vulkan matmul: no tile of the tiled form fits the device");
         if (glu && act > 1)
             return err_set(err, CELLM_ERR_INVALID_ARG, "Vulkan matmul: activation %u", act);
         uint32_t spec[4] = {nt, glu ? act : 0, wo, lanes};
@@ -223,8 +220,8 @@ cellm_status vk_matmul_record(vk_recorder *rec, const vk_matmul_args *a, cellm_e
         return err_set(err, CELLM_ERR_UNSUPPORTED, "Vulkan matmul: operands past 4 GiB");
     const vk_pipeline *pipe;
     uint32_t outs, tr;
-    cellm_status st = matmul_pipeline(d, a->type, a->u != NULL, a->act, a->rows, a->cols, a->n_rows,
-                                      &pipe, &outs, &tr, err);
+    cellm_status st = matmul_pipeline(d, a->type, a->u != NULL, a->act, a->cols, a->n_rows, &pipe,
+                                      &outs, &tr, err);
     if (st != CELLM_OK) return st;
     vk_binding b[4] = {
         {a->w, a->w_off, (size_t)w_bytes},
@@ -256,16 +253,14 @@ cellm_status vk_matmul_prepare(vk_device *d, uint32_t type, uint32_t cols, bool 
                                cellm_error *err) {
     if (shader_of(type) < 0) return err_set(err, CELLM_ERR_UNSUPPORTED, "Vulkan matmul: no kernel");
     if (glu && vk_matmul_lane_variant(d)) return CELLM_OK; /* no GLU form there */
-    /* One row, one row tile, several row tiles, a prompt in the tiled
-     * form's small and large shapes: each pipeline a batch may take (the
-     * lane variant's last four are the same). */
-    const uint32_t n_rows[5] = {1, MM_ROWS, MM_ROWS + 1, MM_OPT4_ROWS + 1, MM_OPT4_ROWS + 1};
-    const uint32_t N[5] = {1, 1, 1, 1, 64 * MM_TILES_MANY};
-    for (int i = 0; i < 5; i++) {
+    /* One row, one row tile, several row tiles, a prompt: each pipeline a
+     * batch may take (the lane variant's last three are the same). */
+    const uint32_t n_rows[4] = {1, MM_ROWS, MM_ROWS + 1, MM_OPT4_ROWS + 1};
+    for (int i = 0; i < 4; i++) {
         const vk_pipeline *pipe;
         uint32_t outs, tr;
         cellm_status st =
-            matmul_pipeline(d, type, glu, act, N[i], cols, n_rows[i], &pipe, &outs, &tr, err);
+            matmul_pipeline(d, type, glu, act, cols, n_rows[i], &pipe, &outs, &tr, err);
         if (st != CELLM_OK) return st;
     }
     return CELLM_OK;

@@ -30,6 +30,14 @@ bool vk_matmul_lane_variant(const vk_device *d);
  * it: docs/gpu.md). Read at each pipeline's choice. */
 bool vk_matmul_rounds_activations(void);
 
+/* Whether matmuls of n_rows activation rows on d take the tiled form
+ * (matmul.comp -DTILED; the same bits as any other batch): prompts, past
+ * 128 rows ($CELLM_VK_MM_TILED: 0 never, 1 past 8 rows), on devices that
+ * take the cooperative form, with the activations as they are (not with
+ * $CELLM_VK_ACT=q8). Its GLU input would compute each activation once per
+ * tile of outputs: for such batches the forward pass computes it first. */
+bool vk_matmul_tiled(const vk_device *d, uint32_t n_rows);
+
 /* One matrix product, its operands given as buffer + byte offset:
  *   y[r * y_stride + o] = sum_i W[o][i] * x[r * x_stride + i]
  * for r < n_rows and o < rows, where W is `rows` rows of `cols` elements of

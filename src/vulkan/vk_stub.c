@@ -233,6 +233,12 @@ bool vk_matmul_rounds_activations(void) {
     return false;
 }
 
+bool vk_matmul_tiled(const vk_device *d, uint32_t n_rows) {
+    (void)d;
+    (void)n_rows;
+    return false;
+}
+
 bool vk_matmul_supports(uint32_t type) {
     (void)type;
     return false;
