@@ -112,7 +112,6 @@ set(CELLM_VK_SHADERS
     "qk_prep|qk_prep.comp"
     "attention|attention.comp"
     "attention_prefill|attention.comp|-DPREFILL|-DINFLIGHT=2"
-    "attention_rows|attention.comp|-DPREFILL|-DINFLIGHT=2|-DROWS=4"
     "act|act.comp"
     "add_norm|add_norm.comp"
     "logits|logits.comp"

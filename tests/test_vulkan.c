@@ -714,7 +714,6 @@ typedef struct attn_push {
     uint32_t rope_pairs, rope_neox, rope_cfg, rope_cfgs, flags;
     float eps;
     uint32_t fused;
-    uint32_t n_rows; /* the ROWS form's */
 } attn_push;
 
 typedef struct attn_case {
@@ -724,24 +723,13 @@ typedef struct attn_case {
     uint32_t group;
     int n_rows;
     int32_t pos[9];
-    bool one_seq; /* every row of one sequence (one table), not each its own */
 } attn_case;
 
 static const attn_case attn_cases[] = {
-    {64, 64, 9, 3, 2900, 0.0f, 0, 9, {0, 1, 15, 16, 37, 200, 2879, 2880, 3100}, false},
-    {256, 256, 4, 1, 40, 1.0f, 1, 6, {0, 39, 40, 41, 100, 300}, false},
-    {6, 10, 2, 2, 0, 0.0f, 0, 4, {0, 5, 33, 70}, false},
-    {512, 512, 2, 1, 0, 0.0f, 0, 3, {0, 20, 130}, false},
-    /* For the ROWS form too (every row within its span): 9 rows, a
-     * partial last tile of 4. */
-    {64, 64, 9, 3, 0, 0.0f, 0, 9, {0, 1, 15, 16, 37, 200, 511, 512, 1100}, false},
-    /* Rows of one sequence: the ROWS form loads each key and value once
-     * for a tile's rows when they start at the same position (all here;
-     * the window is not reached), in any order of positions. */
-    {64, 64, 9, 3, 0, 0.0f, 0, 9, {100, 101, 102, 103, 5, 7, 1000, 3, 1100}, true},
-    {256, 256, 4, 1, 600, 1.0f, 1, 5, {10, 200, 300, 599, 17}, true},
-    /* ... and where they do not (a window passed): each its own. */
-    {64, 64, 9, 3, 40, 0.0f, 0, 6, {0, 39, 40, 41, 100, 300}, true},
+    {64, 64, 9, 3, 2900, 0.0f, 0, 9, {0, 1, 15, 16, 37, 200, 2879, 2880, 3100}},
+    {256, 256, 4, 1, 40, 1.0f, 1, 6, {0, 39, 40, 41, 100, 300}},
+    {6, 10, 2, 2, 0, 0.0f, 0, 4, {0, 5, 33, 70}},
+    {512, 512, 2, 1, 0, 0.0f, 0, 3, {0, 20, 130}},
 };
 
 static float round_f16(float x) {
@@ -750,10 +738,7 @@ static float round_f16(float x) {
 
 enum { SLOT = 8192 }; /* bytes between single rows' operands: any device's alignment */
 
-/* span: 0, the batch through the PREFILL module; else through the ROWS
- * form with that span (its constant 0). */
-static void check_attention(vk_device *dev, vk_recorder *rec, const attn_case *c, uint64_t seed,
-                            uint32_t span) {
+static void check_attention(vk_device *dev, vk_recorder *rec, const attn_case *c, uint64_t seed) {
     const int R = c->n_rows;
     const uint32_t kw = c->n_head_kv * c->hd / 2, vw = c->n_head_kv * c->hdv / 2;
     const uint32_t bw = 16 * (kw + vw);
@@ -761,11 +746,10 @@ static void check_attention(vk_device *dev, vk_recorder *rec, const attn_case *c
      * names) of blocks no row owns: NaN throughout. */
     int32_t base[9], total = 0, maxpos = 0;
     for (int r = 0; r < R; r++) {
-        base[r] = c->one_seq ? 0 : total;
-        if (!c->one_seq) total += c->pos[r] / 16 + 1;
+        base[r] = total;
+        total += c->pos[r] / 16 + 1;
         if (c->pos[r] > maxpos) maxpos = c->pos[r];
     }
-    if (c->one_seq) total = maxpos / 16 + 1;
     const int32_t decoy = total, n_decoy = maxpos / 16 + 1;
     total += n_decoy;
     int32_t *perm = malloc(sizeof(int32_t) * total);
@@ -829,16 +813,13 @@ static void check_attention(vk_device *dev, vk_recorder *rec, const attn_case *c
         assert_int_equal(vk_buffer_upload(ri1b, (size_t)SLOT * r, ri[r], sizeof ri[r], &err),
                          CELLM_OK);
     }
-    /* The batch through a module batches with prompt rows take
-     * (attention.comp -DPREFILL, or its ROWS form, 4 rows a workgroup),
-     * each row alone through the plain one, bit for bit below. */
+    /* The batch through the module batches with prompt rows take
+     * (attention.comp -DPREFILL), each row alone through the plain one,
+     * bit for bit below. */
     const vk_pipeline *pipe, *pipe_batch;
     assert_int_equal(vk_pipeline_get(dev, VK_SHADER_ATTENTION, &pipe, &err), CELLM_OK);
-    const uint32_t spec[4] = {span, 0, 0, 0};
-    assert_int_equal(
-        vk_pipeline_get_spec(dev, span ? VK_SHADER_ATTENTION_ROWS : VK_SHADER_ATTENTION_PREFILL,
-                             span ? spec : NULL, &pipe_batch, &err),
-        CELLM_OK);
+    assert_int_equal(vk_pipeline_get(dev, VK_SHADER_ATTENTION_PREFILL, &pipe_batch, &err),
+                     CELLM_OK);
     attn_push p = {c->n_head,  c->n_head_kv,
                    c->hd,      c->hdv,
                    c->window,  1.0f / sqrtf((float)c->hd),
@@ -847,8 +828,7 @@ static void check_attention(vk_device *dev, vk_recorder *rec, const attn_case *c
                    bw,         0,
                    0,          0,
                    0,          0,
-                   0.0f,       0,
-                   (uint32_t)R};
+                   0.0f,       0};
     assert_int_equal(vk_recorder_begin(rec, &err), CELLM_OK);
     assert_int_equal(vk_recorder_fill(rec, ob, 0, sizeof(float) * on * R, 0x7FC00000u, &err),
                      CELLM_OK);
@@ -857,7 +837,7 @@ static void check_attention(vk_device *dev, vk_recorder *rec, const attn_case *c
     const vk_binding unused = {qb, 0, 0}; /* the decode form's inputs */
     vk_binding b[10] = {{qb, 0, 0}, {rib, 0, 0}, {tb, 0, 0}, kb,     {ob, 0, 0},
                         unused,     unused,      unused,     unused, unused};
-    uint32_t g[3] = {span ? (uint32_t)(R + 3) / 4 : (uint32_t)R, c->n_head, 1};
+    uint32_t g[3] = {(uint32_t)R, c->n_head, 1};
     assert_int_equal(vk_recorder_dispatch(rec, pipe_batch, b, 10, &p, sizeof p, g, &err), CELLM_OK);
     for (int r = 0; r < R; r++) {
         vk_binding b1[10] = {{q1b, (size_t)SLOT * r, SLOT},
@@ -923,8 +903,7 @@ static void check_attention(vk_device *dev, vk_recorder *rec, const attn_case *c
                          CELLM_OK);
         assert_memory_equal(o1, o + on * r, sizeof(float) * on);
     }
-    print_message("    hd %3u/%3u%s: worst relative error %.2g\n", c->hd, c->hdv,
-                  span ? ", 4 rows a workgroup" : "", worst);
+    print_message("    hd %3u/%3u: worst relative error %.2g\n", c->hd, c->hdv, worst);
     vk_buffer_free(qb);
     vk_buffer_free(rib);
     vk_buffer_free(tb);
@@ -947,18 +926,8 @@ static void test_vulkan_attention(void **state) {
     vk_recorder *rec;
     cellm_error err;
     assert_int_equal(vk_recorder_create(dev, &rec, &err), CELLM_OK);
-    const uint32_t span = vk_attention_rows_span(dev);
-    assert_true(span >= 1200); /* lavapipe's and the H100's shared memory hold it */
-    for (size_t i = 0; i < sizeof attn_cases / sizeof attn_cases[0]; i++) {
-        const attn_case *c = &attn_cases[i];
-        check_attention(dev, rec, c, 1234 + i, 0);
-        int32_t maxpos = 0;
-        for (int r = 0; r < c->n_rows; r++)
-            if (c->pos[r] > maxpos) maxpos = c->pos[r];
-        /* The ROWS form where the forward pass would take it. */
-        if (c->hd <= 256 && c->hdv <= 256 && (uint32_t)maxpos + 1 <= span)
-            check_attention(dev, rec, c, 1234 + i, span);
-    }
+    for (size_t i = 0; i < sizeof attn_cases / sizeof attn_cases[0]; i++)
+        check_attention(dev, rec, &attn_cases[i], 1234 + i);
     vk_device_close(dev);
     assert_int_equal(vk_live_objects(), 0);
 }

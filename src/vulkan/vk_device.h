@@ -229,7 +229,6 @@ typedef enum vk_shader_id {
     VK_SHADER_QK_PREP,
     VK_SHADER_ATTENTION,
     VK_SHADER_ATTENTION_PREFILL, /* attention.comp -DPREFILL: batches not all decode */
-    VK_SHADER_ATTENTION_ROWS,    /* -DPREFILL -DROWS=4: 4 rows a workgroup (vk_forward.c) */
     VK_SHADER_ACT,
     VK_SHADER_ADD_NORM,
     VK_SHADER_LOGITS,

@@ -151,13 +151,11 @@ typedef struct vkf {
      * (CELLM_VK_REPLAY=0: record every step). */
     bool replay_ok, replay_off;
     int32_t replay_n, replay_nl;
-    uint32_t replay_fused, replay_rows;
+    uint32_t replay_fused;
     bool replay_top;
     /* 1: every row of this step is its sequence's only one (decode):
      * attention does qk_prep's work itself. */
     uint32_t step_fused;
-    uint32_t
-        step_rows; /* attention's ROWS form this step: its span (vk_attention_rows_span), or 0 */
     bool fuse_off; /* CELLM_VK_FUSED=0: qk_prep always a dispatch (comparison) */
 } vkf;
 
@@ -370,9 +368,6 @@ static cellm_status vkf_run(void *impl, const fwd_row *rows, const float *const 
 static cellm_status vkf_run_top(void *impl, const fwd_row *rows, const float *const *embd,
                                 int32_t n, const fwd_top **top, cellm_error *err);
 
-/* attention.comp's ROWS form: rows a workgroup (vk_shaders.h). */
-enum { ATTN_ROWS = 4 };
-
 /* Makes the pipelines a pass uses now rather than on first use, where the
  * driver's compiler would add tens of milliseconds to a first request's
  * time to first token (and to the first batch of a new size). A CPU
@@ -396,11 +391,6 @@ static cellm_status prepare_pipelines(vkf *f, cellm_error *err) {
     for (size_t i = 0; i < sizeof others / sizeof others[0] && !st; i++) {
         const vk_pipeline *pipe;
         st = vk_pipeline_get(f->dev, others[i], &pipe, err);
-    }
-    uint32_t span[4] = {vk_attention_rows_span(f->dev), 0, 0, 0};
-    if (!st && span[0]) {
-        const vk_pipeline *pipe;
-        st = vk_pipeline_get_spec(f->dev, VK_SHADER_ATTENTION_ROWS, span, &pipe, err);
     }
     return st;
 }
@@ -645,19 +635,12 @@ typedef struct rec_ctx {
     cellm_status st;
 } rec_ctx;
 
-/* A dispatch of shader id with specialization constants spec (NULL: the
- * shader's own). */
-static void dispatch_spec(rec_ctx *c, vk_shader_id id, const uint32_t spec[4], const vk_binding *b,
-                          uint32_t nb, const void *push, size_t push_bytes, const uint32_t g[3]) {
-    if (c->st) return;
-    const vk_pipeline *pipe;
-    if ((c->st = vk_pipeline_get_spec(c->f->dev, id, spec, &pipe, c->err))) return;
-    c->st = vk_recorder_dispatch(c->f->rec, pipe, b, nb, push, push_bytes, g, c->err);
-}
-
 static void dispatch(rec_ctx *c, vk_shader_id id, const vk_binding *b, uint32_t nb,
                      const void *push, size_t push_bytes, const uint32_t g[3]) {
-    dispatch_spec(c, id, NULL, b, nb, push, push_bytes, g);
+    if (c->st) return;
+    const vk_pipeline *pipe;
+    if ((c->st = vk_pipeline_get(c->f->dev, id, &pipe, c->err))) return;
+    c->st = vk_recorder_dispatch(c->f->rec, pipe, b, nb, push, push_bytes, g, c->err);
 }
 
 /* y = x W^T for n rows; with u, the activation rows are act(x) * u
@@ -753,7 +736,6 @@ typedef struct attn_push {
     uint32_t rope_pairs, rope_neox, rope_cfg, rope_cfgs, flags;
     float eps;
     uint32_t fused;
-    uint32_t n_rows; /* the ROWS form's */
 } attn_push;
 
 static void attention_layer(rec_ctx *c, int32_t il, int32_t n) {
@@ -817,8 +799,7 @@ static void attention_layer(rec_ctx *c, int32_t il, int32_t n) {
                     qp.rope_cfgs,
                     qp.flags,
                     qp.eps,
-                    f->step_fused,
-                    (uint32_t)n};
+                    f->step_fused};
     vk_binding ab[10] = {{f->q, 0, 0},
                          {f->rowinfo, 0, 0},
                          {f->tables, 0, 0},
@@ -831,17 +812,9 @@ static void attention_layer(rec_ctx *c, int32_t il, int32_t n) {
                          qb[5]};
     uint32_t ga[3] = {(uint32_t)n, (uint32_t)m->n_head, 1};
     /* Batches with prompt rows take the module without the decode form
-     * (attention.comp's PREFILL), 4 rows a workgroup where every row's
-     * positions fit its shared memory (ROWS): the same arithmetic, the
-     * same bits. */
-    if (f->step_rows) {
-        uint32_t spec[4] = {f->step_rows, 0, 0, 0};
-        ga[0] = ((uint32_t)n + ATTN_ROWS - 1) / ATTN_ROWS;
-        dispatch_spec(c, VK_SHADER_ATTENTION_ROWS, spec, ab, 10, &ap, sizeof ap, ga);
-    } else {
-        dispatch(c, f->step_fused ? VK_SHADER_ATTENTION : VK_SHADER_ATTENTION_PREFILL, ab, 10, &ap,
-                 sizeof ap, ga);
-    }
+     * (attention.comp's PREFILL): the same arithmetic, the same bits. */
+    dispatch(c, f->step_fused ? VK_SHADER_ATTENTION : VK_SHADER_ATTENTION_PREFILL, ab, 10, &ap,
+             sizeof ap, ga);
     barrier(c, P_ATTENTION);
     mm(c, &V->wo, f->att, n, f->hb);
     barrier(c, P_WO);
@@ -886,7 +859,7 @@ static cellm_status fill_inputs(vkf *f, const fwd_row *rows, const float *const 
     uint64_t rb = 0;
     quant_nbytes(m->tok_embd.type, (uint64_t)d, &rb);
     size_t nt = 0;
-    int32_t nl = 0, max_pos = 0;
+    int32_t nl = 0;
     f->step_fused = 1;
     for (int32_t r = 0; r < n; r++) {
         float *x = f->host_x + (size_t)r * d;
@@ -935,14 +908,6 @@ static cellm_status fill_inputs(vkf *f, const fwd_row *rows, const float *const 
             }
         }
         if (rows[r].logits) f->host_lidx[nl++] = r;
-        if (rows[r].pos > max_pos) max_pos = rows[r].pos;
-    }
-    /* Attention's ROWS form where every row's positions fit it (a window
-     * only shortens them). */
-    f->step_rows = 0;
-    if (!f->step_fused && m->head_dim <= 256 && m->head_dim_v <= 256) {
-        uint32_t span = vk_attention_rows_span(f->dev);
-        if ((int64_t)max_pos + 1 <= (int64_t)span) f->step_rows = span;
     }
     cellm_status st;
     if ((st = vk_buffer_upload(f->in_x, 0, f->host_x, (size_t)n * d * sizeof(float), err)) ||
@@ -1017,8 +982,7 @@ static cellm_status vkf_pass(vkf *f, const fwd_row *rows, const float *const *em
     }
     if (f->prof.on) t1 = now_ns();
     if (f->replay_ok && !f->n_copies && n == f->replay_n && nl == f->replay_nl &&
-        f->step_fused == f->replay_fused && f->step_rows == f->replay_rows &&
-        top == f->replay_top) {
+        f->step_fused == f->replay_fused && top == f->replay_top) {
         if (f->prof.on) t2 = now_ns();
         st = vk_recorder_resubmit(f->rec, err);
     } else {
@@ -1029,7 +993,6 @@ static cellm_status vkf_pass(vkf *f, const fwd_row *rows, const float *const *em
         f->replay_n = n;
         f->replay_nl = nl;
         f->replay_fused = f->step_fused;
-        f->replay_rows = f->step_rows;
         f->replay_top = top;
     }
     if (st) {

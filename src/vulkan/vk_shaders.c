@@ -5,7 +5,6 @@
  * src/vulkan/shaders, a line in cmake/vulkan.cmake, an id in vk_device.h
  * and a row here (docs/gpu.md).
  */
-#include <stdlib.h>
 #include <string.h>
 
 #include "vulkan/vk_shaders.h"
@@ -128,10 +127,8 @@ static const vk_shader_desc shaders[VK_SHADER_COUNT] = {
      * each .comp declares them. */
     [VK_SHADER_RMSNORM] = {"rmsnorm", 4, 24, 0, {0}},
     [VK_SHADER_QK_PREP] = {"qk_prep", 9, 56, 0, {0}},
-    [VK_SHADER_ATTENTION] = {"attention", 10, 76, 0, {0}},
-    [VK_SHADER_ATTENTION_PREFILL] = {"attention_prefill", 10, 76, 0, {0}},
-    /* Constant 0: the positions a row's scores may span (vk_forward.c). */
-    [VK_SHADER_ATTENTION_ROWS] = {"attention_rows", 10, 76, 1, {512}},
+    [VK_SHADER_ATTENTION] = {"attention", 10, 72, 0, {0}},
+    [VK_SHADER_ATTENTION_PREFILL] = {"attention_prefill", 10, 72, 0, {0}},
     [VK_SHADER_ACT] = {"act", 2, 8, 0, {0}},
     [VK_SHADER_ADD_NORM] = {"add_norm", 5, 20, 0, {0}},
     [VK_SHADER_LOGITS] = {"logits", 1, 12, 0, {0}},
@@ -147,13 +144,4 @@ const vk_spirv *vk_spirv_find(const char *name) {
     for (unsigned i = 0; i < vk_spirv_count; i++)
         if (!strcmp(vk_spirv_table[i].name, name)) return &vk_spirv_table[i];
     return NULL;
-}
-
-uint32_t vk_attention_rows_span(const vk_device *d) {
-    const char *v = getenv("CELLM_VK_ATTN_ROWS");
-    if (v && !strcmp(v, "0")) return 0;
-    uint32_t sh = vk_device_get_info(d)->max_shared;
-    uint32_t n = sh > 12336 ? (sh - 12336) / 17 / 16 * 16 : 0;
-    if (n > 2880) n = 2880;
-    return n >= 512 ? n : 0;
 }

@@ -47,16 +47,6 @@ static inline uint32_t vk_top_slices(uint32_t n_vocab) {
     return (n_vocab + 4095) / 4096;
 }
 
-/* attention.comp's ROWS form (4 rows a workgroup) on d: the positions a
- * row's scores may span there (its constant 0), or 0 where the form is
- * not taken. What its shared memory holds: 12,336 bytes of Q, pairs and
- * maxima, then 17 bytes a position (the score and a sixteenth of a table
- * entry) for each of 4 rows; a multiple of 16, at most the plain form's
- * S_MAX (2,880), so that every row it takes is one the plain form takes
- * whole ("fits") too. 0 where less than 512 fit (its rows' partial
- * outputs need 4 x 512 floats) or $CELLM_VK_ATTN_ROWS=0. */
-uint32_t vk_attention_rows_span(const vk_device *d);
-
 /* The module called `name`, or NULL. */
 const vk_spirv *vk_spirv_find(const char *name);
 

@@ -97,32 +97,14 @@ layout(push_constant) uniform P {
     uint rope_pairs, rope_neox, rope_cfg, rope_cfgs, flags;
     float eps;
     uint fused;
-    uint n_rows; // rows of the batch (the ROWS form: the grid covers them in tiles)
 } p;
 
-#ifdef ROWS
-// The ROWS form: RT rows a workgroup, each row's arrays side by side.
-// SMR (constant 0, a multiple of 16): positions a row's scores may
-// span; the host takes this form only when every row's fit (n <= SMR
-// <= S_MAX: the plain form's "fits" case, whose sums are these).
-const uint RT = ROWS;
-layout(constant_id = 0) const int SMR = 512;
-const int TABR = SMR / 16 + 1;
-shared vec4 qs[RT * 64u];        // each row's Q as f16 values (hd <= 256)
-shared float pm[RT * T], pl[RT * T];
-shared int tab[int(RT) * TABR];
-shared float rm[RT], rinv[RT];   // each row's maximum and 1 / sum
-// Scores, then probabilities; at the end one row's partial outputs at a
-// time (G * hdv <= 8 T floats: the host asks RT * SMR >= 8 T).
-shared float sc[int(RT) * SMR];
-#else
 shared vec4 qs[128];            // Q as f16 values, zero past hd
 shared float pm[T], pl[T];      // the invocations' (maximum, sum) pairs
 shared int tab[TAB_N];          // block table entries of the positions at hand
 // Scores, then probabilities; at the end the groups' partial outputs,
 // G * hdv <= 8 T floats (S_MAX is larger unless a test build lowers it).
 shared float sc[SMAX > 8 * int(T) ? SMAX : 8 * int(T)];
-#endif
 
 #ifndef PREFILL
 #define PREP_HS sc
@@ -155,23 +137,8 @@ uvec4 load4(uint at, uint nw) {
 #endif
 const uint NF = INFLIGHT;
 
-// Adds 8 more dims to a score's partial sums a: words 4c .. 4c + 3 of the
-// key (w) against Q at qs[qo ..].
-void dot8(inout precise vec4 a, uint qo, uint c, uvec4 w) {
-    a = fma(qs[qo + 2u * c], vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y)), a);
-    a = fma(qs[qo + 2u * c + 1u], vec4(unpackHalf2x16(w.z), unpackHalf2x16(w.w)), a);
-}
-
-// The score from its partial sums.
-float finish(vec4 a) {
-    precise float s = ((a.x + a.y) + (a.z + a.w)) * p.scale;
-    if (p.softcap > 0.0) s = p.softcap * tanh(clamp(s / p.softcap, -15.0, 15.0));
-    return s;
-}
-
-// The score against Q at qs[qo ..] of the key row whose head starts at
-// word `at`.
-float score(uint qo, uint at) {
+// The score of the key row whose head starts at word `at`.
+float score(uint at) {
     uint nw = p.hd / 2u;
     precise vec4 a = vec4(0.0);
     for (uint c0 = 0u; 4u * c0 < nw; c0 += NF) {
@@ -185,10 +152,15 @@ float score(uint qo, uint at) {
         }
         [[unroll]] for (uint u = 0u; u < NF; u++) {
             uint c = c0 + u;
-            if (4u * c < nw) dot8(a, qo, c, w[u]);
+            if (4u * c < nw) {
+                a = fma(qs[2u * c], vec4(unpackHalf2x16(w[u].x), unpackHalf2x16(w[u].y)), a);
+                a = fma(qs[2u * c + 1u], vec4(unpackHalf2x16(w[u].z), unpackHalf2x16(w[u].w)), a);
+            }
         }
     }
-    return finish(a);
+    precise float s = ((a.x + a.y) + (a.z + a.w)) * p.scale;
+    if (p.softcap > 0.0) s = p.softcap * tanh(clamp(s / p.softcap, -15.0, 15.0));
+    return s;
 }
 
 // Merges the pairs pm/pl[at + k * stride], k < cnt, into (m, l), in index
@@ -206,239 +178,6 @@ void merge(uint at, uint stride, uint cnt, out float m, out float l) {
     l = sum;
 }
 
-#ifdef ROWS
-// The ROWS form (-DROWS=RT, with PREFILL): a workgroup takes RT rows of
-// the batch for one query head and runs the steps above for each row,
-// all of its rows between the same barriers: each row's sums are the
-// plain form's in its "fits" case, in the same order; the barriers, the
-// merges' waits and the final sums are shared by RT rows, and rows of one
-// sequence read the same keys and values (from the cache, one row after
-// another). A row's maximum and 1 / sum are merged by one invocation and
-// shared, where the plain form has every invocation merge the same bits.
-void main() {
-    uint r0 = gl_WorkGroupID.x * RT, h = gl_WorkGroupID.y, t = gl_LocalInvocationID.x;
-    uint nr = min(RT, p.n_rows - r0); // rows of this workgroup, >= 1
-    uint kvh = h / (p.n_head / p.n_head_kv);
-    wide = p.hd % 8u == 0u && p.hdv % 8u == 0u && p.k_row_words % 4u == 0u &&
-           p.v_row_words % 4u == 0u && p.block_words % 4u == 0u;
-    uint kq = kvh * (p.hd / 2u);
-    uint vq = 16u * p.k_row_words + kvh * (p.hdv / 2u);
-    int pos[RT], tbase[RT], lo[RT];
-    [[unroll]] for (uint k = 0u; k < RT; k++) {
-        ivec4 ri = rowinfo[r0 + min(k, nr - 1u)];
-        pos[k] = ri.x;
-        tbase[k] = p.group == 0u ? ri.y : ri.z;
-        lo[k] = p.window > 0 ? max(0, pos[k] - p.window + 1) : 0;
-    }
-
-    // 1. Each row's Q and block table.
-    for (uint i = t; i < RT * 64u; i += T) {
-        uint k = i / 64u, c4 = i % 64u;
-        if (k >= nr) continue;
-        uint qb = ((r0 + k) * p.n_head + h) * p.hd;
-        vec4 qv = vec4(0.0);
-        for (uint e = 0u; e < 4u; e++)
-            if (4u * c4 + e < p.hd) qv[e] = f16(q[qb + 4u * c4 + e]);
-        qs[i] = qv;
-    }
-    [[unroll]] for (uint k = 0u; k < RT; k++)
-        if (k < nr)
-            for (int b = int(t); b <= pos[k] / 16 - lo[k] / 16; b += int(T))
-                tab[int(k) * TABR + b] = tables[tbase[k] + lo[k] / 16 + b];
-    barrier();
-
-    // Rows of one sequence with the same first position (full attention,
-    // or a window not yet reached) read the same keys and values: each is
-    // loaded once for all of them (through the table of the row reaching
-    // furthest), each row's sums as alone.
-    bool same = true;
-    uint kmax = 0u;
-    [[unroll]] for (uint k = 1u; k < RT; k++)
-        if (k < nr) {
-            same = same && tbase[k] == tbase[0] && lo[k] == lo[0];
-            if (pos[k] > pos[kmax]) kmax = k;
-        }
-
-    // 2. Scores, and each invocation's running maximum and sum of exp.
-    if (same) {
-        float m[RT];
-        precise float l[RT];
-        [[unroll]] for (uint k = 0u; k < RT; k++) {
-            m[k] = -1.0 / 0.0;
-            l[k] = 0.0;
-        }
-        int tb0 = lo[0] / 16;
-        uint nw = p.hd / 2u;
-        for (int j = lo[0] + int(t); j <= pos[kmax]; j += int(T)) {
-            int blk = tab[int(kmax) * TABR + j / 16 - tb0];
-            uint at = uint(blk) * p.block_words + uint(j % 16) * p.k_row_words + kq;
-            precise vec4 a[RT];
-            [[unroll]] for (uint k = 0u; k < RT; k++) a[k] = vec4(0.0);
-            for (uint c0 = 0u; 4u * c0 < nw; c0 += NF) {
-                uvec4 w[NF];
-                [[unroll]] for (uint u = 0u; u < NF; u++) {
-                    uint c = c0 + u;
-                    w[u] = uvec4(0u);
-                    if (4u * c < nw) w[u] = load4(at + 4u * c, nw - 4u * c);
-                }
-                [[unroll]] for (uint u = 0u; u < NF; u++)
-                    [[unroll]] for (uint k = 0u; k < RT; k++)
-                        if (4u * (c0 + u) < nw) dot8(a[k], 64u * k, c0 + u, w[u]);
-            }
-            [[unroll]] for (uint k = 0u; k < RT; k++) {
-                if (k >= nr || j > pos[k]) continue;
-                float s = finish(a[k]);
-                sc[int(k) * SMR + j - lo[0]] = s;
-                if (s > m[k]) {
-                    l[k] = l[k] * exp(m[k] - s) + 1.0;
-                    m[k] = s;
-                } else {
-                    l[k] += exp(s - m[k]);
-                }
-            }
-        }
-        [[unroll]] for (uint k = 0u; k < RT; k++) {
-            pm[k * T + t] = m[k];
-            pl[k * T + t] = l[k];
-        }
-    } else
-        [[unroll]] for (uint k = 0u; k < RT; k++) {
-        if (k >= nr) continue;
-        float m = -1.0 / 0.0;
-        precise float l = 0.0;
-        int tb0 = lo[k] / 16;
-        for (int j = lo[k] + int(t); j <= pos[k]; j += int(T)) {
-            int blk = tab[int(k) * TABR + j / 16 - tb0];
-            float s = score(64u * k, uint(blk) * p.block_words + uint(j % 16) * p.k_row_words + kq);
-            sc[int(k) * SMR + j - lo[k]] = s;
-            if (s > m) {
-                l = l * exp(m - s) + 1.0;
-                m = s;
-            } else {
-                l += exp(s - m);
-            }
-        }
-        pm[k * T + t] = m;
-        pl[k * T + t] = l;
-    }
-    barrier();
-    const uint per = T / R1;
-    if (t < RT * R1 && t / R1 < nr) {
-        uint at = (t / R1) * T + (t % R1) * per;
-        float m1, l1;
-        merge(at, 1u, per, m1, l1);
-        pm[at] = m1;
-        pl[at] = l1;
-    }
-    barrier();
-    if (t < nr) {
-        float mx, sum;
-        merge(t * T, per, R1, mx, sum);
-        rm[t] = mx;
-        rinv[t] = 1.0 / sum;
-    }
-    barrier();
-
-    // 3. Probabilities.
-    [[unroll]] for (uint k = 0u; k < RT; k++)
-        if (k < nr)
-            for (int i = int(t); i <= pos[k] - lo[k]; i += int(T)) {
-                int at = int(k) * SMR + i;
-                sc[at] = f16(exp(sc[at] - rm[k]) * rinv[k]);
-            }
-    barrier();
-
-    // 4. Weighted values, each row's groups as in the plain form.
-    uint L = (p.hdv + 7u) / 8u;
-    int G = int(T / L);
-    int g = int(t / L);
-    uint c = t % L;
-    uint vnw = p.hdv / 2u - 4u * c;
-    uint voff = vq + 4u * c;
-    precise vec4 acc0[RT], acc1[RT];
-    [[unroll]] for (uint k = 0u; k < RT; k++) {
-        acc0[k] = vec4(0.0);
-        acc1[k] = vec4(0.0);
-    }
-    // Shared values: a row past its last position adds nothing, where
-    // alone it adds 0 * 0 at the end (the same: its sums start at +0.0 and
-    // are never -0.0).
-    if (same && g < G) {
-        int cmax = pos[kmax] - lo[0] + 1, tb = lo[0] / 16;
-        for (int i = g; i < cmax; i += int(NF) * G) {
-            uvec4 vr[NF];
-            [[unroll]] for (int u = 0; u < int(NF); u++) {
-                int ii = i + u * G;
-                vr[u] = uvec4(0u);
-                if (ii < cmax) {
-                    int j = lo[0] + ii;
-                    uint at = uint(tab[int(kmax) * TABR + j / 16 - tb]) * p.block_words +
-                              uint(j % 16) * p.v_row_words + voff;
-                    vr[u] = load4(at, vnw);
-                }
-            }
-            [[unroll]] for (int u = 0; u < int(NF); u++) {
-                int ii = i + u * G;
-                vec4 x0 = vec4(unpackHalf2x16(vr[u].x), unpackHalf2x16(vr[u].y));
-                vec4 x1 = vec4(unpackHalf2x16(vr[u].z), unpackHalf2x16(vr[u].w));
-                [[unroll]] for (uint k = 0u; k < RT; k++)
-                    if (k < nr && ii <= pos[k] - lo[0]) {
-                        float w = sc[int(k) * SMR + ii];
-                        acc0[k] = fma(vec4(w), x0, acc0[k]);
-                        acc1[k] = fma(vec4(w), x1, acc1[k]);
-                    }
-            }
-        }
-    }
-    [[unroll]] for (uint k = 0u; k < RT; k++) {
-        if (same || k >= nr || g >= G) continue;
-        int cnt = pos[k] - lo[k] + 1, tb = lo[k] / 16;
-        for (int i = g; i < cnt; i += int(NF) * G) {
-            float w[NF];
-            uvec4 vr[NF];
-            [[unroll]] for (int u = 0; u < int(NF); u++) {
-                int ii = i + u * G;
-                w[u] = 0.0;
-                vr[u] = uvec4(0u);
-                if (ii < cnt) {
-                    int j = lo[k] + ii;
-                    uint at = uint(tab[int(k) * TABR + j / 16 - tb]) * p.block_words +
-                              uint(j % 16) * p.v_row_words + voff;
-                    w[u] = sc[int(k) * SMR + ii];
-                    vr[u] = load4(at, vnw);
-                }
-            }
-            [[unroll]] for (int u = 0; u < int(NF); u++) {
-                vec4 x0 = vec4(unpackHalf2x16(vr[u].x), unpackHalf2x16(vr[u].y));
-                vec4 x1 = vec4(unpackHalf2x16(vr[u].z), unpackHalf2x16(vr[u].w));
-                acc0[k] = fma(vec4(w[u]), x0, acc0[k]);
-                acc1[k] = fma(vec4(w[u]), x1, acc1[k]);
-            }
-        }
-    }
-
-    // Each row's groups' partial outputs, added in group order.
-    [[unroll]] for (uint k = 0u; k < RT; k++) {
-        if (k >= nr) continue;
-        barrier(); // sc is free: read by every group (k = 0), summed (k > 0)
-        if (g < G) {
-            uint at = uint(g) * p.hdv + 8u * c;
-            for (uint e = 0u; e < 4u; e++) {
-                if (8u * c + e < p.hdv) sc[at + e] = acc0[k][e];
-                if (8u * c + 4u + e < p.hdv) sc[at + 4u + e] = acc1[k][e];
-            }
-        }
-        barrier();
-        int gu = min(G, pos[k] - lo[k] + 1);
-        uint ob = ((r0 + k) * p.n_head + h) * p.hdv;
-        for (uint d = t; d < p.hdv; d += T) {
-            precise float s = 0.0;
-            for (int kk = 0; kk < gu; kk++) s += sc[uint(kk) * p.hdv + d];
-            o[ob + d] = s;
-        }
-    }
-}
-#else
 void main() {
     uint r = gl_WorkGroupID.x, h = gl_WorkGroupID.y, t = gl_LocalInvocationID.x;
     uint kvh = h / (p.n_head / p.n_head_kv);
@@ -496,7 +235,7 @@ void main() {
         } else {
             blk = tables[table_base + j / 16];
         }
-        float s = score(0u, uint(blk) * p.block_words + uint(j % 16) * p.k_row_words + kq);
+        float s = score(uint(blk) * p.block_words + uint(j % 16) * p.k_row_words + kq);
         if (fits) sc[j - lo] = s;
         if (s > m) {
             l = l * exp(m - s) + 1.0;
@@ -543,7 +282,7 @@ void main() {
             } else {
                 int j = t0 + i;
                 uint bw = uint(tables[table_base + j / 16]) * p.block_words;
-                s = score(0u, bw + uint(j % 16) * p.k_row_words + kq);
+                s = score(bw + uint(j % 16) * p.k_row_words + kq);
             }
             sc[i] = f16(exp(s - mx) * inv);
         }
@@ -595,4 +334,3 @@ void main() {
         o[ob + d] = s;
     }
 }
-#endif
