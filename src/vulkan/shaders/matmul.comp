@@ -439,6 +439,25 @@ void leaf(uint j, bool ev) {
     join(st3, e3, ev);
 }
 
+// An invocation's loads of chunk c, held until they are stored: weight
+// task t = o + OW g (group g of output o), row task t = 8 rr + e4 (columns
+// 4 e4 .. 4 e4 + 3 of row rr). Past N or n_rows: copies of the last
+// output or row, not written.
+float pw[2][8], px[8][4];
+
+void load_chunk(uint c, uint tid, uint o0, uint r0, uint rb) {
+    for (uint n = 0u; n < WT; n++) {
+        uint t = tid + n * NT, o = t % OW, g = t / OW;
+        chunk_begin(pc.w_off + min(o0 + o, pc.N - 1u) * rb, c);
+        load8(g, pw[n]);
+    }
+    for (uint n = 0u; n < XT; n++) {
+        uint t = tid + n * NT, rr = t / 8u, e4 = t % 8u;
+        uint x0 = pc.x_off + min(r0 + rr, pc.n_rows - 1u) * pc.x_stride + c * 32u + 4u * e4;
+        for (uint i = 0u; i < 4u; i++) px[n][i] = x_at(x0 + i);
+    }
+}
+
 void main() {
     uint tid = gl_LocalInvocationID.x;
     // 32 neighbouring invocations are 4 output quads by 8 row quads: a
@@ -451,25 +470,11 @@ void main() {
     if (o0 >= pc.N) return; // the same for the whole workgroup
     uint nc = pc.K / 32u, rb = row_bytes(pc.K);
 
-    // The loads of a chunk: weight task t = o + OW g (group g of output o),
-    // row task t = 8 rr + e4 (columns 4 e4 .. 4 e4 + 3 of row rr). Past N
-    // or n_rows: copies of the last output or row, not written.
-    precise float pw[2][8];
-    float px[8][4];
     uint j = 0u, c = 0u, buf = 0u; // lane 0 always has a chunk
     for (uint k = 0u; k < 16u; k++) cur[k] = 0.0;
     // The first chunk's loads; then each step issues the next one's
     // before its sums.
-    for (uint n = 0u; n < WT; n++) {
-        uint t = tid + n * NT, o = t % OW, g = t / OW;
-        chunk_begin(pc.w_off + min(o0 + o, pc.N - 1u) * rb, c);
-        load8(g, pw[n]);
-    }
-    for (uint n = 0u; n < XT; n++) {
-        uint t = tid + n * NT, rr = t / 8u, e4 = t % 8u;
-        uint x0 = pc.x_off + min(r0 + rr, pc.n_rows - 1u) * pc.x_stride + c * 32u + 4u * e4;
-        for (uint i = 0u; i < 4u; i++) px[n][i] = x_at(x0 + i);
-    }
+    load_chunk(c, tid, o0, r0, rb);
     for (;;) {
         // Store the loaded chunk into buffer buf.
         for (uint n = 0u; n < WT; n++) {
@@ -498,19 +503,7 @@ void main() {
             }
             cn = jn < 16u ? bitrev4(jn) : 0u;
         }
-        if (jn < 16u) {
-            for (uint n = 0u; n < WT; n++) {
-                uint t = tid + n * NT, o = t % OW, g = t / OW;
-                chunk_begin(pc.w_off + min(o0 + o, pc.N - 1u) * rb, cn);
-                load8(g, pw[n]);
-            }
-            for (uint n = 0u; n < XT; n++) {
-                uint t = tid + n * NT, rr = t / 8u, e4 = t % 8u;
-                uint x0 =
-                    pc.x_off + min(r0 + rr, pc.n_rows - 1u) * pc.x_stride + cn * 32u + 4u * e4;
-                for (uint i = 0u; i < 4u; i++) px[n][i] = x_at(x0 + i);
-            }
-        }
+        if (jn < 16u) load_chunk(cn, tid, o0, r0, rb);
         precise float s[16];
         for (uint k = 0u; k < 16u; k++) s[k] = 0.0;
         [[unroll]] for (uint g = 0u; g < 4u; g++) {
