@@ -137,6 +137,10 @@ typedef struct vkf {
     int32_t *host_info; /* [max_rows][4] */
     int32_t *host_tab;  /* block table words */
     float *host_rope;   /* [max_rows][n_rope_cfg][pairs][2] */
+    /* Each position's row of host_rope as computed once (rope_at): the
+     * first rope_cap positions, rope_cached of them so far. */
+    float *rope_cache;
+    int32_t rope_cap, rope_cached;
     int32_t *host_lidx;
     size_t tab_cap; /* ints in `tables` */
     float rope_base[MAX_ROPE_CFG], rope_scale[MAX_ROPE_CFG];
@@ -347,6 +351,7 @@ static void vkf_free(void *impl) {
     free(f->host_info);
     free(f->host_tab);
     free(f->host_rope);
+    free(f->rope_cache);
     free(f->host_lidx);
     free(f->copies);
     free(f);
@@ -590,6 +595,13 @@ cellm_status vk_backend(bool gpu_only, const model *m, kv_cache *kv, const vk_lo
     f->host_info = malloc(r * 4 * sizeof(int32_t));
     f->host_tab = malloc(f->tab_cap * sizeof(int32_t));
     f->host_rope = malloc((r * (size_t)f->n_rope_cfg * pairs * 2 + 1) * fl);
+    /* Up to 4 MiB of positions' angles (SmolLM2: 16,384 positions, Gemma 3
+     * with its two RoPE settings 2,048); pages are touched as they fill. */
+    size_t rope_row = (size_t)f->n_rope_cfg * pairs * 2 * fl;
+    f->rope_cap = rope_row ? (int32_t)((4u << 20) / rope_row) : 0;
+    f->rope_cached = 0;
+    f->rope_cache = f->rope_cap ? malloc((size_t)f->rope_cap * rope_row) : NULL;
+    if (!f->rope_cache) f->rope_cap = 0;
     f->host_lidx = malloc((size_t)max_logit_rows * sizeof(int32_t));
     f->cap_copies = 2 * max_rows;
     f->copies = malloc((size_t)f->cap_copies * sizeof *f->copies);
@@ -848,6 +860,34 @@ static const vk_buffer *mlp_layer(rec_ctx *c, int32_t il, int32_t n) {
     return f->hb;
 }
 
+/* Position pos's RoPE angles for each setting ([n_rope_cfg][pairs][2], cos
+ * and sin) into out: from the cache where it reaches (filled up to pos the
+ * first time), else computed. The same values either way. */
+static void rope_at(vkf *f, int32_t pos, float *out) {
+    const model *m = f->m;
+    int32_t pairs = m->rope_dim / 2;
+    size_t row = (size_t)f->n_rope_cfg * pairs * 2;
+    if (pos < f->rope_cap && pos < f->rope_cached) {
+        memcpy(out, f->rope_cache + (size_t)pos * row, row * sizeof(float));
+        return;
+    }
+    for (int32_t p = pos < f->rope_cap ? f->rope_cached : pos; p <= pos; p++) {
+        float *o = p < f->rope_cap ? f->rope_cache + (size_t)p * row : out;
+        for (int32_t c = 0; c < f->n_rope_cfg; c++) {
+            float cs[512], sn[512];
+            model_rope_angles(m, p, f->rope_base[c], f->rope_scale[c], cs, sn);
+            for (int32_t i = 0; i < pairs; i++) {
+                o[((size_t)c * pairs + i) * 2] = cs[i];
+                o[((size_t)c * pairs + i) * 2 + 1] = sn[i];
+            }
+        }
+    }
+    if (pos < f->rope_cap) {
+        f->rope_cached = pos + 1;
+        memcpy(out, f->rope_cache + (size_t)pos * row, row * sizeof(float));
+    }
+}
+
 /* Fills the upload buffers for the batch: inputs, row info, block tables,
  * RoPE angles, the rows that want logits. Returns how many do. */
 static cellm_status fill_inputs(vkf *f, const fwd_row *rows, const float *const *embd, int32_t n,
@@ -873,8 +913,8 @@ static cellm_status fill_inputs(vkf *f, const fwd_row *rows, const float *const 
         }
         /* The row's sequence's tables: shared with an earlier row of the
          * same sequence in this batch. */
-        int32_t same = -1;
-        for (int32_t e = r - 1; e >= 0 && same < 0; e--)
+        int32_t same = r > 0 && rows[r - 1].seq == rows[r].seq ? r - 1 : -1;
+        for (int32_t e = r - 2; e >= 0 && same < 0; e--)
             if (rows[e].seq == rows[r].seq) same = e;
         if (same >= 0 || f->fuse_off) f->step_fused = 0;
         int32_t *info = f->host_info + (size_t)r * 4;
@@ -898,15 +938,8 @@ static cellm_status fill_inputs(vkf *f, const fwd_row *rows, const float *const 
                 nt += nb;
             }
         }
-        for (int32_t c = 0; c < f->n_rope_cfg; c++) {
-            float cs[512], sn[512];
-            model_rope_angles(m, rows[r].pos, f->rope_base[c], f->rope_scale[c], cs, sn);
-            float *o = f->host_rope + (((size_t)r * f->n_rope_cfg + c) * pairs) * 2;
-            for (int32_t i = 0; i < pairs; i++) {
-                o[2 * i] = cs[i];
-                o[2 * i + 1] = sn[i];
-            }
-        }
+        if (f->n_rope_cfg && pairs)
+            rope_at(f, rows[r].pos, f->host_rope + (size_t)r * f->n_rope_cfg * pairs * 2);
         if (rows[r].logits) f->host_lidx[nl++] = r;
     }
     cellm_status st;
