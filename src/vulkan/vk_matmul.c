@@ -155,11 +155,10 @@ static cellm_status matmul_pipeline(vk_device *d, uint32_t type, bool glu, uint3
     if (matmul_rounds(d, type, &lanes)) shader += VK_SHADER_MATMULQ_F32 - VK_SHADER_MATMUL_F32;
     uint32_t nt, wo;
     /* The tiled form takes the activations as they are (not the forms
-     * that round them: shader moved past the plain ones). */
-    if (shader == shader_of(type) && vk_matmul_tiled(d, n_rows)) {
-        if (!matmul_tile(d, &nt, &wo))
-            return err_set(err, CELLM_ERR_UNSUPPORTED,
-                           "Vulkan matmul: no tile of the tiled form fits the device");
+     * that round them: shader moved past the plain ones); a device that
+     * fits none of its tiles (below Vulkan's limits) takes the cooperative
+     * form, with the same bits. */
+    if (shader == shader_of(type) && vk_matmul_tiled(d, n_rows) && matmul_tile(d, &nt, &wo)) {
         if (glu && act > 1)
             return err_set(err, CELLM_ERR_INVALID_ARG, "Vulkan matmul: activation %u", act);
         uint32_t spec[4] = {nt, glu ? act : 0, wo, lanes};
