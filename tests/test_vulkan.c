@@ -529,11 +529,10 @@ static void test_vulkan_matmul_ragged(void **state) {
 
 /* The GLU input of the cooperative kernel (vk_matmul_args.u): act(g) * u
  * computed as the tile loads has the bits of act.comp's dispatch followed
- * by the plain product, for SiLU and GELU, on 1 and 5 rows and 9 through the
- * tiled form. A recording
- * submitted again reads its inputs anew: after new g is uploaded,
- * vk_recorder_resubmit gives what a fresh recording gives. The lane
- * variant refuses a GLU input. */
+ * by the plain product, for SiLU and GELU, on 1 and 5 rows and on 9
+ * through the tiled form. A recording submitted again reads its inputs
+ * anew: after new g is uploaded, vk_recorder_resubmit gives what a fresh
+ * recording gives. The lane variant refuses a GLU input. */
 static void test_vulkan_matmul_glu(void **state) {
     (void)state;
     vk_device *dev = open_device(NULL);

@@ -31,19 +31,17 @@
         }                                                                                          \
     }
 
-/* The tiled forms (-DTILED): 256 invocations, 16 along the outputs. */
-#define MATMULT(name)                                                                              \
+/* The tiled forms (-DTILED, and with the GLU input): constants 0 and 2
+ * are the workgroup's size and the invocations along the outputs, as
+ * matmul.comp's defaults (vk_matmul.c always gives its own). */
+#define MATMULT_N(name, bindings)                                                                  \
     {                                                                                              \
-        name, 3, 32, 4, {                                                                          \
+        name, bindings, 32, 4, {                                                                   \
             256, 0, 16, 16                                                                         \
         }                                                                                          \
     }
-#define MATMULTG(name)                                                                             \
-    {                                                                                              \
-        name, 4, 32, 4, {                                                                          \
-            256, 0, 16, 16                                                                         \
-        }                                                                                          \
-    }
+#define MATMULT(name) MATMULT_N(name, 3)
+#define MATMULTG(name) MATMULT_N(name, 4)
 
 static const vk_shader_desc shaders[VK_SHADER_COUNT] = {
     [VK_SHADER_MATMUL_F32] = MATMUL("matmul_f32"),
