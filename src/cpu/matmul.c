@@ -5,6 +5,7 @@
 #include "cpu/matmul.h"
 
 #include <stdbool.h>
+#include <string.h>
 
 #include "format/quant.h"
 
@@ -37,38 +38,77 @@ static void quantize_rows(void *arg, int ith, int nth) {
                           (size_t)t->k);
 }
 
+/* The rows left after the whole groups of eight or four: at least this
+ * many go through one more dot8_y or dot4_y, the tile filled up with
+ * copies of the last row (pad_input) whose results are dropped. A tile's
+ * rows share each weight block's unpacking, so a padded tile costs less
+ * than that many vec_dots (docs/kernels.md, "Remainder rows"). */
+#define PAD8_MIN 5
+#define PAD4_MIN 2
+
+/* Whether m rows leave a remainder that dot_tile fills up to a tile. */
+static int64_t padded_rows(const quant_type_info *wt, int64_t m) {
+    int64_t r = wt->dot8_y ? m / 8 * 8 : 0, rem = m - r;
+    if (wt->dot8_y && rem >= PAD8_MIN) return r + 8;
+    if (!wt->dot4_y) return m;
+    r += rem / 4 * 4;
+    rem = m - r;
+    return rem >= PAD4_MIN ? r + 4 : m;
+}
+
+/* Rows [m, padded_rows) of the quantized input: copies of row m - 1, so a
+ * padded tile reads rows that exist (their results are dropped). */
+static void pad_input(const mm_task *t) {
+    int64_t end = padded_rows(t->wt, t->m);
+    for (int64_t r = t->m; r < end; r++)
+        memcpy(t->xq + (size_t)r * t->x_row, t->xq + (size_t)(t->m - 1) * t->x_row, t->x_row);
+}
+
 /* One tile of weight rows [j0, j1) against every activation row: groups of
  * eight, then four activation rows through dot8_y and dot4_y (each weight
  * block unpacked once for all of them; two weight rows at a time through
- * dot8_y_x2 where there is one, sharing the activation rows' loads), then
- * the rest one at a time. Every (weight row, activation row) pair gets the
- * same arithmetic as vec_dot whichever path takes it, so results do not
- * depend on m, the tile or the thread split. */
+ * dot8_y_x2 where there is one, sharing the activation rows' loads), a
+ * last group filled up with pad rows where enough are left, then the rest
+ * one at a time. Every (weight row, activation row) pair gets the same
+ * arithmetic as vec_dot whichever path takes it, so results do not depend
+ * on m, the tile or the thread split. */
 static void dot_tile(const mm_task *t, long j0, long j1) {
     const quant_type_info *wt = t->wt;
     const size_t n = (size_t)t->n, k = (size_t)t->k;
+    const int64_t mp = padded_rows(wt, t->m);
     float out[16];
     int64_t r = 0;
     if (wt->dot8_y) {
-        for (; r + 8 <= t->m; r += 8) {
+        for (; r + 8 <= mp; r += 8) {
             const uint8_t *xq = t->xq + (size_t)r * t->x_row;
             float *yr = t->y + (size_t)r * n;
+            int64_t live = t->m - r < 8 ? t->m - r : 8;
             long j = j0;
-            for (; wt->dot8_y_x2 && j + 2 <= j1; j += 2)
-                wt->dot8_y_x2(k, t->w + (size_t)j * t->w_row, t->w_row, xq, t->x_row, yr + j, n);
+            if (live == 8)
+                for (; wt->dot8_y_x2 && j + 2 <= j1; j += 2)
+                    wt->dot8_y_x2(k, t->w + (size_t)j * t->w_row, t->w_row, xq, t->x_row, yr + j,
+                                  n);
+            for (; wt->dot8_y_x2 && j + 2 <= j1; j += 2) {
+                wt->dot8_y_x2(k, t->w + (size_t)j * t->w_row, t->w_row, xq, t->x_row, out, 2);
+                for (int64_t i = 0; i < live; i++) {
+                    yr[(size_t)i * n + (size_t)j] = out[2 * i];
+                    yr[(size_t)i * n + (size_t)j + 1] = out[2 * i + 1];
+                }
+            }
             for (; j < j1; j++) {
                 wt->dot8_y(k, t->w + (size_t)j * t->w_row, 0, xq, t->x_row, out);
-                for (int i = 0; i < 8; i++) yr[(size_t)i * n + (size_t)j] = out[i];
+                for (int64_t i = 0; i < live; i++) yr[(size_t)i * n + (size_t)j] = out[i];
             }
         }
     }
     if (wt->dot4_y) {
-        for (; r + 4 <= t->m; r += 4) {
+        for (; r + 4 <= mp; r += 4) {
             const uint8_t *xq = t->xq + (size_t)r * t->x_row;
             float *yr = t->y + (size_t)r * n;
+            int64_t live = t->m - r < 4 ? t->m - r : 4;
             for (long j = j0; j < j1; j++) {
                 wt->dot4_y(k, t->w + (size_t)j * t->w_row, 0, xq, t->x_row, out);
-                for (int i = 0; i < 4; i++) yr[(size_t)i * n + (size_t)j] = out[i];
+                for (int64_t i = 0; i < live; i++) yr[(size_t)i * n + (size_t)j] = out[i];
             }
         }
     }
@@ -106,7 +146,7 @@ size_t matmul_scratch_size(uint32_t type, int64_t k, int64_t m) {
     if (!wt || !wt->vec_dot) return 0;
     uint64_t row;
     if (!quant_nbytes(wt->vec_dot_type, (uint64_t)k, &row)) return 0;
-    return (size_t)row * (size_t)m;
+    return (size_t)row * (size_t)(m + MATMUL_PAD_ROWS);
 }
 
 static mm_task make_task(const void *w, uint32_t type, int64_t n, int64_t k, const float *x,
@@ -134,6 +174,7 @@ void matmul(threadpool *tp, const void *w, uint32_t type, int64_t n, int64_t k, 
     mm_multi mt = {.n_t = 1, .total = (long)n};
     mt.t[0] = make_task(w, type, n, k, x, m, y, scratch);
     quantize_input(tp, &mt.t[0]);
+    pad_input(&mt.t[0]);
     tp_run(tp, dot_rows_multi, &mt);
 }
 
@@ -146,7 +187,10 @@ bool matmul_shares_input(const matmul_job *jobs, int n_jobs) {
 }
 
 size_t matmul_input_row_bytes(uint32_t type, int64_t k) {
-    return matmul_scratch_size(type, k, 1);
+    const quant_type_info *wt = quant_type_get(type);
+    uint64_t row;
+    if (!wt || !wt->vec_dot || !quant_nbytes(wt->vec_dot_type, (uint64_t)k, &row)) return 0;
+    return (size_t)row;
 }
 
 void matmul_quantize_row(uint32_t type, int64_t k, const float *x, void *xq) {
@@ -167,6 +211,11 @@ void matmul_multi(threadpool *tp, const matmul_job *jobs, int n_jobs, int64_t k,
     }
     mt.n_t = n_jobs;
     if (!quantized) quantize_input(tp, &mt.t[0]); /* the same rows serve every weight */
+    /* The pad rows serve every weight too: the one with the most. */
+    const mm_task *most = &mt.t[0];
+    for (int i = 1; i < n_jobs; i++)
+        if (padded_rows(mt.t[i].wt, m) > padded_rows(most->wt, m)) most = &mt.t[i];
+    pad_input(most);
     tp_run(tp, dot_rows_multi, &mt);
 }
 

@@ -18,8 +18,13 @@
 
 #include "base/threadpool.h"
 
+/* Rows of scratch beyond m that matmul may fill with copies of the last
+ * row, to run a remainder of fewer than 8 or 4 rows through a whole tile. */
+#define MATMUL_PAD_ROWS 7
+
 /* Bytes of scratch matmul needs to quantize `m` rows of `k` elements for a
- * weight of `type` (0 if the type has no vec_dot). */
+ * weight of `type`, MATMUL_PAD_ROWS more rows included (0 if the type has
+ * no vec_dot). */
 size_t matmul_scratch_size(uint32_t type, int64_t k, int64_t m);
 
 /* y[m][n] = x[m][k] · W[n][k]ᵀ. `scratch` holds matmul_scratch_size()
