@@ -141,6 +141,8 @@ static void select_kernels(void) {
             t[QT_Q6_K].vec_dot = avx512_vec_dot_q6_k_q8_k;
             t[QT_Q6_K].dot4_y = avx512_dot4_y_q6_k_q8_k;
             t[QT_Q6_K].dot8_y = avx512_dot8_y_q6_k_q8_k;
+            t[QT_F16].dot4_y = avx512_dot4_y_f16;
+            t[QT_F16].dot8_y = avx512_dot8_y_f16;
             kernels_name = "avx512-vnni";
         }
     }

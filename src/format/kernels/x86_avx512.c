@@ -507,4 +507,57 @@ dot_tile_q6k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
 
 DOTK_512(q6_k_q8_k, dot_tile_q6k_512)
 
+/* F16 against F16 rows, ny of them (1, 4 or 8) against one weight row:
+ * avx2_vec_dot_f16's arithmetic for every pair (its sixteen lanes are one
+ * zmm; a last chunk of eight goes into lanes 0..7 under a mask, leaving
+ * 8..15 as they are), each weight chunk converted once for all the rows.
+ * The product of two F16 values is exact in float, so one FMA is the
+ * reference's multiply and add. */
+AVX512 static inline __attribute__((always_inline)) void
+dot_tile_f16_512(size_t n, const uint16_t *x, const uint16_t *y, size_t ys, int ny, float *out) {
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < ny; j++) acc[j] = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        prefetch_ahead(x + i, 0);
+        const __m512 xv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i)));
+#pragma GCC unroll 8
+        for (int j = 0; j < ny; j++) {
+            const uint16_t *yr = (const uint16_t *)((const uint8_t *)y + (size_t)j * ys);
+            acc[j] = _mm512_fmadd_ps(
+                xv, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(yr + i))), acc[j]);
+        }
+    }
+    const bool half = i + 8 <= n;
+    const __m512 xh =
+        half ? _mm512_cvtph_ps(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(x + i))))
+             : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int j = 0; j < ny; j++) {
+        const uint16_t *yr = (const uint16_t *)((const uint8_t *)y + (size_t)j * ys);
+        if (half)
+            acc[j] = _mm512_mask3_fmadd_ps(
+                xh,
+                _mm512_cvtph_ps(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(yr + i)))),
+                acc[j], 0x00ff);
+        float sum = hsum_f32x8(
+            _mm256_add_ps(_mm512_castps512_ps256(acc[j]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[j]), 1))));
+        for (size_t t = i + (half ? 8 : 0); t < n; t++) sum += h2f(x[t]) * h2f(yr[t]);
+        out[j] = sum;
+    }
+}
+
+AVX512 void avx512_dot4_y_f16(size_t n, const void *x, size_t xs, const void *y, size_t ys,
+                       float out[4]) {
+    (void)xs;
+    dot_tile_f16_512(n, x, y, ys, 4, out);
+}
+
+AVX512 void avx512_dot8_y_f16(size_t n, const void *x, size_t xs, const void *y, size_t ys,
+                       float out[8]) {
+    (void)xs;
+    dot_tile_f16_512(n, x, y, ys, 8, out);
+}
+
 #endif /* __x86_64__ */
