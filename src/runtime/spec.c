@@ -313,10 +313,9 @@ int32_t spec_next_k(int32_t k, int32_t n_guess, int32_t kept, int32_t draft_max)
     return kept + 1;
 }
 
-/* How many guesses r may make this step: its adaptive k, bounded by its
- * token array, the context, max_tokens and the batch. */
-static int32_t room_for(const cellm_engine *e, const cellm_request *r) {
-    int32_t k = r->spec_k > 0 ? r->spec_k : e->p.draft_max;
+/* How many of k guesses r may make this step: k bounded by its token
+ * array, the context, max_tokens and the batch. */
+static int32_t room_for(const cellm_engine *e, const cellm_request *r, int32_t k) {
     int32_t lim = r->cap - r->sched.n_tokens;
     if (lim < k) k = lim;
     /* Rows at positions n_tokens - 1 .. n_tokens - 1 + k. */
@@ -410,13 +409,39 @@ fail:
     for (int32_t i = 0; i < e->sched.n_running; i++) spec_drop(e, req_of(e->sched.running[i]));
 }
 
+/* What a step of `rows` rows costs on the CPU goes up in steps: the
+ * matmul takes activation rows in tiles of eight and four and fills a
+ * remainder of 2..7 up to a tile (cpu/matmul.c), so 2..4 rows cost about
+ * what 4 do and 5..8 what 8 do, while a ninth row (or a 13th, ...) is a
+ * row alone that costs a fifth of the step or more (docs/benchmarks.md,
+ * "Speculative decoding, quiet machine"). */
+static bool lone_row(int32_t rows) {
+    return rows >= 9 && rows % 4 == 1;
+}
+
+int32_t spec_fit_k(int32_t used, int32_t k, int32_t cap, bool trim, bool fill) {
+    if (fill) {
+        int32_t end = (used + k + 3) / 4 * 4;
+        if (end - used > k) k = end - used < cap ? end - used : cap;
+    }
+    if (trim && k > 0 && lone_row(used + k)) k--;
+    return k;
+}
+
 void spec_propose(cellm_engine *e) {
     if (!e->spec_on) return;
     /* The step's rows for guesses: what spec_step_rows leaves after every
      * decoding request's pending token. */
     int32_t rows = e->p.spec_step_rows > 0 ? e->p.spec_step_rows : 1 + e->p.draft_max;
+    int32_t used = 0; /* rows of the step so far: pending tokens, then guesses */
     for (int32_t i = 0; i < e->sched.n_running; i++)
-        rows -= e->sched.running[i]->seq->n_pos == e->sched.running[i]->n_tokens - 1;
+        used += e->sched.running[i]->seq->n_pos == e->sched.running[i]->n_tokens - 1;
+    rows -= used;
+    /* One request alone keeps a guess that costs a row past a tile (it may
+     * be the fifth token of the pass; measured, dropping it was slower);
+     * beside others such a guess is one token among many for the row's
+     * cost, so it goes. */
+    const bool trim = used > 1;
     int32_t n_cand = 0;
     for (int32_t i = 0; i < e->sched.n_running; i++) {
         cellm_request *r = req_of(e->sched.running[i]);
@@ -425,22 +450,32 @@ void spec_propose(cellm_engine *e) {
         /* With pictures the prompt holds pseudo tokens (engine_image.c):
          * neither lookup nor a draft model can guess from it. */
         if (r->img_at) continue;
-        int32_t k = room_for(e, r);
+        /* Its adaptive k, and what it could take at most. */
+        int32_t k = room_for(e, r, r->spec_k > 0 ? r->spec_k : e->p.draft_max);
+        int32_t room = room_for(e, r, e->p.draft_max);
         /* Under the resample rule the guesses decide the text: they must
          * not depend on the other requests. */
-        if (k > rows && !r->spec_q) k = rows;
+        if (!r->spec_q) {
+            if (k > rows) k = rows;
+            if (room > rows) room = rows;
+        }
         if (k < 1 || k < e->p.draft_min) continue;
-        rows -= k;
         r->spec_looked = false;
         if (e->p.lookup_ngram > 0 && r->lk_skip > 0) {
             r->lk_skip--;
         } else if (e->p.lookup_ngram > 0) {
-            int32_t n = spec_lookup(r->tokens, r->sched.n_tokens, e->p.lookup_ngram, k,
-                                    r->tokens + r->sched.n_tokens);
+            /* Guesses from the text cost no pass of their own, only rows:
+             * up to the end of the tile they fall in, those cost nothing
+             * more either. */
+            int32_t kl = r->spec_q ? k : spec_fit_k(used, k, room, trim, true);
+            int32_t n = kl > 0 ? spec_lookup(r->tokens, r->sched.n_tokens, e->p.lookup_ngram, kl,
+                                             r->tokens + r->sched.n_tokens)
+                               : 0;
             if (n >= e->p.draft_min && n > 0) {
                 r->sched.n_draft = n;
                 r->spec_looked = true;
-                rows += k - n;
+                rows -= n;
+                used += n;
                 /* A guess from earlier text is certain to its source: q
                  * is all on it. */
                 for (int32_t j = 0; r->spec_q && j < n; j++)
@@ -448,20 +483,29 @@ void spec_propose(cellm_engine *e) {
                 continue;
             }
         }
-        if (!e->dkv) {
-            rows += k;
-            continue;
-        }
+        if (!e->dkv) continue;
+        if (!r->spec_q) k = spec_fit_k(used, k, room, trim, false);
+        if (k < 1 || k < e->p.draft_min) continue;
         if (!r->has_dseq) {
             if (kv_seq_init(e->dkv, &r->dseq, NULL) != CELLM_OK) continue;
             r->has_dseq = true;
         }
         r->spec_room = k;
+        rows -= k;
+        used += k;
         e->dreq[n_cand++] = r;
     }
     if (n_cand > 0) draft_run(e, n_cand);
+    int32_t total = 0;
+    cellm_request *last = NULL;
     for (int32_t i = 0; i < e->sched.n_running; i++) {
         cellm_request *r = req_of(e->sched.running[i]);
         if (r->sched.n_draft < e->p.draft_min) r->sched.n_draft = 0;
+        if (r->seq.n_pos != r->sched.n_tokens - 1) continue;
+        total += 1 + r->sched.n_draft;
+        if (r->sched.n_draft > e->p.draft_min && !r->spec_q) last = r;
     }
+    /* The draft or lookup gave fewer than planned, and the step ends one
+     * row past a tile: that row's guess goes. */
+    if (trim && last && lone_row(total)) last->sched.n_draft--;
 }
