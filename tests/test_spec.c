@@ -154,30 +154,22 @@ static void test_asan_lookup(void **state) {
     assert_int_equal(r.lk_skip, 0);
 }
 
-/* A step's guesses against the CPU matmul's tiles (rows of four, a ninth
- * row alone past eight): lookup fills a request's guesses up to the end of
- * the tile its rows fall in, within its cap; beside other requests a guess
- * that would be the 9th, 13th, ... row of the step goes; alone it stays. */
-static void test_asan_fit_k(void **state) {
+/* Prompt lookup fills a request's guesses up to the end of the tile of
+ * four rows that the step's rows fall in, within its cap. */
+static void test_asan_fill_k(void **state) {
     (void)state;
     /* One request alone: 1 pending row + k guesses. */
-    assert_int_equal(spec_fit_k(1, 1, 8, false, true), 3);  /* 2 rows -> 4 */
-    assert_int_equal(spec_fit_k(1, 3, 8, false, true), 3);  /* 4 rows: a tile's end */
-    assert_int_equal(spec_fit_k(1, 4, 8, false, true), 7);  /* 5 rows -> 8 */
-    assert_int_equal(spec_fit_k(1, 2, 2, false, true), 2);  /* the cap */
-    assert_int_equal(spec_fit_k(1, 5, 6, false, true), 6);
-    assert_int_equal(spec_fit_k(1, 8, 8, false, true), 8);  /* alone: the 9th row stays */
-    assert_int_equal(spec_fit_k(1, 8, 8, false, false), 8);
-    assert_int_equal(spec_fit_k(1, 1, 8, false, false), 1); /* a draft's guesses cost passes */
-    /* Several requests: 8 pending rows leave no guess (a 9th row); 7
-     * leave one; 6 rows and lookup fill up to 8. */
-    assert_int_equal(spec_fit_k(8, 1, 1, true, false), 0);
-    assert_int_equal(spec_fit_k(8, 1, 1, true, true), 0);
-    assert_int_equal(spec_fit_k(7, 2, 2, true, false), 1);
-    assert_int_equal(spec_fit_k(6, 1, 8, true, true), 2);
-    assert_int_equal(spec_fit_k(12, 1, 8, true, false), 0); /* 13 rows */
-    assert_int_equal(spec_fit_k(12, 2, 8, true, false), 2); /* 14 rows: padded */
-    assert_int_equal(spec_fit_k(3, 6, 8, true, false), 5);  /* 9 -> 8 rows */
+    assert_int_equal(spec_fill_k(1, 1, 8), 3); /* 2 rows -> 4 */
+    assert_int_equal(spec_fill_k(1, 3, 8), 3); /* 4 rows: a tile's end */
+    assert_int_equal(spec_fill_k(1, 4, 8), 7); /* 5 rows -> 8 */
+    assert_int_equal(spec_fill_k(1, 2, 2), 2); /* the cap */
+    assert_int_equal(spec_fill_k(1, 5, 6), 6);
+    assert_int_equal(spec_fill_k(1, 8, 8), 8);
+    /* After other requests' rows: 6 + 1 -> 8, 8 + 1 -> 12 within the cap. */
+    assert_int_equal(spec_fill_k(6, 1, 8), 2);
+    assert_int_equal(spec_fill_k(8, 1, 1), 1);
+    assert_int_equal(spec_fill_k(8, 1, 8), 4);
+    assert_int_equal(spec_fill_k(3, 6, 8), 8); /* 9 rows -> 12, the cap: 11 */
 }
 
 /* --------------------------------------------------------- real models */
@@ -557,7 +549,7 @@ static void test_tsan_spec(void **state) {
 int main(void) {
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_asan_lookup),      cmocka_unit_test(test_asan_fit_k),
+        cmocka_unit_test(test_asan_lookup),      cmocka_unit_test(test_asan_fill_k),
         cmocka_unit_test(test_asan_refused),
         cmocka_unit_test(test_exact_smollm2),    cmocka_unit_test(test_asan_budget),
         cmocka_unit_test(test_exact_gemma3),     cmocka_unit_test(test_tsan_spec),

@@ -321,13 +321,12 @@ void spec_lookup_result(cellm_request *r, int32_t n_guess, int32_t kept);
  * `kept` were kept: 2 more (up to draft_max) when every guess of a full k
  * was kept, else one more than were kept. */
 int32_t spec_next_k(int32_t k, int32_t n_guess, int32_t kept, int32_t draft_max);
-/* The guesses a request makes this step, given `used` rows of the step
- * already taken (pending tokens, earlier requests' guesses), its k and at
- * most `cap`: with `fill` (guesses from prompt lookup, which cost no pass)
- * k grows to the end of the CPU matmul's tile of four rows that its rows
- * fall in; with `trim` (several requests decode) a guess whose row would be
- * the first past a tile of eight (the 9th, 13th, ... row) goes. */
-int32_t spec_fit_k(int32_t used, int32_t k, int32_t cap, bool trim, bool fill);
+/* The guesses prompt lookup may give a request this step, given `used`
+ * rows of the step already taken (pending tokens, earlier requests'
+ * guesses), its k and at most `cap`: k grown to the end of the CPU
+ * matmul's tile of four rows that its rows fall in, since those rows cost
+ * no more and a guess from the text costs no pass. */
+int32_t spec_fill_k(int32_t used, int32_t k, int32_t cap);
 
 /* The token at position pos of a sequence under the resample rule, from
  * its logits row and its sampler: the standard rule against the guess

@@ -412,19 +412,11 @@ fail:
 /* What a step of `rows` rows costs on the CPU goes up in steps: the
  * matmul takes activation rows in tiles of eight and four and fills a
  * remainder of 2..7 up to a tile (cpu/matmul.c), so 2..4 rows cost about
- * what 4 do and 5..8 what 8 do, while a ninth row (or a 13th, ...) is a
- * row alone that costs a fifth of the step or more (docs/benchmarks.md,
- * "Speculative decoding, quiet machine"). */
-static bool lone_row(int32_t rows) {
-    return rows >= 9 && rows % 4 == 1;
-}
-
-int32_t spec_fit_k(int32_t used, int32_t k, int32_t cap, bool trim, bool fill) {
-    if (fill) {
-        int32_t end = (used + k + 3) / 4 * 4;
-        if (end - used > k) k = end - used < cap ? end - used : cap;
-    }
-    if (trim && k > 0 && lone_row(used + k)) k--;
+ * what 4 do and 5..8 what 8 do (docs/benchmarks.md, "Speculative
+ * decoding, quiet machine"). */
+int32_t spec_fill_k(int32_t used, int32_t k, int32_t cap) {
+    int32_t end = (used + k + 3) / 4 * 4;
+    if (end - used > k) k = end - used < cap ? end - used : cap;
     return k;
 }
 
@@ -437,11 +429,6 @@ void spec_propose(cellm_engine *e) {
     for (int32_t i = 0; i < e->sched.n_running; i++)
         used += e->sched.running[i]->seq->n_pos == e->sched.running[i]->n_tokens - 1;
     rows -= used;
-    /* One request alone keeps a guess that costs a row past a tile (it may
-     * be the fifth token of the pass; measured, dropping it was slower);
-     * beside others such a guess is one token among many for the row's
-     * cost, so it goes. */
-    const bool trim = used > 1;
     int32_t n_cand = 0;
     for (int32_t i = 0; i < e->sched.n_running; i++) {
         cellm_request *r = req_of(e->sched.running[i]);
@@ -467,10 +454,9 @@ void spec_propose(cellm_engine *e) {
             /* Guesses from the text cost no pass of their own, only rows:
              * up to the end of the tile they fall in, those cost nothing
              * more either. */
-            int32_t kl = r->spec_q ? k : spec_fit_k(used, k, room, trim, true);
-            int32_t n = kl > 0 ? spec_lookup(r->tokens, r->sched.n_tokens, e->p.lookup_ngram, kl,
-                                             r->tokens + r->sched.n_tokens)
-                               : 0;
+            int32_t kl = r->spec_q ? k : spec_fill_k(used, k, room);
+            int32_t n = spec_lookup(r->tokens, r->sched.n_tokens, e->p.lookup_ngram, kl,
+                                    r->tokens + r->sched.n_tokens);
             if (n >= e->p.draft_min && n > 0) {
                 r->sched.n_draft = n;
                 r->spec_looked = true;
@@ -484,8 +470,6 @@ void spec_propose(cellm_engine *e) {
             }
         }
         if (!e->dkv) continue;
-        if (!r->spec_q) k = spec_fit_k(used, k, room, trim, false);
-        if (k < 1 || k < e->p.draft_min) continue;
         if (!r->has_dseq) {
             if (kv_seq_init(e->dkv, &r->dseq, NULL) != CELLM_OK) continue;
             r->has_dseq = true;
@@ -496,16 +480,8 @@ void spec_propose(cellm_engine *e) {
         e->dreq[n_cand++] = r;
     }
     if (n_cand > 0) draft_run(e, n_cand);
-    int32_t total = 0;
-    cellm_request *last = NULL;
     for (int32_t i = 0; i < e->sched.n_running; i++) {
         cellm_request *r = req_of(e->sched.running[i]);
         if (r->sched.n_draft < e->p.draft_min) r->sched.n_draft = 0;
-        if (r->seq.n_pos != r->sched.n_tokens - 1) continue;
-        total += 1 + r->sched.n_draft;
-        if (r->sched.n_draft > e->p.draft_min && !r->spec_q) last = r;
     }
-    /* The draft or lookup gave fewer than planned, and the step ends one
-     * row past a tile: that row's guess goes. */
-    if (trim && last && lone_row(total)) last->sched.n_draft--;
 }
