@@ -523,7 +523,9 @@ int32_t rt_spec_propose(rt_spec *s, const int32_t *tok, int32_t n_tok, int32_t r
     if (room < k) k = room;
     if (!s->on || k < 1 || k < s->o.draft_min) return 0;
     if (s->o.lookup > 0) {
-        int32_t n = spec_lookup(tok, n_tok, s->o.lookup, k, out);
+        /* The engine's rule (spec.c): lookup fills its tile of rows. */
+        int32_t cap = room < s->o.draft_max ? room : s->o.draft_max;
+        int32_t n = spec_lookup(tok, n_tok, s->o.lookup, s->sp ? k : spec_fill_k(1, k, cap), out);
         /* Under the resample rule a guess from earlier text is drawn from
          * a distribution all on it. */
         for (int32_t j = 0; s->sp && j < n; j++) s->q[j] = (sampler_dist){1, {out[j]}, {1.0f}};

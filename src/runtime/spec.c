@@ -429,6 +429,12 @@ void spec_propose(cellm_engine *e) {
     for (int32_t i = 0; i < e->sched.n_running; i++)
         used += e->sched.running[i]->seq->n_pos == e->sched.running[i]->n_tokens - 1;
     rows -= used;
+    /* A draft pass costs a good part of a step whatever it guesses, so a
+     * step whose rows for guesses are fewer than its decoding rows (many
+     * sessions at once: with the default spec_step_rows, 8 decoding leave
+     * one) does not run the draft: it could at best add a few tokens to
+     * many. Lookup's guesses cost no pass and still go in. */
+    const bool drafting = e->dkv && rows >= used;
     int32_t n_cand = 0;
     for (int32_t i = 0; i < e->sched.n_running; i++) {
         cellm_request *r = req_of(e->sched.running[i]);
@@ -469,7 +475,7 @@ void spec_propose(cellm_engine *e) {
                 continue;
             }
         }
-        if (!e->dkv) continue;
+        if (!drafting) continue;
         if (!r->has_dseq) {
             if (kv_seq_init(e->dkv, &r->dseq, NULL) != CELLM_OK) continue;
             r->has_dseq = true;
