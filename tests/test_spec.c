@@ -549,11 +549,10 @@ static void test_tsan_spec(void **state) {
 int main(void) {
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_asan_lookup),      cmocka_unit_test(test_asan_fill_k),
-        cmocka_unit_test(test_asan_refused),
-        cmocka_unit_test(test_exact_smollm2),    cmocka_unit_test(test_asan_budget),
-        cmocka_unit_test(test_exact_gemma3),     cmocka_unit_test(test_tsan_spec),
-        cmocka_unit_test(test_resample_smollm2),
+        cmocka_unit_test(test_asan_lookup),  cmocka_unit_test(test_asan_fill_k),
+        cmocka_unit_test(test_asan_refused), cmocka_unit_test(test_exact_smollm2),
+        cmocka_unit_test(test_asan_budget),  cmocka_unit_test(test_exact_gemma3),
+        cmocka_unit_test(test_tsan_spec),    cmocka_unit_test(test_resample_smollm2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -143,10 +143,8 @@ void avx512_dot8_y_q6_k_q8_k(size_t n, const void *x, size_t xs, const void *y, 
                              float out[8]);
 /* F16: tiles of four and eight activation rows, bit-identical to
  * avx2_vec_dot_f16 (and so to ref_vec_dot_f16). */
-void avx512_dot4_y_f16(size_t n, const void *x, size_t xs, const void *y, size_t ys,
-                       float out[4]);
-void avx512_dot8_y_f16(size_t n, const void *x, size_t xs, const void *y, size_t ys,
-                       float out[8]);
+void avx512_dot4_y_f16(size_t n, const void *x, size_t xs, const void *y, size_t ys, float out[4]);
+void avx512_dot8_y_f16(size_t n, const void *x, size_t xs, const void *y, size_t ys, float out[8]);
 float avx2_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q5_k_q8_k(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);

@@ -542,20 +542,21 @@ dot_tile_f16_512(size_t n, const uint16_t *x, const uint16_t *y, size_t ys, int 
                 _mm512_cvtph_ps(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(yr + i)))),
                 acc[j], 0x00ff);
         float sum = hsum_f32x8(
-            _mm256_add_ps(_mm512_castps512_ps256(acc[j]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[j]), 1))));
+            _mm256_add_ps(_mm512_castps512_ps256(acc[j]),
+                          _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[j]), 1))));
         for (size_t t = i + (half ? 8 : 0); t < n; t++) sum += h2f(x[t]) * h2f(yr[t]);
         out[j] = sum;
     }
 }
 
 AVX512 void avx512_dot4_y_f16(size_t n, const void *x, size_t xs, const void *y, size_t ys,
-                       float out[4]) {
+                              float out[4]) {
     (void)xs;
     dot_tile_f16_512(n, x, y, ys, 4, out);
 }
 
 AVX512 void avx512_dot8_y_f16(size_t n, const void *x, size_t xs, const void *y, size_t ys,
-                       float out[8]) {
+                              float out[8]) {
     (void)xs;
     dot_tile_f16_512(n, x, y, ys, 8, out);
 }
