@@ -154,8 +154,9 @@ static void test_asan_lookup(void **state) {
     assert_int_equal(r.lk_skip, 0);
 }
 
-/* Prompt lookup fills a request's guesses up to the end of the tile of
- * four rows that the step's rows fall in, within its cap. */
+/* Prompt lookup fills a request's guesses up to the end of the tile that
+ * the step's rows fall in, where the matmul fills that tile up anyway, and
+ * within its cap. */
 static void test_asan_fill_k(void **state) {
     (void)state;
     /* One request alone: 1 pending row + k guesses. */
@@ -164,12 +165,15 @@ static void test_asan_fill_k(void **state) {
     assert_int_equal(spec_fill_k(1, 4, 8), 7); /* 5 rows -> 8 */
     assert_int_equal(spec_fill_k(1, 2, 2), 2); /* the cap */
     assert_int_equal(spec_fill_k(1, 5, 6), 6);
-    assert_int_equal(spec_fill_k(1, 8, 8), 8);
-    /* After other requests' rows: 6 + 1 -> 8, 8 + 1 -> 12 within the cap. */
-    assert_int_equal(spec_fill_k(6, 1, 8), 2);
-    assert_int_equal(spec_fill_k(8, 1, 1), 1);
-    assert_int_equal(spec_fill_k(8, 1, 8), 4);
-    assert_int_equal(spec_fill_k(3, 6, 8), 8); /* 9 rows -> 12, the cap: 11 */
+    assert_int_equal(spec_fill_k(1, 8, 8), 8); /* 9 rows: a row alone is not filled */
+    /* After other requests' rows. */
+    assert_int_equal(spec_fill_k(6, 1, 8), 2);  /* 7 -> 8 */
+    assert_int_equal(spec_fill_k(8, 1, 8), 1);  /* 9: alone past the eights */
+    assert_int_equal(spec_fill_k(8, 2, 8), 4);  /* 10 -> 12 */
+    assert_int_equal(spec_fill_k(8, 2, 3), 3);  /* the cap */
+    assert_int_equal(spec_fill_k(3, 6, 8), 6);  /* 9 */
+    assert_int_equal(spec_fill_k(8, 5, 8), 8);  /* 13 -> 16 */
+    assert_int_equal(spec_fill_k(12, 1, 8), 4); /* 13 = 8 + 5 -> 16 */
 }
 
 /* --------------------------------------------------------- real models */
@@ -319,6 +323,64 @@ static void exact_pair(const char *target, const char *draft_file) {
             if (!sampled || n >= 16) assert_true(st.n_draft_accepted > 0);
             assert_true(st.n_draft_accepted <= st.n_draft_tokens);
             if (modes[k].draft) assert_true(st.n_draft_steps > 0);
+        }
+    }
+    cellm_model_free(d);
+    cellm_model_free(m);
+}
+
+/* Eight requests decoding at once under the default spec_step_rows (one
+ * row left for guesses): the draft model does not run, since a draft pass
+ * would cost a good part of the step for at most one token; one request
+ * alone drafts. The same prompt eight times, submitted before the first
+ * (manual) step, so all eight decode in the same steps; the text is the
+ * plain run's either way. */
+static void test_draft_many(void **state) {
+    (void)state;
+    char buf[1024], dbuf[1024];
+    cellm_model *m = load(test_model_path("smollm2-135m", buf, sizeof buf));
+    cellm_model *d = load(store_path("smollm2-135m-q4_0.gguf", dbuf, sizeof dbuf));
+    int32_t first[24] = {0}, n_first = -1;
+    for (int conc = 8; conc >= 1; conc -= 7) {
+        for (int spec = 0; spec < 2; spec++) {
+            cellm_engine_params p = cellm_engine_default_params();
+            p.max_seqs = 8;
+            p.n_threads = 2;
+            p.draft_model = spec ? d : NULL;
+            p.manual_steps = 1; /* all eight submitted before the first step */
+            cellm_engine *e = NULL;
+            assert_int_equal(cellm_engine_create(m, &p, &e), CELLM_OK);
+            cellm_request *req[8];
+            for (int i = 0; i < conc; i++) {
+                cellm_request_params rp = cellm_request_default_params();
+                rp.prompt = prompts[1];
+                rp.max_tokens = 24;
+                assert_int_equal(cellm_submit(e, &rp, &req[i]), CELLM_OK);
+            }
+            for (int more = 1; more;) assert_int_equal(cellm_engine_step(e, &more), CELLM_OK);
+            for (int i = 0; i < conc; i++) {
+                cellm_result res;
+                assert_int_equal(cellm_wait(req[i], &res), CELLM_OK);
+                const int32_t *ids;
+                int32_t len;
+                assert_int_equal(cellm_request_tokens(req[i], &ids, &len), CELLM_OK);
+                assert_true(len <= 24);
+                if (n_first < 0) {
+                    n_first = len;
+                    memcpy(first, ids, (size_t)len * sizeof *ids);
+                }
+                assert_int_equal(len, n_first);
+                assert_memory_equal(ids, first, (size_t)len * sizeof *ids);
+                cellm_request_free(req[i]);
+            }
+            cellm_stats st;
+            assert_int_equal(cellm_engine_stats(e, &st), CELLM_OK);
+            print_message("%d at once, %s: %llu draft passes, %llu guesses\n", conc,
+                          spec ? "draft" : "plain", (unsigned long long)st.n_draft_steps,
+                          (unsigned long long)st.n_draft_tokens);
+            if (spec && conc == 8) assert_int_equal(st.n_draft_steps, 0);
+            if (spec && conc == 1) assert_true(st.n_draft_steps > 0 && st.n_draft_accepted > 0);
+            cellm_engine_free(e);
         }
     }
     cellm_model_free(d);
@@ -549,10 +611,11 @@ static void test_tsan_spec(void **state) {
 int main(void) {
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_asan_lookup),  cmocka_unit_test(test_asan_fill_k),
-        cmocka_unit_test(test_asan_refused), cmocka_unit_test(test_exact_smollm2),
-        cmocka_unit_test(test_asan_budget),  cmocka_unit_test(test_exact_gemma3),
-        cmocka_unit_test(test_tsan_spec),    cmocka_unit_test(test_resample_smollm2),
+        cmocka_unit_test(test_asan_lookup),      cmocka_unit_test(test_asan_fill_k),
+        cmocka_unit_test(test_asan_refused),     cmocka_unit_test(test_draft_many),
+        cmocka_unit_test(test_exact_smollm2),    cmocka_unit_test(test_asan_budget),
+        cmocka_unit_test(test_exact_gemma3),     cmocka_unit_test(test_tsan_spec),
+        cmocka_unit_test(test_resample_smollm2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

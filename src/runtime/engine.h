@@ -324,8 +324,9 @@ int32_t spec_next_k(int32_t k, int32_t n_guess, int32_t kept, int32_t draft_max)
 /* The guesses prompt lookup may give a request this step, given `used`
  * rows of the step already taken (pending tokens, earlier requests'
  * guesses), its k and at most `cap`: k grown to the end of the CPU
- * matmul's tile of four rows that its rows fall in, since those rows cost
- * no more and a guess from the text costs no pass. */
+ * matmul's tile that the step's rows fall in where the matmul would fill
+ * that tile up anyway (2-3 rows past the fours, 5-7 past the eights),
+ * since those rows cost no more and a guess from the text costs no pass. */
 int32_t spec_fill_k(int32_t used, int32_t k, int32_t cap);
 
 /* The token at position pos of a sequence under the resample rule, from

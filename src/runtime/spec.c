@@ -410,12 +410,20 @@ fail:
 }
 
 /* What a step of `rows` rows costs on the CPU goes up in steps: the
- * matmul takes activation rows in tiles of eight and four and fills a
- * remainder of 2..7 up to a tile (cpu/matmul.c), so 2..4 rows cost about
- * what 4 do and 5..8 what 8 do (docs/benchmarks.md, "Speculative
- * decoding, quiet machine"). */
+ * matmul takes activation rows in tiles of eight, then four, and fills a
+ * remainder of 5..7 after the eights or 2..3 after the fours up to a tile
+ * (cpu/matmul.c, padded_rows), so 2..4 rows cost about what 4 do, 5..8
+ * what 8 do and 10..12 what 12 do, while a row alone past a tile (the
+ * 9th) takes a vec_dot of its own and filling it up would cost more
+ * (docs/benchmarks.md, "Speculative decoding, quiet machine"). */
 int32_t spec_fill_k(int32_t used, int32_t k, int32_t cap) {
-    int32_t end = (used + k + 3) / 4 * 4;
+    int32_t t = used + k, r = t / 8 * 8, end = t;
+    if (t - r >= 5) {
+        end = r + 8;
+    } else {
+        r += (t - r) / 4 * 4;
+        if (t - r >= 2) end = r + 4;
+    }
     if (end - used > k) k = end - used < cap ? end - used : cap;
     return k;
 }
