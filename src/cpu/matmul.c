@@ -46,14 +46,18 @@ static void quantize_rows(void *arg, int ith, int nth) {
 #define PAD8_MIN 5
 #define PAD4_MIN 2
 
-/* Whether m rows leave a remainder that dot_tile fills up to a tile. */
-static int64_t padded_rows(const quant_type_info *wt, int64_t m) {
-    int64_t r = wt->dot8_y ? m / 8 * 8 : 0, rem = m - r;
-    if (wt->dot8_y && rem >= PAD8_MIN) return r + 8;
-    if (!wt->dot4_y) return m;
+int64_t matmul_padded_rows(bool eight, bool four, int64_t m) {
+    int64_t r = eight ? m / 8 * 8 : 0, rem = m - r;
+    if (eight && rem >= PAD8_MIN) return r + 8;
+    if (!four) return m;
     r += rem / 4 * 4;
     rem = m - r;
     return rem >= PAD4_MIN ? r + 4 : m;
+}
+
+/* The rows dot_tile computes for m rows of a weight of type wt. */
+static int64_t padded_rows(const quant_type_info *wt, int64_t m) {
+    return matmul_padded_rows(wt->dot8_y != NULL, wt->dot4_y != NULL, m);
 }
 
 /* Rows [m, padded_rows) of the quantized input: copies of row m - 1, so a

@@ -22,6 +22,13 @@
  * row, to run a remainder of fewer than 8 or 4 rows through a whole tile. */
 #define MATMUL_PAD_ROWS 7
 
+/* The rows matmul computes for m activation rows of a weight whose type
+ * has tiles of eight (`eight`) and of four (`four`) rows: m, or m rounded
+ * up to the end of the tile that a remainder of 5-7 rows past the eights
+ * or 2-3 past the fours is filled into (the pad rows' results are
+ * dropped). Speculative decoding sizes prompt lookup's guesses by it. */
+int64_t matmul_padded_rows(bool eight, bool four, int64_t m);
+
 /* Bytes of scratch matmul needs to quantize `m` rows of `k` elements for a
  * weight of `type`, MATMUL_PAD_ROWS more rows included (0 if the type has
  * no vec_dot). */

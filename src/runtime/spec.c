@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/matmul.h"
 #include "runtime/engine.h"
 
 int32_t spec_lookup(const int32_t *tok, int32_t n_tok, int32_t ngram_max, int32_t k, int32_t *out) {
@@ -409,21 +410,13 @@ fail:
     for (int32_t i = 0; i < e->sched.n_running; i++) spec_drop(e, req_of(e->sched.running[i]));
 }
 
-/* What a step of `rows` rows costs on the CPU goes up in steps: the
- * matmul takes activation rows in tiles of eight, then four, and fills a
- * remainder of 5..7 after the eights or 2..3 after the fours up to a tile
- * (cpu/matmul.c, padded_rows), so 2..4 rows cost about what 4 do, 5..8
- * what 8 do and 10..12 what 12 do, while a row alone past a tile (the
- * 9th) takes a vec_dot of its own and filling it up would cost more
- * (docs/benchmarks.md, "Speculative decoding, quiet machine"). */
+/* What a step costs on the CPU goes up in steps: the matmul fills a
+ * remainder of rows up to a tile (matmul_padded_rows), so those rows cost
+ * no more, while a row alone past a tile (the 9th) takes a vec_dot of its
+ * own and filling it up would cost more (docs/benchmarks.md, "Speculative
+ * decoding, quiet machine"). */
 int32_t spec_fill_k(int32_t used, int32_t k, int32_t cap) {
-    int32_t t = used + k, r = t / 8 * 8, end = t;
-    if (t - r >= 5) {
-        end = r + 8;
-    } else {
-        r += (t - r) / 4 * 4;
-        if (t - r >= 2) end = r + 4;
-    }
+    int32_t end = (int32_t)matmul_padded_rows(true, true, used + k);
     if (end - used > k) k = end - used < cap ? end - used : cap;
     return k;
 }
