@@ -452,6 +452,57 @@ static void test_vec_dot_f16(void **state) {
     print_message("%d F16 variant(s) checked\n", ran);
 }
 
+/* The F16 tiles (one weight row against four or eight rows) against the
+ * reference for each pair, bit for bit, called directly so that every
+ * variant this CPU runs is checked, not only the table's. */
+static const struct {
+    const char *name;
+    void (*tile)(size_t n, const void *x, size_t xs, const void *y, size_t ys, float *out);
+    int rows;
+    bool (*supported)(void);
+} f16_tiles[] = {
+#if defined(__x86_64__)
+    {"avx2 F16 dot4_y", avx2_dot4_y_f16, 4, avx2_cpu_supported},
+    {"avx512 F16 dot4_y", avx512_dot4_y_f16, 4, avx512_cpu_supported},
+    {"avx512 F16 dot8_y", avx512_dot8_y_f16, 8, avx512_cpu_supported},
+#endif
+#if defined(__aarch64__)
+    {"neon F16 dot4_y", neon_dot4_y_f16, 4, have_neon},
+#endif
+    {NULL, NULL, 0, NULL},
+};
+
+static void test_f16_tiles(void **state) {
+    (void)state;
+    enum { N = 4099 };
+    static uint16_t x[N], y[8][N];
+    static const size_t sizes[] = {1, 3, 7, 8, 9, 15, 16, 17, 24, 31, 33, 100, 576, 4099};
+    int ran = 0;
+    for (int c = 0; f16_tiles[c].name; c++) {
+        if (!f16_tiles[c].supported()) continue;
+        ran++;
+        for (int round = 0; round < 10; round++) {
+            for (size_t i = 0; i < N; i++) {
+                x[i] = fp32_to_fp16(rng_normal() * (round == 0 ? 10000.0f : 1.0f));
+                for (int r = 0; r < 8; r++)
+                    y[r][i] = fp32_to_fp16(rng_normal() * (round == 1 ? 1e-6f : 1.0f));
+            }
+            for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+                const size_t n = sizes[s];
+                float out[8];
+                f16_tiles[c].tile(n, x, 0, y[0], sizeof y[0], out);
+                for (int r = 0; r < f16_tiles[c].rows; r++) {
+                    const float want = ref_vec_dot_f16(n, x, y[r]);
+                    if (fp32_bits(out[r]) != fp32_bits(want))
+                        fail_msg("%s n=%zu row %d: %a, ref %a (must be identical)",
+                                 f16_tiles[c].name, n, r, out[r], want);
+                }
+            }
+        }
+    }
+    print_message("%d F16 tile variant(s) checked\n", ran);
+}
+
 /* The table holds a SIMD kernel where this CPU has one, and the matvec
  * path (quantize the activation once, vec_dot per row) agrees with the
  * reference on realistic rows. */
@@ -488,6 +539,7 @@ int main(void) {
         cmocka_unit_test(test_avx512_same_as_avx2),
 #endif
         cmocka_unit_test(test_vec_dot_f16),
+        cmocka_unit_test(test_f16_tiles),
         cmocka_unit_test(test_matvec_path),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

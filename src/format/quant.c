@@ -112,6 +112,7 @@ static void select_kernels(void) {
         t[QT_A8S].from_float = avx2_quantize_a8s;
         t[QT_Q8_K].from_float = avx2_quantize_q8_k;
         t[QT_F16].vec_dot = avx2_vec_dot_f16;
+        t[QT_F16].dot4_y = avx2_dot4_y_f16;
 #define SET_DOT32(T, name) (t[T].vec_dot = avx2_vec_dot_##name, t[T].dot4_y = avx2_dot4_y_##name)
         SET_DOT32(QT_Q4_0, q4_0_a8);
         SET_DOT32(QT_Q4_1, q4_1_a8s);
@@ -152,6 +153,7 @@ static void select_kernels(void) {
     t[QT_A8].from_float = neon_quantize_a8;
     t[QT_A8S].from_float = neon_quantize_a8s;
     t[QT_F16].vec_dot = neon_vec_dot_f16;
+    t[QT_F16].dot4_y = neon_dot4_y_f16;
 #define SET_DOT32(T, name)                                                                         \
     (t[T].vec_dot = dp ? neon_dotprod_vec_dot_##name : neon_vec_dot_##name,                        \
      t[T].dot4_y = dp ? neon_dotprod_dot4_y_##name : neon_dot4_y_##name)

@@ -167,6 +167,42 @@ float neon_vec_dot_f16(size_t n, const void *vx, const void *vy) {
     return sum;
 }
 
+/* One F16 weight row against four F16 rows (stride ys bytes):
+ * neon_vec_dot_f16's arithmetic for every pair (the same lanes, fold and
+ * tail), each weight chunk converted once for the four rows. */
+void neon_dot4_y_f16(size_t n, const void *vx, size_t xs, const void *vy, size_t ys, float out[4]) {
+    (void)xs;
+    const uint16_t *x = vx;
+    const uint16_t *yr[4];
+    float32x4_t acc[4][4];
+    for (int j = 0; j < 4; j++) {
+        yr[j] = (const uint16_t *)((const uint8_t *)vy + (size_t)j * ys);
+        for (int k = 0; k < 4; k++) acc[j][k] = vdupq_n_f32(0.0f);
+    }
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        float32x4_t xv[4];
+        for (int k = 0; k < 4; k++) xv[k] = f16x4_to_f32(x + i + 4 * k);
+        for (int j = 0; j < 4; j++)
+            for (int k = 0; k < 4; k++)
+                acc[j][k] = vfmaq_f32(acc[j][k], xv[k], f16x4_to_f32(yr[j] + i + 4 * k));
+    }
+    const bool half = i + 8 <= n;
+    if (half) {
+        const float32x4_t x0 = f16x4_to_f32(x + i), x1 = f16x4_to_f32(x + i + 4);
+        for (int j = 0; j < 4; j++) {
+            acc[j][0] = vfmaq_f32(acc[j][0], x0, f16x4_to_f32(yr[j] + i));
+            acc[j][1] = vfmaq_f32(acc[j][1], x1, f16x4_to_f32(yr[j] + i + 4));
+        }
+        i += 8;
+    }
+    for (int j = 0; j < 4; j++) {
+        float sum = fold8(vaddq_f32(acc[j][0], acc[j][2]), vaddq_f32(acc[j][1], acc[j][3]));
+        for (size_t t = i; t < n; t++) sum += h2f(x[t]) * h2f(yr[j][t]);
+        out[j] = sum;
+    }
+}
+
 /* The eight lane sums of ref.c's canonical order for 32 signed bytes (a0,
  * a1 against b0, b1): lane k of *lo (k = 0..3) sums the products of
  * elements 4k..4k+3, lane k of *hi those of 16+4k..16+4k+3. Exact in any

@@ -92,6 +92,8 @@ void avx2_quantize_a8(const float *src, void *dst, size_t n);
 void avx2_quantize_a8s(const float *src, void *dst, size_t n);
 void avx2_quantize_q8_k(const float *src, void *dst, size_t n);
 float avx2_vec_dot_f16(size_t n, const void *x, const void *y);
+/* One F16 weight row against four F16 rows, each pair's bits avx2_vec_dot_f16's. */
+void avx2_dot4_y_f16(size_t n, const void *x, size_t xs, const void *y, size_t ys, float out[4]);
 float avx2_vec_dot_q4_0_a8(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q4_1_a8s(size_t n, const void *x, const void *y);
 float avx2_vec_dot_q5_0_a8(size_t n, const void *x, const void *y);
@@ -158,6 +160,8 @@ bool neon_dotprod_supported(void);
 void neon_quantize_a8(const float *src, void *dst, size_t n);
 void neon_quantize_a8s(const float *src, void *dst, size_t n);
 float neon_vec_dot_f16(size_t n, const void *x, const void *y);
+/* One F16 weight row against four F16 rows, each pair's bits neon_vec_dot_f16's. */
+void neon_dot4_y_f16(size_t n, const void *x, size_t xs, const void *y, size_t ys, float out[4]);
 /* The 32-element types: vec_dot and its tile of four activation rows
  * (quant_vec_dot4_fn), each result bit-identical to the vec_dot of the
  * same variant. */

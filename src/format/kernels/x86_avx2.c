@@ -183,6 +183,49 @@ AVX2 float avx2_vec_dot_f16(size_t n, const void *vx, const void *vy) {
     return sum;
 }
 
+/* One F16 weight row against four F16 activation rows (stride ys bytes):
+ * avx2_vec_dot_f16's arithmetic for every pair (two accumulators of eight
+ * lanes, a last chunk of eight into the first, the same horizontal sum
+ * and scalar tail), each weight chunk converted once for the four rows. */
+AVX2 void avx2_dot4_y_f16(size_t n, const void *vx, size_t xs, const void *vy, size_t ys,
+                          float out[4]) {
+    (void)xs;
+    const uint16_t *x = vx;
+    const uint16_t *yr[4];
+    __m256 acc0[4], acc1[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        yr[j] = (const uint16_t *)((const uint8_t *)vy + (size_t)j * ys);
+        acc0[j] = _mm256_setzero_ps();
+        acc1[j] = _mm256_setzero_ps();
+    }
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        prefetch_ahead(x + i, 0);
+        const __m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
+        const __m256 x1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i + 8)));
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            acc0[j] = _mm256_fmadd_ps(
+                x0, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(yr[j] + i))), acc0[j]);
+            acc1[j] = _mm256_fmadd_ps(
+                x1, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(yr[j] + i + 8))), acc1[j]);
+        }
+    }
+    const bool half = i + 8 <= n;
+    const __m256 xh =
+        half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))) : _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        if (half)
+            acc0[j] = _mm256_fmadd_ps(
+                xh, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(yr[j] + i))), acc0[j]);
+        float sum = hsum_f32x8(_mm256_add_ps(acc0[j], acc1[j]));
+        for (size_t t = i + (half ? 8 : 0); t < n; t++) sum += h2f(x[t]) * h2f(yr[j][t]);
+        out[j] = sum;
+    }
+}
+
 /* nx weight rows (stride xs bytes) times ny activation rows (stride ys),
  * nx * ny <= 4, into out[i * ny + j]. Every pair keeps two accumulators of
  * eight float lanes (even and odd blocks, so consecutive blocks do not wait
