@@ -161,10 +161,10 @@ static void select_kernels(void) {
     SET_DOT32(QT_Q4_1, q4_1_a8s);
     SET_DOT32(QT_Q5_0, q5_0_a8);
     SET_DOT32(QT_Q8_0, q8_0_a8);
+    SET_DOT32(QT_Q4_K, q4_k_q8_k);
+    SET_DOT32(QT_Q5_K, q5_k_q8_k);
+    SET_DOT32(QT_Q6_K, q6_k_q8_k);
 #undef SET_DOT32
-    t[QT_Q4_K].vec_dot = dp ? neon_dotprod_vec_dot_q4_k_q8_k : neon_vec_dot_q4_k_q8_k;
-    t[QT_Q5_K].vec_dot = dp ? neon_dotprod_vec_dot_q5_k_q8_k : neon_vec_dot_q5_k_q8_k;
-    t[QT_Q6_K].vec_dot = dp ? neon_dotprod_vec_dot_q6_k_q8_k : neon_vec_dot_q6_k_q8_k;
     kernels_name = dp ? "neon-dotprod" : "neon";
 #endif
 }

@@ -357,93 +357,114 @@ static inline __attribute__((always_inline)) void dot_tile_32(int kind, size_t n
     }
 }
 
-/* Q4_K: exact integer sum per super-block, then the reference's float
- * expression. Codes 0..15 are valid signed bytes, so no offset is needed. */
-static inline __attribute__((always_inline)) float q4_k_body(size_t n, const void *vx,
-                                                             const void *vy, dot_fn dot) {
+/* One Q4_K or Q5_K super-block's codes (w: for each pair of groups c, its
+ * low codes 0..15 and 16..31, then its high ones) against one Q8_K block:
+ * the exact integer sums, then the reference's float expression. */
+static inline __attribute__((always_inline)) float kq45_term(const int8x16_t w[16], const int sc[8],
+                                                             const int mn[8], float d, float dmin,
+                                                             const block_q8_K *y, dot_fn dot) {
+    int isum = 0, msum = 0;
+    for (int c = 0; c < 4; c++) {
+        const int8_t *q8 = y->qs + 64 * c;
+        int32x4_t lo = dot(vdupq_n_s32(0), w[4 * c], vld1q_s8(q8));
+        lo = dot(lo, w[4 * c + 1], vld1q_s8(q8 + 16));
+        int32x4_t hi = dot(vdupq_n_s32(0), w[4 * c + 2], vld1q_s8(q8 + 32));
+        hi = dot(hi, w[4 * c + 3], vld1q_s8(q8 + 48));
+        isum += sc[2 * c] * vaddvq_s32(lo) + sc[2 * c + 1] * vaddvq_s32(hi);
+        msum += mn[2 * c] * (y->bsums[4 * c] + y->bsums[4 * c + 1]) +
+                mn[2 * c + 1] * (y->bsums[4 * c + 2] + y->bsums[4 * c + 3]);
+    }
+    return y->d * d * (float)isum - y->d * dmin * (float)msum;
+}
+
+/* The Q8_K block ib of activation row j (rows ys bytes apart). */
+static inline const block_q8_K *q8k_row(const void *y, size_t ys, int j, size_t ib) {
+    return (const block_q8_K *)((const uint8_t *)y + (size_t)j * ys) + ib;
+}
+
+/* Q4_K against ny (1 or 4) Q8_K rows: each super-block's codes, scales and
+ * minimums unpacked once for the rows, each pair's sum in block order.
+ * Codes 0..15 are valid signed bytes, so no offset is needed. */
+static inline __attribute__((always_inline)) void
+q4_k_tile(size_t n, const void *vx, const void *vy, size_t ys, int ny, float *out, dot_fn dot) {
     assert(n % QK_K == 0);
     const block_q4_K *x = vx;
-    const block_q8_K *y = vy;
-    float sum = 0.0f;
+    const int8x16_t m4 = vdupq_n_s8(0x0F);
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (size_t ib = 0; ib < n / QK_K; ib++) {
-        int isum = 0, msum = 0;
+        int8x16_t w[16];
+        int sc[8], mn[8];
         for (int c = 0; c < 4; c++) {
             const uint8x16_t q0 = vld1q_u8(x[ib].qs + 32 * c);
             const uint8x16_t q1 = vld1q_u8(x[ib].qs + 32 * c + 16);
-            const int8_t *q8 = y[ib].qs + 64 * c;
-            const int8x16_t m4 = vdupq_n_s8(0x0F);
-            int32x4_t lo = dot(vdupq_n_s32(0), vandq_s8(vreinterpretq_s8_u8(q0), m4), vld1q_s8(q8));
-            lo = dot(lo, vandq_s8(vreinterpretq_s8_u8(q1), m4), vld1q_s8(q8 + 16));
-            int32x4_t hi =
-                dot(vdupq_n_s32(0), vreinterpretq_s8_u8(vshrq_n_u8(q0, 4)), vld1q_s8(q8 + 32));
-            hi = dot(hi, vreinterpretq_s8_u8(vshrq_n_u8(q1, 4)), vld1q_s8(q8 + 48));
-            int sc0, m0, sc1, m1;
-            kq_scale_min(2 * c, x[ib].scales, &sc0, &m0);
-            kq_scale_min(2 * c + 1, x[ib].scales, &sc1, &m1);
-            isum += sc0 * vaddvq_s32(lo) + sc1 * vaddvq_s32(hi);
-            msum += m0 * (y[ib].bsums[4 * c] + y[ib].bsums[4 * c + 1]) +
-                    m1 * (y[ib].bsums[4 * c + 2] + y[ib].bsums[4 * c + 3]);
+            w[4 * c] = vandq_s8(vreinterpretq_s8_u8(q0), m4);
+            w[4 * c + 1] = vandq_s8(vreinterpretq_s8_u8(q1), m4);
+            w[4 * c + 2] = vreinterpretq_s8_u8(vshrq_n_u8(q0, 4));
+            w[4 * c + 3] = vreinterpretq_s8_u8(vshrq_n_u8(q1, 4));
+            kq_scale_min(2 * c, x[ib].scales, &sc[2 * c], &mn[2 * c]);
+            kq_scale_min(2 * c + 1, x[ib].scales, &sc[2 * c + 1], &mn[2 * c + 1]);
         }
-        sum += y[ib].d * fp16_to_fp32(x[ib].d) * (float)isum -
-               y[ib].d * fp16_to_fp32(x[ib].dmin) * (float)msum;
+        const float d = fp16_to_fp32(x[ib].d), dmin = fp16_to_fp32(x[ib].dmin);
+#pragma GCC unroll 4
+        for (int j = 0; j < ny; j++)
+            sum[j] += kq45_term(w, sc, mn, d, dmin, q8k_row(vy, ys, j, ib), dot);
     }
-    return sum;
+#pragma GCC unroll 4
+    for (int j = 0; j < ny; j++) out[j] = sum[j];
 }
 
 /* Q5_K: as Q4_K with a fifth bit per code, bit g of qh[l] for element
  * 32g + l: qh shifts right by two per pair of groups, and bits 0 and 1
  * move to bit 4. Codes 0..31 are valid signed bytes. */
-static inline __attribute__((always_inline)) float q5_k_body(size_t n, const void *vx,
-                                                             const void *vy, dot_fn dot) {
+static inline __attribute__((always_inline)) void
+q5_k_tile(size_t n, const void *vx, const void *vy, size_t ys, int ny, float *out, dot_fn dot) {
     assert(n % QK_K == 0);
     const block_q5_K *x = vx;
-    const block_q8_K *y = vy;
     const uint8x16_t m4 = vdupq_n_u8(0x0F), b4 = vdupq_n_u8(0x10);
-    float sum = 0.0f;
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (size_t ib = 0; ib < n / QK_K; ib++) {
         uint8x16_t h0 = vld1q_u8(x[ib].qh), h1 = vld1q_u8(x[ib].qh + 16);
-        int isum = 0, msum = 0;
+        int8x16_t w[16];
+        int sc[8], mn[8];
         for (int c = 0; c < 4; c++) {
             const uint8x16_t q0 = vld1q_u8(x[ib].qs + 32 * c);
             const uint8x16_t q1 = vld1q_u8(x[ib].qs + 32 * c + 16);
-            const int8_t *q8 = y[ib].qs + 64 * c;
-            const uint8x16_t lo0 = vorrq_u8(vandq_u8(q0, m4), vandq_u8(vshlq_n_u8(h0, 4), b4));
-            const uint8x16_t lo1 = vorrq_u8(vandq_u8(q1, m4), vandq_u8(vshlq_n_u8(h1, 4), b4));
-            const uint8x16_t hi0 = vorrq_u8(vshrq_n_u8(q0, 4), vandq_u8(vshlq_n_u8(h0, 3), b4));
-            const uint8x16_t hi1 = vorrq_u8(vshrq_n_u8(q1, 4), vandq_u8(vshlq_n_u8(h1, 3), b4));
+            w[4 * c] =
+                vreinterpretq_s8_u8(vorrq_u8(vandq_u8(q0, m4), vandq_u8(vshlq_n_u8(h0, 4), b4)));
+            w[4 * c + 1] =
+                vreinterpretq_s8_u8(vorrq_u8(vandq_u8(q1, m4), vandq_u8(vshlq_n_u8(h1, 4), b4)));
+            w[4 * c + 2] =
+                vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(q0, 4), vandq_u8(vshlq_n_u8(h0, 3), b4)));
+            w[4 * c + 3] =
+                vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(q1, 4), vandq_u8(vshlq_n_u8(h1, 3), b4)));
             h0 = vshrq_n_u8(h0, 2);
             h1 = vshrq_n_u8(h1, 2);
-            int32x4_t lo = dot(vdupq_n_s32(0), vreinterpretq_s8_u8(lo0), vld1q_s8(q8));
-            lo = dot(lo, vreinterpretq_s8_u8(lo1), vld1q_s8(q8 + 16));
-            int32x4_t hi = dot(vdupq_n_s32(0), vreinterpretq_s8_u8(hi0), vld1q_s8(q8 + 32));
-            hi = dot(hi, vreinterpretq_s8_u8(hi1), vld1q_s8(q8 + 48));
-            int sc0, m0, sc1, m1;
-            kq_scale_min(2 * c, x[ib].scales, &sc0, &m0);
-            kq_scale_min(2 * c + 1, x[ib].scales, &sc1, &m1);
-            isum += sc0 * vaddvq_s32(lo) + sc1 * vaddvq_s32(hi);
-            msum += m0 * (y[ib].bsums[4 * c] + y[ib].bsums[4 * c + 1]) +
-                    m1 * (y[ib].bsums[4 * c + 2] + y[ib].bsums[4 * c + 3]);
+            kq_scale_min(2 * c, x[ib].scales, &sc[2 * c], &mn[2 * c]);
+            kq_scale_min(2 * c + 1, x[ib].scales, &sc[2 * c + 1], &mn[2 * c + 1]);
         }
-        sum += y[ib].d * fp16_to_fp32(x[ib].d) * (float)isum -
-               y[ib].d * fp16_to_fp32(x[ib].dmin) * (float)msum;
+        const float d = fp16_to_fp32(x[ib].d), dmin = fp16_to_fp32(x[ib].dmin);
+#pragma GCC unroll 4
+        for (int j = 0; j < ny; j++)
+            sum[j] += kq45_term(w, sc, mn, d, dmin, q8k_row(vy, ys, j, ib), dot);
     }
-    return sum;
+#pragma GCC unroll 4
+    for (int j = 0; j < ny; j++) out[j] = sum[j];
 }
 
-/* Q6_K: codes minus 32 fit a signed byte; groups of 16 are one vector. */
-static inline __attribute__((always_inline)) float q6_k_body(size_t n, const void *vx,
-                                                             const void *vy, dot_fn dot) {
+/* Q6_K: codes minus 32 fit a signed byte; groups of 16 are one vector
+ * (w[8h + 4j + k]: half h, sixteen j, quarter k), unpacked once for the
+ * rows. */
+static inline __attribute__((always_inline)) void
+q6_k_tile(size_t n, const void *vx, const void *vy, size_t ys, int ny, float *out, dot_fn dot) {
     assert(n % QK_K == 0);
     const block_q6_K *x = vx;
-    const block_q8_K *y = vy;
     const uint8x16_t m4 = vdupq_n_u8(0x0F), m2 = vdupq_n_u8(3);
     const int8x16_t off = vdupq_n_s8(32);
-    float sum = 0.0f;
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (size_t ib = 0; ib < n / QK_K; ib++) {
-        int isum = 0;
+        int8x16_t w[16];
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = x[ib].ql + 64 * h, *qh = x[ib].qh + 32 * h;
-            const int8_t *sc = x[ib].scales + 8 * h, *q8 = y[ib].qs + 128 * h;
             for (int j = 0; j < 2; j++) {
                 const uint8x16_t qa = vld1q_u8(ql + 16 * j), qb = vld1q_u8(ql + 32 + 16 * j);
                 const uint8x16_t hv = vld1q_u8(qh + 16 * j);
@@ -452,17 +473,43 @@ static inline __attribute__((always_inline)) float q6_k_body(size_t n, const voi
                 v[1] = vorrq_u8(vandq_u8(qb, m4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hv, 2), m2), 4));
                 v[2] = vorrq_u8(vshrq_n_u8(qa, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hv, 4), m2), 4));
                 v[3] = vorrq_u8(vshrq_n_u8(qb, 4), vshlq_n_u8(vshrq_n_u8(hv, 6), 4));
-                for (int k = 0; k < 4; k++) {
-                    const int8x16_t q = vsubq_s8(vreinterpretq_s8_u8(v[k]), off);
-                    const int32x4_t s = dot(vdupq_n_s32(0), q, vld1q_s8(q8 + 32 * k + 16 * j));
-                    isum += sc[2 * k + j] * vaddvq_s32(s);
-                }
+                for (int k = 0; k < 4; k++)
+                    w[8 * h + 4 * j + k] = vsubq_s8(vreinterpretq_s8_u8(v[k]), off);
             }
         }
-        sum += y[ib].d * fp16_to_fp32(x[ib].d) * (float)isum;
+        const float d = fp16_to_fp32(x[ib].d);
+#pragma GCC unroll 4
+        for (int r = 0; r < ny; r++) {
+            const block_q8_K *y = q8k_row(vy, ys, r, ib);
+            int isum = 0;
+            for (int h = 0; h < 2; h++) {
+                const int8_t *sc = x[ib].scales + 8 * h, *q8 = y->qs + 128 * h;
+                for (int j = 0; j < 2; j++)
+                    for (int k = 0; k < 4; k++) {
+                        const int32x4_t s = dot(vdupq_n_s32(0), w[8 * h + 4 * j + k],
+                                                vld1q_s8(q8 + 32 * k + 16 * j));
+                        isum += sc[2 * k + j] * vaddvq_s32(s);
+                    }
+            }
+            sum[r] += y->d * d * (float)isum;
+        }
     }
-    return sum;
+#pragma GCC unroll 4
+    for (int r = 0; r < ny; r++) out[r] = sum[r];
 }
+
+/* The K-quant dot products and their tiles of four, plain NEON and SDOT. */
+#define DOTK_VARIANTS(attr, prefix, dot, name, tile)                                               \
+    attr float prefix##vec_dot_##name(size_t n, const void *x, const void *y) {                    \
+        float out[1];                                                                              \
+        tile(n, x, y, 0, 1, out, dot);                                                             \
+        return out[0];                                                                             \
+    }                                                                                              \
+    attr void prefix##dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,  \
+                                    float out[4]) {                                                \
+        (void)xs;                                                                                  \
+        tile(n, x, y, ys, 4, out, dot);                                                            \
+    }
 
 /* The single dot product and its tiles, for each 32-element type, plain
  * NEON and SDOT. */
@@ -488,23 +535,11 @@ DOT32_VARIANTS(DOTPROD, neon_dotprod_, dot32_sdot, q4_1_a8s, W_Q4_1)
 DOT32_VARIANTS(DOTPROD, neon_dotprod_, dot32_sdot, q5_0_a8, W_Q5_0)
 DOT32_VARIANTS(DOTPROD, neon_dotprod_, dot32_sdot, q8_0_a8, W_Q8_0)
 
-float neon_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y) {
-    return q4_k_body(n, x, y, dot_plain);
-}
-float neon_vec_dot_q5_k_q8_k(size_t n, const void *x, const void *y) {
-    return q5_k_body(n, x, y, dot_plain);
-}
-float neon_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y) {
-    return q6_k_body(n, x, y, dot_plain);
-}
-DOTPROD float neon_dotprod_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y) {
-    return q4_k_body(n, x, y, dot_sdot);
-}
-DOTPROD float neon_dotprod_vec_dot_q5_k_q8_k(size_t n, const void *x, const void *y) {
-    return q5_k_body(n, x, y, dot_sdot);
-}
-DOTPROD float neon_dotprod_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y) {
-    return q6_k_body(n, x, y, dot_sdot);
-}
+DOTK_VARIANTS(PLAIN, neon_, dot_plain, q4_k_q8_k, q4_k_tile)
+DOTK_VARIANTS(PLAIN, neon_, dot_plain, q5_k_q8_k, q5_k_tile)
+DOTK_VARIANTS(PLAIN, neon_, dot_plain, q6_k_q8_k, q6_k_tile)
+DOTK_VARIANTS(DOTPROD, neon_dotprod_, dot_sdot, q4_k_q8_k, q4_k_tile)
+DOTK_VARIANTS(DOTPROD, neon_dotprod_, dot_sdot, q5_k_q8_k, q5_k_tile)
+DOTK_VARIANTS(DOTPROD, neon_dotprod_, dot_sdot, q6_k_q8_k, q6_k_tile)
 
 #endif /* __aarch64__ */

@@ -177,13 +177,14 @@ CELLM_NEON_DOT32(neon_dotprod_, q4_0_a8)
 CELLM_NEON_DOT32(neon_dotprod_, q4_1_a8s)
 CELLM_NEON_DOT32(neon_dotprod_, q5_0_a8)
 CELLM_NEON_DOT32(neon_dotprod_, q8_0_a8)
-/* The K-quants against Q8_K: the reference's float, exactly. */
-float neon_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);
-float neon_vec_dot_q5_k_q8_k(size_t n, const void *x, const void *y);
-float neon_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);
-float neon_dotprod_vec_dot_q4_k_q8_k(size_t n, const void *x, const void *y);
-float neon_dotprod_vec_dot_q5_k_q8_k(size_t n, const void *x, const void *y);
-float neon_dotprod_vec_dot_q6_k_q8_k(size_t n, const void *x, const void *y);
+/* The K-quants against Q8_K, and their tiles of four: the reference's
+ * float, exactly. */
+CELLM_NEON_DOT32(neon_, q4_k_q8_k)
+CELLM_NEON_DOT32(neon_, q5_k_q8_k)
+CELLM_NEON_DOT32(neon_, q6_k_q8_k)
+CELLM_NEON_DOT32(neon_dotprod_, q4_k_q8_k)
+CELLM_NEON_DOT32(neon_dotprod_, q5_k_q8_k)
+CELLM_NEON_DOT32(neon_dotprod_, q6_k_q8_k)
 #endif
 
 #endif /* CELLM_KERNELS_H */
