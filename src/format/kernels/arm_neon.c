@@ -382,29 +382,47 @@ static inline const block_q8_K *q8k_row(const void *y, size_t ys, int j, size_t 
     return (const block_q8_K *)((const uint8_t *)y + (size_t)j * ys) + ib;
 }
 
-/* Q4_K against ny (1 or 4) Q8_K rows: each super-block's codes, scales and
- * minimums unpacked once for the rows, each pair's sum in block order.
- * Codes 0..15 are valid signed bytes, so no offset is needed. */
-static inline __attribute__((always_inline)) void
-q4_k_tile(size_t n, const void *vx, const void *vy, size_t ys, int ny, float *out, dot_fn dot) {
+/* Q4_K (five 0) or Q5_K (five 1) against ny (1 or 4) Q8_K rows: each
+ * super-block's codes, scales and minimums unpacked once for the rows,
+ * each pair's sum in block order. Q5_K's fifth bit of element 32g + l is
+ * bit g of qh[l]: qh shifts right by two per pair of groups, and bits 0
+ * and 1 move to bit 4. Codes 0..15 (0..31) are valid signed bytes, so no
+ * offset is needed. */
+static inline __attribute__((always_inline)) void kq45_tile(int five, size_t n, const void *vx,
+                                                            const void *vy, size_t ys, int ny,
+                                                            float *out, dot_fn dot) {
     assert(n % QK_K == 0);
-    const block_q4_K *x = vx;
-    const int8x16_t m4 = vdupq_n_s8(0x0F);
+    const uint8x16_t m4 = vdupq_n_u8(0x0F), b4 = vdupq_n_u8(0x10);
     float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (size_t ib = 0; ib < n / QK_K; ib++) {
+        const block_q4_K *x4 = five ? NULL : (const block_q4_K *)vx + ib;
+        const block_q5_K *x5 = five ? (const block_q5_K *)vx + ib : NULL;
+        const uint8_t *qs = five ? x5->qs : x4->qs, *scales = five ? x5->scales : x4->scales;
+        uint8x16_t h0 = vdupq_n_u8(0), h1 = vdupq_n_u8(0);
+        if (five) {
+            h0 = vld1q_u8(x5->qh);
+            h1 = vld1q_u8(x5->qh + 16);
+        }
         int8x16_t w[16];
         int sc[8], mn[8];
         for (int c = 0; c < 4; c++) {
-            const uint8x16_t q0 = vld1q_u8(x[ib].qs + 32 * c);
-            const uint8x16_t q1 = vld1q_u8(x[ib].qs + 32 * c + 16);
-            w[4 * c] = vandq_s8(vreinterpretq_s8_u8(q0), m4);
-            w[4 * c + 1] = vandq_s8(vreinterpretq_s8_u8(q1), m4);
-            w[4 * c + 2] = vreinterpretq_s8_u8(vshrq_n_u8(q0, 4));
-            w[4 * c + 3] = vreinterpretq_s8_u8(vshrq_n_u8(q1, 4));
-            kq_scale_min(2 * c, x[ib].scales, &sc[2 * c], &mn[2 * c]);
-            kq_scale_min(2 * c + 1, x[ib].scales, &sc[2 * c + 1], &mn[2 * c + 1]);
+            const uint8x16_t q0 = vld1q_u8(qs + 32 * c), q1 = vld1q_u8(qs + 32 * c + 16);
+            uint8x16_t v[4] = {vandq_u8(q0, m4), vandq_u8(q1, m4), vshrq_n_u8(q0, 4),
+                               vshrq_n_u8(q1, 4)};
+            if (five) {
+                v[0] = vorrq_u8(v[0], vandq_u8(vshlq_n_u8(h0, 4), b4));
+                v[1] = vorrq_u8(v[1], vandq_u8(vshlq_n_u8(h1, 4), b4));
+                v[2] = vorrq_u8(v[2], vandq_u8(vshlq_n_u8(h0, 3), b4));
+                v[3] = vorrq_u8(v[3], vandq_u8(vshlq_n_u8(h1, 3), b4));
+                h0 = vshrq_n_u8(h0, 2);
+                h1 = vshrq_n_u8(h1, 2);
+            }
+            for (int k = 0; k < 4; k++) w[4 * c + k] = vreinterpretq_s8_u8(v[k]);
+            kq_scale_min(2 * c, scales, &sc[2 * c], &mn[2 * c]);
+            kq_scale_min(2 * c + 1, scales, &sc[2 * c + 1], &mn[2 * c + 1]);
         }
-        const float d = fp16_to_fp32(x[ib].d), dmin = fp16_to_fp32(x[ib].dmin);
+        const uint16_t d16 = five ? x5->d : x4->d, dmin16 = five ? x5->dmin : x4->dmin;
+        const float d = fp16_to_fp32(d16), dmin = fp16_to_fp32(dmin16);
 #pragma GCC unroll 4
         for (int j = 0; j < ny; j++)
             sum[j] += kq45_term(w, sc, mn, d, dmin, q8k_row(vy, ys, j, ib), dot);
@@ -413,42 +431,14 @@ q4_k_tile(size_t n, const void *vx, const void *vy, size_t ys, int ny, float *ou
     for (int j = 0; j < ny; j++) out[j] = sum[j];
 }
 
-/* Q5_K: as Q4_K with a fifth bit per code, bit g of qh[l] for element
- * 32g + l: qh shifts right by two per pair of groups, and bits 0 and 1
- * move to bit 4. Codes 0..31 are valid signed bytes. */
+static inline __attribute__((always_inline)) void
+q4_k_tile(size_t n, const void *vx, const void *vy, size_t ys, int ny, float *out, dot_fn dot) {
+    kq45_tile(0, n, vx, vy, ys, ny, out, dot);
+}
+
 static inline __attribute__((always_inline)) void
 q5_k_tile(size_t n, const void *vx, const void *vy, size_t ys, int ny, float *out, dot_fn dot) {
-    assert(n % QK_K == 0);
-    const block_q5_K *x = vx;
-    const uint8x16_t m4 = vdupq_n_u8(0x0F), b4 = vdupq_n_u8(0x10);
-    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (size_t ib = 0; ib < n / QK_K; ib++) {
-        uint8x16_t h0 = vld1q_u8(x[ib].qh), h1 = vld1q_u8(x[ib].qh + 16);
-        int8x16_t w[16];
-        int sc[8], mn[8];
-        for (int c = 0; c < 4; c++) {
-            const uint8x16_t q0 = vld1q_u8(x[ib].qs + 32 * c);
-            const uint8x16_t q1 = vld1q_u8(x[ib].qs + 32 * c + 16);
-            w[4 * c] =
-                vreinterpretq_s8_u8(vorrq_u8(vandq_u8(q0, m4), vandq_u8(vshlq_n_u8(h0, 4), b4)));
-            w[4 * c + 1] =
-                vreinterpretq_s8_u8(vorrq_u8(vandq_u8(q1, m4), vandq_u8(vshlq_n_u8(h1, 4), b4)));
-            w[4 * c + 2] =
-                vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(q0, 4), vandq_u8(vshlq_n_u8(h0, 3), b4)));
-            w[4 * c + 3] =
-                vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(q1, 4), vandq_u8(vshlq_n_u8(h1, 3), b4)));
-            h0 = vshrq_n_u8(h0, 2);
-            h1 = vshrq_n_u8(h1, 2);
-            kq_scale_min(2 * c, x[ib].scales, &sc[2 * c], &mn[2 * c]);
-            kq_scale_min(2 * c + 1, x[ib].scales, &sc[2 * c + 1], &mn[2 * c + 1]);
-        }
-        const float d = fp16_to_fp32(x[ib].d), dmin = fp16_to_fp32(x[ib].dmin);
-#pragma GCC unroll 4
-        for (int j = 0; j < ny; j++)
-            sum[j] += kq45_term(w, sc, mn, d, dmin, q8k_row(vy, ys, j, ib), dot);
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < ny; j++) out[j] = sum[j];
+    kq45_tile(1, n, vx, vy, ys, ny, out, dot);
 }
 
 /* Q6_K: codes minus 32 fit a signed byte; groups of 16 are one vector
