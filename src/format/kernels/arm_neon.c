@@ -145,37 +145,16 @@ static inline float fold8(float32x4_t lo, float32x4_t hi) {
     return vget_lane_f32(t, 0) + vget_lane_f32(t, 1);
 }
 
-/* F16 against F16 in ref.c's order: 16 lanes (four registers) over chunks
- * of 16, a chunk of 8 into lanes 0..7, lanes l and l + 8 added, fold8,
- * then the tail one product at a time. Products of two F16 values are
- * exact in float, so the FMA rounds as the reference's add does. */
-float neon_vec_dot_f16(size_t n, const void *vx, const void *vy) {
-    const uint16_t *x = vx, *y = vy;
-    float32x4_t acc[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f),
-                          vdupq_n_f32(0.0f)};
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        for (int k = 0; k < 4; k++)
-            acc[k] = vfmaq_f32(acc[k], f16x4_to_f32(x + i + 4 * k), f16x4_to_f32(y + i + 4 * k));
-    }
-    for (; i + 8 <= n; i += 8) {
-        acc[0] = vfmaq_f32(acc[0], f16x4_to_f32(x + i), f16x4_to_f32(y + i));
-        acc[1] = vfmaq_f32(acc[1], f16x4_to_f32(x + i + 4), f16x4_to_f32(y + i + 4));
-    }
-    float sum = fold8(vaddq_f32(acc[0], acc[2]), vaddq_f32(acc[1], acc[3]));
-    for (; i < n; i++) sum += h2f(x[i]) * h2f(y[i]);
-    return sum;
-}
-
-/* One F16 weight row against four F16 rows (stride ys bytes):
- * neon_vec_dot_f16's arithmetic for every pair (the same lanes, fold and
- * tail), each weight chunk converted once for the four rows. */
-void neon_dot4_y_f16(size_t n, const void *vx, size_t xs, const void *vy, size_t ys, float out[4]) {
-    (void)xs;
-    const uint16_t *x = vx;
+/* F16 against ny (1 or 4) F16 rows (stride ys bytes), each pair in ref.c's
+ * order: 16 lanes (four registers) over chunks of 16, a chunk of 8 into
+ * lanes 0..7, lanes l and l + 8 added, fold8, then the tail one product at
+ * a time. Products of two F16 values are exact in float, so the FMA rounds
+ * as the reference's add does. */
+static inline __attribute__((always_inline)) void
+dot_f16_rows(size_t n, const uint16_t *x, const void *vy, size_t ys, int ny, float *out) {
     const uint16_t *yr[4];
     float32x4_t acc[4][4];
-    for (int j = 0; j < 4; j++) {
+    for (int j = 0; j < ny; j++) {
         yr[j] = (const uint16_t *)((const uint8_t *)vy + (size_t)j * ys);
         for (int k = 0; k < 4; k++) acc[j][k] = vdupq_n_f32(0.0f);
     }
@@ -183,24 +162,36 @@ void neon_dot4_y_f16(size_t n, const void *vx, size_t xs, const void *vy, size_t
     for (; i + 16 <= n; i += 16) {
         float32x4_t xv[4];
         for (int k = 0; k < 4; k++) xv[k] = f16x4_to_f32(x + i + 4 * k);
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < ny; j++)
             for (int k = 0; k < 4; k++)
                 acc[j][k] = vfmaq_f32(acc[j][k], xv[k], f16x4_to_f32(yr[j] + i + 4 * k));
     }
-    const bool half = i + 8 <= n;
-    if (half) {
+    if (i + 8 <= n) {
         const float32x4_t x0 = f16x4_to_f32(x + i), x1 = f16x4_to_f32(x + i + 4);
-        for (int j = 0; j < 4; j++) {
+        for (int j = 0; j < ny; j++) {
             acc[j][0] = vfmaq_f32(acc[j][0], x0, f16x4_to_f32(yr[j] + i));
             acc[j][1] = vfmaq_f32(acc[j][1], x1, f16x4_to_f32(yr[j] + i + 4));
         }
         i += 8;
     }
-    for (int j = 0; j < 4; j++) {
+    for (int j = 0; j < ny; j++) {
         float sum = fold8(vaddq_f32(acc[j][0], acc[j][2]), vaddq_f32(acc[j][1], acc[j][3]));
         for (size_t t = i; t < n; t++) sum += h2f(x[t]) * h2f(yr[j][t]);
         out[j] = sum;
     }
+}
+
+float neon_vec_dot_f16(size_t n, const void *vx, const void *vy) {
+    float out[1];
+    dot_f16_rows(n, vx, vy, 0, 1, out);
+    return out[0];
+}
+
+/* The same for four rows (stride ys bytes), each weight chunk converted
+ * once for the four. */
+void neon_dot4_y_f16(size_t n, const void *vx, size_t xs, const void *vy, size_t ys, float out[4]) {
+    (void)xs;
+    dot_f16_rows(n, vx, vy, ys, 4, out);
 }
 
 /* The eight lane sums of ref.c's canonical order for 32 signed bytes (a0,

@@ -161,51 +161,28 @@ AVX2 void avx2_quantize_q8_k(const float *src, void *dst, size_t n) {
     }
 }
 
-AVX2 float avx2_vec_dot_f16(size_t n, const void *vx, const void *vy) {
-    const uint16_t *x = vx, *y = vy;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
-        const __m256 x1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i + 8)));
-        const __m256 y0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i)));
-        const __m256 y1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i + 8)));
-        acc0 = _mm256_fmadd_ps(x0, y0, acc0);
-        acc1 = _mm256_fmadd_ps(x1, y1, acc1);
-    }
-    for (; i + 8 <= n; i += 8) {
-        const __m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
-        const __m256 y0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i)));
-        acc0 = _mm256_fmadd_ps(x0, y0, acc0);
-    }
-    float sum = hsum_f32x8(_mm256_add_ps(acc0, acc1));
-    for (; i < n; i++) sum += h2f(x[i]) * h2f(y[i]);
-    return sum;
-}
-
-/* One F16 weight row against four F16 activation rows (stride ys bytes):
- * avx2_vec_dot_f16's arithmetic for every pair (two accumulators of eight
- * lanes, a last chunk of eight into the first, the same horizontal sum
- * and scalar tail), each weight chunk converted once for the four rows. */
-AVX2 void avx2_dot4_y_f16(size_t n, const void *vx, size_t xs, const void *vy, size_t ys,
-                          float out[4]) {
-    (void)xs;
-    const uint16_t *x = vx;
+/* One F16 weight row against ny (1 or 4) F16 rows (stride ys bytes), the
+ * same for every pair: two accumulators of eight lanes over chunks of 16,
+ * a last chunk of eight into the first, their horizontal sum, then the
+ * tail one product at a time (the product of two F16 values is exact in
+ * float, so each FMA rounds as the reference's add does). */
+AVX2 static inline __attribute__((always_inline)) void
+dot_f16_rows(size_t n, const uint16_t *x, const void *vy, size_t ys, int ny, float *out) {
     const uint16_t *yr[4];
     __m256 acc0[4], acc1[4];
 #pragma GCC unroll 4
-    for (int j = 0; j < 4; j++) {
+    for (int j = 0; j < ny; j++) {
         yr[j] = (const uint16_t *)((const uint8_t *)vy + (size_t)j * ys);
         acc0[j] = _mm256_setzero_ps();
         acc1[j] = _mm256_setzero_ps();
     }
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        prefetch_ahead(x + i, 0);
+        if (ny > 1) prefetch_ahead(x + i, 0);
         const __m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
         const __m256 x1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i + 8)));
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
+        for (int j = 0; j < ny; j++) {
             acc0[j] = _mm256_fmadd_ps(
                 x0, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(yr[j] + i))), acc0[j]);
             acc1[j] = _mm256_fmadd_ps(
@@ -216,7 +193,7 @@ AVX2 void avx2_dot4_y_f16(size_t n, const void *vx, size_t xs, const void *vy, s
     const __m256 xh =
         half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))) : _mm256_setzero_ps();
 #pragma GCC unroll 4
-    for (int j = 0; j < 4; j++) {
+    for (int j = 0; j < ny; j++) {
         if (half)
             acc0[j] = _mm256_fmadd_ps(
                 xh, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(yr[j] + i))), acc0[j]);
@@ -224,6 +201,20 @@ AVX2 void avx2_dot4_y_f16(size_t n, const void *vx, size_t xs, const void *vy, s
         for (size_t t = i + (half ? 8 : 0); t < n; t++) sum += h2f(x[t]) * h2f(yr[j][t]);
         out[j] = sum;
     }
+}
+
+AVX2 float avx2_vec_dot_f16(size_t n, const void *vx, const void *vy) {
+    float out[1];
+    dot_f16_rows(n, vx, vy, 0, 1, out);
+    return out[0];
+}
+
+/* The same for four activation rows (stride ys bytes), each weight chunk
+ * converted once for the four. */
+AVX2 void avx2_dot4_y_f16(size_t n, const void *vx, size_t xs, const void *vy, size_t ys,
+                          float out[4]) {
+    (void)xs;
+    dot_f16_rows(n, vx, vy, ys, 4, out);
 }
 
 /* nx weight rows (stride xs bytes) times ny activation rows (stride ys),
