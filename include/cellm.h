@@ -228,8 +228,9 @@ typedef struct cellm_engine_params {
     const cellm_model *draft_model;
     /* Prompt lookup: guesses are the tokens that followed the latest
      * earlier occurrence of the last n tokens of the prompt and text so
-     * far, for n from lookup_ngram down to 1 (0, default: off). Strong
-     * when the answer copies its input (editing, code, summaries). */
+     * far, for n from lookup_ngram down to 2 (a single token is too weak a
+     * match; 1 with lookup_ngram 1) (0, default: off). Strong when the
+     * answer copies its input (editing, code, summaries). */
     int32_t lookup_ngram;
     /* At most this many guesses per request and step, 1..64 (default 8);
      * each request adapts its own count to how many were kept lately. */

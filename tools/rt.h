@@ -233,7 +233,7 @@ void rt_spec_print(const rt_spec *s, FILE *out);
     "speculative decoding (the same text, sooner when the guesses are good):\n"                    \
     "  --draft MODEL         guess with MODEL, a smaller one of the same family and vocabulary\n"  \
     "                        (a GGUF path or a model store name), run greedily\n"                  \
-    "  --lookup N            guess what followed the last N .. 1 tokens earlier in the text\n"     \
+    "  --lookup N            guess what followed the last N .. 2 tokens earlier in the text\n"     \
     "                        (0: off, the default; with --draft, the draft guesses where it\n"     \
     "                        finds nothing)\n"                                                     \
     "  --draft-max K         at most K guesses a pass, 1..64 (default 8)\n"                        \

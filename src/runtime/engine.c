@@ -399,7 +399,6 @@ static void verify(cellm_engine *e, cellm_request *r, const float *rows, int32_t
     }
     int32_t k = r->spec_k > 0 ? r->spec_k : e->p.draft_max;
     r->spec_k = spec_next_k(k, nd, kept, e->p.draft_max);
-    spec_lookup_result(r, nd, kept);
     if (why >= 0) {
         finish_taken(e, r, why);
         return;

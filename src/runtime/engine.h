@@ -163,11 +163,6 @@ struct cellm_request {
     int32_t spec_room; /* guesses it may make this step */
     kv_seq dseq;       /* the draft model's KV of tokens[0 .. dseq.n_pos) */
     bool has_dseq;     /* dseq's tables exist */
-    /* Prompt lookup's back-off: whether this step's guesses came from
-     * lookup, its passes in a row that kept under a quarter of them, and
-     * the steps it sits out before it guesses again. */
-    bool spec_looked;
-    int32_t lk_miss, lk_skip;
     /* CELLM_SPEC_ACCEPT_RESAMPLE on a sampled request without a grammar:
      * the distribution each guess was drawn from, [p.draft_max]. NULL:
      * the exact rule. */
@@ -301,21 +296,14 @@ void spec_destroy(cellm_engine *e);
 void spec_propose(cellm_engine *e);
 
 /* Up to k guesses for what follows tok[0..n_tok): the tokens after the
- * latest earlier occurrence of its last n tokens, n = ngram_max .. 1,
- * written to out. Returns how many (0: no match). */
+ * latest earlier occurrence of its last n tokens, n = ngram_max .. 2
+ * (down to 1 only for an ngram_max of 1), written to out. Returns how many (0: no match). */
 int32_t spec_lookup(const int32_t *tok, int32_t n_tok, int32_t ngram_max, int32_t k, int32_t *out);
 
 /* A draft's greedy guess in a row of logits (the lowest id on ties) and,
  * when p_min > 0 asks for it, the probability it gives it (*prob = 1
  * otherwise). Shared by the engine and cellm run (tools/rt.c). */
 int32_t spec_draft_pick(const float *row, int32_t n, float p_min, float *prob);
-
-/* After a pass checked r's n_guess guesses and kept `kept`: when they
- * came from prompt lookup and it keeps under a quarter of its guesses
- * pass after pass (a summary that paraphrases its document), lookup sits
- * out a growing number of steps (2, 4, .. 32) before it tries again; a
- * good pass resets it. The draft, if any, guesses meanwhile. */
-void spec_lookup_result(cellm_request *r, int32_t n_guess, int32_t kept);
 
 /* The next guess count after n_guess guesses of an allowed k, of which
  * `kept` were kept: 2 more (up to draft_max) when every guess of a full k

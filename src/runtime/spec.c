@@ -19,7 +19,7 @@
  *
  * Where guesses come from:
  *  - prompt lookup (lookup_ngram N): the tokens that followed the latest
- *    earlier occurrence of the last n tokens, n = N .. 1;
+ *    earlier occurrence of the last n tokens, n = N .. 2 (1 for N = 1);
  *  - a draft model: a second, smaller model with the same vocabulary,
  *    greedy, with its own paged KV pool (no prefix cache) in the engine's
  *    budget. Each step it first catches up with the tokens it has not
@@ -44,7 +44,14 @@
 
 int32_t spec_lookup(const int32_t *tok, int32_t n_tok, int32_t ngram_max, int32_t k, int32_t *out) {
     if (k <= 0) return 0;
-    for (int32_t n = ngram_max < n_tok ? ngram_max : n_tok - 1; n >= 1; n--) {
+    /* A lone matching token is a poor guide: the token after it was right
+     * 10-15% of the time on the bench's editing, summary and prose tasks,
+     * where two matching tokens gave 25-40%, three 55-80% and four 67-99%
+     * (docs/benchmarks.md, "Prompt lookup from two tokens up"), while a
+     * wrong guess makes a one-row pass cost what four rows do. So 1-grams
+     * only with ngram_max 1. */
+    const int32_t n_min = ngram_max >= 2 ? 2 : 1;
+    for (int32_t n = ngram_max < n_tok ? ngram_max : n_tok - 1; n >= n_min; n--) {
         const int32_t *pat = tok + n_tok - n;
         /* The latest earlier occurrence: it starts at or before n_tok - n - 1,
          * so at least one token follows it. */
@@ -302,13 +309,6 @@ static int32_t draft_guess(const cellm_engine *e, cellm_request *r, const float 
                             &r->spec_q[j], prob);
 }
 
-void spec_lookup_result(cellm_request *r, int32_t n_guess, int32_t kept) {
-    if (!r->spec_looked) return;
-    r->lk_miss = 4 * kept < n_guess ? r->lk_miss + 1 : 0;
-    /* From the second poor pass in a row: sit out 2, 4, .. 32 steps. */
-    if (r->lk_miss >= 2) r->lk_skip = 1 << (r->lk_miss - 1 < 5 ? r->lk_miss - 1 : 5);
-}
-
 int32_t spec_next_k(int32_t k, int32_t n_guess, int32_t kept, int32_t draft_max) {
     if (kept == n_guess && n_guess == k) return k + 2 < draft_max ? k + 2 : draft_max;
     return kept + 1;
@@ -454,10 +454,7 @@ void spec_propose(cellm_engine *e) {
             if (room > rows) room = rows;
         }
         if (k < 1 || k < e->p.draft_min) continue;
-        r->spec_looked = false;
-        if (e->p.lookup_ngram > 0 && r->lk_skip > 0) {
-            r->lk_skip--;
-        } else if (e->p.lookup_ngram > 0) {
+        if (e->p.lookup_ngram > 0) {
             /* Guesses from the text cost no pass of their own, only rows:
              * up to the end of the tile they fall in, those cost nothing
              * more either. */
@@ -466,7 +463,6 @@ void spec_propose(cellm_engine *e) {
                                     r->tokens + r->sched.n_tokens);
             if (n >= e->p.draft_min && n > 0) {
                 r->sched.n_draft = n;
-                r->spec_looked = true;
                 rows -= n;
                 used += n;
                 /* A guess from earlier text is certain to its source: q
