@@ -4,7 +4,8 @@
  * _M layers, fallbacks, norms untouched), shapes, metadata copied with the
  * new file type, values close to the input, refusals and the command's
  * exit codes; on SmolLM2, a Q8_0 file that loads and whose every tensor
- * dequantizes close to the original.
+ * dequantizes close to the original, and --output-type's copy of its tied
+ * embeddings.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -342,12 +343,97 @@ static void test_smollm2_q8_0(void **state) {
     gguf_close(a);
 }
 
+/* --output-type on a model whose output is tied (SmolLM2): an
+ * output.weight of its own in that type, a copy of token_embd.weight
+ * within the type's error, while every tensor of the input is kept byte
+ * for byte (Q4_1 to Q4_1 copies); on the small model, which has an
+ * output, that tensor takes the type; a type whose blocks do not divide
+ * the rows is refused and leaves no file. */
+static void test_output_type(void **state) {
+    (void)state;
+    char model[4096], out[512], in[512];
+    test_model_path("smollm2-135m", model, sizeof model);
+    tmp_path("smollm2-head.gguf", out, sizeof out);
+    cellm_error e;
+    quantize_stats st;
+    quantize_params p = {.n_threads = 2, .output_type_set = true, .output_type = QT_Q4_0};
+    if (quantize_file(model, out, quantize_ftype_by_name("Q4_1"), &p, &st, &e) != CELLM_OK)
+        fail_msg("%s", e.msg);
+    assert_true(st.output_copied);
+    assert_int_equal(st.n_quantized, 1);
+    gguf_file *a, *b;
+    assert_int_equal(gguf_open(model, &a, &e), CELLM_OK);
+    if (gguf_open(out, &b, &e) != CELLM_OK) fail_msg("%s", e.msg);
+    assert_null(gguf_find_tensor(a, "output.weight"));
+    assert_int_equal(b->n_tensors, a->n_tensors + 1);
+    for (uint64_t i = 0; i < a->n_tensors; i++) {
+        const gguf_tensor *ta = &a->tensors[i];
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", (int)ta->name.len, ta->name.ptr);
+        const gguf_tensor *tb = gguf_find_tensor(b, name);
+        assert_non_null(tb);
+        assert_int_equal(tb->type, ta->type);
+        assert_int_equal(tb->size, ta->size);
+        assert_memory_equal(ta->data, tb->data, ta->size);
+    }
+    const gguf_tensor *te = gguf_find_tensor(b, "token_embd.weight");
+    const gguf_tensor *to = gguf_find_tensor(b, "output.weight");
+    assert_non_null(to);
+    assert_int_equal(to->type, QT_Q4_0);
+    assert_int_equal(to->n_dims, 2);
+    assert_int_equal(to->ne[0], te->ne[0]);
+    assert_int_equal(to->ne[1], te->ne[1]);
+    float *x = malloc((size_t)te->n_elems * sizeof *x);
+    assert_non_null(x);
+    quant_type_get(te->type)->to_float(te->data, x, (size_t)te->n_elems);
+    const double err = rel_rms_error(to, x);
+    if (!(err <= rms_bound(QT_Q4_0)))
+        fail_msg("output.weight: relative RMS error %.4f against the embeddings", err);
+    free(x);
+    gguf_close(b);
+    gguf_close(a);
+
+    /* 576-wide rows are not a whole number of Q4_K's 256. */
+    tmp_path("smollm2-head-q4k.gguf", out, sizeof out);
+    p.output_type = QT_Q4_K;
+    assert_int_equal(quantize_file(model, out, quantize_ftype_by_name("Q4_1"), &p, &st, &e),
+                     CELLM_ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "--output-type Q4_K"));
+    assert_int_not_equal(access(out, F_OK), 0);
+
+    /* A model with an output of its own: it takes the type, nothing added. */
+    write_small(tmp_path("small.gguf", in, sizeof in), false);
+    tmp_path("small-head.gguf", out, sizeof out);
+    p.output_type = QT_Q8_0;
+    if (quantize_file(in, out, quantize_ftype_by_name("Q4_0"), &p, &st, &e) != CELLM_OK)
+        fail_msg("%s", e.msg);
+    assert_false(st.output_copied);
+    assert_int_equal(gguf_open(out, &b, &e), CELLM_OK);
+    assert_int_equal(b->n_tensors, N_SMALL);
+    assert_int_equal(gguf_find_tensor(b, "output.weight")->type, QT_Q8_0);
+    assert_int_equal(gguf_find_tensor(b, "token_embd.weight")->type, QT_Q4_0);
+    gguf_close(b);
+
+    /* The command: the flag, and a name that is no tensor type. */
+    const char *bin = getenv("CELLM_BIN");
+    if (!bin || !*bin) fail_msg("CELLM_BIN is not set (ctest sets it)");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' quantize '%s' '%s' q4_0 --output-type q5_0 >/dev/null 2>&1",
+             bin, in, out);
+    assert_int_equal(run_status(cmd), 0);
+    assert_int_equal(gguf_open(out, &b, &e), CELLM_OK);
+    assert_int_equal(gguf_find_tensor(b, "output.weight")->type, QT_Q5_0);
+    gguf_close(b);
+    snprintf(cmd, sizeof cmd, "'%s' quantize '%s' '%s' q4_0 --output-type q4_k_m >/dev/null 2>&1",
+             bin, in, out);
+    assert_int_equal(run_status(cmd), 2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_small_q4_k_m),
-        cmocka_unit_test(test_small_q4_0),
-        cmocka_unit_test(test_command),
-        cmocka_unit_test(test_smollm2_q8_0),
+        cmocka_unit_test(test_small_q4_k_m), cmocka_unit_test(test_small_q4_0),
+        cmocka_unit_test(test_command),      cmocka_unit_test(test_smollm2_q8_0),
+        cmocka_unit_test(test_output_type),
     };
     const int r = cmocka_run_group_tests(tests, setup, teardown);
     for (size_t i = 0; i < N_SMALL + 1; i++) free(small_floats[i]);

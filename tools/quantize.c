@@ -271,6 +271,7 @@ typedef struct qctx {
     char **names;
     void **bufs;
     size_t n;
+    void *head; /* the output.weight copy of tied embeddings (--output-type) */
 } qctx;
 
 static void qctx_free(qctx *c) {
@@ -280,6 +281,7 @@ static void qctx_free(qctx *c) {
     }
     free(c->names);
     free(c->bufs);
+    free(c->head);
     free(c->refs);
     gguf_writer_free(c->w);
     gguf_close(c->in);
@@ -335,6 +337,44 @@ static void progress_line(const quantize_params *p, size_t k, size_t n, const ch
     fflush(stderr);
 }
 
+/* Whether output_type can hold t's rows. */
+static cellm_status check_output_type(const gguf_tensor *t, uint32_t type, cellm_error *err) {
+    const quant_type_info *ti = quant_type_get(type);
+    if (!ti || !ti->from_float)
+        return err_set(err, CELLM_ERR_UNSUPPORTED, "--output-type: cannot quantize to %s",
+                       ti ? ti->name : "an unknown type");
+    if (t->ne[0] % ti->block_size != 0)
+        return err_set(err, CELLM_ERR_UNSUPPORTED,
+                       "--output-type %s: the output's rows of %llu elements are not a whole "
+                       "number of its blocks (%u)",
+                       ti->name, (unsigned long long)t->ne[0], (unsigned)ti->block_size);
+    return CELLM_OK;
+}
+
+/* output.weight as a copy of the tied embeddings `te` in p->output_type. */
+static cellm_status add_head_copy(qctx *c, const gguf_tensor *te, const quantize_params *p,
+                                  quantize_stats *stats, cellm_error *err) {
+    const quant_type_info *si = quant_type_get(te->type);
+    cellm_status st = check_output_type(te, p->output_type, err);
+    if (st != CELLM_OK) return st;
+    if (!si || !si->to_float)
+        return err_set(err, CELLM_ERR_UNSUPPORTED, "token_embd.weight: cannot dequantize type %s",
+                       si ? si->name : "?");
+    uint64_t bytes;
+    if (!quant_nbytes(p->output_type, te->n_elems, &bytes) || bytes > SIZE_MAX ||
+        !(c->head = malloc(bytes ? (size_t)bytes : 1)))
+        return err_set(err, CELLM_ERR_NO_MEMORY, "output.weight: out of memory");
+    if ((st = convert_tensor(te, p->output_type, c->head, p->n_threads, err)) != CELLM_OK)
+        return st;
+    stats->n_tensors++;
+    stats->n_quantized++;
+    stats->bytes_out += bytes;
+    stats->count_by_type[p->output_type]++;
+    stats->output_copied = true;
+    return gguf_writer_add_tensor(c->w, "output.weight", p->output_type, te->n_dims, te->ne,
+                                  c->head, err);
+}
+
 cellm_status quantize_file(const char *in_path, const char *out_path, const quantize_ftype *ft,
                            const quantize_params *params, quantize_stats *stats, cellm_error *err) {
     quantize_params p = params ? *params : (quantize_params){0};
@@ -383,6 +423,11 @@ cellm_status quantize_file(const char *in_path, const char *out_path, const quan
         if (is_quantizable(name, t->n_dims)) {
             if ((st = choose_type(&ps, name, t->ne[0], &type, &fallback, err)) != CELLM_OK)
                 goto done;
+            if (p.output_type_set && !strcmp(name, "output.weight")) {
+                if ((st = check_output_type(t, p.output_type, err)) != CELLM_OK) goto done;
+                type = p.output_type;
+                fallback = false;
+            }
         }
         const void *data = t->data;
         if (type != t->type) {
@@ -415,6 +460,9 @@ cellm_status quantize_file(const char *in_path, const char *out_path, const quan
         stats->n_tensors++;
         st = gguf_writer_add_tensor(c.w, name, type, t->n_dims, t->ne, data, err);
         if (st != CELLM_OK) goto done;
+        if (p.output_type_set && !ps.has_output && !strcmp(name, "token_embd.weight")) {
+            if ((st = add_head_copy(&c, t, &p, stats, err)) != CELLM_OK) goto done;
+        }
     }
     if (p.progress && c.n == 0) fputc('\n', stderr);
     st = gguf_writer_write(c.w, out_path, err);
@@ -427,12 +475,17 @@ done:
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: cellm quantize IN OUT TYPE [--threads N]\n\n"
+            "usage: cellm quantize IN OUT TYPE [--output-type T] [--threads N]\n\n"
             "Re-quantizes the GGUF model IN (a path or a model store name) into OUT.\n"
             "TYPE is one of: %s.\n"
             "Tensors get the types llama.cpp's rules give them (output and tied\n"
             "embeddings at Q6_K; in the _M mixes, some attn_v and ffn_down layers at\n"
             "Q6_K; fallbacks for rows the blocks do not divide); norms stay as they are.\n"
+            "  --output-type T  the output matrix in tensor type T (Q4_0, Q4_1, Q5_0, Q5_1,\n"
+            "                Q8_0, Q4_K, Q5_K, Q6_K, F16) instead of the rules'; a model\n"
+            "                whose output is tied to its embeddings gets a copy in T, so\n"
+            "                the classifier reads fewer bytes a token and the embeddings\n"
+            "                keep theirs\n"
             "  --threads N   threads converting each tensor (default 2)\n",
             quantize_ftype_names());
 }
@@ -460,6 +513,16 @@ int cmd_quantize(int argc, char **argv) {
                 return 2;
             }
             params.n_threads = (unsigned)v;
+        } else if (!strcmp(a, "--output-type")) {
+            uint32_t ty;
+            const quant_type_info *ti = i + 1 < argc ? quant_type_by_name(argv[++i], &ty) : NULL;
+            if (!ti || !ti->from_float) {
+                cli_error("--output-type needs a tensor type: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, "
+                          "Q5_K, Q6_K or F16");
+                return 2;
+            }
+            params.output_type_set = true;
+            params.output_type = ty;
         } else if (a[0] == '-' && a[1] != '\0') {
             cli_error("quantize: unknown option '%s' (see `cellm quantize --help`)", a);
             return 2;
@@ -500,6 +563,9 @@ int cmd_quantize(int argc, char **argv) {
            pos[1], ft->name, (unsigned long long)s.n_tensors, (unsigned long long)s.n_quantized,
            (unsigned long long)s.n_fallback, (double)s.bytes_in / (1 << 20),
            (double)s.bytes_out / (1 << 20));
+    if (s.output_copied)
+        printf("output.weight: a %s copy of the tied token_embd.weight\n",
+               quant_type_get(params.output_type)->name);
     printf("types:");
     for (uint32_t t = 0; t < QT_COUNT; t++)
         if (s.count_by_type[t])

@@ -34,12 +34,20 @@ const char *quantize_ftype_names(void);
 typedef struct quantize_params {
     unsigned n_threads; /* 0: 2 */
     bool progress;      /* a progress line on stderr */
+    /* The output matrix's type instead of the rules' (llama-quantize's
+     * --output-tensor-type), when output_type_set. A model that ties its
+     * output to the embeddings gets an output.weight of its own, a copy of
+     * token_embd.weight in that type: the embedding rows keep their
+     * precision and the classifier, read once a token, streams the copy. */
+    bool output_type_set;
+    uint32_t output_type;
 } quantize_params;
 
 typedef struct quantize_stats {
     uint64_t n_tensors;
     uint64_t n_quantized;             /* re-quantized (the others were copied) */
     uint64_t n_fallback;              /* took a fallback type: rows not a whole number of blocks */
+    bool output_copied;               /* output.weight was added from the tied embeddings */
     uint64_t bytes_in, bytes_out;     /* tensor data only */
     uint64_t count_by_type[QT_COUNT]; /* output tensors per type */
 } quantize_stats;
