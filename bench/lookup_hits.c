@@ -136,8 +136,10 @@ int main(int argc, char **argv) {
             printf("| %s | %s |", task->string, src ? "completion" : "prompt");
             for (int n = 1; n <= NGRAM; n++) {
                 long a = t.hits[n][src], b = t.tries[n][src];
-                if (b) printf(" %ld/%ld (%.0f%%) |", a, b, 100.0 * (double)a / (double)b);
-                else printf(" - |");
+                if (b)
+                    printf(" %ld/%ld (%.0f%%) |", a, b, 100.0 * (double)a / (double)b);
+                else
+                    printf(" - |");
             }
             printf("\n");
         }
