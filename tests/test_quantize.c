@@ -284,6 +284,15 @@ static void test_command(void **state) {
     assert_int_equal(run_status(cmd), 1); /* the 40-wide tensor */
 }
 
+/* The tensor of f named as t (which must be there); its name in name. */
+static const gguf_tensor *tensor_like(const gguf_file *f, const gguf_tensor *t, char *name,
+                                      size_t cap) {
+    snprintf(name, cap, "%.*s", (int)t->name.len, t->name.ptr);
+    const gguf_tensor *found = gguf_find_tensor(f, name);
+    if (!found) fail_msg("tensor %s is missing", name);
+    return found;
+}
+
 /* SmolLM2 (Q4_1, Q8_0 embeddings) to Q8_0: loads, same tensors and
  * shapes, and each element within 0.6 of its block's Q8_0 step of the
  * original (half a step, plus the F16 rounding of the scale). */
@@ -306,9 +315,7 @@ static void test_smollm2_q8_0(void **state) {
     for (uint64_t i = 0; i < a->n_tensors; i++) {
         const gguf_tensor *ta = &a->tensors[i];
         char name[256];
-        snprintf(name, sizeof name, "%.*s", (int)ta->name.len, ta->name.ptr);
-        const gguf_tensor *tb = gguf_find_tensor(b, name);
-        assert_non_null(tb);
+        const gguf_tensor *tb = tensor_like(b, ta, name, sizeof name);
         assert_int_equal(ta->n_dims, tb->n_dims);
         for (int d = 0; d < GGUF_MAX_DIMS; d++) assert_int_equal(ta->ne[d], tb->ne[d]);
         assert_int_equal(tb->type, ta->n_dims == 1 ? ta->type : QT_Q8_0);
@@ -369,9 +376,7 @@ static void test_output_type(void **state) {
     for (uint64_t i = 0; i < a->n_tensors; i++) {
         const gguf_tensor *ta = &a->tensors[i];
         char name[256];
-        snprintf(name, sizeof name, "%.*s", (int)ta->name.len, ta->name.ptr);
-        const gguf_tensor *tb = gguf_find_tensor(b, name);
-        assert_non_null(tb);
+        const gguf_tensor *tb = tensor_like(b, ta, name, sizeof name);
         assert_int_equal(tb->type, ta->type);
         assert_int_equal(tb->size, ta->size);
         assert_memory_equal(ta->data, tb->data, ta->size);

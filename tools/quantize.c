@@ -52,6 +52,9 @@ const quantize_ftype *quantize_ftype_by_name(const char *name) {
     return NULL;
 }
 
+/* The tensor types --output-type takes, for messages. */
+#define OUTPUT_TYPE_NAMES "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K or F16"
+
 const char *quantize_ftype_names(void) {
     return "Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K_M Q5_K_M Q6_K F16";
 }
@@ -254,6 +257,22 @@ static cellm_status convert_tensor(const gguf_tensor *t, uint32_t dst_type, void
     return CELLM_OK;
 }
 
+/* Tensor t (called `name`) converted to `type` in a new buffer, *out
+ * (the caller frees it, also on failure). */
+static cellm_status convert_new(const gguf_tensor *t, const char *name, uint32_t type,
+                                unsigned n_threads, void **out, cellm_error *err) {
+    const quant_type_info *si = quant_type_get(t->type);
+    if (!si || !si->to_float)
+        return err_set(err, CELLM_ERR_UNSUPPORTED, "tensor %s: cannot dequantize type %s", name,
+                       si ? si->name : "?");
+    uint64_t bytes;
+    if (!quant_nbytes(type, t->n_elems, &bytes) || bytes > SIZE_MAX ||
+        !(*out = malloc(bytes ? (size_t)bytes : 1)))
+        return err_set(err, CELLM_ERR_NO_MEMORY, "tensor %s: out of memory (%llu bytes)", name,
+                       (unsigned long long)bytes);
+    return convert_tensor(t, type, *out, n_threads, err);
+}
+
 static char *cstr(gguf_str s) {
     char *p = malloc((size_t)s.len + 1);
     if (p) {
@@ -354,18 +373,12 @@ static cellm_status check_output_type(const gguf_tensor *t, uint32_t type, cellm
 /* output.weight as a copy of the tied embeddings `te` in p->output_type. */
 static cellm_status add_head_copy(qctx *c, const gguf_tensor *te, const quantize_params *p,
                                   quantize_stats *stats, cellm_error *err) {
-    const quant_type_info *si = quant_type_get(te->type);
     cellm_status st = check_output_type(te, p->output_type, err);
+    if (st == CELLM_OK)
+        st = convert_new(te, "token_embd.weight", p->output_type, p->n_threads, &c->head, err);
     if (st != CELLM_OK) return st;
-    if (!si || !si->to_float)
-        return err_set(err, CELLM_ERR_UNSUPPORTED, "token_embd.weight: cannot dequantize type %s",
-                       si ? si->name : "?");
-    uint64_t bytes;
-    if (!quant_nbytes(p->output_type, te->n_elems, &bytes) || bytes > SIZE_MAX ||
-        !(c->head = malloc(bytes ? (size_t)bytes : 1)))
-        return err_set(err, CELLM_ERR_NO_MEMORY, "output.weight: out of memory");
-    if ((st = convert_tensor(te, p->output_type, c->head, p->n_threads, err)) != CELLM_OK)
-        return st;
+    uint64_t bytes = 0;
+    (void)quant_nbytes(p->output_type, te->n_elems, &bytes);
     stats->n_tensors++;
     stats->n_quantized++;
     stats->bytes_out += bytes;
@@ -431,21 +444,9 @@ cellm_status quantize_file(const char *in_path, const char *out_path, const quan
         }
         const void *data = t->data;
         if (type != t->type) {
-            const quant_type_info *si = quant_type_get(t->type);
-            if (!si || !si->to_float) {
-                st = err_set(err, CELLM_ERR_UNSUPPORTED, "tensor %s: cannot dequantize type %s",
-                             name, si ? si->name : "?");
-                goto done;
-            }
-            uint64_t bytes;
-            if (!quant_nbytes(type, t->n_elems, &bytes) || bytes > SIZE_MAX ||
-                !(c.bufs[i] = malloc(bytes ? (size_t)bytes : 1))) {
-                st = err_set(err, CELLM_ERR_NO_MEMORY, "tensor %s: out of memory (%llu bytes)",
-                             name, (unsigned long long)bytes);
-                goto done;
-            }
             progress_line(&p, k + 1, c.n, name, t->type, type);
-            if ((st = convert_tensor(t, type, c.bufs[i], p.n_threads, err)) != CELLM_OK) goto done;
+            if ((st = convert_new(t, name, type, p.n_threads, &c.bufs[i], err)) != CELLM_OK)
+                goto done;
             data = c.bufs[i];
             stats->n_quantized++;
             stats->n_fallback += fallback;
@@ -481,11 +482,11 @@ static void usage(FILE *out) {
             "Tensors get the types llama.cpp's rules give them (output and tied\n"
             "embeddings at Q6_K; in the _M mixes, some attn_v and ffn_down layers at\n"
             "Q6_K; fallbacks for rows the blocks do not divide); norms stay as they are.\n"
-            "  --output-type T  the output matrix in tensor type T (Q4_0, Q4_1, Q5_0, Q5_1,\n"
-            "                Q8_0, Q4_K, Q5_K, Q6_K, F16) instead of the rules'; a model\n"
-            "                whose output is tied to its embeddings gets a copy in T, so\n"
-            "                the classifier reads fewer bytes a token and the embeddings\n"
-            "                keep theirs\n"
+            "  --output-type T  the output matrix in tensor type T instead of the rules'\n"
+            "                (" OUTPUT_TYPE_NAMES ");\n"
+            "                a model whose output is tied to its embeddings gets a copy\n"
+            "                in T, so the classifier reads fewer bytes a token and the\n"
+            "                embeddings keep theirs\n"
             "  --threads N   threads converting each tensor (default 2)\n",
             quantize_ftype_names());
 }
@@ -517,8 +518,7 @@ int cmd_quantize(int argc, char **argv) {
             uint32_t ty;
             const quant_type_info *ti = i + 1 < argc ? quant_type_by_name(argv[++i], &ty) : NULL;
             if (!ti || !ti->from_float) {
-                cli_error("--output-type needs a tensor type: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, "
-                          "Q5_K, Q6_K or F16");
+                cli_error("--output-type needs a tensor type: " OUTPUT_TYPE_NAMES);
                 return 2;
             }
             params.output_type_set = true;

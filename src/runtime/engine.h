@@ -297,7 +297,8 @@ void spec_propose(cellm_engine *e);
 
 /* Up to k guesses for what follows tok[0..n_tok): the tokens after the
  * latest earlier occurrence of its last n tokens, n = ngram_max .. 2
- * (down to 1 only for an ngram_max of 1), written to out. Returns how many (0: no match). */
+ * (down to 1 only for an ngram_max of 1), written to out. Returns how
+ * many (0: no match). */
 int32_t spec_lookup(const int32_t *tok, int32_t n_tok, int32_t ngram_max, int32_t k, int32_t *out);
 
 /* A draft's greedy guess in a row of logits (the lowest id on ties) and,
