@@ -269,6 +269,17 @@ typedef struct cellm_engine_params {
      * guesses differently). Greedy requests and requests with a grammar
      * use the exact rule either way. */
     int32_t spec_accept;
+    /* A draft pass costs a good part of a pass of the model (on two cores
+     * a Q4_0 draft of a Q8_0 model of the same size nearly a whole one),
+     * so a draft that guesses well too rarely makes decoding slower. 0
+     * (default): the engine measures what a generated token has cost
+     * lately with the draft's passes and without them (the steps in which
+     * it guessed nothing tell the second), runs the draft only while it
+     * pays, and tries it again now and then while it does not: from after
+     * 16 steps to after 256 as trials keep losing. Non-zero: the draft
+     * runs in every step where a request could use its guesses. Either
+     * way the text is the same; only the speed changes. */
+    int32_t draft_always;
     /* Where the forward pass runs (cellm_device). CELLM_DEVICE_AUTO (0,
      * default): a GPU through Vulkan where the library has the Vulkan
      * backend and finds a usable GPU, else the CPU (a Vulkan device that

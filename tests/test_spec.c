@@ -164,6 +164,64 @@ static void test_asan_fill_k(void **state) {
     assert_int_equal(spec_fill_k(12, 1, 8), 4); /* 13 = 8 + 5 -> 16 */
 }
 
+/* One step through the gate: asks it, and tells it what the step cost,
+ * ms a token (drafted steps draft_ms, plain ones plain_ms; a drafted step
+ * that guessed nothing also tells its time without the draft). Returns
+ * what the gate said. */
+static bool gate_step(spec_gate *g, double draft_ms, double plain_ms, bool guessed) {
+    bool d = spec_gate_want(g);
+    if (d)
+        spec_gate_note(g, true, draft_ms, guessed ? -1 : plain_ms, 1);
+    else
+        spec_gate_note(g, false, plain_ms, -1, 1);
+    return d;
+}
+
+/* The draft's gate: it drafts first, measures both sides, keeps drafting
+ * while drafted tokens cost less, and while they cost more tries the
+ * draft again after 16, 32, 64, ... 256 steps; a trial that wins turns it
+ * back on. The first drafted step after plain ones is not counted (its
+ * draft catches up). */
+static void test_asan_gate(void **state) {
+    (void)state;
+    spec_gate g = {0};
+    /* A draft that pays, guessing every step: WARM + 1 drafted steps (the
+     * first is cold), WARM plain ones to know what those cost, then on. */
+    int i = 0;
+    for (; i < SPEC_GATE_WARM + 1; i++) assert_true(gate_step(&g, 3, 5, true));
+    for (; i < 2 * SPEC_GATE_WARM + 1; i++) assert_false(gate_step(&g, 3, 5, true));
+    for (; i < 100; i++) assert_true(gate_step(&g, 3, 5, true));
+    /* One that does not: off after the same. */
+    g = (spec_gate){0};
+    i = 0;
+    for (; i < SPEC_GATE_WARM + 1; i++) assert_true(gate_step(&g, 10, 5, true));
+    for (; i < 2 * SPEC_GATE_WARM + 1; i++) assert_false(gate_step(&g, 10, 5, true));
+    int wait = SPEC_GATE_WAIT;
+    for (int trial = 0; trial < 6; trial++) {
+        for (int j = 0; j < wait + 1; j++) assert_false(gate_step(&g, 10, 5, true));
+        for (int j = 0; j < SPEC_GATE_WARM + 1; j++) assert_true(gate_step(&g, 10, 5, true));
+        wait = wait * 2 < SPEC_GATE_WAIT_MAX ? wait * 2 : SPEC_GATE_WAIT_MAX;
+    }
+    /* The text turns predictable: the next trial wins, and it stays on. */
+    for (int j = 0; j < wait + 1; j++) assert_false(gate_step(&g, 2, 5, true));
+    for (int j = 0; j < 50; j++) assert_true(gate_step(&g, 2, 5, true));
+    /* A cold step's cost (here huge) is not held against the draft. */
+    g = (spec_gate){0};
+    assert_true(gate_step(&g, 1000, 5, false));
+    for (int j = 0; j < 50; j++) assert_true(gate_step(&g, 3, 5, false));
+    /* Drafted steps that guessed nothing tell the plain side's cost: no
+     * plain step is needed to find the draft loses. */
+    g = (spec_gate){0};
+    for (int j = 0; j < SPEC_GATE_WARM + 1; j++) assert_true(gate_step(&g, 7, 5, false));
+    assert_false(gate_step(&g, 7, 5, false));
+    /* Steps that generated nothing tell nothing. */
+    g = (spec_gate){0};
+    for (int j = 0; j < 20; j++) {
+        assert_true(spec_gate_want(&g));
+        spec_gate_note(&g, true, 10, 5, 0);
+    }
+}
+
 /* --------------------------------------------------------- real models */
 
 typedef struct run_out {
@@ -274,19 +332,25 @@ static void exact_pair(const char *target, const char *draft_file) {
         assert_int_equal(st.n_spec_passes, 0);
         /* Every prompt with the draft and with lookup, 8 at once; fewer
          * with both, and one at a time (slow). */
+        /* The draft runs in every step it can (draft_always), so which
+         * steps it drafts in does not go by the clock; "gated" leaves the
+         * gate on, as by default. */
         struct {
             const char *name;
             bool draft;
             int lookup;
             int conc, n;
-        } modes[] = {{"draft, 8 at once", true, 0, 8, n_all},
-                     {"lookup, 8 at once", false, 3, 8, n_all},
-                     {"draft + lookup, 8 at once", true, 2, 8, N_PROMPTS / 6},
-                     {"draft, alone", true, 0, 1, N_PROMPTS / 12 + 1},
-                     {"lookup, alone", false, 3, 1, N_PROMPTS / 12 + 1}};
+            bool gated;
+        } modes[] = {{"draft, 8 at once", true, 0, 8, n_all, false},
+                     {"lookup, 8 at once", false, 3, 8, n_all, false},
+                     {"draft + lookup, 8 at once", true, 2, 8, N_PROMPTS / 6, false},
+                     {"draft, alone", true, 0, 1, N_PROMPTS / 12 + 1, false},
+                     {"draft, gated, alone", true, 0, 1, N_PROMPTS / 12 + 1, true},
+                     {"lookup, alone", false, 3, 1, N_PROMPTS / 12 + 1, false}};
         for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++) {
             cellm_engine_params q = cellm_engine_default_params();
             q.draft_model = modes[k].draft ? d : NULL;
+            q.draft_always = !modes[k].gated;
             /* Sampled text at 0.8 seldom repeats two tokens of the short
              * prompts (SmolLM2 kept none of lookup 3's guesses there), so
              * the sampled rounds look up single tokens (lookup 1), which
@@ -339,6 +403,7 @@ static void test_draft_many(void **state) {
             p.max_seqs = 8;
             p.n_threads = 2;
             p.draft_model = spec ? d : NULL;
+            p.draft_always = 1;
             p.manual_steps = 1; /* all eight submitted before the first step */
             cellm_engine *e = NULL;
             assert_int_equal(cellm_engine_create(m, &p, &e), CELLM_OK);
@@ -409,6 +474,7 @@ static void test_resample_smollm2(void **state) {
         if (lookup && N_PROMPTS < 50) break; /* sanitizer builds: the draft alone */
         cellm_engine_params p = cellm_engine_default_params();
         p.draft_model = d;
+        p.draft_always = 1;
         p.lookup_ngram = lookup;
         p.spec_accept = CELLM_SPEC_ACCEPT_RESAMPLE;
         p.draft_p_min = 0.2f;
@@ -434,6 +500,7 @@ static void test_resample_smollm2(void **state) {
     cellm_engine_params p = cellm_engine_default_params();
     complete(m, p, 4, false, N / 2, &plain, &st);
     p.draft_model = d;
+    p.draft_always = 1;
     p.spec_accept = CELLM_SPEC_ACCEPT_RESAMPLE;
     complete(m, p, 4, false, N / 2, &many, &st);
     assert_same(&plain, &many, N / 2, "resample rule, greedy");
@@ -457,6 +524,7 @@ static void test_asan_budget(void **state) {
     p.max_ctx = 1024;
     complete(m, p, 4, false, N_BUDGET, &plain, &st);
     p.draft_model = d;
+    p.draft_always = 1;
     complete(m, p, 4, false, N_BUDGET, &spec, &st);
     assert_same(&plain, &spec, N_BUDGET, "512 MiB process budget, draft");
     assert_true(st.n_draft_accepted > 0);
@@ -603,11 +671,11 @@ static void test_tsan_spec(void **state) {
 int main(void) {
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_asan_lookup),      cmocka_unit_test(test_asan_fill_k),
-        cmocka_unit_test(test_asan_refused),     cmocka_unit_test(test_draft_many),
-        cmocka_unit_test(test_exact_smollm2),    cmocka_unit_test(test_asan_budget),
-        cmocka_unit_test(test_exact_gemma3),     cmocka_unit_test(test_tsan_spec),
-        cmocka_unit_test(test_resample_smollm2),
+        cmocka_unit_test(test_asan_lookup), cmocka_unit_test(test_asan_fill_k),
+        cmocka_unit_test(test_asan_gate),   cmocka_unit_test(test_asan_refused),
+        cmocka_unit_test(test_draft_many),  cmocka_unit_test(test_exact_smollm2),
+        cmocka_unit_test(test_asan_budget), cmocka_unit_test(test_exact_gemma3),
+        cmocka_unit_test(test_tsan_spec),   cmocka_unit_test(test_resample_smollm2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -95,6 +95,7 @@ static void usage(FILE *out) {
         "  --lookup N            with prompt lookup of n-grams up to N tokens\n"
         "  --draft-max K         guesses per step at most (default 8); also --draft-min K,\n"
         "                        --draft-p-min P (defaults 1, 0.5)\n"
+        "  --draft-always        the draft in every step, not only while it pays\n"
         "  --spec-temp T         sampled rounds at temperature T (0..1; top-k 40, top-p 0.95,\n"
         "                        min-p 0.05, a seed per prompt; default 0: greedy)\n"
         "  --spec-accept RULE    exact (default) or resample (the standard rule; with\n"
@@ -873,6 +874,8 @@ int cmd_bench(int argc, char **argv) {
             i++;
         } else if (!strcmp(a, "--draft-p-min") && v && parse_unit(v, &so.draft_p_min)) {
             i++;
+        } else if (!strcmp(a, "--draft-always")) {
+            so.draft_always = true;
         } else if (!strcmp(a, "--spec-accept") && v && cli_parse_spec_accept(v, &so.accept)) {
             i++;
         } else if (!strcmp(a, "--spec-temp") && v && parse_unit(v, &so.temp)) {

@@ -591,6 +591,7 @@ int bench_spec(const char *path, const char *name, const cellm_engine_params *ep
     if (o->draft_max >= 0) spec_p.draft_max = o->draft_max;
     if (o->draft_min >= 0) spec_p.draft_min = o->draft_min;
     if (o->draft_p_min >= 0) spec_p.draft_p_min = o->draft_p_min;
+    spec_p.draft_always = o->draft_always;
     spec_p.spec_accept = o->accept;
     int sessions[SPEC_PROMPTS], n_sessions = 0;
     for (const char *q = o->sessions; *q;) {
@@ -629,12 +630,14 @@ int bench_spec(const char *path, const char *name, const cellm_engine_params *ep
     const char *dname = o->draft_path ? file_name(o->draft_path) : "none";
     if (o->json && n_rows > 0) {
         printf("{\"model\": \"%s\", \"draft\": \"%s\", \"lookup\": %d, \"draft_max\": %d, "
-               "\"draft_min\": %d, \"draft_p_min\": %.3f, \"spec_accept\": \"%s\", "
+               "\"draft_min\": %d, \"draft_p_min\": %.3f, \"draft_always\": %s, \"spec_accept\": "
+               "\"%s\", "
                "\"temperature\": %.2f, \"threads\": %d, \"n_predict\": %d, "
                "\"prompts\": %d, \"rounds\": %d, \"results\": [",
                name, dname, spec_p.lookup_ngram, spec_p.draft_max, spec_p.draft_min,
-               (double)spec_p.draft_p_min, o->accept ? "resample" : "exact", (double)o->temp,
-               threads, o->n_predict, SPEC_PROMPTS, o->reps);
+               (double)spec_p.draft_p_min, spec_p.draft_always ? "true" : "false",
+               o->accept ? "resample" : "exact", (double)o->temp, threads, o->n_predict,
+               SPEC_PROMPTS, o->reps);
         for (int i = 0; i < n_rows; i++) print_row_json(&rows[i], i == 0);
         printf("\n]}\n");
     } else if (n_rows > 0) {
@@ -642,14 +645,15 @@ int bench_spec(const char *path, const char *name, const cellm_engine_params *ep
         if (o->temp > 0)
             snprintf(how, sizeof how, "sampled at T %.2f (%s rule)", (double)o->temp,
                      o->accept ? "resample" : "exact");
-        printf("\nmodel %s, draft %s, lookup %d, draft-max %d, draft-min %d, draft-p-min %.2f, "
+        printf("\nmodel %s, draft %s%s, lookup %d, draft-max %d, draft-min %d, draft-p-min %.2f, "
                "%d threads; %d chat prompts a round, %s, up to %d tokens each; %d rounds, "
                "plain and speculative alternating, after a warm-up that caches the prompts.\n"
                "tok/s: generation after each request's first token; speed-up: median of the "
                "rounds' ratios; tokens/pass: (kept + checking passes) / checking passes; target "
                "passes saved: plain steps / speculative steps.\n",
-               name, dname, spec_p.lookup_ngram, spec_p.draft_max, spec_p.draft_min,
-               (double)spec_p.draft_p_min, threads, SPEC_PROMPTS, how, o->n_predict, o->reps);
+               name, dname, spec_p.draft_always ? " (every step)" : "", spec_p.lookup_ngram,
+               spec_p.draft_max, spec_p.draft_min, (double)spec_p.draft_p_min, threads,
+               SPEC_PROMPTS, how, o->n_predict, o->reps);
     }
     for (int i = 0; i < n_rows; i++)
         if (rows[i].differed) {

@@ -20,6 +20,7 @@ typedef struct bench_spec_opts {
     int32_t draft_max;      /* < 0: the engine's default; so for the two below */
     int32_t draft_min;
     float draft_p_min;
+    bool draft_always; /* --draft-always */
     int32_t accept;    /* cellm_spec_accept */
     float temp;        /* > 0: sampled rounds (top-k 40, top-p 0.95, min-p 0.05, a seed a prompt) */
     const char *tasks; /* comma-separated: prose, edit, summary */

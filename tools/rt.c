@@ -387,7 +387,7 @@ sampler_params rt_sampler_params(const rt_sampling *rs, int32_t ctx) {
 
 void rt_spec_opts_init(rt_spec_opts *o) {
     cellm_engine_params p = cellm_engine_default_params();
-    *o = (rt_spec_opts){NULL, 0, p.draft_max, p.draft_min, p.draft_p_min, p.spec_accept};
+    *o = (rt_spec_opts){NULL, 0, p.draft_max, p.draft_min, p.draft_p_min, p.spec_accept, false};
 }
 
 int rt_spec_flag(rt_spec_opts *o, int argc, char **argv, int *i, const char *cmd) {
@@ -395,6 +395,10 @@ int rt_spec_flag(rt_spec_opts *o, int argc, char **argv, int *i, const char *cmd
                                         "--draft-min", "--draft-p-min", "--spec-accept"};
     const int n_names = (int)(sizeof names / sizeof *names);
     const char *a = argv[*i];
+    if (!strcmp(a, "--draft-always")) {
+        o->draft_always = true;
+        return 1;
+    }
     int k = 0;
     while (k < n_names && strcmp(a, names[k])) k++;
     if (k == n_names) return 0;
@@ -518,7 +522,23 @@ fail:
     return n;
 }
 
+/* The gate's account of the pass since the last rt_spec_propose: the
+ * time to now (the draft's passes, the model's, the sampling of what it
+ * gave) and the tokens it added. */
+static void gate_account(rt_spec *s, int32_t n_tok) {
+    double now = spec_now_ms();
+    if (s->t_last > 0 && s->asked) {
+        double ms = now - s->t_last;
+        spec_gate_note(&s->gate, s->drafted, ms, s->drafted && !s->guessed ? ms - s->draft_ms : -1,
+                       n_tok - s->n_last);
+    }
+    s->t_last = now;
+    s->n_last = n_tok;
+    s->asked = s->drafted = s->guessed = false;
+}
+
 int32_t rt_spec_propose(rt_spec *s, const int32_t *tok, int32_t n_tok, int32_t room, int32_t *out) {
+    if (s->has_draft) gate_account(s, n_tok);
     int32_t k = s->k > 0 ? s->k : s->o.draft_max;
     if (room < k) k = room;
     if (!s->on || k < 1 || k < s->o.draft_min) return 0;
@@ -532,8 +552,19 @@ int32_t rt_spec_propose(rt_spec *s, const int32_t *tok, int32_t n_tok, int32_t r
         if (n > 0 && n >= s->o.draft_min) return n;
     }
     if (!s->has_draft) return 0;
+    /* Under the resample rule the guesses decide the text: the draft runs
+     * whatever the gate, which goes by the clock, says. */
+    if (!s->sp) {
+        s->asked = true;
+        if (!s->o.draft_always && !spec_gate_want(&s->gate)) return 0;
+    }
+    double t0 = spec_now_ms();
     int32_t n = draft_guess(s, tok, n_tok, k, out);
-    return n >= s->o.draft_min ? n : 0;
+    s->draft_ms = spec_now_ms() - t0;
+    s->drafted = true;
+    if (n < s->o.draft_min) n = 0;
+    s->guessed = n > 0;
+    return n;
 }
 
 void rt_spec_done(rt_spec *s, int32_t n_guess, int32_t kept, int32_t n_valid) {
@@ -545,6 +576,10 @@ void rt_spec_done(rt_spec *s, int32_t n_guess, int32_t kept, int32_t n_valid) {
     int32_t k = s->k > 0 ? s->k : s->o.draft_max;
     s->k = spec_next_k(k, n_guess, kept, s->o.draft_max);
     rt_spec_rewind(s, n_valid);
+}
+
+void rt_spec_pause(rt_spec *s) {
+    s->t_last = 0;
 }
 
 void rt_spec_rewind(rt_spec *s, int32_t n) {

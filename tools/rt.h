@@ -18,6 +18,7 @@
 #include "model/chat.h"
 #include "cpu/forward.h"
 #include "format/gguf.h"
+#include "runtime/engine.h"
 #include "runtime/sampler.h"
 #include "text/tokenizer.h"
 
@@ -176,6 +177,7 @@ typedef struct rt_spec_opts {
     int32_t draft_min; /* fewer guesses than this are not fed */
     float draft_p_min; /* the draft stops at a token it gives less probability */
     int32_t accept;    /* cellm_spec_accept: the exact rule or the resample rule */
+    bool draft_always; /* the draft every pass, not only while it pays (spec_gate) */
 } rt_spec_opts;
 
 typedef struct rt_spec {
@@ -186,6 +188,13 @@ typedef struct rt_spec {
     kv_seq dseq;    /* the draft's KV of the target's first dseq.n_pos tokens */
     int32_t k;      /* guesses to try next: adapts to how many were kept */
     uint64_t n_guess, n_kept, n_pass, n_draft_pass;
+    /* The draft's gate, and the last pass since rt_spec_propose: when it
+     * began, the tokens then, whether the draft ran, for how long, and
+     * whether it guessed (t_last 0: no pass to account for). */
+    spec_gate gate;
+    double t_last, draft_ms;
+    int32_t n_last;
+    bool asked, drafted, guessed;
     /* The resample rule (accept CELLM_SPEC_ACCEPT_RESAMPLE on a sampled
      * run without a grammar): the sampler's parameters, set by the caller
      * (NULL: the exact rule), and the distribution of each guess. */
@@ -222,6 +231,10 @@ int32_t rt_spec_propose(rt_spec *s, const int32_t *tok, int32_t n_tok, int32_t r
  * sequence's first n_valid tokens. */
 void rt_spec_done(rt_spec *s, int32_t n_guess, int32_t kept, int32_t n_valid);
 
+/* The caller stops passes for a while (a reply ends): the time until the
+ * next rt_spec_propose is not a pass's. */
+void rt_spec_pause(rt_spec *s);
+
 /* The target's sequence now holds only its first n tokens: the draft
  * forgets what lies past them. */
 void rt_spec_rewind(rt_spec *s, int32_t n);
@@ -240,6 +253,8 @@ void rt_spec_print(const rt_spec *s, FILE *out);
     "  --draft-min K         feed no fewer than K guesses (default 1)\n"                           \
     "  --draft-p-min P       the draft stops at a token it gives under P probability (default "    \
     "0.5)\n"                                                                                       \
+    "  --draft-always        run the draft every pass (default: only while it has paid lately,\n"  \
+    "                        measured, and tried again now and then)\n"                            \
     "  --spec-accept RULE    exact (default: the plain run's text) or resample (sampled runs:\n"   \
     "                        the draft samples, guesses kept with probability min(1, p/q))\n"
 

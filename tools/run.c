@@ -335,6 +335,7 @@ static char *generate(chat *c, cellm_error *err) {
         drop_guesses(c, err);
     }
     rt_spec_rewind(&c->spec, (int32_t)c->hist.n);
+    rt_spec_pause(&c->spec);
     size_t n = 0;
     bool stopped = a.stopped;
     if (!stopped && tok_stream_flush(&a.ts, a.piece, a.cap, &n, err) == CELLM_OK)

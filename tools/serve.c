@@ -249,6 +249,8 @@ static void usage(FILE *out) {
         "  --draft-max K         guesses per request and step at most, 1..64 (default 8)\n"
         "  --draft-min K         fewer guesses than K are not checked (default 1)\n"
         "  --draft-p-min P       the draft stops at a guess below probability P (default 0.5)\n"
+        "  --draft-always        run the draft every step (default: only while it has paid\n"
+        "                        lately, measured; tried again now and then)\n"
         "  --spec-accept RULE    exact (default: the plain run's text) or resample (sampled\n"
         "                        requests: the draft samples, a guess is kept with probability\n"
         "                        min(1, p/q): the model's distribution, not the plain text)\n",
@@ -411,6 +413,9 @@ static int parse_flags(int argc, char **argv, serve_opts *o) {
                 return 2;
             }
             o->engine.draft_p_min = (float)d, i++;
+            spec_tuned = a;
+        } else if (!strcmp(a, "--draft-always")) {
+            o->engine.draft_always = 1;
             spec_tuned = a;
         } else if (!strcmp(a, "--spec-accept")) {
             if (!cli_parse_spec_accept(v, &o->engine.spec_accept)) {

@@ -721,10 +721,13 @@ static int engine_step_once(cellm_engine *e, bool block) {
     e->n_prompt_tok += (uint64_t)n_prompt_rows;
     e->win_prompt += (uint64_t)n_prompt_rows;
     double t1 = now_s();
+    uint64_t n_gen = e->n_gen_tok;
     if (use_top)
         step_outputs_top(e, top, t1);
     else
         step_outputs(e, logits, t1);
+    if (e->dkv)
+        spec_step_done(e, n_rows, n_prompt_rows, (t1 - t0) * 1e3, (int32_t)(e->n_gen_tok - n_gen));
     e->n_steps++;
     e->step_t0 = t0;
     e->step_t1 = now_s();

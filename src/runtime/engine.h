@@ -193,6 +193,23 @@ struct cellm_request {
     cellm_result result;
 };
 
+/* The draft's gate (cellm_engine_params.draft_always): whether a step
+ * runs the draft model, from the cost of a generated token lately in steps
+ * with the draft's passes and in steps without guesses. */
+#define SPEC_GATE_WARM 4  /* samples of each before they are compared; a trial's length */
+#define SPEC_GATE_WAIT 16 /* steps without the draft before the first trial */
+#define SPEC_GATE_WAIT_MAX 256
+#define SPEC_GATE_N 8 /* gates: one per count of decoding requests, 1 .. 8 and more */
+typedef struct spec_gate {
+    double ms[2];   /* ms a generated token (moving averages): [0] without the draft, [1] with */
+    int32_t n[2];   /* samples of each */
+    int32_t wait;   /* steps without the draft before the next trial */
+    int32_t period; /* the wait after the next trial that loses */
+    bool off;       /* waiting for the next trial */
+    bool last;      /* what the last decision was */
+    bool cold;      /* this step drafts after steps that did not: its draft catches up */
+} spec_gate;
+
 struct cellm_engine {
     const cellm_model *model;
     cellm_engine_params p;
@@ -238,6 +255,14 @@ struct cellm_engine {
     cellm_request **dreq; /* [p.max_seqs] */
     int32_t *dfirst;      /* [p.max_seqs] row of each drafting request's logits */
     uint64_t n_draft_tok, n_draft_acc, n_spec_pass, n_draft_steps;
+    /* The draft's gates, one per count of decoding requests (1 ..
+     * SPEC_GATE_N, the last for more), and this step's: which, whether
+     * it was asked, whether the draft ran and for how long, the rows and
+     * guesses the decoding requests planned. */
+    spec_gate gate[SPEC_GATE_N];
+    int32_t gate_at, gate_rows, gate_guesses;
+    bool gate_asked, gate_drafted;
+    double gate_draft_ms;
 
     /* Guarded by mu. */
     pthread_mutex_t mu;
@@ -271,6 +296,25 @@ static inline cellm_request *req_of(sched_item *it) {
 }
 
 /* ---- spec.c: speculative decoding ---- */
+
+/* After a step: its rows (n_prompt_rows of them prompt rows), the ms its
+ * pass took and the tokens it generated, for the gate. */
+void spec_step_done(cellm_engine *e, int32_t n_rows, int32_t n_prompt_rows, double target_ms,
+                    int32_t tokens);
+
+/* Milliseconds of a monotonic clock. */
+double spec_now_ms(void);
+
+/* Whether this step runs the draft; its side effects are the gate's
+ * count of steps, so call it once a step that would draft. */
+bool spec_gate_want(spec_gate *g);
+
+/* What a step cost: ms for `tokens` generated tokens; drafted: the draft
+ * ran (ms includes its passes); a step without guesses and without the
+ * draft's passes counts for the plain side (a drafted step that guessed
+ * nothing gives both: pass plain_ms, its time without the draft's
+ * passes, or a negative number). */
+void spec_gate_note(spec_gate *g, bool drafted, double ms, double plain_ms, int32_t tokens);
 
 /* Checks the speculation parameters and the draft model against the
  * engine's model (same family, same vocabulary); NULL when they suit,

@@ -27,6 +27,14 @@
  *    over all drafting requests, then runs one batched pass per further
  *    guess; a request stops guessing when the draft gives its own choice
  *    less than draft_p_min probability.
+ * The draft's gate (spec_gate_want): a draft pass costs a good part of
+ * a pass of the model, so unless draft_always the engine compares what a
+ * generated token has cost lately in steps with the draft's passes and
+ * without (a drafted step that guessed nothing tells the latter too), one
+ * comparison per count of decoding requests, and drafts only while that
+ * pays, trying a losing draft again after 16, 32, ... 256 steps. The
+ * clock picks the steps, so not under the resample rule, whose guesses
+ * decide its text.
  * With both, lookup goes first and the draft fills in where it finds no
  * match. A step's guesses share spec_step_rows rows with the decoding
  * requests' pending tokens (default 1 + draft_max), in queue order: on a
@@ -38,9 +46,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cpu/matmul.h"
 #include "runtime/engine.h"
+
+double spec_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
 
 int32_t spec_lookup(const int32_t *tok, int32_t n_tok, int32_t ngram_max, int32_t k, int32_t *out) {
     if (k <= 0) return 0;
@@ -410,6 +425,54 @@ fail:
     for (int32_t i = 0; i < e->sched.n_running; i++) spec_drop(e, req_of(e->sched.running[i]));
 }
 
+/* A moving average over about the last four samples: the costs move with
+ * the text (how often the draft is right) and with the context. */
+static void gate_add(spec_gate *g, int i, double x) {
+    g->ms[i] = g->n[i] == 0 ? x : g->ms[i] + 0.25 * (x - g->ms[i]);
+    if (g->n[i] < INT32_MAX) g->n[i]++;
+}
+
+bool spec_gate_want(spec_gate *g) {
+    bool d;
+    if (g->n[1] < SPEC_GATE_WARM) {
+        d = true; /* the draft's first steps, or a trial's */
+    } else if (g->n[0] < SPEC_GATE_WARM) {
+        d = false; /* the drafted steps did not tell what a plain one costs */
+    } else if (g->ms[1] < g->ms[0]) {
+        g->period = 0;
+        g->off = false;
+        d = true;
+    } else if (!g->off) {
+        /* It stopped paying, or a trial lost: wait, longer each time. */
+        int32_t w = g->period > 0 ? g->period : SPEC_GATE_WAIT;
+        g->wait = w;
+        g->period = w < SPEC_GATE_WAIT_MAX / 2 ? 2 * w : SPEC_GATE_WAIT_MAX;
+        g->off = true;
+        d = false;
+    } else if (g->wait > 0) {
+        g->wait--;
+        d = false;
+    } else {
+        g->n[1] = 0; /* a trial: its samples replace the draft's average */
+        g->off = false;
+        d = true;
+    }
+    g->cold = d && !g->last;
+    g->last = d;
+    return d;
+}
+
+void spec_gate_note(spec_gate *g, bool drafted, double ms, double plain_ms, int32_t tokens) {
+    if (tokens > 0 && ms >= 0) {
+        /* The first drafted step after plain ones also feeds the draft
+         * the tokens it missed: a cost of switching, not of drafting. */
+        if (drafted && !g->cold) gate_add(g, 1, ms / tokens);
+        if (!drafted) gate_add(g, 0, ms / tokens);
+        if (drafted && plain_ms >= 0) gate_add(g, 0, plain_ms / tokens);
+    }
+    g->cold = false;
+}
+
 /* What a step costs on the CPU goes up in steps: the matmul fills a
  * remainder of rows up to a tile (matmul_padded_rows), so those rows cost
  * no more, while a row alone past a tile (the 9th) takes a vec_dot of its
@@ -436,6 +499,12 @@ void spec_propose(cellm_engine *e) {
      * one) does not run the draft: it could at best add a few tokens to
      * many. Lookup's guesses cost no pass and still go in. */
     const bool drafting = e->dkv && rows >= used;
+    /* The gate of this count of decoding requests, asked when a request
+     * would draft (0: not asked, 1: draft, -1: not this step). */
+    const int32_t n_dec = used;
+    e->gate_at = n_dec < SPEC_GATE_N ? n_dec - 1 : SPEC_GATE_N - 1;
+    e->gate_asked = e->gate_drafted = false;
+    int gate = e->p.draft_always ? 1 : 0;
     int32_t n_cand = 0;
     for (int32_t i = 0; i < e->sched.n_running; i++) {
         cellm_request *r = req_of(e->sched.running[i]);
@@ -472,7 +541,14 @@ void spec_propose(cellm_engine *e) {
                 continue;
             }
         }
-        if (!drafting) continue;
+        if (!drafting || e->gate_at < 0) continue;
+        /* Under the resample rule the guesses decide the text: it drafts
+         * whatever the gate says, which goes by the clock. */
+        if (gate == 0 && !r->spec_q) {
+            e->gate_asked = true;
+            gate = spec_gate_want(&e->gate[e->gate_at]) ? 1 : -1;
+        }
+        if (gate < 0 && !r->spec_q) continue;
         if (!r->has_dseq) {
             if (kv_seq_init(e->dkv, &r->dseq, NULL) != CELLM_OK) continue;
             r->has_dseq = true;
@@ -482,9 +558,34 @@ void spec_propose(cellm_engine *e) {
         used += k;
         e->dreq[n_cand++] = r;
     }
-    if (n_cand > 0) draft_run(e, n_cand);
+    e->gate_draft_ms = 0;
+    if (n_cand > 0) {
+        double t0 = spec_now_ms();
+        draft_run(e, n_cand);
+        e->gate_draft_ms = spec_now_ms() - t0;
+        e->gate_drafted = true;
+    }
+    e->gate_rows = 0;
     for (int32_t i = 0; i < e->sched.n_running; i++) {
         cellm_request *r = req_of(e->sched.running[i]);
         if (r->sched.n_draft < e->p.draft_min) r->sched.n_draft = 0;
+        e->gate_rows += r->sched.n_draft;
     }
+    e->gate_guesses = e->gate_rows;
+    e->gate_rows += n_dec;
+}
+
+void spec_step_done(cellm_engine *e, int32_t n_rows, int32_t n_prompt_rows, double target_ms,
+                    int32_t tokens) {
+    /* Only steps of decoding requests alone, as planned, compare. */
+    if (!(e->gate_asked || e->gate_drafted) || e->gate_at < 0 || n_prompt_rows > 0 ||
+        n_rows != e->gate_rows)
+        return;
+    spec_gate *g = &e->gate[e->gate_at];
+    if (!e->gate_drafted) {
+        spec_gate_note(g, false, target_ms, -1, tokens);
+        return;
+    }
+    spec_gate_note(g, true, target_ms + e->gate_draft_ms, e->gate_guesses == 0 ? target_ms : -1,
+                   tokens);
 }
