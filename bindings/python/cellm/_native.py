@@ -47,6 +47,7 @@ class EngineParams(ctypes.Structure):
         ("draft_p_min", ctypes.c_float),
         ("spec_step_rows", ctypes.c_int32),
         ("spec_accept", ctypes.c_int32),
+        ("draft_always", ctypes.c_int32),
         ("device", ctypes.c_int32),
         ("image_budget_bytes", ctypes.c_size_t),
         ("gpu_layers", ctypes.c_int32),

@@ -100,7 +100,7 @@ class TestLibrary(unittest.TestCase):
         self.assertIsNone(e.draft_model)
         self.assertEqual((e.lookup_ngram, e.draft_max, e.draft_min, e.spec_step_rows), (0, 8, 1, 0))
         self.assertEqual(e.draft_p_min, 0.5)
-        self.assertEqual(e.spec_accept, 0)
+        self.assertEqual((e.spec_accept, e.draft_always), (0, 0))
         s = lib.cellm_session_default_params()
         self.assertEqual(s.max_tokens, 256)
         self.assertEqual(s.sampling.repeat_last_n, 64)
