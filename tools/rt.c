@@ -526,7 +526,7 @@ fail:
  * time to now (the draft's passes, the model's, the sampling of what it
  * gave) and the tokens it added. */
 static void gate_account(rt_spec *s, int32_t n_tok) {
-    double now = spec_now_ms();
+    double now = engine_now_s() * 1e3;
     if (s->t_last > 0 && s->asked) {
         double ms = now - s->t_last;
         spec_gate_note(&s->gate, s->drafted, ms, s->drafted && !s->guessed ? ms - s->draft_ms : -1,
@@ -558,9 +558,9 @@ int32_t rt_spec_propose(rt_spec *s, const int32_t *tok, int32_t n_tok, int32_t r
         s->asked = true;
         if (!s->o.draft_always && !spec_gate_want(&s->gate)) return 0;
     }
-    double t0 = spec_now_ms();
+    double t0 = engine_now_s();
     int32_t n = draft_guess(s, tok, n_tok, k, out);
-    s->draft_ms = spec_now_ms() - t0;
+    s->draft_ms = (engine_now_s() - t0) * 1e3;
     s->drafted = true;
     if (n < s->o.draft_min) n = 0;
     s->guessed = n > 0;

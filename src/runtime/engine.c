@@ -26,7 +26,7 @@
 #define DEFAULT_BUDGET ((size_t)256 << 20)
 #define DEFAULT_IMAGE_BUDGET ((size_t)16 << 20)
 
-static double now_s(void) {
+double engine_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
@@ -236,7 +236,7 @@ void engine_finish(cellm_engine *e, cellm_request *r, cellm_finish_reason why, c
     kv_seq_free(e->kv, &r->seq);
     spec_drop(e, r);
     engine_image_drop(e, r);
-    double t = now_s();
+    double t = engine_now_s();
     cellm_result res;
     memset(&res, 0, sizeof res);
     res.finish_reason = why;
@@ -350,7 +350,7 @@ static void finish_taken(cellm_engine *e, cellm_request *r, int why) {
 /* r's next token (at tokens[n_tokens]) from its logits row; j: the guess
  * made there (-1: none), which only the resample rule looks at. */
 static int32_t sample_timed(cellm_engine *e, cellm_request *r, const float *row, int32_t j) {
-    double t0 = now_s();
+    double t0 = engine_now_s();
     int32_t pos = r->sched.n_tokens;
     int32_t t = r->pre_row == row ? r->pre_tok
                 : !r->spec_q      ? sampler_sample(r->smp, row)
@@ -365,7 +365,7 @@ static int32_t sample_timed(cellm_engine *e, cellm_request *r, const float *row,
      * draws use only the request's own generator and state. */
     if (r->gst && !engine_grammar_allows(e, r, t))
         t = sampler_sample(r->smp, engine_grammar_mask(e, r, row));
-    e->t_sample += now_s() - t0;
+    e->t_sample += engine_now_s() - t0;
     e->n_sampled++;
     return t;
 }
@@ -472,9 +472,9 @@ static void presample(cellm_engine *e, const float *logits) {
         for (int32_t i = 0; i < e->sched.n_fed; i++) req_of(e->sched.fed[i])->pre_row = NULL;
         return;
     }
-    double t0 = now_s();
+    double t0 = engine_now_s();
     tp_run(e->tp, presample_task, e);
-    e->t_sample += now_s() - t0;
+    e->t_sample += engine_now_s() - t0;
 }
 
 /* After a forward pass: the prompt tokens' log-probabilities of requests
@@ -539,9 +539,9 @@ static void step_outputs_top(cellm_engine *e, const fwd_top *top, double t_now) 
         cellm_request *r = req_of(e->sched.fed[i]);
         if (logit_rows(r) <= 0) continue;
         const fwd_top *tp = &top[li++];
-        double t0 = now_s();
+        double t0 = engine_now_s();
         int32_t t = sampler_pick_top(r->smp, tp->logit, tp->token, FWD_TOP_K);
-        e->t_sample += now_s() - t0;
+        e->t_sample += engine_now_s() - t0;
         e->n_sampled++;
         int why = take_token(e, r, t, NULL, t_now);
         if (why >= 0) finish_taken(e, r, why);
@@ -653,7 +653,7 @@ static double next_step_at(const cellm_engine *e) {
  * sooner: a cancel, a trim, a session free, a new policy or the stop (they
  * bump e->events; new requests do not, they wait for the next step). */
 static void engine_rest(cellm_engine *e, double until) {
-    double t0 = now_s(), t = t0;
+    double t0 = engine_now_s(), t = t0;
     pthread_mutex_lock(&e->mu);
     uint64_t events = e->events;
     while (!e->stop && e->events == events && t < until) {
@@ -667,7 +667,7 @@ static void engine_rest(cellm_engine *e, double until) {
         ts.tv_sec += sec + nsec / 1000000000L;
         ts.tv_nsec = nsec % 1000000000L;
         pthread_cond_timedwait(&e->cv_work, &e->mu, &ts);
-        t = now_s();
+        t = engine_now_s();
     }
     pthread_mutex_unlock(&e->mu);
     e->rest_s += t - t0;
@@ -682,14 +682,14 @@ static int engine_step_once(cellm_engine *e, bool block) {
     cellm_error err;
     if (!step_intake(e, block)) return -1;
     double at = block ? next_step_at(e) : 0;
-    if (at > 0 && (e->sched.n_running > 0 || e->sched.waiting) && now_s() < at) {
+    if (at > 0 && (e->sched.n_running > 0 || e->sched.waiting) && engine_now_s() < at) {
         engine_rest(e, at); /* then take in what came meanwhile */
         return 0;
     }
     spec_propose(e);
     int32_t n_rows = sched_plan_step(&e->sched);
     if (n_rows == 0) return 0;
-    double t0 = now_s();
+    double t0 = engine_now_s();
     if (e->win_t0 == 0) e->win_t0 = t0;
     for (int32_t i = 0; i < e->sched.n_fed; i++) {
         cellm_request *r = req_of(e->sched.fed[i]);
@@ -720,7 +720,7 @@ static int engine_step_once(cellm_engine *e, bool block) {
     }
     e->n_prompt_tok += (uint64_t)n_prompt_rows;
     e->win_prompt += (uint64_t)n_prompt_rows;
-    double t1 = now_s();
+    double t1 = engine_now_s();
     uint64_t n_gen = e->n_gen_tok;
     if (use_top)
         step_outputs_top(e, top, t1);
@@ -730,7 +730,7 @@ static int engine_step_once(cellm_engine *e, bool block) {
         spec_step_done(e, n_rows, n_prompt_rows, (t1 - t0) * 1e3, (int32_t)(e->n_gen_tok - n_gen));
     e->n_steps++;
     e->step_t0 = t0;
-    e->step_t1 = now_s();
+    e->step_t1 = engine_now_s();
     if (t1 - e->win_t0 >= 1.0) {
         e->rate_prompt = (double)e->win_prompt / (t1 - e->win_t0);
         e->rate_gen = (double)e->win_gen / (t1 - e->win_t0);
@@ -1461,7 +1461,7 @@ cellm_status engine_submit(cellm_engine *e, const cellm_request_params *p, cellm
     r->seq.n_keep = r->n_prompt;
     tok_stream_init(&r->ts, cm->tok, 0);
     r->refs = 2;
-    r->t_submit = now_s();
+    r->t_submit = engine_now_s();
 
     pthread_mutex_lock(&e->mu);
     if (e->stop) {

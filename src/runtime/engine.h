@@ -302,8 +302,8 @@ static inline cellm_request *req_of(sched_item *it) {
 void spec_step_done(cellm_engine *e, int32_t n_rows, int32_t n_prompt_rows, double target_ms,
                     int32_t tokens);
 
-/* Milliseconds of a monotonic clock. */
-double spec_now_ms(void);
+/* Seconds of a monotonic clock (engine.c). */
+double engine_now_s(void);
 
 /* Whether this step runs the draft; its side effects are the gate's
  * count of steps, so call it once a step that would draft. */

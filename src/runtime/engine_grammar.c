@@ -9,17 +9,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "runtime/engine.h"
 #include "text/schema.h"
 #include "text/toolcall.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static cellm_status wrap(grammar *g, cellm_status st, const cellm_error *err, cellm_grammar **out) {
     if (st != CELLM_OK) return engine_fail(st, err->msg);
@@ -140,7 +133,7 @@ cellm_status engine_grammar_attach(cellm_engine *e, cellm_request *r, const cell
 }
 
 const float *engine_grammar_mask(cellm_engine *e, cellm_request *r, const float *row) {
-    double t0 = now_s();
+    double t0 = engine_now_s();
     int32_t n = e->model->m->n_vocab;
     const uint32_t *bits = grammar_state_mask(r->gst);
     float *out = r->grammar_row;
@@ -161,7 +154,7 @@ const float *engine_grammar_mask(cellm_engine *e, cellm_request *r, const float 
         int32_t t = r->stop[i];
         if (t >= 0 && t < n) out[t] = whole ? row[t] : -INFINITY;
     }
-    double dt = now_s() - t0;
+    double dt = engine_now_s() - t0;
     e->t_grammar += dt;
     e->t_grammar_mask += dt;
     e->n_grammar_mask++;
@@ -169,7 +162,7 @@ const float *engine_grammar_mask(cellm_engine *e, cellm_request *r, const float 
 }
 
 bool engine_grammar_allows(cellm_engine *e, cellm_request *r, int32_t t) {
-    double t0 = now_s();
+    double t0 = engine_now_s();
     bool ok;
     bool stop = false;
     for (int32_t i = 0; i < r->n_stop; i++) stop = stop || r->stop[i] == t;
@@ -180,16 +173,16 @@ bool engine_grammar_allows(cellm_engine *e, cellm_request *r, int32_t t) {
         const char *p = tokenizer_piece(e->model->tok, t, 0, &len);
         ok = p && len > 0 && grammar_state_allows(r->gst, p, len);
     }
-    e->t_grammar += now_s() - t0;
+    e->t_grammar += engine_now_s() - t0;
     return ok;
 }
 
 bool engine_grammar_take(cellm_engine *e, cellm_request *r, int32_t t) {
-    double t0 = now_s();
+    double t0 = engine_now_s();
     size_t len = 0;
     const char *p = tokenizer_piece(e->model->tok, t, 0, &len);
     bool ok = p && len > 0 && grammar_state_accept(r->gst, p, len);
-    e->t_grammar += now_s() - t0;
+    e->t_grammar += engine_now_s() - t0;
     e->n_grammar++;
     return ok;
 }

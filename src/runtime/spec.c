@@ -46,16 +46,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cpu/matmul.h"
 #include "runtime/engine.h"
-
-double spec_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
 
 int32_t spec_lookup(const int32_t *tok, int32_t n_tok, int32_t ngram_max, int32_t k, int32_t *out) {
     if (k <= 0) return 0;
@@ -560,9 +553,9 @@ void spec_propose(cellm_engine *e) {
     }
     e->gate_draft_ms = 0;
     if (n_cand > 0) {
-        double t0 = spec_now_ms();
+        double t0 = engine_now_s();
         draft_run(e, n_cand);
-        e->gate_draft_ms = spec_now_ms() - t0;
+        e->gate_draft_ms = (engine_now_s() - t0) * 1e3;
         e->gate_drafted = true;
     }
     e->gate_rows = 0;
@@ -581,11 +574,7 @@ void spec_step_done(cellm_engine *e, int32_t n_rows, int32_t n_prompt_rows, doub
     if (!(e->gate_asked || e->gate_drafted) || e->gate_at < 0 || n_prompt_rows > 0 ||
         n_rows != e->gate_rows)
         return;
-    spec_gate *g = &e->gate[e->gate_at];
-    if (!e->gate_drafted) {
-        spec_gate_note(g, false, target_ms, -1, tokens);
-        return;
-    }
-    spec_gate_note(g, true, target_ms + e->gate_draft_ms, e->gate_guesses == 0 ? target_ms : -1,
-                   tokens);
+    /* (gate_draft_ms is 0 where the draft did not run) */
+    spec_gate_note(&e->gate[e->gate_at], e->gate_drafted, target_ms + e->gate_draft_ms,
+                   e->gate_drafted && e->gate_guesses == 0 ? target_ms : -1, tokens);
 }
