@@ -132,7 +132,8 @@ typedef struct cellm_engine cellm_engine;
  * tokens of context in the same budget, at some cost in accuracy;
  * docs/benchmarks.md has bytes per token and perplexity for each. The
  * quantized types need head sizes that are multiples of 32 (the rotated
- * ones, q4_0h and k5v4h: powers of two up to 1024); other models get CELLM_ERR_UNSUPPORTED. */
+ * ones, q4_0h, k5v4h and their window types: powers of two up to 1024); other models get
+ * CELLM_ERR_UNSUPPORTED. */
 typedef enum cellm_kv_type {
     CELLM_KV_F16 = 0,  /* 16-bit floats (default) */
     CELLM_KV_Q8_0 = 1, /* 8-bit codes, one f16 scale per 32: 34 bytes per 32 values */
@@ -144,7 +145,16 @@ typedef enum cellm_kv_type {
     /* Rotated like q4_0h, keys (which suffer most from rounding) in 5-bit
      * Q5_0 blocks, values in 4-bit Q4_0: 22 + 18 bytes per 32 keys and 32
      * values, 5.0 bits a value with the scales. */
-    CELLM_KV_K5V4H = 4
+    CELLM_KV_K5V4H = 4,
+    /* The window types: rows stored as q4_0h (k5v4h), and each sequence
+     * keeps f16 copies of its first 16 positions (the attention sink) and
+     * of its latest ones; a query reads the sink and its own and the
+     * previous block of 16 positions in f16, older ones compressed. Most
+     * of 4-bit KV's loss is in the recent positions, so this buys most of
+     * it back for 64 f16 positions a layer per sequence. CPU only;
+     * no prefix cache (a cached prefix holds no f16 copies). */
+    CELLM_KV_Q4_0HW = 5,
+    CELLM_KV_K5V4HW = 6
 } cellm_kv_type;
 
 /* The power/QoS policy: how hard the engine works, traded against heat and

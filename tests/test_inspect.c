@@ -160,11 +160,15 @@ static void test_kv_matches_cache(void **state) {
             assert_true(kv->valuedouble == (double)kv_cache_bytes(m, types[t].type, 2048, 4, 1));
         }
         /* The rotated types (K and V rows of their own sizes, k5v4h's
-         * differing), through the command. */
+         * differing; the window types' f16 copies per session), through
+         * the command. */
         static const struct {
             const char *name;
             cellm_kv_type type;
-        } rot[] = {{"q4_0h", CELLM_KV_Q4_0H}, {"k5v4h", CELLM_KV_K5V4H}};
+        } rot[] = {{"q4_0h", CELLM_KV_Q4_0H},
+                   {"k5v4h", CELLM_KV_K5V4H},
+                   {"q4_0hw", CELLM_KV_Q4_0HW},
+                   {"k5v4hw", CELLM_KV_K5V4HW}};
         for (size_t t = 0; t < sizeof rot / sizeof rot[0]; t++) {
             char cmd[4096], *out;
             snprintf(cmd, sizeof cmd,

@@ -1,6 +1,6 @@
 /*
  * test_kv_forward.c — the compressed KV cache types (q8_0, q4_0, q4_0h,
- * k5v4h) on
+ * k5v4h, and the window types q4_0hw, k5v4hw) on
  * both real models: batch invariance (a row's logits bit-identical as one
  * chunk, in pieces, token by token, beside another sequence, with 1 and 2
  * threads), and SmolLM2's perplexity over the forward fixture's text with
@@ -26,26 +26,30 @@ static void test_ppl_smollm2(void **st) {
 /* Every compressed type keeps a row's result independent of the batch and
  * the threads (SmolLM2: 64-wide heads; Gemma 3: 256-wide, sliding window).
  * The test_tsan_ case (also what the aarch64 build runs under qemu) takes
- * the rotated type, whose path has the most steps. */
+ * the rotated window type, whose path has the most steps (rotation,
+ * compressed rows, f16 copies from the pass and from the sequence). */
 static void test_tsan_invariance_kv_smollm2(void **st) {
     (void)st;
-    check_invariance("smollm2-135m", CELLM_KV_Q4_0H);
+    check_invariance("smollm2-135m", CELLM_KV_Q4_0HW);
 }
 static void test_invariance_kv_smollm2(void **st) {
     (void)st;
     check_invariance("smollm2-135m", CELLM_KV_Q8_0);
     check_invariance("smollm2-135m", CELLM_KV_Q4_0);
+    check_invariance("smollm2-135m", CELLM_KV_Q4_0H);
 }
 /* The 5-bit keys beside 4-bit values (K and V rows of two formats), also
  * under ASan. */
 static void test_asan_invariance_k5v4h(void **st) {
     (void)st;
     check_invariance("smollm2-135m", CELLM_KV_K5V4H);
+    check_invariance("smollm2-135m", CELLM_KV_K5V4HW);
 }
 static void test_invariance_kv_gemma3(void **st) {
     (void)st;
     check_invariance("gemma3-270m", CELLM_KV_Q8_0);
     check_invariance("gemma3-270m", CELLM_KV_Q4_0H);
+    check_invariance("gemma3-270m", CELLM_KV_K5V4HW);
 }
 
 int main(void) {

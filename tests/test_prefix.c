@@ -478,6 +478,55 @@ static void test_asan_compressed_kv_prefix_session(void **state) {
     remove(file);
 }
 
+/* A window KV type (q4_0hw: each sequence keeps f16 copies of its sink
+ * and recent positions beside its blocks): no prefix cache (a repeat
+ * recomputes its prompt, and answers as a cold engine does), but a
+ * session keeps its conversation between turns, and one saved with it
+ * (the f16 copies with the blocks) restores and goes on as one never
+ * saved. The second turn passes the sink, the recent blocks and the
+ * ring, so every kind of row is read. */
+static void test_asan_window_kv_session(void **state) {
+    (void)state;
+    char file[512];
+    tmp_path("session-q4_0hw.bin", file, sizeof file);
+    const char *sys = "You are a helpful assistant who answers briefly.";
+    cellm_engine *e = engine_kv(g_model, 64, 1, CELLM_KV_Q4_0HW);
+    cellm_engine *cold = engine_kv(g_model, 64, 0, CELLM_KV_Q4_0HW);
+    reply a, b, ref_b;
+    ask(e, sys, questions[0], 8, &a);
+    ask(e, sys, questions[1], 8, &b);
+    ask(cold, sys, questions[1], 8, &ref_b);
+    assert_int_equal(b.res.n_cached_tokens, 0);
+    assert_same(&b, &ref_b);
+    cellm_session *u = session_on(cold, sys);
+    reply u1, u2, s1, s2;
+    turn(u, questions[0], &u1);
+    turn(u, questions[1], &u2);
+    cellm_session_free(u);
+    cellm_session *s = session_on(e, sys);
+    turn(s, questions[0], &s1);
+    assert_same(&s1, &u1);
+    assert_int_equal(cellm_session_save(s, file), CELLM_OK);
+    cellm_session_free(s);
+    cellm_engine_free(e);
+    e = engine_kv(g_model, 64, 1, CELLM_KV_Q4_0HW);
+    s = NULL;
+    assert_int_equal(cellm_session_restore(e, file, NULL, &s), CELLM_OK);
+    turn(s, questions[1], &s2);
+    /* The first turn's 45 positions came back; the second passes 64. */
+    assert_true(s2.res.n_cached_tokens >= 32);
+    assert_true(s2.res.n_prompt_tokens + u2.n > 64);
+    assert_same(&s2, &u2);
+    cellm_session_free(s);
+    cellm_engine_free(e);
+    /* The same blocks without the copies: another layout. */
+    e = engine_kv(g_model, 64, 1, CELLM_KV_Q4_0H);
+    assert_refused(e, file, CELLM_ERR_FORMAT, "KV cache layout");
+    cellm_engine_free(e);
+    cellm_engine_free(cold);
+    remove(file);
+}
+
 /* The save in another process that then exits; the restore here. */
 static void test_asan_session_restore_across_processes(void **state) {
     (void)state;
@@ -581,6 +630,7 @@ int main(void) {
         cmocka_unit_test(test_asan_session_fork),
         cmocka_unit_test(test_asan_session_save_restore),
         cmocka_unit_test(test_asan_compressed_kv_prefix_session),
+        cmocka_unit_test(test_asan_window_kv_session),
         cmocka_unit_test(test_asan_session_restore_across_processes),
         cmocka_unit_test(test_tsan_shared_prompt),
         cmocka_unit_test(test_prefix_gemma),

@@ -21,12 +21,16 @@
 
 /* The KV types an engine may use: bytes of 32 elements of a K and of a V
  * row (quantized rows must be whole blocks of 32). The rotated types have
- * the size of their blocks. */
+ * the size of their blocks; the window types keep, per session, f16
+ * copies of 16 + KV_RING (64) positions of every layer beside them. */
 static const struct {
     const char *name;
     uint32_t k32, v32;
-} kv_types[] = {{"f32", 128, 128}, {"f16", 64, 64},   {"q8_0", 34, 34},
-                {"q4_0", 18, 18},  {"q4_0h", 18, 18}, {"k5v4h", 22, 18}};
+    bool window;
+} kv_types[] = {{"f32", 128, 128, false}, {"f16", 64, 64, false},   {"q8_0", 34, 34, false},
+                {"q4_0", 18, 18, false},  {"q4_0h", 18, 18, false}, {"k5v4h", 22, 18, false},
+                {"q4_0hw", 18, 18, true}, {"k5v4hw", 22, 18, true}};
+#define INSPECT_WINDOW_POSITIONS 64 /* KV_BLOCK_TOKENS + KV_RING, src/model/kv_cache.h */
 
 const char *inspect_kv_name(uint32_t kv_type) {
     return kv_types[kv_type].name;
@@ -193,6 +197,11 @@ cellm_status inspect_model(const char *path, const inspect_opts *opts, inspect_r
         r->kv_bytes_per_session += tokens_held * (k_row + v_row);
     }
     r->kv_bytes_per_token = r->block_count * (k_row + v_row);
+    if (kv_types[r->kv_type].window) {
+        r->kv_window_bytes = r->block_count * INSPECT_WINDOW_POSITIONS * r->head_count_kv *
+                             (r->key_length + r->value_length) * 2;
+        r->kv_bytes_per_session += r->kv_window_bytes;
+    }
     r->kv_bytes = r->kv_bytes_per_session * r->sessions;
     r->total_bytes = r->weights_bytes + r->kv_bytes;
     r->fits = r->budget == 0 || r->total_bytes <= r->budget;
@@ -271,7 +280,13 @@ static void print_text(FILE *out, const inspect_report *r) {
     print_bytes(out, r->kv_bytes);
     fprintf(out, " (");
     print_bytes(out, r->kv_bytes_per_token);
-    fprintf(out, " per token at full attention)\n  total       ");
+    fprintf(out, " per token at full attention");
+    if (r->kv_window_bytes) {
+        fprintf(out, ", with ");
+        print_bytes(out, r->kv_window_bytes);
+        fprintf(out, " a session of f16 sink and recent positions");
+    }
+    fprintf(out, ")\n  total       ");
     print_bytes(out, r->total_bytes);
     fputc('\n', out);
     if (r->budget) {
@@ -342,6 +357,7 @@ static void print_json(FILE *out, const inspect_report *r) {
     cJSON_AddNumberToObject(m, "weights_bytes", (double)r->weights_bytes);
     cJSON_AddNumberToObject(m, "active_bytes_per_token", (double)r->active_bytes);
     cJSON_AddNumberToObject(m, "kv_bytes_per_token", (double)r->kv_bytes_per_token);
+    cJSON_AddNumberToObject(m, "kv_window_bytes_per_session", (double)r->kv_window_bytes);
     cJSON_AddNumberToObject(m, "kv_bytes", (double)r->kv_bytes);
     cJSON_AddNumberToObject(m, "total_bytes", (double)r->total_bytes);
     cJSON_AddNumberToObject(m, "budget_bytes", (double)r->budget);
@@ -389,7 +405,8 @@ int cmd_inspect(int argc, char **argv) {
             opts.sessions = v;
         } else if (!strcmp(a, "--kv-type")) {
             if (i + 1 >= argc || !inspect_kv_type(argv[++i], &opts.kv_type)) {
-                cli_error("--kv-type needs one of f32, f16, q8_0, q4_0, q4_0h, k5v4h");
+                cli_error(
+                    "--kv-type needs one of f32, f16, q8_0, q4_0, q4_0h, k5v4h, q4_0hw, k5v4hw");
                 return 2;
             }
         } else if (!strcmp(a, "--mem-budget")) {

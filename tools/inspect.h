@@ -38,6 +38,7 @@ typedef struct inspect_report {
     uint64_t ctx, sessions, budget;
     uint32_t kv_type;
     uint64_t weights_bytes, kv_bytes_per_token, kv_bytes_per_session, kv_bytes, total_bytes;
+    uint64_t kv_window_bytes;                 /* a window type's f16 copies per session; 0: none */
     uint64_t expert_count, expert_used_count; /* mixture of experts; 0 when dense */
     uint64_t active_bytes; /* weights a token reads: the routed experts' share only */
     bool fits;

@@ -75,6 +75,16 @@ struct forward_ctx {
     float rope_key[2][2]; /* base and scale of each slot */
     bool rope_valid[2];
     int rope_next; /* the slot the next new pair takes */
+    /* A window KV type (kv_cache.recent): each row's K and V of the layer
+     * in f16, [rows][tail_row], which queries of the pass read for
+     * positions of the pass; and where each sequence's rows are, so a
+     * position finds its row: run_row[run_base[r] + pos - n_pos] is the
+     * row of the sequence of row r at pos (n_pos its length before the
+     * pass). NULL for the other types. */
+    uint16_t *kv16;
+    int32_t *run_row, *run_base;
+    int32_t *run_tmp;       /* [rows] scratch: rows, then first slot, per sequence */
+    const kv_seq **run_seq; /* [rows] scratch: the pass's sequences */
 };
 
 static int32_t max_i32(int32_t a, int32_t b) {
@@ -145,6 +155,13 @@ static fwd_sizes sizes_for(const model *m, int32_t rows, int32_t logit_rows, int
     return s;
 }
 
+/* A window KV type's scratch (forward_ctx.kv16, run_row, run_base,
+ * run_tmp, run_seq), counted whatever the type. */
+static size_t recent_bytes(const model *m, int32_t max_rows) {
+    size_t row = (size_t)m->n_head_kv * (size_t)(m->head_dim + m->head_dim_v);
+    return (size_t)max_rows * (row * sizeof(uint16_t) + 3 * sizeof(int32_t) + sizeof(void *));
+}
+
 size_t forward_bytes(const model *m, int32_t max_rows, int32_t max_logit_rows, int n_threads,
                      int32_t max_ctx) {
     fwd_sizes s = sizes_for(m, max_rows, max_logit_rows, n_threads, max_ctx);
@@ -153,7 +170,8 @@ size_t forward_bytes(const model *m, int32_t max_rows, int32_t max_logit_rows, i
                sizeof(float) +
            s.scratch + (size_t)max_rows * sizeof(int32_t) +
            (size_t)max_rows * (size_t)m->n_head * (sizeof(att_tile) + sizeof(int64_t)) +
-           (m->n_expert ? (size_t)max_rows * (sizeof(int32_t) + sizeof(float)) : 0);
+           (m->n_expert ? (size_t)max_rows * (sizeof(int32_t) + sizeof(float)) : 0) +
+           recent_bytes(m, max_rows);
 }
 
 void forward_free(forward_ctx *f) {
@@ -183,6 +201,11 @@ void forward_free(forward_ctx *f) {
     free(f->bcx);
     free(f->rope_cs);
     free(f->rope_sn);
+    free(f->kv16);
+    free(f->run_row);
+    free(f->run_base);
+    free(f->run_tmp);
+    free(f->run_seq);
     free(f);
 }
 
@@ -233,6 +256,14 @@ cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_
             f->router && f->sel && f->sel_w && f->grp && f->grp_w && f->xg && f->og && f->moe_out;
     }
     if (m->n_conv_layers && !(f->bcx = malloc(s.bcx * sizeof(float)))) moe_ok = false;
+    if (kv->recent) {
+        f->kv16 = malloc((size_t)max_rows * kv->tail_row * sizeof(uint16_t));
+        f->run_row = malloc((size_t)max_rows * sizeof(int32_t));
+        f->run_base = malloc((size_t)max_rows * sizeof(int32_t));
+        f->run_tmp = malloc((size_t)max_rows * sizeof(int32_t));
+        f->run_seq = malloc((size_t)max_rows * sizeof *f->run_seq);
+        if (!f->kv16 || !f->run_row || !f->run_base || !f->run_tmp || !f->run_seq) moe_ok = false;
+    }
     if (!f->x || !f->xb || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2 || !f->logits ||
         !f->acc || !f->tiles || !f->tile_at || !f->scratch || !f->logit_rows || !f->rope_cs ||
         !f->rope_sn || !moe_ok) {
@@ -374,6 +405,12 @@ static void task_qk(void *arg, int ith, int nth) {
             kops->store(kc + h * kb, k + h * hd, (size_t)hd);
             vops->store(vc + h * vb, v + h * hdv, (size_t)hdv);
         }
+        if (kv->recent) { /* the pass's own f16 rows (rotated like the cache's) */
+            const attn_kv_ops *h16 = &f->ak->kv[KV_FMT_F16];
+            uint16_t *o = f->kv16 + (size_t)r * kv->tail_row;
+            h16->store(o, k, (size_t)kd);
+            h16->store(o + kd, v, (size_t)vd);
+        }
     }
 }
 
@@ -398,8 +435,11 @@ static void plan_tiles(step *s) {
     f->n_tiles = 0;
     for (int32_t r0 = 0; r0 < s->n;) {
         int32_t nr = 1;
+        /* A window type's tile stays inside one block: its queries then
+         * read the same positions in f16. */
         while (nr < rows_per && r0 + nr < s->n && s->rows[r0 + nr].seq == s->rows[r0].seq &&
-               s->rows[r0 + nr].pos == s->rows[r0 + nr - 1].pos + 1)
+               s->rows[r0 + nr].pos == s->rows[r0 + nr - 1].pos + 1 &&
+               !(f->kv->recent && s->rows[r0 + nr].pos % KV_BLOCK_TOKENS == 0))
             nr++;
         int64_t keys = 0;
         for (int32_t r = r0; r < r0 + nr; r++) keys += s->rows[r].pos - row_lo(s, r) + 1 + 16;
@@ -423,6 +463,44 @@ static void split_tiles(const forward_ctx *f, int ith, int nth, long *b, long *e
     *b = ith == 0 ? 0 : t;
     while (t < f->n_tiles && f->tile_at[t] <= to) t++;
     *e = ith == nth - 1 ? f->n_tiles : t;
+}
+
+/* A window type's f16 copy of position p's K of layer s->L (V: kd
+ * values on) for the sequence of row r: from the pass's rows when the
+ * pass wrote it, else from the sequence's tail. */
+static const uint16_t *recent_row(const step *s, long r, int32_t p) {
+    const forward_ctx *f = s->f;
+    const kv_seq *seq = s->rows[r].seq;
+    if (p >= seq->n_pos)
+        return f->kv16 + (size_t)f->run_row[f->run_base[r] + p - seq->n_pos] * f->kv->tail_row;
+    return kv_tail(f->kv, seq, s->L->kv_group, s->L->kv_index, p);
+}
+
+/* Where each sequence's rows of the pass are (forward_ctx.run_row), for a
+ * window type. */
+static void map_runs(forward_ctx *f, const fwd_row *rows, int32_t n) {
+    int32_t nd = 0, *count = f->run_tmp;
+    for (int32_t r = 0; r < n; r++) {
+        int32_t d = r > 0 && rows[r].seq == rows[r - 1].seq ? f->run_base[r - 1] : -1;
+        for (int32_t i = 0; d < 0 && i < nd; i++)
+            if (f->run_seq[i] == rows[r].seq) d = i;
+        if (d < 0) {
+            d = nd++;
+            f->run_seq[d] = rows[r].seq;
+            count[d] = 0;
+        }
+        count[d]++;
+        f->run_base[r] = d; /* the sequence's index, for now */
+    }
+    /* Each sequence's first slot (in place of its count). */
+    for (int32_t d = 0, at = 0; d < nd; d++) {
+        int32_t c = count[d];
+        count[d] = at;
+        at += c;
+    }
+    for (int32_t r = 0; r < n; r++) f->run_base[r] = count[f->run_base[r]];
+    for (int32_t r = 0; r < n; r++)
+        f->run_row[f->run_base[r] + rows[r].pos - rows[r].seq->n_pos] = r;
 }
 
 /* Attention of one tile's queries (row by row, head by head) over each
@@ -469,13 +547,22 @@ static void attend_tile(const step *s, const att_tile *T, float *scr) {
     }
     /* Every query's score for every key of the tile's span (those a row
      * does not see are computed and left unused). */
+    /* A window type reads the positions kv_recent names in f16 (the same
+     * for every query of the tile: plan_tiles keeps it in one block), in
+     * runs of one kind. */
     enum { CHUNK = 64 };
+    const attn_kv_ops *h16 = &ak->kv[KV_FMT_F16];
+    const int32_t q0 = hi[0], kd = m->n_head_kv * hd;
+    const bool recent = kv->recent;
     const void *kr[CHUNK];
     for (int32_t p = tlo; p <= thi;) {
         int32_t p0 = p, cnt = 0;
-        for (; cnt < CHUNK && p <= thi; cnt++, p++)
-            kr[cnt] = (const uint8_t *)kv_k(kv, seq, L->kv_group, L->kv_index, p) + kvh * kb;
-        kops->dot_tile(q16, (size_t)nq, kr, (size_t)cnt, (size_t)hd, sc + (p0 - tlo), (size_t)span);
+        bool f16 = recent && kv_recent(q0, p);
+        for (; cnt < CHUNK && p <= thi && (recent && kv_recent(q0, p)) == f16; cnt++, p++)
+            kr[cnt] = f16 ? (const void *)(recent_row(s, T->r0, p) + (size_t)kvh * hd)
+                          : (const uint8_t *)kv_k(kv, seq, L->kv_group, L->kv_index, p) + kvh * kb;
+        (f16 ? h16 : kops)
+            ->dot_tile(q16, (size_t)nq, kr, (size_t)cnt, (size_t)hd, sc + (p0 - tlo), (size_t)span);
     }
     float *wrow[16];
     int32_t wn[16];
@@ -515,9 +602,12 @@ static void attend_tile(const step *s, const att_tile *T, float *scr) {
         for (int32_t p = a; p < b;) {
             const void *vr[CHUNK];
             int32_t cnt = 0;
-            for (; cnt < CHUNK && p < b; cnt++, p++)
-                vr[cnt] = (const uint8_t *)kv_v(kv, seq, L->kv_group, L->kv_index, p) + kvh * vb;
-            vops->axpy_tile(accp, wp, na, vr, (size_t)cnt, (size_t)hdv);
+            bool f16 = recent && kv_recent(q0, p);
+            for (; cnt < CHUNK && p < b && (recent && kv_recent(q0, p)) == f16; cnt++, p++)
+                vr[cnt] =
+                    f16 ? (const void *)(recent_row(s, T->r0, p) + kd + (size_t)kvh * hdv)
+                        : (const uint8_t *)kv_v(kv, seq, L->kv_group, L->kv_index, p) + kvh * vb;
+            (f16 ? h16 : vops)->axpy_tile(accp, wp, na, vr, (size_t)cnt, (size_t)hdv);
             for (size_t i = 0; i < na; i++) wp[i] += cnt;
         }
     }
@@ -528,6 +618,17 @@ static void attend_tile(const step *s, const att_tile *T, float *scr) {
         memcpy(f->att + r * (long)m->n_head * hdv + (long)(T->h0 + i % T->nh) * hdv, o,
                (size_t)hdv * sizeof(float));
     }
+}
+
+/* A window type: the layer's f16 rows of the pass into their sequences'
+ * tails, in batch order (so where a sequence's rows pass the ring's
+ * length, the last ones stay), once the layer's attention has read what
+ * the tails held before. */
+static void save_recent(const step *s) {
+    const kv_cache *kv = s->f->kv;
+    for (int32_t r = 0; r < s->n; r++)
+        memcpy(kv_tail(kv, s->rows[r].seq, s->L->kv_group, s->L->kv_index, s->rows[r].pos),
+               s->f->kv16 + (size_t)r * kv->tail_row, kv->tail_row * sizeof(uint16_t));
 }
 
 static void task_attention(void *arg, int ith, int nth) {
@@ -790,6 +891,7 @@ static void run_layers(forward_ctx *f, const fwd_row *rows, const float *const *
     }
     step s = {f, rows, n, NULL, 0, m->n_ff, NULL, NULL, NULL, 0, false};
     f->rope_valid[0] = f->rope_valid[1] = false;
+    if (f->kv->recent) map_runs(f, rows, n);
     for (int32_t il = 0; il < end; il++) {
         const layer_desc *L = &m->layers[il];
         const weight *qkv[] = {&L->wq, &L->wk, &L->wv}, *gu[] = {&L->w_gate, &L->w_up};
@@ -808,6 +910,7 @@ static void run_layers(forward_ctx *f, const fwd_row *rows, const float *const *
             run_rows(f, task_qk, &s);
             plan_tiles(&s);
             tp_run(f->tp, task_attention, &s);
+            if (f->kv->recent) save_recent(&s);
             mm(f, &L->wo, f->att, n, f->hb);
         }
         /* the attention's residual, the MLP's norm and its input */

@@ -34,14 +34,26 @@ static size_t group_blocks(const kv_group *g, int32_t ctx, int32_t n_seqs, int32
 static const struct {
     const char *name;
     kv_format kformat, vformat;
-    bool rotated;
+    bool rotated, recent;
 } kv_types[] = {
-    [CELLM_KV_F16] = {"f16", KV_FMT_F16, KV_FMT_F16, false},
-    [CELLM_KV_Q8_0] = {"q8_0", KV_FMT_Q8_0, KV_FMT_Q8_0, false},
-    [CELLM_KV_Q4_0] = {"q4_0", KV_FMT_Q4_0, KV_FMT_Q4_0, false},
-    [CELLM_KV_Q4_0H] = {"q4_0h", KV_FMT_Q4_0, KV_FMT_Q4_0, true},
-    [CELLM_KV_K5V4H] = {"k5v4h", KV_FMT_Q5_0, KV_FMT_Q4_0, true},
+    [CELLM_KV_F16] = {"f16", KV_FMT_F16, KV_FMT_F16, false, false},
+    [CELLM_KV_Q8_0] = {"q8_0", KV_FMT_Q8_0, KV_FMT_Q8_0, false, false},
+    [CELLM_KV_Q4_0] = {"q4_0", KV_FMT_Q4_0, KV_FMT_Q4_0, false, false},
+    [CELLM_KV_Q4_0H] = {"q4_0h", KV_FMT_Q4_0, KV_FMT_Q4_0, true, false},
+    [CELLM_KV_K5V4H] = {"k5v4h", KV_FMT_Q5_0, KV_FMT_Q4_0, true, false},
+    [CELLM_KV_Q4_0HW] = {"q4_0hw", KV_FMT_Q4_0, KV_FMT_Q4_0, true, true},
+    [CELLM_KV_K5V4HW] = {"k5v4hw", KV_FMT_Q5_0, KV_FMT_Q4_0, true, true},
 };
+
+/* A window type's f16 copies per sequence, in uint16 values (0 for the
+ * other types): the sink and the ring, for every layer. */
+static size_t tail_elems(const model *m, cellm_kv_type type) {
+    if (!kv_types[type].recent) return 0;
+    size_t row = (size_t)m->n_head_kv * (size_t)(m->head_dim + m->head_dim_v), n = 0;
+    for (int32_t gi = 0; gi < m->n_kv_groups; gi++)
+        n += (size_t)m->kv_group_layers[gi] * (KV_BLOCK_TOKENS + KV_RING) * row;
+    return n;
+}
 
 const char *kv_type_name(cellm_kv_type type) {
     return (unsigned)type < sizeof kv_types / sizeof kv_types[0] ? kv_types[type].name : NULL;
@@ -50,7 +62,8 @@ const char *kv_type_name(cellm_kv_type type) {
 cellm_status kv_type_check(const model *m, cellm_kv_type type, cellm_error *err) {
     if ((unsigned)type >= sizeof kv_types / sizeof kv_types[0])
         return err_set(err, CELLM_ERR_INVALID_ARG,
-                       "KV type %d is not one of f16, q8_0, q4_0, q4_0h, k5v4h", (int)type);
+                       "KV type %d is not one of f16, q8_0, q4_0, q4_0h, k5v4h, q4_0hw, k5v4hw",
+                       (int)type);
     const int32_t dims[2] = {m->head_dim, m->head_dim_v};
     for (int i = 0; i < 2; i++) {
         int32_t d = dims[i];
@@ -95,7 +108,7 @@ size_t kv_cache_bytes(const model *m, cellm_kv_type type, int32_t ctx, int32_t n
         group_sizes(m, type, gi, &g);
         total += group_blocks(&g, ctx, n_seqs, chunk) * g.block_bytes;
     }
-    return total;
+    return total + (size_t)n_seqs * tail_elems(m, type) * sizeof(uint16_t);
 }
 
 cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, int32_t n_seqs,
@@ -119,7 +132,24 @@ cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, int
     c->max_blocks_per_seq = (max_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
     c->anchor = -1;
     c->conv_floats = (size_t)m->n_conv_layers * (size_t)(m->conv_l - 1) * (size_t)m->n_embd;
-    size_t all = kv_cache_bytes(m, type, max_ctx, n_seqs, chunk);
+    c->recent = kv_types[type].recent;
+    c->tail_elems = tail_elems(m, type);
+    c->tail_row = (size_t)m->n_head_kv * (size_t)(m->head_dim + m->head_dim_v);
+    for (int32_t gi = 1; gi < m->n_kv_groups; gi++)
+        c->tail_off[gi] = c->tail_off[gi - 1] + (size_t)m->kv_group_layers[gi - 1] *
+                                                    (KV_BLOCK_TOKENS + KV_RING) * c->tail_row;
+    /* The sequences' tails come out of the budget first (they are
+     * allocated with the sequences); the blocks share the rest. */
+    size_t tails = (size_t)n_seqs * c->tail_elems * sizeof(uint16_t);
+    if (tails >= budget) {
+        kv_cache_free(c);
+        return err_set(err, CELLM_ERR_NO_MEMORY,
+                       "a KV budget of %zu bytes does not hold the %d sequences' f16 windows "
+                       "(%zu bytes)",
+                       budget, n_seqs, tails);
+    }
+    budget -= tails;
+    size_t all = kv_cache_bytes(m, type, max_ctx, n_seqs, chunk) - tails;
     for (int32_t gi = 0; gi < c->n_groups; gi++) {
         kv_group *g = &c->groups[gi];
         group_sizes(m, type, gi, g);
@@ -151,7 +181,7 @@ cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, int
         g->hnext = malloc(n * sizeof *g->hnext);
         g->lru_prev = malloc(n * sizeof *g->lru_prev);
         g->lru_next = malloc(n * sizeof *g->lru_next);
-        if (c->anchor < 0 && g->window <= 0 && !c->conv_floats) {
+        if (c->anchor < 0 && g->window <= 0 && !c->conv_floats && !c->recent) {
             c->anchor = gi;
             g->toks = malloc(n * KV_BLOCK_TOKENS * sizeof *g->toks);
         }
@@ -218,6 +248,10 @@ cellm_status kv_seq_init(kv_cache *c, kv_seq *s, cellm_error *err) {
     if (c->conv_floats && !(s->conv = calloc(c->conv_floats, sizeof *s->conv))) {
         kv_seq_free(c, s);
         return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory for a convolution state");
+    }
+    if (c->tail_elems && !(s->tail = calloc(c->tail_elems, sizeof *s->tail))) {
+        kv_seq_free(c, s);
+        return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory for a sequence's f16 window");
     }
     return CELLM_OK;
 }
@@ -371,12 +405,14 @@ void kv_seq_reset(kv_cache *c, kv_seq *s) {
     s->n_pos = 0;
     s->n_pub = 0;
     if (s->conv) memset(s->conv, 0, c->conv_floats * sizeof *s->conv);
+    if (s->tail) memset(s->tail, 0, c->tail_elems * sizeof *s->tail);
 }
 
 void kv_seq_free(kv_cache *c, kv_seq *s) {
     kv_seq_reset(c, s);
     for (int32_t gi = 0; gi < 2; gi++) free(s->table[gi]);
     free(s->conv);
+    free(s->tail);
     memset(s, 0, sizeof *s);
 }
 
@@ -488,6 +524,9 @@ void kv_seq_trim(kv_cache *c, kv_seq *s) {
 bool kv_seq_truncate(kv_cache *c, kv_seq *s, int32_t n) {
     if (n < 0 || n > s->n_pos) return false;
     if (c->conv_floats && n < s->n_pos) return false; /* the state is of n_pos only */
+    /* A window type's ring must still hold the window of the new end. */
+    if (c->recent && n < s->n_pos && s->n_pos - n > KV_RING - (2 * KV_BLOCK_TOKENS - 1))
+        return false;
     for (int32_t gi = 0; gi < c->n_groups; gi++) {
         int32_t w = c->groups[gi].window;
         int32_t from = w > 0 && n - w > 0 ? n - w : 0; /* first position still visible */
@@ -516,6 +555,7 @@ void kv_seq_fork(kv_cache *c, kv_seq *dst, const kv_seq *src) {
     dst->n_pos = src->n_pos;
     dst->n_pub = src->n_pub;
     if (c->conv_floats) memcpy(dst->conv, src->conv, c->conv_floats * sizeof *dst->conv);
+    if (c->tail_elems) memcpy(dst->tail, src->tail, c->tail_elems * sizeof *dst->tail);
 }
 
 /* First block a windowed group still needs at the end of `pos` positions. */

@@ -16,7 +16,9 @@
  * Q8_0 or Q4_0 blocks of 32 (each head's blocks in order, kv_format.h),
  * or, for the rotated types, blocks of each head rotated by attn_rotate:
  * Q4_0 for both (q4_0h), or Q5_0 keys with Q4_0 values (k5v4h: keys lose
- * far more to rounding than values). Blocks carry a reference count: sequences
+ * far more to rounding than values); the window types q4_0hw and k5v4hw
+ * store rows as q4_0h and k5v4h do and keep f16 copies of each sequence's
+ * sink and recent positions (kv_cache.recent). Blocks carry a reference count: sequences
  * share blocks (a fork, a cached prefix), and a write into a shared block
  * copies it first (copy-on-write, in kv_seq_reserve).
  *
@@ -64,6 +66,10 @@
 #include "base/util.h"
 
 #define KV_BLOCK_TOKENS 16
+/* Positions of a window type's recent ring: 31 for the window, the rest
+ * for taking back guesses (a truncation of up to KV_RING - 31 positions
+ * stays inside it; a longer one is refused, and the caller recomputes). */
+#define KV_RING 48
 
 typedef struct kv_group {
     int32_t n_layers;
@@ -123,7 +129,17 @@ typedef struct kv_cache {
     uint64_t n_cow, n_evict;       /* copies on write; idle blocks evicted for new ones */
     int32_t seq_slack;             /* kv_seq_init's kv_seq.slack (0 unless set) */
     size_t conv_floats;            /* a sequence's convolution state; 0: none */
-    kv_storage ext;                /* ext.copy NULL: the blocks' contents are in groups[].mem */
+    /* The window types (q4_0hw, k5v4hw): a query reads the sink (positions
+     * 0..15) and the keys and values of its own block and the block
+     * before it in f16, the rest in the pool's compressed rows. Each
+     * sequence keeps f16 copies of those positions beside its tables
+     * (kv_seq.tail: the sink, and a ring of the last KV_RING positions);
+     * a forward pass reads its own rows from its scratch. */
+    bool recent;
+    size_t tail_row;    /* uint16 values of one position of one layer: K then V */
+    size_t tail_off[2]; /* where group g's layers start in a tail, in uint16 */
+    size_t tail_elems;  /* a sequence's tail, in uint16 (0: none) */
+    kv_storage ext;     /* ext.copy NULL: the blocks' contents are in groups[].mem */
 } kv_cache;
 
 /* A sequence's view of the cache: its length and block tables. */
@@ -151,6 +167,9 @@ typedef struct kv_seq {
      * each conv layer, its last conv_l - 1 inputs, oldest first, each
      * n_embd floats. Consistent with n_pos. */
     float *conv;
+    /* A window type's f16 copies (kv_cache.recent): per group and layer,
+     * KV_BLOCK_TOKENS + KV_RING slots of tail_row values (kv_tail). */
+    uint16_t *tail;
 } kv_seq;
 
 /* Creates a cache for `m` holding up to `budget` bytes of blocks of KV
@@ -271,6 +290,23 @@ static inline void *kv_v(const kv_cache *c, const kv_seq *s, int32_t group, int3
     int32_t b = s->table[group][pos / KV_BLOCK_TOKENS];
     return g->mem + (size_t)b * g->block_bytes + (size_t)layer * g->layer_bytes +
            KV_BLOCK_TOKENS * g->k_row + (size_t)(pos % KV_BLOCK_TOKENS) * g->v_row;
+}
+
+/* A window type's f16 copy of K (then V, tail_row - K's width later) of
+ * one position of one layer: the sink's slot below KV_BLOCK_TOKENS, the
+ * ring's above. Valid for the sink and for the last KV_RING positions
+ * written. */
+static inline uint16_t *kv_tail(const kv_cache *c, const kv_seq *s, int32_t group, int32_t layer,
+                                int32_t pos) {
+    int32_t slot = pos < KV_BLOCK_TOKENS ? pos : KV_BLOCK_TOKENS + pos % KV_RING;
+    return s->tail + c->tail_off[group] +
+           ((size_t)layer * (KV_BLOCK_TOKENS + KV_RING) + (size_t)slot) * c->tail_row;
+}
+
+/* Whether a window type's query at position q reads the key at position
+ * p (<= q) in f16: the sink, or q's own block and the one before. */
+static inline bool kv_recent(int32_t q, int32_t p) {
+    return p < KV_BLOCK_TOKENS || p / KV_BLOCK_TOKENS + 1 >= q / KV_BLOCK_TOKENS;
 }
 
 /* Blocks in use in a group (for metrics and tests). */

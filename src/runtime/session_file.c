@@ -20,6 +20,9 @@
  *   only for a model with short-convolution layers (lfm2): the sequence's
  *               convolution state (kv_seq.conv, floats as the machine
  *               stores them), as many bytes as the engine's layout says
+ *   only for a window KV type (q4_0hw, k5v4hw): the sequence's f16 copies
+ *               of its sink and recent positions (kv_seq.tail, as the
+ *               machine stores them), as many bytes as the layout says
  *   u8[32]      SHA-256 of every byte before it
  *
  * The file is untrusted on restore: its size is bounded by what the engine
@@ -71,6 +74,7 @@ typedef struct snapshot {
     int32_t first[2], count[2];
     uint8_t *blocks[2];
     float *conv;
+    uint16_t *tail;
     bool no_memory, broken;
 } snapshot;
 
@@ -92,6 +96,13 @@ static void snap_kv(cellm_engine *e, void *arg) {
             return;
         }
         memcpy(sn->conv, q->conv, c->conv_floats * sizeof *sn->conv);
+    }
+    if (c->tail_elems) {
+        if (!(sn->tail = malloc(c->tail_elems * sizeof *sn->tail))) {
+            sn->no_memory = true;
+            return;
+        }
+        memcpy(sn->tail, q->tail, c->tail_elems * sizeof *sn->tail);
     }
     int32_t end = (q->n_pos + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
     for (int32_t g = 0; g < c->n_groups; g++) {
@@ -230,6 +241,13 @@ cellm_status cellm_session_save(cellm_session *s, const char *path) {
             put(&w, &v, sizeof v);
         }
     }
+    if (sn.tail)
+        put(&w, sn.tail, c->tail_elems * sizeof *sn.tail);
+    else
+        for (size_t i = 0; i < c->tail_elems; i++) { /* zeros for an empty sequence */
+            uint16_t v = 0;
+            put(&w, &v, sizeof v);
+        }
     uint8_t sum[SHA256_DIGEST_SIZE];
     sha256_final(&w.h, sum);
     if (!w.failed && fwrite(sum, 1, sizeof sum, f) != sizeof sum) w.failed = true;
@@ -256,6 +274,7 @@ done:
     free(sn.blocks[0]);
     free(sn.blocks[1]);
     free(sn.conv);
+    free(sn.tail);
     return st ? engine_fail(st, msg) : CELLM_OK;
 }
 
@@ -321,6 +340,7 @@ static void restore_kv(cellm_engine *e, void *arg) {
             (void)kv_seq_set_block(c, q, g, f->first[g] + i,
                                    f->blocks[g] + (size_t)i * c->groups[g].block_bytes);
     if (f->conv) memcpy(q->conv, f->conv, c->conv_floats * sizeof *q->conv);
+    if (f->tail) memcpy(q->tail, f->tail, c->tail_elems * sizeof *q->tail);
     for (int32_t i = 0; i < f->n_pos; i++) {
         const uint8_t *b = f->tokens + 4 * (size_t)i;
         j->s->kept[i] = (int32_t)((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
@@ -494,6 +514,7 @@ cellm_status ses_parse(const ses_layout *lay, const uint8_t *buf, size_t len, se
         if (!out->blocks[g]) goto truncated;
     }
     if (lay->conv_bytes && !(out->conv = take(&r, (size_t)lay->conv_bytes))) goto truncated;
+    if (lay->tail_bytes && !(out->tail = take(&r, (size_t)lay->tail_bytes))) goto truncated;
     if (r.left != 0) {
         snprintf(msg, cap, "the session file has %zu bytes after its blocks", r.left);
         return CELLM_ERR_FORMAT;
@@ -515,7 +536,7 @@ size_t ses_max_bytes(const ses_layout *lay) {
     size_t n = 256 + SES_MAX_TEXT + (size_t)SES_MAX_MSGS * 5 + 4 * (size_t)lay->max_ctx;
     size_t blocks = ((size_t)lay->max_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
     for (int32_t g = 0; g < lay->n_groups; g++) n += blocks * (size_t)lay->block_bytes[g] + 8;
-    return n + (size_t)lay->conv_bytes;
+    return n + (size_t)lay->conv_bytes + (size_t)lay->tail_bytes;
 }
 
 /* The layout of an engine. */
@@ -532,6 +553,7 @@ static void layout_of(const cellm_engine *e, ses_layout *lay) {
     lay->max_ctx = e->kv->max_ctx;
     lay->n_vocab = e->model->m->n_vocab;
     lay->conv_bytes = e->kv->conv_floats * sizeof(float);
+    lay->tail_bytes = e->kv->tail_elems * sizeof(uint16_t);
 }
 
 cellm_status cellm_session_restore(cellm_engine *e, const char *path,

@@ -20,6 +20,7 @@ typedef struct ses_layout {
     uint64_t block_bytes[2];
     int32_t max_ctx, n_vocab;
     uint64_t conv_bytes; /* a sequence's convolution state (lfm2); 0: none */
+    uint64_t tail_bytes; /* a window type's f16 copies (kv_seq.tail); 0: none */
 } ses_layout;
 
 /* A parsed file: views into its buffer, but the message arrays, which
@@ -31,6 +32,7 @@ typedef struct ses_parsed {
     int32_t first[2], count[2];
     const uint8_t *blocks[2]; /* count[g] blocks of block_bytes[g] */
     const uint8_t *conv;      /* conv_bytes of convolution state, or NULL */
+    const uint8_t *tail;      /* tail_bytes of f16 copies, or NULL */
     int32_t n_msgs;
     cellm_chat_message *msgs;
     size_t *lens;
