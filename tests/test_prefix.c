@@ -479,11 +479,12 @@ static void test_asan_compressed_kv_prefix_session(void **state) {
 }
 
 /* A window KV type (q4_0hw: each sequence keeps f16 copies of its sink
- * and recent positions beside its blocks): no prefix cache (a repeat
- * recomputes its prompt, and answers as a cold engine does), but a
- * session keeps its conversation between turns, and one saved with it
- * (the f16 copies with the blocks) restores and goes on as one never
- * saved. The second turn passes the sink, the recent blocks and the
+ * and recent positions beside its blocks): the prefix cache shares its
+ * blocks where it has f16 copies of a prefix's sink and last block (a
+ * prompt that shares the system prompt, a repeat), and answers as a cold
+ * engine does; a session keeps its conversation between turns, and one
+ * saved with it (the f16 copies with the blocks) restores and goes on as
+ * one never saved. The second turn passes the sink, the recent blocks and the
  * ring, so every kind of row is read. */
 static void test_asan_window_kv_session(void **state) {
     (void)state;
@@ -492,12 +493,31 @@ static void test_asan_window_kv_session(void **state) {
     const char *sys = "You are a helpful assistant who answers briefly.";
     cellm_engine *e = engine_kv(g_model, 64, 1, CELLM_KV_Q4_0HW);
     cellm_engine *cold = engine_kv(g_model, 64, 0, CELLM_KV_Q4_0HW);
-    reply a, b, ref_b;
+    reply a, b, ref_b, a2, ref_a;
+    (void)a;
     ask(e, sys, questions[0], 8, &a);
     ask(e, sys, questions[1], 8, &b);
     ask(cold, sys, questions[1], 8, &ref_b);
-    assert_int_equal(b.res.n_cached_tokens, 0);
+    print_message("window type: %d of %d prompt tokens cached\n", b.res.n_cached_tokens,
+                  b.res.n_prompt_tokens);
+    assert_true(b.res.n_cached_tokens >= 16);
+    assert_int_equal(ref_b.res.n_cached_tokens, 0);
     assert_same(&b, &ref_b);
+    /* A repeat of a longer prompt takes every whole block of it (the
+     * last one's f16 copy was made when its pass ended). */
+    const char *longer = "You are a helpful assistant who answers briefly. You speak plainly, "
+                         "you never make up facts, and when you do not know an answer you say "
+                         "so at once, in one short sentence, without apology. You keep every "
+                         "answer under twenty words.";
+    reply a1;
+    ask(e, longer, questions[0], 8, &a1);
+    ask(e, longer, questions[0], 8, &a2);
+    ask(cold, longer, questions[0], 8, &ref_a);
+    print_message("repeat: %d of %d cached\n", a2.res.n_cached_tokens, a2.res.n_prompt_tokens);
+    assert_true(a2.res.n_prompt_tokens > 64); /* two passes of 64 */
+    assert_int_equal(a2.res.n_cached_tokens, (a2.res.n_prompt_tokens - 1) / 16 * 16);
+    assert_same(&a2, &ref_a);
+    assert_same(&a1, &ref_a);
     cellm_session *u = session_on(cold, sys);
     reply u1, u2, s1, s2;
     turn(u, questions[0], &u1);

@@ -21,8 +21,10 @@
 
 /* The KV types an engine may use: bytes of 32 elements of a K and of a V
  * row (quantized rows must be whole blocks of 32). The rotated types have
- * the size of their blocks; the window types keep, per session, f16
- * copies of 16 + KV_RING (64) positions of every layer beside them. */
+ * the size of their blocks; the window types keep f16 copies of every
+ * layer beside them: per session, its sink and ring (16 + KV_RING, 64
+ * positions) and one shadow of a cached block (16), and one shadow more
+ * (src/model/kv_cache.c). */
 static const struct {
     const char *name;
     uint32_t k32, v32;
@@ -30,7 +32,7 @@ static const struct {
 } kv_types[] = {{"f32", 128, 128, false}, {"f16", 64, 64, false},   {"q8_0", 34, 34, false},
                 {"q4_0", 18, 18, false},  {"q4_0h", 18, 18, false}, {"k5v4h", 22, 18, false},
                 {"q4_0hw", 18, 18, true}, {"k5v4hw", 22, 18, true}};
-#define INSPECT_WINDOW_POSITIONS 64 /* KV_BLOCK_TOKENS + KV_RING, src/model/kv_cache.h */
+#define INSPECT_WINDOW_POSITIONS 80 /* 2 * KV_BLOCK_TOKENS + KV_RING, src/model/kv_cache.h */
 
 const char *inspect_kv_name(uint32_t kv_type) {
     return kv_types[kv_type].name;
@@ -198,11 +200,13 @@ cellm_status inspect_model(const char *path, const inspect_opts *opts, inspect_r
     }
     r->kv_bytes_per_token = r->block_count * (k_row + v_row);
     if (kv_types[r->kv_type].window) {
-        r->kv_window_bytes = r->block_count * INSPECT_WINDOW_POSITIONS * r->head_count_kv *
-                             (r->key_length + r->value_length) * 2;
+        uint64_t position =
+            r->block_count * r->head_count_kv * (r->key_length + r->value_length) * 2;
+        r->kv_window_bytes = INSPECT_WINDOW_POSITIONS * position;
         r->kv_bytes_per_session += r->kv_window_bytes;
+        r->kv_bytes = 16 * position; /* the shadow more */
     }
-    r->kv_bytes = r->kv_bytes_per_session * r->sessions;
+    r->kv_bytes += r->kv_bytes_per_session * r->sessions;
     r->total_bytes = r->weights_bytes + r->kv_bytes;
     r->fits = r->budget == 0 || r->total_bytes <= r->budget;
     find_gpu(r);
@@ -284,7 +288,7 @@ static void print_text(FILE *out, const inspect_report *r) {
     if (r->kv_window_bytes) {
         fprintf(out, ", with ");
         print_bytes(out, r->kv_window_bytes);
-        fprintf(out, " a session of f16 sink and recent positions");
+        fprintf(out, " a session of f16 copies (sink, recent positions, a cached block)");
     }
     fprintf(out, ")\n  total       ");
     print_bytes(out, r->total_bytes);

@@ -45,14 +45,32 @@ static const struct {
     [CELLM_KV_K5V4HW] = {"k5v4hw", KV_FMT_Q5_0, KV_FMT_Q4_0, true, true},
 };
 
-/* A window type's f16 copies per sequence, in uint16 values (0 for the
- * other types): the sink and the ring, for every layer. */
-static size_t tail_elems(const model *m, cellm_kv_type type) {
+/* A window type's f16 values of one position, every group and layer (0
+ * for the other types). */
+static size_t recent_position(const model *m, cellm_kv_type type) {
     if (!kv_types[type].recent) return 0;
     size_t row = (size_t)m->n_head_kv * (size_t)(m->head_dim + m->head_dim_v), n = 0;
-    for (int32_t gi = 0; gi < m->n_kv_groups; gi++)
-        n += (size_t)m->kv_group_layers[gi] * (KV_BLOCK_TOKENS + KV_RING) * row;
+    for (int32_t gi = 0; gi < m->n_kv_groups; gi++) n += (size_t)m->kv_group_layers[gi] * row;
     return n;
+}
+
+/* A sequence's f16 copies (the sink and the ring), in uint16 values. */
+static size_t tail_elems(const model *m, cellm_kv_type type) {
+    return recent_position(m, type) * (KV_BLOCK_TOKENS + KV_RING);
+}
+
+/* Shadow slots of a cache for n_seqs sequences: one a sequence (the block
+ * its conversation ended on) and one more (a sink they share). */
+static int32_t shadow_slots(int32_t n_seqs) {
+    return n_seqs + 1;
+}
+
+/* The f16 copies a window type needs beside the blocks: each sequence's
+ * tail, and the shadows. */
+static size_t recent_bytes(const model *m, cellm_kv_type type, int32_t n_seqs) {
+    return ((size_t)n_seqs * tail_elems(m, type) +
+            (size_t)shadow_slots(n_seqs) * recent_position(m, type) * KV_BLOCK_TOKENS) *
+           sizeof(uint16_t);
 }
 
 const char *kv_type_name(cellm_kv_type type) {
@@ -108,7 +126,7 @@ size_t kv_cache_bytes(const model *m, cellm_kv_type type, int32_t ctx, int32_t n
         group_sizes(m, type, gi, &g);
         total += group_blocks(&g, ctx, n_seqs, chunk) * g.block_bytes;
     }
-    return total + (size_t)n_seqs * tail_elems(m, type) * sizeof(uint16_t);
+    return total + recent_bytes(m, type, n_seqs);
 }
 
 cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, int32_t n_seqs,
@@ -134,13 +152,14 @@ cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, int
     c->conv_floats = (size_t)m->n_conv_layers * (size_t)(m->conv_l - 1) * (size_t)m->n_embd;
     c->recent = kv_types[type].recent;
     c->tail_elems = tail_elems(m, type);
+    c->shadow_elems = recent_position(m, type) * KV_BLOCK_TOKENS;
     c->tail_row = (size_t)m->n_head_kv * (size_t)(m->head_dim + m->head_dim_v);
     for (int32_t gi = 1; gi < m->n_kv_groups; gi++)
         c->tail_off[gi] = c->tail_off[gi - 1] + (size_t)m->kv_group_layers[gi - 1] *
                                                     (KV_BLOCK_TOKENS + KV_RING) * c->tail_row;
-    /* The sequences' tails come out of the budget first (they are
-     * allocated with the sequences); the blocks share the rest. */
-    size_t tails = (size_t)n_seqs * c->tail_elems * sizeof(uint16_t);
+    /* The sequences' tails (allocated with the sequences) and the
+     * shadows come out of the budget first; the blocks share the rest. */
+    size_t tails = recent_bytes(m, type, n_seqs);
     if (tails >= budget) {
         kv_cache_free(c);
         return err_set(err, CELLM_ERR_NO_MEMORY,
@@ -181,9 +200,24 @@ cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, int
         g->hnext = malloc(n * sizeof *g->hnext);
         g->lru_prev = malloc(n * sizeof *g->lru_prev);
         g->lru_next = malloc(n * sizeof *g->lru_next);
-        if (c->anchor < 0 && g->window <= 0 && !c->conv_floats && !c->recent) {
+        if (c->anchor < 0 && g->window <= 0 && !c->conv_floats) {
             c->anchor = gi;
             g->toks = malloc(n * KV_BLOCK_TOKENS * sizeof *g->toks);
+            if (c->recent && g->toks) {
+                int32_t ns = shadow_slots(n_seqs);
+                g->n_shadows = ns;
+                g->shadow = malloc(n * sizeof *g->shadow);
+                g->shadow_owner = malloc((size_t)ns * sizeof *g->shadow_owner);
+                g->shadow_used = calloc((size_t)ns, sizeof *g->shadow_used);
+                g->shadow_mem = malloc((size_t)ns * c->shadow_elems * sizeof *g->shadow_mem);
+                if (!g->shadow || !g->shadow_owner || !g->shadow_used || !g->shadow_mem) {
+                    free(g->toks);
+                    g->toks = NULL; /* reported below */
+                } else {
+                    for (size_t i = 0; i < n; i++) g->shadow[i] = -1;
+                    for (int32_t i = 0; i < ns; i++) g->shadow_owner[i] = -1;
+                }
+            }
         }
         if (!g->mem || !g->free_list || !g->ref || !g->resident || !g->hash || !g->serial ||
             !g->link || !g->bucket || !g->hnext || !g->lru_prev || !g->lru_next ||
@@ -224,6 +258,10 @@ void kv_cache_free(kv_cache *c) {
         free(c->groups[gi].hnext);
         free(c->groups[gi].lru_prev);
         free(c->groups[gi].lru_next);
+        free(c->groups[gi].shadow);
+        free(c->groups[gi].shadow_owner);
+        free(c->groups[gi].shadow_used);
+        free(c->groups[gi].shadow_mem);
     }
     free(c->scratch);
     free(c);
@@ -296,6 +334,59 @@ static void index_remove(kv_group *g, int32_t b) {
     while (*p != b) p = &g->hnext[*p]; /* b is indexed, so it is in its bucket */
     *p = g->hnext[b];
     g->serial[b] = 0;
+    if (g->shadow && g->shadow[b] >= 0) { /* its copy goes with it */
+        g->shadow_owner[g->shadow[b]] = -1;
+        g->shadow[b] = -1;
+    }
+}
+
+/* ------------------------------------------------------------ shadows */
+
+/* Where position j (0..15) of a block's shadow keeps group gi's layer l. */
+static uint16_t *shadow_row(const kv_cache *c, const kv_group *ga, int32_t slot, int32_t gi,
+                            int32_t l, int32_t j) {
+    size_t off = 0;
+    for (int32_t i = 0; i < gi; i++)
+        off += (size_t)c->groups[i].n_layers * KV_BLOCK_TOKENS * c->tail_row;
+    return ga->shadow_mem + (size_t)slot * c->shadow_elems + off +
+           ((size_t)l * KV_BLOCK_TOKENS + (size_t)j) * c->tail_row;
+}
+
+/* Copies block index b of s (positions [16b, 16b + 16), which its tail
+ * holds) into a shadow of anchor block id: a free slot, else the least
+ * recently used one. */
+static void shadow_put(kv_cache *c, const kv_seq *s, int32_t b, int32_t id) {
+    kv_group *ga = &c->groups[c->anchor];
+    int32_t slot = 0;
+    for (int32_t i = 0; i < ga->n_shadows; i++) {
+        if (ga->shadow_owner[i] < 0) {
+            slot = i;
+            break;
+        }
+        if (ga->shadow_used[i] < ga->shadow_used[slot]) slot = i;
+    }
+    if (ga->shadow_owner[slot] >= 0) ga->shadow[ga->shadow_owner[slot]] = -1;
+    ga->shadow_owner[slot] = id;
+    ga->shadow[id] = slot;
+    ga->shadow_used[slot] = ++c->shadow_clock;
+    for (int32_t gi = 0; gi < c->n_groups; gi++)
+        for (int32_t l = 0; l < c->groups[gi].n_layers; l++)
+            for (int32_t j = 0; j < KV_BLOCK_TOKENS; j++)
+                memcpy(shadow_row(c, ga, slot, gi, l, j),
+                       kv_tail(c, s, gi, l, b * KV_BLOCK_TOKENS + j),
+                       c->tail_row * sizeof(uint16_t));
+}
+
+/* The shadow of anchor block id into s's tail as block index b. */
+static void shadow_get(kv_cache *c, kv_seq *s, int32_t b, int32_t id) {
+    kv_group *ga = &c->groups[c->anchor];
+    int32_t slot = ga->shadow[id];
+    ga->shadow_used[slot] = ++c->shadow_clock;
+    for (int32_t gi = 0; gi < c->n_groups; gi++)
+        for (int32_t l = 0; l < c->groups[gi].n_layers; l++)
+            for (int32_t j = 0; j < KV_BLOCK_TOKENS; j++)
+                memcpy(kv_tail(c, s, gi, l, b * KV_BLOCK_TOKENS + j),
+                       shadow_row(c, ga, slot, gi, l, j), c->tail_row * sizeof(uint16_t));
 }
 
 /* The anchor block after the one of serial `parent` that holds tokens t. */
@@ -404,6 +495,7 @@ void kv_seq_reset(kv_cache *c, kv_seq *s) {
     }
     s->n_pos = 0;
     s->n_pub = 0;
+    s->tail_lo = 0;
     if (s->conv) memset(s->conv, 0, c->conv_floats * sizeof *s->conv);
     if (s->tail) memset(s->tail, 0, c->tail_elems * sizeof *s->tail);
 }
@@ -491,6 +583,10 @@ static void publish(kv_cache *c, kv_seq *s) {
                 index_add(c, ga, id, h, parent, t);
             }
         }
+        /* A window type copies the block while the tail holds it: the
+         * sink, and the blocks of the ring (a pass's last ones). */
+        if (ga->shadow && ga->shadow[id] < 0 && (b == 0 || b * KV_BLOCK_TOKENS >= s->tail_lo))
+            shadow_put(c, s, b, id);
         for (int32_t gi = 0; gi < c->n_groups; gi++) {
             kv_group *g = &c->groups[gi];
             int32_t k = s->table[gi][b];
@@ -503,6 +599,7 @@ static void publish(kv_cache *c, kv_seq *s) {
 }
 
 void kv_seq_trim(kv_cache *c, kv_seq *s) {
+    if (c->recent && s->n_pos - KV_RING > s->tail_lo) s->tail_lo = s->n_pos - KV_RING;
     if (c->prefix_on && s->tokens) publish(c, s);
     for (int32_t gi = 0; gi < c->n_groups; gi++) {
         kv_group *g = &c->groups[gi];
@@ -525,7 +622,7 @@ bool kv_seq_truncate(kv_cache *c, kv_seq *s, int32_t n) {
     if (n < 0 || n > s->n_pos) return false;
     if (c->conv_floats && n < s->n_pos) return false; /* the state is of n_pos only */
     /* A window type's ring must still hold the window of the new end. */
-    if (c->recent && n < s->n_pos && s->n_pos - n > KV_RING - (2 * KV_BLOCK_TOKENS - 1))
+    if (c->recent && n < s->n_pos && n > KV_BLOCK_TOKENS && kv_recent_floor(n) < s->tail_lo)
         return false;
     for (int32_t gi = 0; gi < c->n_groups; gi++) {
         int32_t w = c->groups[gi].window;
@@ -556,6 +653,7 @@ void kv_seq_fork(kv_cache *c, kv_seq *dst, const kv_seq *src) {
     dst->n_pub = src->n_pub;
     if (c->conv_floats) memcpy(dst->conv, src->conv, c->conv_floats * sizeof *dst->conv);
     if (c->tail_elems) memcpy(dst->tail, src->tail, c->tail_elems * sizeof *dst->tail);
+    dst->tail_lo = src->tail_lo;
 }
 
 /* First block a windowed group still needs at the end of `pos` positions. */
@@ -585,13 +683,24 @@ int32_t kv_seq_lookup(kv_cache *c, kv_seq *s, const int32_t *tokens, int32_t n) 
     if (o >= 0)
         for (int32_t b = 0; b < k; b++)
             fo[b] = find_tied(&c->groups[o], ga->hash[fa[b]], ga->serial[fa[b]]);
-    /* The longest prefix whose every group has what its end can see. */
-    for (; k > 0 && o >= 0; k--) {
-        int32_t lo = first_needed(c->groups[o].window, k * KV_BLOCK_TOKENS), b = lo;
-        while (b < k && fo[b] >= 0) b++;
-        if (b == k) break;
+    /* The longest prefix whose every group has what its end can see (a
+     * window type: and the f16 copies of its sink and last block). */
+    for (; k > 0; k--) {
+        bool ok = true;
+        if (o >= 0) {
+            int32_t b = first_needed(c->groups[o].window, k * KV_BLOCK_TOKENS);
+            while (b < k && fo[b] >= 0) b++;
+            ok = b == k;
+        }
+        if (ga->shadow) ok = ok && ga->shadow[fa[0]] >= 0 && ga->shadow[fa[k - 1]] >= 0;
+        if (ok) break;
     }
     if (k == 0) return 0;
+    if (ga->shadow) {
+        shadow_get(c, s, 0, fa[0]);
+        if (k > 1) shadow_get(c, s, k - 1, fa[k - 1]);
+        s->tail_lo = (k - 1) * KV_BLOCK_TOKENS;
+    }
     for (int32_t b = 0; b < k; b++) {
         block_hold(ga, fa[b]);
         s->table[a][b] = fa[b];
@@ -694,6 +803,14 @@ const char *kv_cache_check(const kv_cache *c, const uint32_t *const refs[2]) {
             }
         if (!bad && n_in_buckets != n_indexed) bad = "indexed blocks missing from the index";
         if (!bad && n_used != g->n_blocks - g->n_free) bad = "blocks in use != total - free";
+        for (int32_t i = 0; i < g->n_shadows && !bad; i++) {
+            int32_t o = g->shadow_owner[i];
+            if (o >= 0 && (o >= g->n_blocks || g->shadow[o] != i || !g->serial[o]))
+                bad = "a shadow's block does not name it, or is not indexed";
+        }
+        for (int32_t b = 0; g->shadow && b < g->n_blocks && !bad; b++)
+            if (g->shadow[b] >= 0 && g->shadow_owner[g->shadow[b]] != b)
+                bad = "a block names a shadow that is not its";
         free(seen);
     }
     return bad;

@@ -100,6 +100,15 @@ typedef struct kv_group {
     uint32_t bucket_mask;
     int32_t *lru_prev, *lru_next; /* idle indexed blocks */
     int32_t lru_head, lru_tail;
+    /* A window type's anchor group: f16 copies ("shadows") of some
+     * indexed blocks, taken from the publishing sequence's tail, so that
+     * a sequence can take a cached prefix that ends at one (its window's
+     * block before) and starts at one (the sink). NULL for the others. */
+    int32_t *shadow;       /* per block: its shadow slot, -1: none */
+    int32_t *shadow_owner; /* per slot: its block, -1: free */
+    uint64_t *shadow_used; /* per slot: when last made or taken (least recent goes first) */
+    uint16_t *shadow_mem;  /* [n_shadows][kv_cache.shadow_elems] */
+    int32_t n_shadows;
 } kv_group;
 
 /* Where a GPU backend keeps the blocks' contents (model/backend.h): the
@@ -136,10 +145,12 @@ typedef struct kv_cache {
      * (kv_seq.tail: the sink, and a ring of the last KV_RING positions);
      * a forward pass reads its own rows from its scratch. */
     bool recent;
-    size_t tail_row;    /* uint16 values of one position of one layer: K then V */
-    size_t tail_off[2]; /* where group g's layers start in a tail, in uint16 */
-    size_t tail_elems;  /* a sequence's tail, in uint16 (0: none) */
-    kv_storage ext;     /* ext.copy NULL: the blocks' contents are in groups[].mem */
+    size_t tail_row;     /* uint16 values of one position of one layer: K then V */
+    size_t tail_off[2];  /* where group g's layers start in a tail, in uint16 */
+    size_t tail_elems;   /* a sequence's tail, in uint16 (0: none) */
+    size_t shadow_elems; /* one block's f16 copy, every group and layer, in uint16 */
+    uint64_t shadow_clock;
+    kv_storage ext; /* ext.copy NULL: the blocks' contents are in groups[].mem */
 } kv_cache;
 
 /* A sequence's view of the cache: its length and block tables. */
@@ -170,6 +181,8 @@ typedef struct kv_seq {
     /* A window type's f16 copies (kv_cache.recent): per group and layer,
      * KV_BLOCK_TOKENS + KV_RING slots of tail_row values (kv_tail). */
     uint16_t *tail;
+    /* The ring holds every position from tail_lo (and >= 16) to n_pos. */
+    int32_t tail_lo;
 } kv_seq;
 
 /* Creates a cache for `m` holding up to `budget` bytes of blocks of KV
@@ -301,6 +314,13 @@ static inline uint16_t *kv_tail(const kv_cache *c, const kv_seq *s, int32_t grou
     int32_t slot = pos < KV_BLOCK_TOKENS ? pos : KV_BLOCK_TOKENS + pos % KV_RING;
     return s->tail + c->tail_off[group] +
            ((size_t)layer * (KV_BLOCK_TOKENS + KV_RING) + (size_t)slot) * c->tail_row;
+}
+
+/* The first position above the sink that a window type's query at n reads
+ * in f16 (16 when there is none). */
+static inline int32_t kv_recent_floor(int32_t n) {
+    int32_t lo = (n / KV_BLOCK_TOKENS - 1) * KV_BLOCK_TOKENS;
+    return lo > KV_BLOCK_TOKENS ? lo : KV_BLOCK_TOKENS;
 }
 
 /* Whether a window type's query at position q reads the key at position

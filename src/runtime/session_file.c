@@ -347,6 +347,7 @@ static void restore_kv(cellm_engine *e, void *arg) {
                                   (uint32_t)b[3] << 24);
     }
     q->n_pos = f->n_pos;
+    q->tail_lo = kv_recent_floor(f->n_pos); /* what a window type's tail surely holds */
     q->tokens = j->s->kept;
     kv_seq_trim(c, q); /* its full blocks go into the prefix cache */
     session_keep(e, j->s);
