@@ -4,7 +4,7 @@ each --kv-type against f16 KV, on three texts (prose, code, non-English),
 at 4 x 512 and 1 x 2,048 positions, with `cellm perplexity`.
 
 Texts: Genesis (tests/data/genesis-kjv-start.txt), C code
-(src/cpu/attention.c), German (/usr/share/gnupg/help.de.txt, from Debian's
+(src/cpu/attention.c, or --text-code), German (/usr/share/gnupg/help.de.txt, from Debian's
 gnupg-l10n package; --text-de to name another). Prints a markdown table,
 one row per model and KV type, each cell the perplexity's change against
 f16 KV on the same text and context.
@@ -36,10 +36,13 @@ def main():
     ap.add_argument("--cellm", default=os.path.join(ROOT, "build", "cellm"))
     ap.add_argument("--kv-types", default="q8_0,q4_0h,k5v4h")
     ap.add_argument("--text-de", default="/usr/share/gnupg/help.de.txt")
+    ap.add_argument("--text-code", default=os.path.join(ROOT, "src/cpu/attention.c"),
+                    help="the code text (the file changes with the code: name a fixed copy, "
+                    "e.g. `git show af503c3:src/cpu/attention.c`, to compare runs)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     a = ap.parse_args()
     texts = [("prose", os.path.join(ROOT, "tests/data/genesis-kjv-start.txt")),
-             ("code", os.path.join(ROOT, "src/cpu/attention.c")), ("German", a.text_de)]
+             ("code", a.text_code), ("German", a.text_de)]
     for _, path in texts:
         if not os.path.exists(path):
             sys.exit(f"kv_ppl: no {path}")

@@ -148,13 +148,21 @@ typedef enum cellm_kv_type {
     CELLM_KV_K5V4H = 4,
     /* The window types: rows stored as q4_0h (k5v4h), and each sequence
      * keeps f16 copies of its first 16 positions (the attention sink) and
-     * of its latest ones; a query reads the sink and its own and the
+     * of its latest 48; a query reads the sink and its own and the
      * previous block of 16 positions in f16, older ones compressed. Most
      * of 4-bit KV's loss is in the recent positions, so this buys most of
-     * it back for 64 f16 positions a layer per sequence. CPU only;
-     * no prefix cache (a cached prefix holds no f16 copies). */
+     * it back, for 80 f16 positions a layer per sequence (the copies, and
+     * one of a cached block so that prefixes stay shareable). Keys are
+     * also centred and balanced per channel from statistics the engine
+     * takes at creation (a pass over a built-in text of 512 tokens). CPU
+     * only. */
     CELLM_KV_Q4_0HW = 5,
-    CELLM_KV_K5V4HW = 6
+    CELLM_KV_K5V4HW = 6,
+    /* Window types with 3-bit rows (8 levels, one f16 scale per 32: 14
+     * bytes per 32 values, 3.5 bits a value): both K and V (q3_0hw), or
+     * 4-bit keys and 3-bit values (k4v3hw, 4.0 bits). */
+    CELLM_KV_Q3_0HW = 7,
+    CELLM_KV_K4V3HW = 8
 } cellm_kv_type;
 
 /* The power/QoS policy: how hard the engine works, traded against heat and

@@ -153,6 +153,7 @@ static size_t block_bytes(kv_format f) {
     switch (f) {
     case KV_FMT_Q8_0: return 34;
     case KV_FMT_Q5_0: return 22;
+    case KV_FMT_Q3_0: return 14;
     default: return 18;
     }
 }
@@ -200,6 +201,7 @@ static void check_quantized_variant(kv_format f, void (*deq)(const void *, float
                  * 1/256.) */
                 const float step = f == KV_FMT_Q8_0   ? amax / 127
                                    : f == KV_FMT_Q5_0 ? amax / 16 * (1 + 1.0f / 256)
+                                   : f == KV_FMT_Q3_0 ? amax / 4 * (1 + 1.0f / 256)
                                                       : amax / 8 * (1 + 1.0f / 256);
                 for (size_t i = 0; i < n; i++)
                     if (!(fabsf(deqv[j][i] - x[i]) <= step))
@@ -262,6 +264,9 @@ static void test_quantized_rows(void **state) {
     check_quantized(KV_FMT_Q8_0, ref_dequantize_q8_0, "q8_0");
     check_quantized(KV_FMT_Q4_0, ref_dequantize_q4_0, "q4_0");
     check_quantized(KV_FMT_Q5_0, ref_dequantize_q5_0, "q5_0");
+    /* The KV cache's own 3-bit rows: no GGML dequantizer, so the generic
+     * one, checked against the input and the double sums. */
+    check_quantized(KV_FMT_Q3_0, NULL, "q3_0");
 }
 
 /* The f16 entries of kv[] are the f16 kernels. */

@@ -389,7 +389,8 @@ static void test_kv_types(void **state) {
         size_t bytes_per_32;
     } types[] = {{CELLM_KV_Q8_0, 34},   {CELLM_KV_Q4_0, 18},
                  {CELLM_KV_Q4_0H, 18},  {CELLM_KV_K5V4H, 20}, /* K 22, V 18: 20 on average */
-                 {CELLM_KV_Q4_0HW, 18}, {CELLM_KV_K5V4HW, 20}};
+                 {CELLM_KV_Q4_0HW, 18}, {CELLM_KV_K5V4HW, 20},
+                 {CELLM_KV_Q3_0HW, 14}, {CELLM_KV_K4V3HW, 16}}; /* K 18, V 14 */
     const size_t f16_block = f16.bytes_kv_total / (size_t)f16.blocks_total;
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         e = engine_new_kv(1, 0, types[i].type);
@@ -400,7 +401,7 @@ static void test_kv_types(void **state) {
         /* Whole blocks of the same budget: each pool is the budget less
          * under one of its blocks; a window type's sequences take their
          * f16 copies out of it first. */
-        int window = types[i].type == CELLM_KV_Q4_0HW || types[i].type == CELLM_KV_K5V4HW;
+        int window = types[i].type >= CELLM_KV_Q4_0HW; /* the window types */
         assert_true(st.bytes_kv_total <= f16.bytes_kv_total + f16_block + block);
         if (window)
             assert_true(st.bytes_kv_total < f16.bytes_kv_total);
@@ -456,7 +457,7 @@ static void test_asan_errors(void **state) {
     assert_int_equal(cellm_engine_create(g_model, &ep, &e), CELLM_ERR_NO_MEMORY);
     assert_non_null(strstr(cellm_last_error(), "budget"));
     ep = cellm_engine_default_params();
-    ep.kv_type = (cellm_kv_type)7;
+    ep.kv_type = (cellm_kv_type)99;
     assert_int_equal(cellm_engine_create(g_model, &ep, &e), CELLM_ERR_INVALID_ARG);
     assert_non_null(strstr(cellm_last_error(), "KV type"));
 

@@ -31,7 +31,8 @@ static const struct {
     bool window;
 } kv_types[] = {{"f32", 128, 128, false}, {"f16", 64, 64, false},   {"q8_0", 34, 34, false},
                 {"q4_0", 18, 18, false},  {"q4_0h", 18, 18, false}, {"k5v4h", 22, 18, false},
-                {"q4_0hw", 18, 18, true}, {"k5v4hw", 22, 18, true}};
+                {"q4_0hw", 18, 18, true}, {"k5v4hw", 22, 18, true}, {"q3_0hw", 14, 14, true},
+                {"k4v3hw", 18, 14, true}};
 #define INSPECT_WINDOW_POSITIONS 80 /* 2 * KV_BLOCK_TOKENS + KV_RING, src/model/kv_cache.h */
 
 const char *inspect_kv_name(uint32_t kv_type) {
@@ -410,7 +411,8 @@ int cmd_inspect(int argc, char **argv) {
         } else if (!strcmp(a, "--kv-type")) {
             if (i + 1 >= argc || !inspect_kv_type(argv[++i], &opts.kv_type)) {
                 cli_error(
-                    "--kv-type needs one of f32, f16, q8_0, q4_0, q4_0h, k5v4h, q4_0hw, k5v4hw");
+                    "--kv-type needs one of f32, f16, q8_0, q4_0, q4_0h, k5v4h, q4_0hw, k5v4hw, "
+                    "q3_0hw, k4v3hw");
                 return 2;
             }
         } else if (!strcmp(a, "--mem-budget")) {

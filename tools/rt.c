@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "model/kv_calib.h"
 #include "runtime/engine.h"
 #include "store.h"
 
@@ -47,7 +48,8 @@ cellm_status rt_open(const char *name_or_path, const rt_opts *o, rt *r, cellm_er
     else if ((st = tp_create(threads, &r->tp, err)))
         goto fail;
     if ((st = device_backend(o->device, o->gpu_layers, r->m, r->kv, r->tp, r->batch, logit_rows,
-                             &r->fwd, err)))
+                             &r->fwd, err)) ||
+        (st = kv_calibrate(r->kv, r->m, r->tok, &r->fwd, r->batch, err)))
         goto fail;
     return CELLM_OK;
 fail:

@@ -32,6 +32,17 @@ static inline float q5_0_codes(const void *row, size_t ib, int8_t c[32]) {
     return fp16_to_fp32(b->d);
 }
 
+/* The signed codes of block ib of a 3-bit row (block_q3_0), the same way
+ * for every variant; returns d. */
+static inline float q3_0_codes(const void *row, size_t ib, int8_t c[32]) {
+    const block_q3_0 *b = (const block_q3_0 *)row + ib;
+    const uint32_t qh = (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 | (uint32_t)b->qh[2] << 16 |
+                        (uint32_t)b->qh[3] << 24;
+    for (int j = 0; j < 32; j++)
+        c[j] = (int8_t)((((b->qs[j % 8] >> (2 * (j / 8))) & 3) | ((qh >> j) & 1) << 2) - 4);
+    return fp16_to_fp32(b->d);
+}
+
 static float ref_dot_f16(const float *q, const uint16_t *k, size_t n) {
     float lane[8] = {0};
     size_t i = 0;
@@ -102,6 +113,9 @@ static void store_q4_0(void *dst, const float *x, size_t n) {
 static void store_q5_0(void *dst, const float *x, size_t n) {
     ref_quantize_q5_0(x, dst, n);
 }
+static void store_q3_0(void *dst, const float *x, size_t n) {
+    ref_quantize_q3_0(x, dst, n);
+}
 /* The scale and the 32 codes (as floats, in element order) of block ib of
  * a quantized row. */
 static inline float block_codes(kv_format f, const void *row, size_t ib, float c[32]) {
@@ -110,9 +124,9 @@ static inline float block_codes(kv_format f, const void *row, size_t ib, float c
         for (int i = 0; i < 32; i++) c[i] = (float)b->qs[i];
         return fp16_to_fp32(b->d);
     }
-    if (f == KV_FMT_Q5_0) {
+    if (f == KV_FMT_Q5_0 || f == KV_FMT_Q3_0) {
         int8_t ci[32];
-        const float d = q5_0_codes(row, ib, ci);
+        const float d = f == KV_FMT_Q5_0 ? q5_0_codes(row, ib, ci) : q3_0_codes(row, ib, ci);
         for (int i = 0; i < 32; i++) c[i] = (float)ci[i];
         return d;
     }
@@ -184,6 +198,7 @@ static void ref_axpy_rows_q(kv_format f, float *acc, const float *w, const void 
 REF_Q_KERNELS(KV_FMT_Q8_0, q8_0)
 REF_Q_KERNELS(KV_FMT_Q4_0, q4_0)
 REF_Q_KERNELS(KV_FMT_Q5_0, q5_0)
+REF_Q_KERNELS(KV_FMT_Q3_0, q3_0)
 
 /* Calls F(g) with g a constant 1..N for a count g of 1..N (N 4, 8, 12
  * or 16): the SIMD tile kernels keep a constant number of accumulators, so
@@ -239,6 +254,7 @@ GENERIC_TILES(ref, f16, ref_kv_dot_f16, ref_kv_dot4_f16, ref_kv_axpy_rows_f16)
 GENERIC_TILES(ref, q8_0, ref_dot_q8_0, ref_dot4_q8_0, ref_axpy_rows_q8_0)
 GENERIC_TILES(ref, q4_0, ref_dot_q4_0, ref_dot4_q4_0, ref_axpy_rows_q4_0)
 GENERIC_TILES(ref, q5_0, ref_dot_q5_0, ref_dot4_q5_0, ref_axpy_rows_q5_0)
+GENERIC_TILES(ref, q3_0, ref_dot_q3_0, ref_dot4_q3_0, ref_axpy_rows_q3_0)
 
 /* The softmax of attn_kernels, with a variant's exp (expn: x[i] =
  * xm_expf(x[i] - mx), bit for bit), max (scale_max: x[i] *= scale, and the
@@ -329,6 +345,11 @@ static void ref_silu_mul(float *g, const float *u, size_t n) {
         pfx##_dot_q5_0, pfx##_dot4_q5_0, pfx##_axpy_rows_q5_0, store_q5_0, pfx##_dot_tile_q5_0,    \
             pfx##_axpy_tile_q5_0                                                                   \
     }
+#define KV_OPS_Q3_0(pfx)                                                                           \
+    {                                                                                              \
+        pfx##_dot_q3_0, pfx##_dot4_q3_0, pfx##_axpy_rows_q3_0, store_q3_0, pfx##_dot_tile_q3_0,    \
+            pfx##_axpy_tile_q3_0                                                                   \
+    }
 
 static const attn_kernels ref_kernels = {
     .dot_f16 = ref_dot_f16,
@@ -340,7 +361,7 @@ static const attn_kernels ref_kernels = {
     .softmax = ref_softmax,
     .gelu_mul = ref_gelu_mul,
     .silu_mul = ref_silu_mul,
-    .kv = {KV_OPS_F16(ref), KV_OPS_Q8_0(ref), KV_OPS_Q4_0(ref), KV_OPS_Q5_0(ref)},
+    .kv = {KV_OPS_F16(ref), KV_OPS_Q8_0(ref), KV_OPS_Q4_0(ref), KV_OPS_Q5_0(ref), KV_OPS_Q3_0(ref)},
 };
 
 #if defined(__x86_64__)
@@ -473,6 +494,14 @@ avx2_block_codes(kv_format f, const void *row, size_t ib, __m256 c[4]) {
                 _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * u))));
         return fp16_to_fp32(b->d);
     }
+    if (f == KV_FMT_Q3_0) { /* unpacked in C (exact integers), then as Q8_0's */
+        int8_t ci[32];
+        const float d = q3_0_codes(row, ib, ci);
+        for (int u = 0; u < 4; u++)
+            c[u] = _mm256_cvtepi32_ps(
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(ci + 8 * u))));
+        return d;
+    }
     const __m128i m15 = _mm_set1_epi8(15);
     __m128i lo, hi;
     uint16_t dh;
@@ -583,10 +612,12 @@ avx2_axpy_rows_q(kv_format f, float *acc, const float *w, const void *const *v, 
 AVX2_Q_KERNELS(KV_FMT_Q8_0, q8_0)
 AVX2_Q_KERNELS(KV_FMT_Q4_0, q4_0)
 AVX2_Q_KERNELS(KV_FMT_Q5_0, q5_0)
+AVX2_Q_KERNELS(KV_FMT_Q3_0, q3_0)
 
 GENERIC_TILES(avx2, q8_0, avx2_dot_q8_0, avx2_dot4_q8_0, avx2_axpy_rows_q8_0)
 GENERIC_TILES(avx2, q4_0, avx2_dot_q4_0, avx2_dot4_q4_0, avx2_axpy_rows_q4_0)
 GENERIC_TILES(avx2, q5_0, avx2_dot_q5_0, avx2_dot4_q5_0, avx2_axpy_rows_q5_0)
+GENERIC_TILES(avx2, q3_0, avx2_dot_q3_0, avx2_dot4_q3_0, avx2_axpy_rows_q3_0)
 
 /* f16 keys for several queries: avx2_dot_f16's lanes per (query, key), two
  * keys and up to six queries at a time (twelve independent sums in
@@ -776,7 +807,8 @@ static const attn_kernels avx2_kernels = {
     .softmax = avx2_softmax,
     .gelu_mul = avx2_gelu_mul,
     .silu_mul = avx2_silu_mul,
-    .kv = {KV_OPS_F16(avx2), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_Q5_0(avx2)},
+    .kv = {KV_OPS_F16(avx2), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_Q5_0(avx2),
+           KV_OPS_Q3_0(avx2)},
 };
 
 /* AVX-512: the same lanes and order as above, two keys' 8-lane chunks in
@@ -1070,7 +1102,8 @@ static const attn_kernels avx512_kernels = {
     .softmax = avx512_softmax,
     .gelu_mul = avx512_gelu_mul,
     .silu_mul = avx512_silu_mul,
-    .kv = {KV_OPS_F16(avx512), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_Q5_0(avx2)},
+    .kv = {KV_OPS_F16(avx512), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_Q5_0(avx2),
+           KV_OPS_Q3_0(avx2)},
 };
 #endif
 
@@ -1183,9 +1216,9 @@ static inline __attribute__((always_inline)) float neon_block_codes(kv_format f,
         a = vld1q_s8(bl->qs);
         b = vld1q_s8(bl->qs + 16);
         d = fp16_to_fp32(bl->d);
-    } else if (f == KV_FMT_Q5_0) {
+    } else if (f == KV_FMT_Q5_0 || f == KV_FMT_Q3_0) {
         int8_t ci[32];
-        d = q5_0_codes(row, ib, ci);
+        d = f == KV_FMT_Q5_0 ? q5_0_codes(row, ib, ci) : q3_0_codes(row, ib, ci);
         a = vld1q_s8(ci);
         b = vld1q_s8(ci + 16);
     } else {
@@ -1268,10 +1301,12 @@ static inline __attribute__((always_inline)) void neon_axpy_rows_q(kv_format f, 
 NEON_Q_KERNELS(KV_FMT_Q8_0, q8_0)
 NEON_Q_KERNELS(KV_FMT_Q4_0, q4_0)
 NEON_Q_KERNELS(KV_FMT_Q5_0, q5_0)
+NEON_Q_KERNELS(KV_FMT_Q3_0, q3_0)
 
 GENERIC_TILES(neon, q8_0, neon_dot_q8_0, neon_dot4_q8_0, neon_axpy_rows_q8_0)
 GENERIC_TILES(neon, q4_0, neon_dot_q4_0, neon_dot4_q4_0, neon_axpy_rows_q4_0)
 GENERIC_TILES(neon, q5_0, neon_dot_q5_0, neon_dot4_q5_0, neon_axpy_rows_q5_0)
+GENERIC_TILES(neon, q3_0, neon_dot_q3_0, neon_dot4_q3_0, neon_axpy_rows_q3_0)
 
 /* f16 keys for several queries: neon_dot_f16's lanes per (query, key),
  * two keys and up to four queries at a time (sixteen sums in registers),
@@ -1420,7 +1455,8 @@ static const attn_kernels neon_kernels = {
     .softmax = neon_softmax,
     .gelu_mul = ref_gelu_mul,
     .silu_mul = neon_silu_mul,
-    .kv = {KV_OPS_F16(neon), KV_OPS_Q8_0(neon), KV_OPS_Q4_0(neon), KV_OPS_Q5_0(neon)},
+    .kv = {KV_OPS_F16(neon), KV_OPS_Q8_0(neon), KV_OPS_Q4_0(neon), KV_OPS_Q5_0(neon),
+           KV_OPS_Q3_0(neon)},
 };
 #endif
 

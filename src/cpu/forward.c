@@ -397,6 +397,10 @@ static void task_qk(void *arg, int ith, int nth) {
         uint8_t *vc = kv_v(kv, s->rows[r].seq, L->kv_group, L->kv_index, pos);
         size_t kb = kv_row_bytes(kv->kformat, (size_t)hd),
                vb = kv_row_bytes(kv->vformat, (size_t)hdv);
+        if (kv->kscale) { /* centred and balanced keys (kv_cache.kmean) */
+            const float *mu = kv->kmean + (size_t)s->il * kd, *a = kv->kscale + (size_t)s->il * kd;
+            for (int32_t c = 0; c < kd; c++) k[c] = (k[c] - mu[c]) * a[c];
+        }
         for (int32_t h = 0; h < m->n_head_kv; h++) {
             if (kv->rotated) {
                 attn_rotate(k + h * hd, (size_t)hd);
@@ -543,6 +547,10 @@ static void attend_tile(const step *s, const att_tile *T, float *scr) {
             ak->scale_round_f16(q16 + (size_t)i * hd, q, 1.0f, (size_t)hd);
         else
             memcpy(q16 + (size_t)i * hd, q, (size_t)hd * sizeof(float));
+        if (kv->kscale) { /* the balance's inverse (kv_cache.kscale) */
+            const float *a = kv->kscale + ((size_t)s->il * m->n_head_kv + (size_t)kvh) * hd;
+            for (int32_t c = 0; c < hd; c++) q16[(size_t)i * hd + c] /= a[c];
+        }
         if (kv->rotated) attn_rotate(q16 + (size_t)i * hd, (size_t)hd);
     }
     /* Every query's score for every key of the tile's span (those a row
@@ -617,6 +625,37 @@ static void attend_tile(const step *s, const att_tile *T, float *scr) {
         if (kv->rotated) attn_unrotate(o, (size_t)hdv);
         memcpy(f->att + r * (long)m->n_head * hdv + (long)(T->h0 + i % T->nh) * hdv, o,
                (size_t)hdv * sizeof(float));
+    }
+}
+
+/* kv_calibrate's statistics of the layer's rows (kv_cache.calib), in
+ * batch order: keys as they were before the rotation (task_qk rotated
+ * them in place; no centring is set yet), queries after RoPE. Not the
+ * sink's: queries read those in f16, and the first position's key is far
+ * from the others (it would pull the means and spreads its way). */
+static void calib_rows(const step *s) {
+    const forward_ctx *f = s->f;
+    const model *m = f->m;
+    kv_calib *cb = f->kv->calib;
+    int32_t hd = m->head_dim, kd = m->n_head_kv * hd, group = m->n_head / m->n_head_kv;
+    double *sk = cb->sk + (size_t)s->il * kd, *sk2 = cb->sk2 + (size_t)s->il * kd,
+           *sq2 = cb->sq2 + (size_t)s->il * kd;
+    float kh[1024];
+    for (int32_t r = 0; r < s->n; r++) {
+        if (s->rows[r].pos < KV_BLOCK_TOKENS) continue; /* the sink: read in f16 */
+        const float *q = f->q + (size_t)r * m->n_head * hd, *k = f->k + (size_t)r * kd;
+        for (int32_t h = 0; h < m->n_head_kv; h++) {
+            memcpy(kh, k + h * hd, (size_t)hd * sizeof(float));
+            if (f->kv->rotated) attn_unrotate(kh, (size_t)hd);
+            for (int32_t c = 0; c < hd; c++) {
+                sk[h * hd + c] += kh[c];
+                sk2[h * hd + c] += (double)kh[c] * kh[c];
+            }
+        }
+        for (int32_t h = 0; h < m->n_head; h++)
+            for (int32_t c = 0; c < hd; c++)
+                sq2[(h / group) * hd + c] += (double)q[h * hd + c] * q[h * hd + c] / group;
+        cb->n[s->il] += 1;
     }
 }
 
@@ -908,6 +947,7 @@ static void run_layers(forward_ctx *f, const fwd_row *rows, const float *const *
             mm_shared(f, qkv, (float *const[]){f->q, f->k, f->v}, 3, f->xb, n, s.quant);
             rope_slot(f, &s);
             run_rows(f, task_qk, &s);
+            if (f->kv->calib) calib_rows(&s);
             plan_tiles(&s);
             tp_run(f->tp, task_attention, &s);
             if (f->kv->recent) save_recent(&s);

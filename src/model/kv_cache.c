@@ -43,6 +43,8 @@ static const struct {
     [CELLM_KV_K5V4H] = {"k5v4h", KV_FMT_Q5_0, KV_FMT_Q4_0, true, false},
     [CELLM_KV_Q4_0HW] = {"q4_0hw", KV_FMT_Q4_0, KV_FMT_Q4_0, true, true},
     [CELLM_KV_K5V4HW] = {"k5v4hw", KV_FMT_Q5_0, KV_FMT_Q4_0, true, true},
+    [CELLM_KV_Q3_0HW] = {"q3_0hw", KV_FMT_Q3_0, KV_FMT_Q3_0, true, true},
+    [CELLM_KV_K4V3HW] = {"k4v3hw", KV_FMT_Q4_0, KV_FMT_Q3_0, true, true},
 };
 
 /* A window type's f16 values of one position, every group and layer (0
@@ -80,7 +82,8 @@ const char *kv_type_name(cellm_kv_type type) {
 cellm_status kv_type_check(const model *m, cellm_kv_type type, cellm_error *err) {
     if ((unsigned)type >= sizeof kv_types / sizeof kv_types[0])
         return err_set(err, CELLM_ERR_INVALID_ARG,
-                       "KV type %d is not one of f16, q8_0, q4_0, q4_0h, k5v4h, q4_0hw, k5v4hw",
+                       "KV type %d is not one of f16, q8_0, q4_0, q4_0h, k5v4h, q4_0hw, k5v4hw, "
+                       "q3_0hw, k4v3hw",
                        (int)type);
     const int32_t dims[2] = {m->head_dim, m->head_dim_v};
     for (int i = 0; i < 2; i++) {
@@ -264,6 +267,8 @@ void kv_cache_free(kv_cache *c) {
         free(c->groups[gi].shadow_mem);
     }
     free(c->scratch);
+    free(c->kmean);
+    free(c->kscale);
     free(c);
 }
 

@@ -121,6 +121,17 @@ typedef struct kv_storage {
     void (*copy)(void *user, int32_t group, int32_t dst, int32_t src);
 } kv_storage;
 
+/* Sums a forward pass adds up, row after row in batch order, while a
+ * cache's calib is set (kv_calibrate's pass): per layer and KV channel
+ * (n_head_kv * head_dim, after RoPE), the keys, their squares, and the
+ * squares of the queries that meet them (averaged over the query heads of
+ * the KV head); and the rows per layer. */
+typedef struct kv_calib {
+    int32_t n_layer, kd;
+    double *sk, *sk2, *sq2; /* [n_layer][kd] */
+    double *n;              /* [n_layer] */
+} kv_calib;
+
 typedef struct kv_cache {
     cellm_kv_type type;
     kv_format kformat, vformat; /* how a K (V) row is stored */
@@ -150,7 +161,15 @@ typedef struct kv_cache {
     size_t tail_elems;   /* a sequence's tail, in uint16 (0: none) */
     size_t shadow_elems; /* one block's f16 copy, every group and layer, in uint16 */
     uint64_t shadow_clock;
-    kv_storage ext; /* ext.copy NULL: the blocks' contents are in groups[].mem */
+    /* A window type's keys, centred and balanced per layer and channel
+     * (kv_calibrate): before the rotation a key becomes (k - kmean) *
+     * kscale and a query q / kscale, which leaves every score of a query
+     * moved by the same amount (softmax does not see it) and spreads the
+     * rounding error where queries are small. NULL until calibrated
+     * (then as if 0 and 1). [n_layer][n_head_kv * head_dim] each. */
+    float *kmean, *kscale;
+    kv_calib *calib; /* set while a pass gathers the statistics */
+    kv_storage ext;  /* ext.copy NULL: the blocks' contents are in groups[].mem */
 } kv_cache;
 
 /* A sequence's view of the cache: its length and block tables. */

@@ -18,6 +18,7 @@ typedef enum kv_format {
     KV_FMT_Q8_0, /* n / 32 Q8_0 blocks: x = d * q, q in -127..127 */
     KV_FMT_Q4_0, /* n / 32 Q4_0 blocks: x = d * (q - 8), q in 0..15 */
     KV_FMT_Q5_0, /* n / 32 Q5_0 blocks: x = d * (q - 16), q in 0..31 */
+    KV_FMT_Q3_0, /* n / 32 3-bit blocks (block_q3_0): x = d * (q - 4), q in 0..7 */
     KV_FMT_COUNT
 } kv_format;
 
@@ -29,6 +30,7 @@ static inline size_t kv_row_bytes(kv_format format, size_t n) {
     case KV_FMT_Q8_0: return n / QK8_0 * sizeof(block_q8_0);
     case KV_FMT_Q4_0: return n / QK4_0 * sizeof(block_q4_0);
     case KV_FMT_Q5_0: return n / QK5_0 * sizeof(block_q5_0);
+    case KV_FMT_Q3_0: return n / QK3_0 * sizeof(block_q3_0);
     default: return n * sizeof(uint16_t);
     }
 }

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "runtime/engine.h"
+#include "model/kv_calib.h"
 #include "text/json.h"
 
 #define DEFAULT_BUDGET ((size_t)256 << 20)
@@ -1027,6 +1028,7 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
         tp_create(p.n_threads, &e->tp, &err) ||
         device_backend(p.device, p.gpu_layers, m, e->kv, e->tp, p.max_batch_tokens, e->logit_rows,
                        &e->fwd, &err) ||
+        kv_calibrate(e->kv, m, cm->tok, &e->fwd, p.max_batch_tokens, &err) ||
         spec_create(e, draft_kv, &err)) {
         engine_destroy(e);
         return fail(&err);

@@ -48,6 +48,7 @@
 #include <string.h>
 
 #include "cpu/matmul.h"
+#include "model/kv_calib.h"
 #include "runtime/engine.h"
 
 int32_t spec_lookup(const int32_t *tok, int32_t n_tok, int32_t ngram_max, int32_t k, int32_t *out) {
@@ -170,8 +171,10 @@ cellm_status spec_create(cellm_engine *e, size_t kv_bytes, cellm_error *err) {
     e->dfirst = malloc((size_t)p->max_seqs * sizeof *e->dfirst);
     if (!e->drows || !e->dreq || !e->dfirst)
         return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory for the draft model's batch");
-    return device_backend(p->device, 0, d, e->dkv, e->tp, p->max_batch_tokens, p->max_seqs,
-                          &e->dfwd, err);
+    if ((st = device_backend(p->device, 0, d, e->dkv, e->tp, p->max_batch_tokens, p->max_seqs,
+                             &e->dfwd, err)))
+        return st;
+    return kv_calibrate(e->dkv, d, p->draft_model->tok, &e->dfwd, p->max_batch_tokens, err);
 }
 
 void spec_destroy(cellm_engine *e) {

@@ -42,6 +42,16 @@ typedef struct {
     uint8_t qs[QK5_0 / 2];
 } block_q5_0;
 
+/* A KV cache row format (not a GGUF type): x = d * (q - 4), q in 0..7;
+ * the low 2 bits of element j are bits 2 * (j / 8) of qs[j % 8], bit 2 of
+ * element j is bit j of qh (little-endian). 14 bytes, 3.5 bits a value. */
+#define QK3_0 32
+typedef struct {
+    uint16_t d;
+    uint8_t qs[8];
+    uint8_t qh[4];
+} block_q3_0;
+
 /* x = d * q + m, q in 0..31, bits as in Q5_0. */
 typedef struct {
     uint16_t d;
@@ -179,6 +189,7 @@ static inline void kq_scale_min(int j, const uint8_t *s, int *sc, int *m) {
 _Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 size");
 _Static_assert(sizeof(block_q4_1) == 20, "block_q4_1 size");
 _Static_assert(sizeof(block_q5_0) == 22, "block_q5_0 size");
+_Static_assert(sizeof(block_q3_0) == 14, "block_q3_0 size");
 _Static_assert(sizeof(block_q5_1) == 24, "block_q5_1 size");
 _Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
 _Static_assert(sizeof(block_q2_K) == 84, "block_q2_K size");

@@ -54,6 +54,8 @@ void ref_quantize_bf16(const float *src, void *dst, size_t n);
 void ref_quantize_q4_0(const float *src, void *dst, size_t n);
 void ref_quantize_q4_1(const float *src, void *dst, size_t n);
 void ref_quantize_q5_0(const float *src, void *dst, size_t n);
+/* The KV cache's 3-bit rows (block_q3_0): as Q4_0 with 8 levels. */
+void ref_quantize_q3_0(const float *src, void *dst, size_t n);
 void ref_quantize_q5_1(const float *src, void *dst, size_t n);
 void ref_quantize_q8_0(const float *src, void *dst, size_t n);
 void ref_quantize_q8_1(const float *src, void *dst, size_t n);

@@ -390,6 +390,24 @@ void ref_quantize_q5_0(const float *src, void *dst, size_t n) {
     }
 }
 
+void ref_quantize_q3_0(const float *src, void *dst, size_t n) {
+    assert(n % QK3_0 == 0);
+    block_q3_0 *y = dst;
+    for (size_t ib = 0; ib < n / QK3_0; ib++, src += QK3_0) {
+        const float d = signed_absmax(src, QK3_0) / -4.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[ib].d = fp32_to_fp16(d);
+        uint32_t qh = 0;
+        memset(y[ib].qs, 0, sizeof y[ib].qs);
+        for (int j = 0; j < QK3_0; j++) {
+            const int q = (int)clampf(src[j] * id + 4.5f, 0.0f, 7.0f);
+            y[ib].qs[j % 8] |= (uint8_t)((q & 3) << (2 * (j / 8)));
+            qh |= (uint32_t)(q >> 2) << j;
+        }
+        store_u32le(y[ib].qh, qh);
+    }
+}
+
 void ref_quantize_q5_1(const float *src, void *dst, size_t n) {
     assert(n % QK5_1 == 0);
     block_q5_1 *y = dst;
