@@ -217,7 +217,10 @@ static void test_asan_refusals(void **state) {
     assert_int_equal(cellm_engine_stats(e, &big), CELLM_OK);
     cellm_engine_free(e);
     assert_true(big.bytes_kv_total > small.bytes_kv_total);
-    assert_true(big.bytes_kv_total - small.bytes_kv_total <= 64 * MIB);
+    /* (Each group's pool is its share less under one of its blocks, so
+     * the growth may pass the difference by up to a block of each group:
+     * under half a MiB on Gemma 3.) */
+    assert_true(big.bytes_kv_total - small.bytes_kv_total <= 64 * MIB + MIB / 2);
     assert_true(big.bytes_kv_total - small.bytes_kv_total > 60 * MIB);
     cellm_model_free(m);
 }
