@@ -614,10 +614,70 @@ AVX2_Q_KERNELS(KV_FMT_Q4_0, q4_0)
 AVX2_Q_KERNELS(KV_FMT_Q5_0, q5_0)
 AVX2_Q_KERNELS(KV_FMT_Q3_0, q3_0)
 
-GENERIC_TILES(avx2, q8_0, avx2_dot_q8_0, avx2_dot4_q8_0, avx2_axpy_rows_q8_0)
-GENERIC_TILES(avx2, q4_0, avx2_dot_q4_0, avx2_dot4_q4_0, avx2_axpy_rows_q4_0)
-GENERIC_TILES(avx2, q5_0, avx2_dot_q5_0, avx2_dot4_q5_0, avx2_axpy_rows_q5_0)
-GENERIC_TILES(avx2, q3_0, avx2_dot_q3_0, avx2_dot4_q3_0, avx2_axpy_rows_q3_0)
+/* dot_tile of a quantized format: each block of a key unpacked once for
+ * all the queries, which then do avx2_dot_q's operations (a block's part
+ * from zero, FMA'd into the query's lanes times the scale, the same sum
+ * of lanes at the end), so every (query, key) gets dot's bits. */
+AVX2_ATTR static inline __attribute__((always_inline)) void
+avx2_dot_tile_q(kv_format f, const float *q, size_t nq, const void *const *k, size_t nk, size_t n,
+                float *out, size_t ostride) {
+    enum { MAXQ = 16 };
+    for (size_t i0 = 0; i0 < nq; i0 += MAXQ) {
+        const size_t m = nq - i0 < MAXQ ? nq - i0 : MAXQ;
+        for (size_t j = 0; j < nk; j++) {
+            __m256 acc[MAXQ];
+            for (size_t i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();
+            for (size_t ib = 0; ib < n / 32; ib++) {
+                __m256 c[4];
+                const __m256 d = _mm256_set1_ps(avx2_block_codes(f, k[j], ib, c));
+                for (size_t i = 0; i < m; i++) {
+                    const float *qi = q + (i0 + i) * n + 32 * ib;
+                    __m256 part = _mm256_setzero_ps();
+                    for (int u = 0; u < 4; u++)
+                        part = _mm256_fmadd_ps(_mm256_loadu_ps(qi + 8 * u), c[u], part);
+                    acc[i] = _mm256_fmadd_ps(d, part, acc[i]);
+                }
+            }
+            for (size_t i = 0; i < m; i++) out[(i0 + i) * ostride + j] = avx2_lanes_sum(acc[i]);
+        }
+    }
+}
+
+/* axpy_tile of a quantized format: each block of a value row unpacked once
+ * for all the queries; each query's accumulator gets avx2_axpy_rows_q's
+ * FMAs (w times the scale, times the codes) row after row, so its bits. */
+AVX2_ATTR static inline __attribute__((always_inline)) void
+avx2_axpy_tile_q(kv_format f, float *const *acc, const float *const *w, size_t nq,
+                 const void *const *v, size_t nk, size_t n) {
+    for (size_t j = 0; j < nk; j++)
+        for (size_t ib = 0; ib < n / 32; ib++) {
+            __m256 c[4];
+            const float d = avx2_block_codes(f, v[j], ib, c);
+            for (size_t i = 0; i < nq; i++) {
+                float *ac = acc[i] + 32 * ib;
+                const __m256 wd = _mm256_set1_ps(w[i][j] * d);
+                for (int u = 0; u < 4; u++)
+                    _mm256_storeu_ps(ac + 8 * u,
+                                     _mm256_fmadd_ps(wd, c[u], _mm256_loadu_ps(ac + 8 * u)));
+            }
+        }
+}
+
+#define AVX2_Q_TILES(fmt, sfx)                                                                     \
+    AVX2_ATTR static void avx2_dot_tile_##sfx(const float *q, size_t nq, const void *const *k,     \
+                                              size_t nk, size_t n, float *out, size_t ostride) {   \
+        avx2_dot_tile_q(fmt, q, nq, k, nk, n, out, ostride);                                       \
+    }                                                                                              \
+    AVX2_ATTR static void avx2_axpy_tile_##sfx(float *const *acc, const float *const *w,           \
+                                               size_t nq, const void *const *v, size_t nk,         \
+                                               size_t n) {                                         \
+        avx2_axpy_tile_q(fmt, acc, w, nq, v, nk, n);                                               \
+    }
+
+AVX2_Q_TILES(KV_FMT_Q8_0, q8_0)
+AVX2_Q_TILES(KV_FMT_Q4_0, q4_0)
+AVX2_Q_TILES(KV_FMT_Q5_0, q5_0)
+AVX2_Q_TILES(KV_FMT_Q3_0, q3_0)
 
 /* f16 keys for several queries: avx2_dot_f16's lanes per (query, key), two
  * keys and up to six queries at a time (twelve independent sums in
