@@ -347,20 +347,27 @@ static void index_remove(kv_group *g, int32_t b) {
 
 /* ------------------------------------------------------------ shadows */
 
-/* Where position j (0..15) of a block's shadow keeps group gi's layer l. */
-static uint16_t *shadow_row(const kv_cache *c, const kv_group *ga, int32_t slot, int32_t gi,
-                            int32_t l, int32_t j) {
-    size_t off = 0;
-    for (int32_t i = 0; i < gi; i++)
-        off += (size_t)c->groups[i].n_layers * KV_BLOCK_TOKENS * c->tail_row;
-    return ga->shadow_mem + (size_t)slot * c->shadow_elems + off +
-           ((size_t)l * KV_BLOCK_TOKENS + (size_t)j) * c->tail_row;
+/* Copies block index b of s (positions [16b, 16b + 16) of its tail, every
+ * group and layer) into shadow slot `slot` (to_shadow), or back. A shadow
+ * holds each group's layers in turn, 16 positions each: a tail's layout
+ * (tail_off) with 16 slots a layer instead of 16 + KV_RING. */
+static void shadow_copy(kv_cache *c, kv_seq *s, int32_t b, int32_t slot, bool to_shadow) {
+    const kv_group *ga = &c->groups[c->anchor];
+    for (int32_t gi = 0; gi < c->n_groups; gi++) {
+        uint16_t *grp = ga->shadow_mem + (size_t)slot * c->shadow_elems +
+                        c->tail_off[gi] / (KV_BLOCK_TOKENS + KV_RING) * KV_BLOCK_TOKENS;
+        for (int32_t l = 0; l < c->groups[gi].n_layers; l++)
+            for (int32_t j = 0; j < KV_BLOCK_TOKENS; j++) {
+                uint16_t *sh = grp + ((size_t)l * KV_BLOCK_TOKENS + (size_t)j) * c->tail_row;
+                uint16_t *t = kv_tail(c, s, gi, l, b * KV_BLOCK_TOKENS + j);
+                memcpy(to_shadow ? sh : t, to_shadow ? t : sh, c->tail_row * sizeof(uint16_t));
+            }
+    }
 }
 
-/* Copies block index b of s (positions [16b, 16b + 16), which its tail
- * holds) into a shadow of anchor block id: a free slot, else the least
- * recently used one. */
-static void shadow_put(kv_cache *c, const kv_seq *s, int32_t b, int32_t id) {
+/* Copies block index b of s (which its tail holds) into a shadow of
+ * anchor block id: a free slot, else the least recently used one. */
+static void shadow_put(kv_cache *c, kv_seq *s, int32_t b, int32_t id) {
     kv_group *ga = &c->groups[c->anchor];
     int32_t slot = 0;
     for (int32_t i = 0; i < ga->n_shadows; i++) {
@@ -374,12 +381,7 @@ static void shadow_put(kv_cache *c, const kv_seq *s, int32_t b, int32_t id) {
     ga->shadow_owner[slot] = id;
     ga->shadow[id] = slot;
     ga->shadow_used[slot] = ++c->shadow_clock;
-    for (int32_t gi = 0; gi < c->n_groups; gi++)
-        for (int32_t l = 0; l < c->groups[gi].n_layers; l++)
-            for (int32_t j = 0; j < KV_BLOCK_TOKENS; j++)
-                memcpy(shadow_row(c, ga, slot, gi, l, j),
-                       kv_tail(c, s, gi, l, b * KV_BLOCK_TOKENS + j),
-                       c->tail_row * sizeof(uint16_t));
+    shadow_copy(c, s, b, slot, true);
 }
 
 /* The shadow of anchor block id into s's tail as block index b. */
@@ -387,11 +389,7 @@ static void shadow_get(kv_cache *c, kv_seq *s, int32_t b, int32_t id) {
     kv_group *ga = &c->groups[c->anchor];
     int32_t slot = ga->shadow[id];
     ga->shadow_used[slot] = ++c->shadow_clock;
-    for (int32_t gi = 0; gi < c->n_groups; gi++)
-        for (int32_t l = 0; l < c->groups[gi].n_layers; l++)
-            for (int32_t j = 0; j < KV_BLOCK_TOKENS; j++)
-                memcpy(kv_tail(c, s, gi, l, b * KV_BLOCK_TOKENS + j),
-                       shadow_row(c, ga, slot, gi, l, j), c->tail_row * sizeof(uint16_t));
+    shadow_copy(c, s, b, slot, false);
 }
 
 /* The anchor block after the one of serial `parent` that holds tokens t. */
