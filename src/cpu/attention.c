@@ -351,6 +351,13 @@ static void ref_silu_mul(float *g, const float *u, size_t n) {
             pfx##_axpy_tile_q3_0                                                                   \
     }
 
+/* A quantized format's row kernels of one variant and tiles of another. */
+#define KV_OPS_Q_TILES(pfx, tpfx, sfx)                                                             \
+    {                                                                                              \
+        pfx##_dot_##sfx, pfx##_dot4_##sfx, pfx##_axpy_rows_##sfx, store_##sfx,                     \
+            tpfx##_dot_tile_##sfx, tpfx##_axpy_tile_##sfx                                          \
+    }
+
 static const attn_kernels ref_kernels = {
     .dot_f16 = ref_dot_f16,
     .axpy_f16 = ref_axpy_f16,
@@ -483,61 +490,77 @@ AVX2_ATTR static void avx2_scale_round_f16(float *out, const float *x, float s, 
 
 KV_F16_WRAPPERS(avx2)
 
-/* The 32 codes of block ib of a quantized row as four vectors of 8
- * floats (elements 0..7, 8..15, 16..23, 24..31); returns the scale. */
+/* The 32 codes of block ib of a quantized row as signed bytes, elements
+ * 0..15 in lo and 16..31 in hi (exact integers, the reference's values);
+ * returns the scale. */
 AVX2_ATTR static inline __attribute__((always_inline)) float
-avx2_block_codes(kv_format f, const void *row, size_t ib, __m256 c[4]) {
+avx2_block_i8(kv_format f, const void *row, size_t ib, __m128i *lo, __m128i *hi) {
     if (f == KV_FMT_Q8_0) {
         const block_q8_0 *b = (const block_q8_0 *)row + ib;
-        for (int u = 0; u < 4; u++)
-            c[u] = _mm256_cvtepi32_ps(
-                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * u))));
+        *lo = _mm_loadu_si128((const __m128i *)b->qs);
+        *hi = _mm_loadu_si128((const __m128i *)(b->qs + 16));
         return fp16_to_fp32(b->d);
     }
-    if (f == KV_FMT_Q3_0) { /* unpacked in C (exact integers), then as Q8_0's */
-        int8_t ci[32];
-        const float d = q3_0_codes(row, ib, ci);
-        for (int u = 0; u < 4; u++)
-            c[u] = _mm256_cvtepi32_ps(
-                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(ci + 8 * u))));
-        return d;
+    /* Byte j of sel_lo/sel_hi picks byte j / 8 of a 32-bit word (of
+     * elements 0..15 and 16..31), tested against bit j % 8 by `bit`. */
+    const __m128i bit = _mm_set1_epi64x((long long)0x8040201008040201ull);
+    const __m128i sel_lo = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m128i sel_hi = _mm_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    if (f == KV_FMT_Q3_0) {
+        /* q3_0_codes: element j's low two bits are bits 2 (j / 8) of
+         * qs[j % 8], its third bit is bit j of qh, minus 4. */
+        const block_q3_0 *b = (const block_q3_0 *)row + ib;
+        uint32_t qh;
+        uint64_t qs;
+        memcpy(&qh, b->qh, 4); /* little-endian, as the format */
+        memcpy(&qs, b->qs, 8);
+        const __m128i x = _mm_set1_epi64x((long long)qs), m3 = _mm_set1_epi8(3);
+        const __m128i l2 = _mm_and_si128(_mm_srlv_epi64(x, _mm_set_epi64x(2, 0)), m3);
+        const __m128i h2 = _mm_and_si128(_mm_srlv_epi64(x, _mm_set_epi64x(6, 4)), m3);
+        const __m128i h = _mm_set1_epi32((int)qh), s4 = _mm_set1_epi8(4);
+        const __m128i hb_lo =
+            _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(h, sel_lo), bit), bit), s4);
+        const __m128i hb_hi =
+            _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(h, sel_hi), bit), bit), s4);
+        *lo = _mm_sub_epi8(_mm_or_si128(l2, hb_lo), s4);
+        *hi = _mm_sub_epi8(_mm_or_si128(h2, hb_hi), s4);
+        return fp16_to_fp32(b->d);
     }
     const __m128i m15 = _mm_set1_epi8(15);
-    __m128i lo, hi;
-    uint16_t dh;
     if (f == KV_FMT_Q5_0) {
-        /* Q5_0: the nibbles as Q4_0's, plus 16 where bit j of qh is set
-         * (byte j of a vector gets byte j / 8 of qh, tested against bit
-         * j % 8), minus 16: q5_0_codes' integers. */
+        /* Q5_0: the nibbles as Q4_0's, plus 16 where bit j of qh is set,
+         * minus 16: q5_0_codes' integers. */
         const block_q5_0 *b = (const block_q5_0 *)row + ib;
         uint32_t qh;
-        memcpy(&qh, b->qh, 4); /* little-endian, as the format */
+        memcpy(&qh, b->qh, 4);
         const __m128i raw = _mm_loadu_si128((const __m128i *)b->qs);
-        const __m128i h = _mm_set1_epi32((int)qh);
-        const __m128i bit = _mm_set1_epi64x((long long)0x8040201008040201ull);
-        const __m128i sel_lo = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-        const __m128i sel_hi = _mm_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-        const __m128i s16 = _mm_set1_epi8(16);
+        const __m128i h = _mm_set1_epi32((int)qh), s16 = _mm_set1_epi8(16);
         const __m128i hb_lo = _mm_and_si128(
             _mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(h, sel_lo), bit), bit), s16);
         const __m128i hb_hi = _mm_and_si128(
             _mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(h, sel_hi), bit), bit), s16);
-        lo = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(raw, m15), hb_lo), s16);
-        hi = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(raw, 4), m15), hb_hi), s16);
-        dh = b->d;
-    } else {
-        const block_q4_0 *b = (const block_q4_0 *)row + ib;
-        const __m128i raw = _mm_loadu_si128((const __m128i *)b->qs);
-        const __m128i eight = _mm_set1_epi8(8);
-        lo = _mm_sub_epi8(_mm_and_si128(raw, m15), eight);
-        hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m15), eight);
-        dh = b->d;
+        *lo = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(raw, m15), hb_lo), s16);
+        *hi = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(raw, 4), m15), hb_hi), s16);
+        return fp16_to_fp32(b->d);
     }
+    const block_q4_0 *b = (const block_q4_0 *)row + ib;
+    const __m128i raw = _mm_loadu_si128((const __m128i *)b->qs), eight = _mm_set1_epi8(8);
+    *lo = _mm_sub_epi8(_mm_and_si128(raw, m15), eight);
+    *hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m15), eight);
+    return fp16_to_fp32(b->d);
+}
+
+/* The 32 codes of block ib of a quantized row as four vectors of 8
+ * floats (elements 0..7, 8..15, 16..23, 24..31); returns the scale. */
+AVX2_ATTR static inline __attribute__((always_inline)) float
+avx2_block_codes(kv_format f, const void *row, size_t ib, __m256 c[4]) {
+    __m128i lo, hi;
+    const float d = avx2_block_i8(f, row, ib, &lo, &hi);
     c[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
     c[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
     c[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
     c[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
-    return fp16_to_fp32(dh);
+    return d;
 }
 
 /* The eight lanes summed in the reference's order. */
@@ -1063,6 +1086,139 @@ AVX512_ATTR static void avx512_axpy_tile_f16(float *const *acc, const float *con
         }
 }
 
+/* Block ib of two quantized keys as avx2_block_codes' four vectors, key a
+ * in the low 256 bits and key b in the high ones, and the scales da | db
+ * the same way. */
+AVX512_ATTR static inline __attribute__((always_inline)) void
+avx512_block_codes_pair(kv_format f, const void *a, const void *b, size_t ib, __m512 c[4],
+                        __m512 *d) {
+    __m128i la, ha, lb, hb;
+    const float da = avx2_block_i8(f, a, ib, &la, &ha), db = avx2_block_i8(f, b, ib, &lb, &hb);
+    const __m128i e[4] = {_mm_unpacklo_epi64(la, lb), _mm_unpackhi_epi64(la, lb),
+                          _mm_unpacklo_epi64(ha, hb), _mm_unpackhi_epi64(ha, hb)};
+    for (int u = 0; u < 4; u++) c[u] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(e[u]));
+    *d = _mm512_insertf32x8(_mm512_set1_ps(da), _mm256_set1_ps(db), 1);
+}
+
+/* Quantized keys for several queries: avx2_dot_q's lanes per (query, key)
+ * (a block's part from zero, FMA'd into the lanes times the scale), two
+ * keys per zmm, four keys and up to eight queries at a time, each block
+ * of a key unpacked once for the group; avx512_finish4 sums the lanes as
+ * avx2_lanes_sum does. */
+AVX512_ATTR static inline __attribute__((always_inline)) void
+avx512_dot_group_q(kv_format f, const float *q, size_t n, const void *const *k, float *out,
+                   size_t ostride, const int G) {
+    __m512 a01[8], a23[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < G; i++) a01[i] = a23[i] = _mm512_setzero_ps();
+    for (size_t ib = 0; ib < n / 32; ib++) {
+        __m512 c01[4], c23[4], d01, d23;
+        avx512_block_codes_pair(f, k[0], k[1], ib, c01, &d01);
+        avx512_block_codes_pair(f, k[2], k[3], ib, c23, &d23);
+#pragma GCC unroll 8
+        for (int i = 0; i < G; i++) {
+            const float *qi = q + (size_t)i * n + 32 * ib;
+            __m512 p01 = _mm512_setzero_ps(), p23 = _mm512_setzero_ps();
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) {
+                const __m512 qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(qi + 8 * u));
+                p01 = _mm512_fmadd_ps(qv, c01[u], p01);
+                p23 = _mm512_fmadd_ps(qv, c23[u], p23);
+            }
+            a01[i] = _mm512_fmadd_ps(d01, p01, a01[i]);
+            a23[i] = _mm512_fmadd_ps(d23, p23, a23[i]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < G; i++) avx512_finish4(a01[i], a23[i], out + (size_t)i * ostride);
+}
+
+AVX512_ATTR static inline __attribute__((always_inline)) void
+avx512_dot_tile_q(kv_format f, const float *q, size_t nq, const void *const *k, size_t nk, size_t n,
+                  float *out, size_t ostride) {
+    size_t j = 0;
+    for (; j + 4 <= nk; j += 4)
+        for (size_t i0 = 0; i0 < nq; i0 += 8) {
+            const float *qi = q + i0 * n;
+            float *o = out + i0 * ostride + j;
+#define AVX512_DOT_Q(G) avx512_dot_group_q(f, qi, n, k + j, o, ostride, G)
+            switch (nq - i0 < 8 ? nq - i0 : 8) { TILE_CASES8(AVX512_DOT_Q); }
+#undef AVX512_DOT_Q
+        }
+    if (j < nk) avx2_dot_tile_q(f, q, nq, k + j, nk - j, n, out + j, ostride);
+}
+
+/* Quantized value rows for several queries: NB blocks (32 columns each,
+ * two zmm) of up to G queries' accumulators in registers across the
+ * rows, each block of a row unpacked once for the group: avx2_axpy_tile_q's
+ * FMAs (w times the scale, times the codes), row after row. */
+AVX512_ATTR static inline __attribute__((always_inline)) void
+avx512_axpy_group_q(kv_format f, float *const *acc, const float *const *w, const void *const *v,
+                    size_t nk, size_t ib0, const int G, const int NB) {
+    __m512 a[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < G; i++)
+#pragma GCC unroll 4
+        for (int u = 0; u < 2 * NB; u++)
+            a[i * 2 * NB + u] = _mm512_loadu_ps(acc[i] + 32 * ib0 + 16 * u);
+    for (size_t j = 0; j < nk; j++)
+#pragma GCC unroll 2
+        for (int b = 0; b < NB; b++) {
+            __m128i lo, hi;
+            const float d = avx2_block_i8(f, v[j], ib0 + (size_t)b, &lo, &hi);
+            const __m512 c0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)),
+                         c1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi));
+#pragma GCC unroll 8
+            for (int i = 0; i < G; i++) {
+                const __m512 wd = _mm512_set1_ps(w[i][j] * d);
+                a[i * 2 * NB + 2 * b] = _mm512_fmadd_ps(wd, c0, a[i * 2 * NB + 2 * b]);
+                a[i * 2 * NB + 2 * b + 1] = _mm512_fmadd_ps(wd, c1, a[i * 2 * NB + 2 * b + 1]);
+            }
+        }
+#pragma GCC unroll 8
+    for (int i = 0; i < G; i++)
+#pragma GCC unroll 4
+        for (int u = 0; u < 2 * NB; u++)
+            _mm512_storeu_ps(acc[i] + 32 * ib0 + 16 * u, a[i * 2 * NB + u]);
+}
+
+AVX512_ATTR static inline __attribute__((always_inline)) void
+avx512_axpy_tile_q(kv_format f, float *const *acc, const float *const *w, size_t nq,
+                   const void *const *v, size_t nk, size_t n) {
+    const size_t nb = n / 32;
+    if (nq <= 4 && nb % 2 == 0) { /* decoding: two blocks at once */
+        for (size_t ib = 0; ib < nb; ib += 2) {
+#define AVX512_AXPY_Q2(G) avx512_axpy_group_q(f, acc, w, v, nk, ib, G, 2)
+            switch (nq) { TILE_CASES4(AVX512_AXPY_Q2); }
+#undef AVX512_AXPY_Q2
+        }
+        return;
+    }
+    for (size_t i0 = 0; i0 < nq; i0 += 8)
+        for (size_t ib = 0; ib < nb; ib++) {
+#define AVX512_AXPY_Q1(G) avx512_axpy_group_q(f, acc + i0, w + i0, v, nk, ib, G, 1)
+            switch (nq - i0 < 8 ? nq - i0 : 8) { TILE_CASES8(AVX512_AXPY_Q1); }
+#undef AVX512_AXPY_Q1
+        }
+}
+
+#define AVX512_Q_TILES(fmt, sfx)                                                                   \
+    AVX512_ATTR static void avx512_dot_tile_##sfx(const float *q, size_t nq, const void *const *k, \
+                                                  size_t nk, size_t n, float *out,                 \
+                                                  size_t ostride) {                                \
+        avx512_dot_tile_q(fmt, q, nq, k, nk, n, out, ostride);                                     \
+    }                                                                                              \
+    AVX512_ATTR static void avx512_axpy_tile_##sfx(float *const *acc, const float *const *w,       \
+                                                   size_t nq, const void *const *v, size_t nk,     \
+                                                   size_t n) {                                     \
+        avx512_axpy_tile_q(fmt, acc, w, nq, v, nk, n);                                             \
+    }
+
+AVX512_Q_TILES(KV_FMT_Q8_0, q8_0)
+AVX512_Q_TILES(KV_FMT_Q4_0, q4_0)
+AVX512_Q_TILES(KV_FMT_Q5_0, q5_0)
+AVX512_Q_TILES(KV_FMT_Q3_0, q3_0)
+
 AVX512_ATTR static float avx512_scale_max(float *x, size_t n, float scale) {
     const __m512 sv = _mm512_set1_ps(scale);
     __m512 m = _mm512_set1_ps(-INFINITY);
@@ -1162,8 +1318,9 @@ static const attn_kernels avx512_kernels = {
     .softmax = avx512_softmax,
     .gelu_mul = avx512_gelu_mul,
     .silu_mul = avx512_silu_mul,
-    .kv = {KV_OPS_F16(avx512), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_Q5_0(avx2),
-           KV_OPS_Q3_0(avx2)},
+    .kv = {KV_OPS_F16(avx512), KV_OPS_Q_TILES(avx2, avx512, q8_0),
+           KV_OPS_Q_TILES(avx2, avx512, q4_0), KV_OPS_Q_TILES(avx2, avx512, q5_0),
+           KV_OPS_Q_TILES(avx2, avx512, q3_0)},
 };
 #endif
 
