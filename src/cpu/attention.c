@@ -18,9 +18,9 @@
 #include "format/kernels/fp16.h"
 #include "format/kernels/kernels.h"
 
-/* The signed codes of block ib of a Q5_0 row (x = d * c), unpacked in
- * plain C for every variant (exact integers, so the SIMD kernels that
- * convert them get the reference's values); returns d. */
+/* The signed codes of block ib of a Q5_0 row (x = d * c), the
+ * reference's unpacking (exact integers: the SIMD variants' own unpacking,
+ * avx2_block_i8 and neon_block_i8, gives the same ones); returns d. */
 static inline float q5_0_codes(const void *row, size_t ib, int8_t c[32]) {
     const block_q5_0 *b = (const block_q5_0 *)row + ib;
     const uint32_t qh = (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 | (uint32_t)b->qh[2] << 16 |
@@ -32,8 +32,8 @@ static inline float q5_0_codes(const void *row, size_t ib, int8_t c[32]) {
     return fp16_to_fp32(b->d);
 }
 
-/* The signed codes of block ib of a 3-bit row (block_q3_0), the same way
- * for every variant; returns d. */
+/* The signed codes of block ib of a 3-bit row (block_q3_0), as
+ * q5_0_codes; returns d. */
 static inline float q3_0_codes(const void *row, size_t ib, int8_t c[32]) {
     const block_q3_0 *b = (const block_q3_0 *)row + ib;
     const uint32_t qh = (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 | (uint32_t)b->qh[2] << 16 |
@@ -1422,50 +1422,98 @@ static void neon_scale_round_f16(float *out, const float *x, float s, size_t n) 
 
 KV_F16_WRAPPERS(neon)
 
+/* The 32 codes of block ib of a quantized row as signed bytes, elements
+ * 0..15 in *a and 16..31 in *b; returns the scale. Exact integers, the
+ * reference's: Q5_0 and Q3_0 are unpacked here by q5_0_codes' and
+ * q3_0_codes' formulas, lane by lane. */
+static inline __attribute__((always_inline)) float
+neon_block_i8(kv_format f, const void *row, size_t ib, int8x16_t *a, int8x16_t *b) {
+    if (f == KV_FMT_Q8_0) {
+        const block_q8_0 *bl = (const block_q8_0 *)row + ib;
+        *a = vld1q_s8(bl->qs);
+        *b = vld1q_s8(bl->qs + 16);
+        return fp16_to_fp32(bl->d);
+    }
+    if (f == KV_FMT_Q4_0) {
+        const block_q4_0 *bl = (const block_q4_0 *)row + ib;
+        const uint8x16_t raw = vld1q_u8(bl->qs);
+        *a = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(15))), vdupq_n_s8(8));
+        *b = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(raw, 4)), vdupq_n_s8(8));
+        return fp16_to_fp32(bl->d);
+    }
+    /* Bit j of qh (element j's top bit): byte j / 8 of qh in eight lanes,
+     * tested against bit j % 8; all ones where it is set. */
+    static const uint8_t bits[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8_t *qh =
+        f == KV_FMT_Q5_0 ? ((const block_q5_0 *)row + ib)->qh : ((const block_q3_0 *)row + ib)->qh;
+    const uint8x16_t bit = vld1q_u8(bits);
+    const uint8x16_t h_lo = vtstq_u8(vcombine_u8(vld1_dup_u8(qh), vld1_dup_u8(qh + 1)), bit);
+    const uint8x16_t h_hi = vtstq_u8(vcombine_u8(vld1_dup_u8(qh + 2), vld1_dup_u8(qh + 3)), bit);
+    if (f == KV_FMT_Q5_0) {
+        /* q5_0_codes: the low nibble of qs[j] (element j) or its high one
+         * (element j + 16), plus 16 where the bit of qh is set, minus 16
+         * (in bytes: 0..31 minus 16 is -16..15 as int8). */
+        const block_q5_0 *bl = (const block_q5_0 *)row + ib;
+        const uint8x16_t raw = vld1q_u8(bl->qs), s16 = vdupq_n_u8(16);
+        const uint8x16_t lo = vorrq_u8(vandq_u8(raw, vdupq_n_u8(15)), vandq_u8(h_lo, s16));
+        const uint8x16_t hi = vorrq_u8(vshrq_n_u8(raw, 4), vandq_u8(h_hi, s16));
+        *a = vreinterpretq_s8_u8(vsubq_u8(lo, s16));
+        *b = vreinterpretq_s8_u8(vsubq_u8(hi, s16));
+        return fp16_to_fp32(bl->d);
+    }
+    /* q3_0_codes: element j's low two bits are bits 2 (j / 8) of
+     * qs[j % 8], its third bit is bit j of qh, minus 4. */
+    const block_q3_0 *bl = (const block_q3_0 *)row + ib;
+    const uint8x8_t x = vld1_u8(bl->qs), m3 = vdup_n_u8(3);
+    const uint8x16_t l2 = vcombine_u8(vand_u8(x, m3), vand_u8(vshr_n_u8(x, 2), m3));
+    const uint8x16_t h2 = vcombine_u8(vand_u8(vshr_n_u8(x, 4), m3), vshr_n_u8(x, 6));
+    const uint8x16_t s4 = vdupq_n_u8(4);
+    *a = vreinterpretq_s8_u8(vsubq_u8(vorrq_u8(l2, vandq_u8(h_lo, s4)), s4));
+    *b = vreinterpretq_s8_u8(vsubq_u8(vorrq_u8(h2, vandq_u8(h_hi, s4)), s4));
+    return fp16_to_fp32(bl->d);
+}
+
+/* Sixteen signed bytes as four vectors of four floats, in order (exact). */
+static inline void neon_i8_f32(int8x16_t x, float32x4_t c[4]) {
+    const int16x8_t l = vmovl_s8(vget_low_s8(x)), h = vmovl_s8(vget_high_s8(x));
+    c[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(l)));
+    c[1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(l)));
+    c[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(h)));
+    c[3] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(h)));
+}
+
 /* The 32 codes of block ib of a quantized row as eight vectors of four
  * floats, in element order; returns the scale. */
 static inline __attribute__((always_inline)) float neon_block_codes(kv_format f, const void *row,
                                                                     size_t ib, float32x4_t c[8]) {
-    int8x16_t a, b; /* elements 0..15, 16..31 */
-    float d;
-    if (f == KV_FMT_Q8_0) {
-        const block_q8_0 *bl = (const block_q8_0 *)row + ib;
-        a = vld1q_s8(bl->qs);
-        b = vld1q_s8(bl->qs + 16);
-        d = fp16_to_fp32(bl->d);
-    } else if (f == KV_FMT_Q5_0 || f == KV_FMT_Q3_0) {
-        int8_t ci[32];
-        d = f == KV_FMT_Q5_0 ? q5_0_codes(row, ib, ci) : q3_0_codes(row, ib, ci);
-        a = vld1q_s8(ci);
-        b = vld1q_s8(ci + 16);
-    } else {
-        const block_q4_0 *bl = (const block_q4_0 *)row + ib;
-        const uint8x16_t raw = vld1q_u8(bl->qs);
-        a = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(15))), vdupq_n_s8(8));
-        b = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(raw, 4)), vdupq_n_s8(8));
-        d = fp16_to_fp32(bl->d);
-    }
-    const int16x8_t h[4] = {vmovl_s8(vget_low_s8(a)), vmovl_s8(vget_high_s8(a)),
-                            vmovl_s8(vget_low_s8(b)), vmovl_s8(vget_high_s8(b))};
-    for (int u = 0; u < 4; u++) {
-        c[2 * u] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(h[u])));
-        c[2 * u + 1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(h[u])));
-    }
+    int8x16_t a, b;
+    const float d = neon_block_i8(f, row, ib, &a, &b);
+    neon_i8_f32(a, c);
+    neon_i8_f32(b, c + 4);
     return d;
 }
 
-/* ref_dot_q's lanes: 0..3 in lo, 4..7 in hi. */
-static inline __attribute__((always_inline)) void neon_dot_block(kv_format f, const float *q,
-                                                                 const void *k, size_t ib,
-                                                                 float32x4_t *lo, float32x4_t *hi) {
-    float32x4_t c[8], plo = vdupq_n_f32(0.0f), phi = vdupq_n_f32(0.0f);
-    const float d = neon_block_codes(f, k, ib, c);
+/* ref_dot_q's lanes for one block (0..3 in lo, 4..7 in hi): the part from
+ * zero, element i into lane i % 8 in element order, then lane =
+ * fma(d, part, lane). */
+static inline __attribute__((always_inline)) void
+neon_dot_codes(const float *q, const float32x4_t c[8], float d, float32x4_t *lo, float32x4_t *hi) {
+    float32x4_t plo = vdupq_n_f32(0.0f), phi = vdupq_n_f32(0.0f);
+#pragma GCC unroll 4
     for (int u = 0; u < 4; u++) {
         plo = vfmaq_f32(plo, vld1q_f32(q + 8 * u), c[2 * u]);
         phi = vfmaq_f32(phi, vld1q_f32(q + 8 * u + 4), c[2 * u + 1]);
     }
     *lo = vfmaq_n_f32(*lo, plo, d);
     *hi = vfmaq_n_f32(*hi, phi, d);
+}
+
+static inline __attribute__((always_inline)) void neon_dot_block(kv_format f, const float *q,
+                                                                 const void *k, size_t ib,
+                                                                 float32x4_t *lo, float32x4_t *hi) {
+    float32x4_t c[8];
+    const float d = neon_block_codes(f, k, ib, c);
+    neon_dot_codes(q, c, d, lo, hi);
 }
 
 static inline __attribute__((always_inline)) float neon_dot_q(kv_format f, const float *q,
@@ -1520,10 +1568,123 @@ NEON_Q_KERNELS(KV_FMT_Q4_0, q4_0)
 NEON_Q_KERNELS(KV_FMT_Q5_0, q5_0)
 NEON_Q_KERNELS(KV_FMT_Q3_0, q3_0)
 
-GENERIC_TILES(neon, q8_0, neon_dot_q8_0, neon_dot4_q8_0, neon_axpy_rows_q8_0)
-GENERIC_TILES(neon, q4_0, neon_dot_q4_0, neon_dot4_q4_0, neon_axpy_rows_q4_0)
-GENERIC_TILES(neon, q5_0, neon_dot_q5_0, neon_dot4_q5_0, neon_axpy_rows_q5_0)
-GENERIC_TILES(neon, q3_0, neon_dot_q3_0, neon_dot4_q3_0, neon_axpy_rows_q3_0)
+/* Quantized keys for several queries: neon_dot_q's operations per (query,
+ * key), through the same neon_dot_codes (a block's part from zero, FMA'd
+ * into the query's lanes times the scale; neon_dot_finish's sum at the
+ * end), so dot's bits. One key and up to eight queries at a time, each
+ * block of the key unpacked once for the group (past four queries GCC
+ * spills a few of the sixteen sums, still fewer instructions a query). */
+static inline __attribute__((always_inline)) void neon_dot_group_q(kv_format f, const float *q,
+                                                                   size_t n, const void *k,
+                                                                   float *out, size_t ostride,
+                                                                   const int G) {
+    float32x4_t lo[8], hi[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < G; i++) lo[i] = hi[i] = vdupq_n_f32(0.0f);
+    for (size_t ib = 0; ib < n / 32; ib++) {
+        float32x4_t c[8];
+        const float d = neon_block_codes(f, k, ib, c);
+#pragma GCC unroll 8
+        for (int i = 0; i < G; i++)
+            neon_dot_codes(q + (size_t)i * n + 32 * ib, c, d, &lo[i], &hi[i]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < G; i++)
+        out[(size_t)i * ostride] = neon_dot_finish(lo[i], hi[i], q, NULL, n, n);
+}
+
+static inline __attribute__((always_inline)) void neon_dot_tile_q(kv_format f, const float *q,
+                                                                  size_t nq, const void *const *k,
+                                                                  size_t nk, size_t n, float *out,
+                                                                  size_t ostride) {
+    for (size_t j = 0; j < nk; j++)
+        for (size_t i0 = 0; i0 < nq; i0 += 8) {
+            const float *qi = q + i0 * n;
+            float *o = out + i0 * ostride + j;
+#define NEON_DOT_Q(G) neon_dot_group_q(f, qi, n, k[j], o, ostride, G)
+            switch (nq - i0 < 8 ? nq - i0 : 8) { TILE_CASES8(NEON_DOT_Q); }
+#undef NEON_DOT_Q
+        }
+}
+
+/* Quantized value rows for several queries: NH halves (16 columns each,
+ * from half h0) of block ib of up to G queries' accumulators in registers
+ * across the rows (at most sixteen vectors), those codes of a row unpacked
+ * once for the group: acc = fma(w * d, code, acc) per element, w * d
+ * rounded first, row after row, as ref_axpy_rows_q and neon_axpy_rows_q,
+ * so axpy_rows' bits. */
+static inline __attribute__((always_inline)) void
+neon_axpy_group_q(kv_format f, float *const *acc, const float *const *w, const void *const *v,
+                  size_t nk, size_t ib, const int h0, const int NH, const int G) {
+    const size_t c0 = 32 * ib + 16 * (size_t)h0;
+    float32x4_t a[16];
+#pragma GCC unroll 4
+    for (int i = 0; i < G; i++)
+#pragma GCC unroll 8
+        for (int u = 0; u < 4 * NH; u++) a[i * 4 * NH + u] = vld1q_f32(acc[i] + c0 + 4 * u);
+    for (size_t j = 0; j < nk; j++) {
+        int8x16_t lo, hi;
+        const float d = neon_block_i8(f, v[j], ib, &lo, &hi);
+        float wd[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < G; i++) wd[i] = w[i][j] * d;
+#pragma GCC unroll 2
+        for (int h = 0; h < NH; h++) {
+            float32x4_t c[4];
+            neon_i8_f32((h0 + h) ? hi : lo, c);
+#pragma GCC unroll 4
+            for (int i = 0; i < G; i++)
+#pragma GCC unroll 4
+                for (int u = 0; u < 4; u++)
+                    a[i * 4 * NH + 4 * h + u] = vfmaq_n_f32(a[i * 4 * NH + 4 * h + u], c[u], wd[i]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < G; i++)
+#pragma GCC unroll 8
+        for (int u = 0; u < 4 * NH; u++) vst1q_f32(acc[i] + c0 + 4 * u, a[i * 4 * NH + u]);
+}
+
+/* Block ib for G (1..4) queries: the whole block for one or two, a half at
+ * a time (its codes unpacked again, shared by more queries) for more. */
+static inline __attribute__((always_inline)) void neon_axpy_block_q(kv_format f, float *const *acc,
+                                                                    const float *const *w,
+                                                                    const void *const *v, size_t nk,
+                                                                    size_t ib, const int G) {
+    if (G <= 2) {
+        neon_axpy_group_q(f, acc, w, v, nk, ib, 0, 2, G);
+    } else {
+        neon_axpy_group_q(f, acc, w, v, nk, ib, 0, 1, G);
+        neon_axpy_group_q(f, acc, w, v, nk, ib, 1, 1, G);
+    }
+}
+
+static inline __attribute__((always_inline)) void neon_axpy_tile_q(kv_format f, float *const *acc,
+                                                                   const float *const *w, size_t nq,
+                                                                   const void *const *v, size_t nk,
+                                                                   size_t n) {
+    for (size_t i0 = 0; i0 < nq; i0 += 4)
+        for (size_t ib = 0; ib < n / 32; ib++) {
+#define NEON_AXPY_Q(G) neon_axpy_block_q(f, acc + i0, w + i0, v, nk, ib, G)
+            switch (nq - i0 < 4 ? nq - i0 : 4) { TILE_CASES4(NEON_AXPY_Q); }
+#undef NEON_AXPY_Q
+        }
+}
+
+#define NEON_Q_TILES(fmt, sfx)                                                                     \
+    static void neon_dot_tile_##sfx(const float *q, size_t nq, const void *const *k, size_t nk,    \
+                                    size_t n, float *out, size_t ostride) {                        \
+        neon_dot_tile_q(fmt, q, nq, k, nk, n, out, ostride);                                       \
+    }                                                                                              \
+    static void neon_axpy_tile_##sfx(float *const *acc, const float *const *w, size_t nq,          \
+                                     const void *const *v, size_t nk, size_t n) {                  \
+        neon_axpy_tile_q(fmt, acc, w, nq, v, nk, n);                                               \
+    }
+
+NEON_Q_TILES(KV_FMT_Q8_0, q8_0)
+NEON_Q_TILES(KV_FMT_Q4_0, q4_0)
+NEON_Q_TILES(KV_FMT_Q5_0, q5_0)
+NEON_Q_TILES(KV_FMT_Q3_0, q3_0)
 
 /* f16 keys for several queries: neon_dot_f16's lanes per (query, key),
  * two keys and up to four queries at a time (sixteen sums in registers),
