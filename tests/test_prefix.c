@@ -432,6 +432,36 @@ static void test_asan_session_save_restore(void **state) {
     remove(bad);
 }
 
+/* A session of engine e (KV type kv, prefix cache on; e is freed) saved
+ * after its first turn, restored into a new engine of that type, and its
+ * second turn taken there (*s2) must answer as two uninterrupted turns on
+ * `cold` do (*u2); an engine of type `other` then refuses the file. */
+static void check_saved_session(cellm_engine *e, cellm_engine *cold, cellm_kv_type kv,
+                                cellm_kv_type other, const char *sys, const char *file, reply *u2,
+                                reply *s2) {
+    cellm_session *u = session_on(cold, sys);
+    reply u1, s1;
+    turn(u, questions[0], &u1);
+    turn(u, questions[1], u2);
+    cellm_session_free(u);
+    cellm_session *s = session_on(e, sys);
+    turn(s, questions[0], &s1);
+    assert_same(&s1, &u1);
+    assert_int_equal(cellm_session_save(s, file), CELLM_OK);
+    cellm_session_free(s);
+    cellm_engine_free(e);
+    e = engine_kv(g_model, 64, 1, kv);
+    s = NULL;
+    assert_int_equal(cellm_session_restore(e, file, NULL, &s), CELLM_OK);
+    turn(s, questions[1], s2);
+    assert_same(s2, u2);
+    cellm_session_free(s);
+    cellm_engine_free(e);
+    e = engine_kv(g_model, 64, 1, other);
+    assert_refused(e, file, CELLM_ERR_FORMAT, "KV cache layout");
+    cellm_engine_free(e);
+}
+
 /* A compressed KV type (k5v4h: 5-bit keys, 4-bit values) through the
  * same paths: the prefix cache shares its blocks (a repeat finds the
  * cached prefix and answers as a cold engine does), and a session saved
@@ -452,28 +482,9 @@ static void test_asan_compressed_kv_prefix_session(void **state) {
     assert_int_equal(ref_b.res.n_cached_tokens, 0);
     assert_same(&b, &ref_b);
     /* Uninterrupted two turns, then one saved after the first. */
-    cellm_session *u = session_on(cold, sys);
-    reply u1, u2, s1, s2;
-    turn(u, questions[0], &u1);
-    turn(u, questions[1], &u2);
-    cellm_session_free(u);
-    cellm_session *s = session_on(e, sys);
-    turn(s, questions[0], &s1);
-    assert_same(&s1, &u1);
-    assert_int_equal(cellm_session_save(s, file), CELLM_OK);
-    cellm_session_free(s);
-    cellm_engine_free(e);
-    e = engine_kv(g_model, 64, 1, CELLM_KV_K5V4H);
-    s = NULL;
-    assert_int_equal(cellm_session_restore(e, file, NULL, &s), CELLM_OK);
-    turn(s, questions[1], &s2);
+    reply u2, s2;
+    check_saved_session(e, cold, CELLM_KV_K5V4H, CELLM_KV_Q4_0H, sys, file, &u2, &s2);
     assert_true(s2.res.n_cached_tokens > 0);
-    assert_same(&s2, &u2);
-    cellm_session_free(s);
-    cellm_engine_free(e);
-    e = engine_kv(g_model, 64, 1, CELLM_KV_Q4_0H);
-    assert_refused(e, file, CELLM_ERR_FORMAT, "KV cache layout");
-    cellm_engine_free(e);
     cellm_engine_free(cold);
     remove(file);
 }
@@ -518,31 +529,12 @@ static void test_asan_window_kv_session(void **state) {
     assert_int_equal(a2.res.n_cached_tokens, (a2.res.n_prompt_tokens - 1) / 16 * 16);
     assert_same(&a2, &ref_a);
     assert_same(&a1, &ref_a);
-    cellm_session *u = session_on(cold, sys);
-    reply u1, u2, s1, s2;
-    turn(u, questions[0], &u1);
-    turn(u, questions[1], &u2);
-    cellm_session_free(u);
-    cellm_session *s = session_on(e, sys);
-    turn(s, questions[0], &s1);
-    assert_same(&s1, &u1);
-    assert_int_equal(cellm_session_save(s, file), CELLM_OK);
-    cellm_session_free(s);
-    cellm_engine_free(e);
-    e = engine_kv(g_model, 64, 1, CELLM_KV_Q4_0HW);
-    s = NULL;
-    assert_int_equal(cellm_session_restore(e, file, NULL, &s), CELLM_OK);
-    turn(s, questions[1], &s2);
+    /* The same blocks without the copies (q4_0h) are another layout. */
+    reply u2, s2;
+    check_saved_session(e, cold, CELLM_KV_Q4_0HW, CELLM_KV_Q4_0H, sys, file, &u2, &s2);
     /* The first turn's 45 positions came back; the second passes 64. */
     assert_true(s2.res.n_cached_tokens >= 32);
     assert_true(s2.res.n_prompt_tokens + u2.n > 64);
-    assert_same(&s2, &u2);
-    cellm_session_free(s);
-    cellm_engine_free(e);
-    /* The same blocks without the copies: another layout. */
-    e = engine_kv(g_model, 64, 1, CELLM_KV_Q4_0H);
-    assert_refused(e, file, CELLM_ERR_FORMAT, "KV cache layout");
-    cellm_engine_free(e);
     cellm_engine_free(cold);
     remove(file);
 }

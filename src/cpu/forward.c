@@ -158,7 +158,7 @@ static fwd_sizes sizes_for(const model *m, int32_t rows, int32_t logit_rows, int
 /* A window KV type's scratch (forward_ctx.kv16, run_row, run_base,
  * run_tmp, run_seq), counted whatever the type. */
 static size_t recent_bytes(const model *m, int32_t max_rows) {
-    size_t row = (size_t)m->n_head_kv * (size_t)(m->head_dim + m->head_dim_v);
+    size_t row = kv_f16_position_row(m);
     return (size_t)max_rows * (row * sizeof(uint16_t) + 3 * sizeof(int32_t) + sizeof(void *));
 }
 

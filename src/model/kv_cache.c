@@ -51,7 +51,7 @@ static const struct {
  * for the other types). */
 static size_t recent_position(const model *m, cellm_kv_type type) {
     if (!kv_types[type].recent) return 0;
-    size_t row = (size_t)m->n_head_kv * (size_t)(m->head_dim + m->head_dim_v), n = 0;
+    size_t row = kv_f16_position_row(m), n = 0;
     for (int32_t gi = 0; gi < m->n_kv_groups; gi++) n += (size_t)m->kv_group_layers[gi] * row;
     return n;
 }
@@ -156,7 +156,7 @@ cellm_status kv_cache_create(const model *m, size_t budget, int32_t max_ctx, int
     c->recent = kv_types[type].recent;
     c->tail_elems = tail_elems(m, type);
     c->shadow_elems = recent_position(m, type) * KV_BLOCK_TOKENS;
-    c->tail_row = (size_t)m->n_head_kv * (size_t)(m->head_dim + m->head_dim_v);
+    c->tail_row = kv_f16_position_row(m);
     for (int32_t gi = 1; gi < m->n_kv_groups; gi++)
         c->tail_off[gi] = c->tail_off[gi - 1] + (size_t)m->kv_group_layers[gi - 1] *
                                                     (KV_BLOCK_TOKENS + KV_RING) * c->tail_row;

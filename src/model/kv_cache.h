@@ -324,6 +324,12 @@ static inline void *kv_v(const kv_cache *c, const kv_seq *s, int32_t group, int3
            KV_BLOCK_TOKENS * g->k_row + (size_t)(pos % KV_BLOCK_TOKENS) * g->v_row;
 }
 
+/* The f16 values of one position's K and V in one layer (kv_cache.tail_row
+ * of a window type). */
+static inline size_t kv_f16_position_row(const model *m) {
+    return (size_t)m->n_head_kv * (size_t)(m->head_dim + m->head_dim_v);
+}
+
 /* A window type's f16 copy of K (then V, tail_row - K's width later) of
  * one position of one layer: the sink's slot below KV_BLOCK_TOKENS, the
  * ring's above. Valid for the sink and for the last KV_RING positions
