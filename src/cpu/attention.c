@@ -250,6 +250,23 @@ REF_Q_KERNELS(KV_FMT_Q3_0, q3_0)
         for (size_t i = 0; i < nq; i++) axpyf(acc[i], w[i], v, nk, n);                             \
     }
 
+/* A variant's dot_tile and axpy_tile of the four quantized formats, from
+ * its pfx##_dot_tile_q and pfx##_axpy_tile_q (ATTR its target, or none). */
+#define Q_TILE_PAIR(ATTR, pfx, fmt, sfx)                                                           \
+    ATTR static void pfx##_dot_tile_##sfx(const float *q, size_t nq, const void *const *k,         \
+                                          size_t nk, size_t n, float *out, size_t ostride) {       \
+        pfx##_dot_tile_q(fmt, q, nq, k, nk, n, out, ostride);                                      \
+    }                                                                                              \
+    ATTR static void pfx##_axpy_tile_##sfx(float *const *acc, const float *const *w, size_t nq,    \
+                                           const void *const *v, size_t nk, size_t n) {            \
+        pfx##_axpy_tile_q(fmt, acc, w, nq, v, nk, n);                                              \
+    }
+#define Q_TILES(ATTR, pfx)                                                                         \
+    Q_TILE_PAIR(ATTR, pfx, KV_FMT_Q8_0, q8_0)                                                      \
+    Q_TILE_PAIR(ATTR, pfx, KV_FMT_Q4_0, q4_0)                                                      \
+    Q_TILE_PAIR(ATTR, pfx, KV_FMT_Q5_0, q5_0)                                                      \
+    Q_TILE_PAIR(ATTR, pfx, KV_FMT_Q3_0, q3_0)
+
 GENERIC_TILES(ref, f16, ref_kv_dot_f16, ref_kv_dot4_f16, ref_kv_axpy_rows_f16)
 GENERIC_TILES(ref, q8_0, ref_dot_q8_0, ref_dot4_q8_0, ref_axpy_rows_q8_0)
 GENERIC_TILES(ref, q4_0, ref_dot_q4_0, ref_dot4_q4_0, ref_axpy_rows_q4_0)
@@ -501,52 +518,51 @@ avx2_block_i8(kv_format f, const void *row, size_t ib, __m128i *lo, __m128i *hi)
         *hi = _mm_loadu_si128((const __m128i *)(b->qs + 16));
         return fp16_to_fp32(b->d);
     }
-    /* Byte j of sel_lo/sel_hi picks byte j / 8 of a 32-bit word (of
-     * elements 0..15 and 16..31), tested against bit j % 8 by `bit`. */
-    const __m128i bit = _mm_set1_epi64x((long long)0x8040201008040201ull);
+    const __m128i m15 = _mm_set1_epi8(15);
+    if (f == KV_FMT_Q4_0) {
+        const block_q4_0 *b = (const block_q4_0 *)row + ib;
+        const __m128i raw = _mm_loadu_si128((const __m128i *)b->qs), eight = _mm_set1_epi8(8);
+        *lo = _mm_sub_epi8(_mm_and_si128(raw, m15), eight);
+        *hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m15), eight);
+        return fp16_to_fp32(b->d);
+    }
+    /* Q5_0 and the 3-bit rows: bit j of qh is element j's top bit. Byte j
+     * of set_lo (set_hi) is all ones where element j (j + 16) has it:
+     * byte j / 8 of qh, picked by sel_lo (sel_hi), tested against bit
+     * j % 8. */
+    uint32_t qh;
+    memcpy(&qh,
+           f == KV_FMT_Q5_0 ? ((const block_q5_0 *)row + ib)->qh
+                            : ((const block_q3_0 *)row + ib)->qh,
+           4); /* little-endian, as the formats */
+    const __m128i bit = _mm_set1_epi64x((long long)0x8040201008040201ull),
+                  h = _mm_set1_epi32((int)qh);
     const __m128i sel_lo = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     const __m128i sel_hi = _mm_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    if (f == KV_FMT_Q3_0) {
-        /* q3_0_codes: element j's low two bits are bits 2 (j / 8) of
-         * qs[j % 8], its third bit is bit j of qh, minus 4. */
-        const block_q3_0 *b = (const block_q3_0 *)row + ib;
-        uint32_t qh;
-        uint64_t qs;
-        memcpy(&qh, b->qh, 4); /* little-endian, as the format */
-        memcpy(&qs, b->qs, 8);
-        const __m128i x = _mm_set1_epi64x((long long)qs), m3 = _mm_set1_epi8(3);
-        const __m128i l2 = _mm_and_si128(_mm_srlv_epi64(x, _mm_set_epi64x(2, 0)), m3);
-        const __m128i h2 = _mm_and_si128(_mm_srlv_epi64(x, _mm_set_epi64x(6, 4)), m3);
-        const __m128i h = _mm_set1_epi32((int)qh), s4 = _mm_set1_epi8(4);
-        const __m128i hb_lo =
-            _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(h, sel_lo), bit), bit), s4);
-        const __m128i hb_hi =
-            _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(h, sel_hi), bit), bit), s4);
-        *lo = _mm_sub_epi8(_mm_or_si128(l2, hb_lo), s4);
-        *hi = _mm_sub_epi8(_mm_or_si128(h2, hb_hi), s4);
-        return fp16_to_fp32(b->d);
-    }
-    const __m128i m15 = _mm_set1_epi8(15);
+    const __m128i set_lo = _mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(h, sel_lo), bit), bit);
+    const __m128i set_hi = _mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(h, sel_hi), bit), bit);
     if (f == KV_FMT_Q5_0) {
-        /* Q5_0: the nibbles as Q4_0's, plus 16 where bit j of qh is set,
-         * minus 16: q5_0_codes' integers. */
+        /* q5_0_codes: the nibbles as Q4_0's, plus 16 where the top bit is
+         * set, minus 16. */
         const block_q5_0 *b = (const block_q5_0 *)row + ib;
-        uint32_t qh;
-        memcpy(&qh, b->qh, 4);
-        const __m128i raw = _mm_loadu_si128((const __m128i *)b->qs);
-        const __m128i h = _mm_set1_epi32((int)qh), s16 = _mm_set1_epi8(16);
-        const __m128i hb_lo = _mm_and_si128(
-            _mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(h, sel_lo), bit), bit), s16);
-        const __m128i hb_hi = _mm_and_si128(
-            _mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(h, sel_hi), bit), bit), s16);
-        *lo = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(raw, m15), hb_lo), s16);
-        *hi = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(raw, 4), m15), hb_hi), s16);
+        const __m128i raw = _mm_loadu_si128((const __m128i *)b->qs), s16 = _mm_set1_epi8(16);
+        *lo = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(raw, m15), _mm_and_si128(set_lo, s16)), s16);
+        *hi = _mm_sub_epi8(
+            _mm_or_si128(_mm_and_si128(_mm_srli_epi16(raw, 4), m15), _mm_and_si128(set_hi, s16)),
+            s16);
         return fp16_to_fp32(b->d);
     }
-    const block_q4_0 *b = (const block_q4_0 *)row + ib;
-    const __m128i raw = _mm_loadu_si128((const __m128i *)b->qs), eight = _mm_set1_epi8(8);
-    *lo = _mm_sub_epi8(_mm_and_si128(raw, m15), eight);
-    *hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m15), eight);
+    /* q3_0_codes: element j's low two bits are bits 2 (j / 8) of qs[j % 8]
+     * (shifts of the eight bytes as one word: the bits that cross into a
+     * byte are masked off), plus 4 where the top bit is set, minus 4. */
+    const block_q3_0 *b = (const block_q3_0 *)row + ib;
+    uint64_t qs;
+    memcpy(&qs, b->qs, 8);
+    const __m128i x = _mm_set1_epi64x((long long)qs), m3 = _mm_set1_epi8(3), s4 = _mm_set1_epi8(4);
+    const __m128i l2 = _mm_and_si128(_mm_srlv_epi64(x, _mm_set_epi64x(2, 0)), m3);
+    const __m128i h2 = _mm_and_si128(_mm_srlv_epi64(x, _mm_set_epi64x(6, 4)), m3);
+    *lo = _mm_sub_epi8(_mm_or_si128(l2, _mm_and_si128(set_lo, s4)), s4);
+    *hi = _mm_sub_epi8(_mm_or_si128(h2, _mm_and_si128(set_hi, s4)), s4);
     return fp16_to_fp32(b->d);
 }
 
@@ -686,21 +702,7 @@ avx2_axpy_tile_q(kv_format f, float *const *acc, const float *const *w, size_t n
         }
 }
 
-#define AVX2_Q_TILES(fmt, sfx)                                                                     \
-    AVX2_ATTR static void avx2_dot_tile_##sfx(const float *q, size_t nq, const void *const *k,     \
-                                              size_t nk, size_t n, float *out, size_t ostride) {   \
-        avx2_dot_tile_q(fmt, q, nq, k, nk, n, out, ostride);                                       \
-    }                                                                                              \
-    AVX2_ATTR static void avx2_axpy_tile_##sfx(float *const *acc, const float *const *w,           \
-                                               size_t nq, const void *const *v, size_t nk,         \
-                                               size_t n) {                                         \
-        avx2_axpy_tile_q(fmt, acc, w, nq, v, nk, n);                                               \
-    }
-
-AVX2_Q_TILES(KV_FMT_Q8_0, q8_0)
-AVX2_Q_TILES(KV_FMT_Q4_0, q4_0)
-AVX2_Q_TILES(KV_FMT_Q5_0, q5_0)
-AVX2_Q_TILES(KV_FMT_Q3_0, q3_0)
+Q_TILES(AVX2_ATTR, avx2)
 
 /* f16 keys for several queries: avx2_dot_f16's lanes per (query, key), two
  * keys and up to six queries at a time (twelve independent sums in
@@ -1202,22 +1204,7 @@ avx512_axpy_tile_q(kv_format f, float *const *acc, const float *const *w, size_t
         }
 }
 
-#define AVX512_Q_TILES(fmt, sfx)                                                                   \
-    AVX512_ATTR static void avx512_dot_tile_##sfx(const float *q, size_t nq, const void *const *k, \
-                                                  size_t nk, size_t n, float *out,                 \
-                                                  size_t ostride) {                                \
-        avx512_dot_tile_q(fmt, q, nq, k, nk, n, out, ostride);                                     \
-    }                                                                                              \
-    AVX512_ATTR static void avx512_axpy_tile_##sfx(float *const *acc, const float *const *w,       \
-                                                   size_t nq, const void *const *v, size_t nk,     \
-                                                   size_t n) {                                     \
-        avx512_axpy_tile_q(fmt, acc, w, nq, v, nk, n);                                             \
-    }
-
-AVX512_Q_TILES(KV_FMT_Q8_0, q8_0)
-AVX512_Q_TILES(KV_FMT_Q4_0, q4_0)
-AVX512_Q_TILES(KV_FMT_Q5_0, q5_0)
-AVX512_Q_TILES(KV_FMT_Q3_0, q3_0)
+Q_TILES(AVX512_ATTR, avx512)
 
 AVX512_ATTR static float avx512_scale_max(float *x, size_t n, float scale) {
     const __m512 sv = _mm512_set1_ps(scale);
@@ -1671,20 +1658,7 @@ static inline __attribute__((always_inline)) void neon_axpy_tile_q(kv_format f, 
         }
 }
 
-#define NEON_Q_TILES(fmt, sfx)                                                                     \
-    static void neon_dot_tile_##sfx(const float *q, size_t nq, const void *const *k, size_t nk,    \
-                                    size_t n, float *out, size_t ostride) {                        \
-        neon_dot_tile_q(fmt, q, nq, k, nk, n, out, ostride);                                       \
-    }                                                                                              \
-    static void neon_axpy_tile_##sfx(float *const *acc, const float *const *w, size_t nq,          \
-                                     const void *const *v, size_t nk, size_t n) {                  \
-        neon_axpy_tile_q(fmt, acc, w, nq, v, nk, n);                                               \
-    }
-
-NEON_Q_TILES(KV_FMT_Q8_0, q8_0)
-NEON_Q_TILES(KV_FMT_Q4_0, q4_0)
-NEON_Q_TILES(KV_FMT_Q5_0, q5_0)
-NEON_Q_TILES(KV_FMT_Q3_0, q3_0)
+Q_TILES(, neon)
 
 /* f16 keys for several queries: neon_dot_f16's lanes per (query, key),
  * two keys and up to four queries at a time (sixteen sums in registers),
