@@ -10,7 +10,9 @@
  *    positions in 512 MiB; any model in 64 MiB) is refused at creation
  *    with a message that gives the figures and what would fit;
  *  - under the cap the KV pool gets what the process leaves, so a larger
- *    cap gives a larger pool.
+ *    cap gives a larger pool;
+ *  - 4 sessions of 2,048 SmolLM2 positions with q3_0hw run filled under a
+ *    160 MiB cap on the CPU (the engine steps in fewer rows to fit).
  * Under AddressSanitizer the shadow memory makes resident sizes
  * meaningless: the conversations still run there, the peak-size check is
  * the release build's.
@@ -178,6 +180,93 @@ static void test_gemma3_two_sessions(void **state) {
     run_case("gemma3-270m", 2);
 }
 
+/* The compressed KV's memory target (issue 27): 4 sessions of 2,048
+ * SmolLM2 positions with the 3.5-bit q3_0hw under a 160 MiB cap, on the
+ * CPU (no GPU driver to count). The engine lowers its step to fit (a
+ * 64-row step's activations), every session fills its context, none is
+ * preempted, and the peak stays under the cap. In a child; returns 0 or a
+ * failure code. */
+#define Q3_CAP (160 * MIB)
+#define Q3_CTX 2048
+static int q3_sessions(const char *path, size_t *peak) {
+    cellm_model *model = NULL;
+    if (cellm_model_load(path, NULL, &model) != CELLM_OK) return 10;
+    cellm_engine_params ep = cellm_engine_default_params();
+    ep.n_threads = 2;
+    ep.max_seqs = 4;
+    ep.max_ctx = Q3_CTX;
+    ep.kv_type = CELLM_KV_Q3_0HW;
+    ep.device = CELLM_DEVICE_CPU;
+    ep.process_budget_bytes = Q3_CAP;
+    cellm_engine *engine = NULL;
+    if (cellm_engine_create(model, &ep, &engine) != CELLM_OK) {
+        fprintf(stderr, "engine: %s\n", cellm_last_error());
+        cellm_model_free(model);
+        return 11;
+    }
+    /* Prompts that fill the context (short ones under ASan, which only
+     * checks that the run is clean): token ids of a text, repeated. */
+    const int32_t n_prompt = UNDER_ASAN ? 64 : Q3_CTX - 40;
+    int32_t *ids = NULL, n_ids = 0, *prompt = malloc(sizeof(int32_t) * (size_t)n_prompt);
+    char text[512];
+    user_text(text, sizeof text, 0, 0);
+    int rc = prompt && cellm_tokenize(model, text, &ids, &n_ids) == CELLM_OK && n_ids > 1 ? 0 : 12;
+    cellm_request *req[4] = {0};
+    for (int i = 0; i < 4 && !rc; i++) {
+        for (int32_t j = 0; j < n_prompt; j++) prompt[j] = ids[(j + i * 7) % n_ids];
+        cellm_request_params rp = cellm_request_default_params();
+        rp.tokens = prompt;
+        rp.n_tokens = n_prompt;
+        rp.max_tokens = 32;
+        if (cellm_submit(engine, &rp, &req[i]) != CELLM_OK) rc = 13;
+    }
+    for (int i = 0; i < 4; i++) {
+        if (!req[i]) continue;
+        cellm_result r;
+        if (cellm_wait(req[i], &r) != CELLM_OK || r.status != CELLM_OK) rc = rc ? rc : 14;
+        if (r.n_preemptions != 0) rc = rc ? rc : 15;
+        cellm_request_free(req[i]);
+    }
+    cellm_stats st;
+    if (!rc && cellm_engine_stats(engine, &st) == CELLM_OK && st.n_preemptions != 0) rc = 16;
+    free(ids);
+    free(prompt);
+    cellm_engine_free(engine);
+    cellm_model_free(model);
+    *peak = peak_rss();
+    return rc;
+}
+
+static void test_smollm2_q3_160(void **state) {
+    (void)state;
+    char path[4096];
+    test_model_path("smollm2-135m", path, sizeof path);
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(fds[0]);
+        size_t peak = 0;
+        int rc = q3_sessions(path, &peak);
+        if (write(fds[1], &peak, sizeof peak) != (ssize_t)sizeof peak) rc = rc ? rc : 20;
+        _exit(rc);
+    }
+    close(fds[1]);
+    size_t peak = 0;
+    ssize_t got = read(fds[0], &peak, sizeof peak);
+    close(fds[0]);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) != 0) fail_msg("child failed with code %d", WEXITSTATUS(status));
+    assert_int_equal(got, (ssize_t)sizeof peak);
+    print_message("smollm2-135m, 4 x %d positions of q3_0hw: peak RSS %.1f MiB (cap %zu MiB)\n",
+                  Q3_CTX, (double)peak / (double)MIB, Q3_CAP / MIB);
+    if (!UNDER_ASAN) assert_true(peak < Q3_CAP);
+}
+
 static cellm_status try_create(cellm_model *m, size_t cap, int seqs, int ctx, cellm_engine **e) {
     cellm_engine_params ep = cellm_engine_default_params();
     ep.n_threads = 1;
@@ -228,6 +317,9 @@ static void test_asan_refusals(void **state) {
 int main(void) {
     if (getenv("CELLM_TEST_FILTER")) cmocka_set_test_filter(getenv("CELLM_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
+        /* First: a child inherits what the parent holds resident
+         * (the tests before it leave heap behind), and this cap is tight. */
+        cmocka_unit_test(test_smollm2_q3_160),
         cmocka_unit_test(test_asan_refusals),
         cmocka_unit_test(test_smollm2_four_sessions),
         cmocka_unit_test(test_gemma3_two_sessions),

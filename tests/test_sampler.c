@@ -216,6 +216,110 @@ static void test_penalties(void **st) {
     sampler_free(s);
 }
 
+/* A small deterministic generator for the tests below. */
+static uint32_t lcg(uint32_t *x) {
+    *x = *x * 1664525u + 1013904223u;
+    return *x >> 8;
+}
+
+/* Penalties over a long window of many distinct tokens (the window's
+ * table with collisions and long probes): the greedy token is the argmax
+ * of the logits adjusted as docs/sampling.md says, computed here from the
+ * window directly. */
+static void test_penalties_long(void **st) {
+    (void)st;
+    uint32_t x = 7;
+    float l[V], adj[V];
+    int32_t hist[600];
+    for (int trial = 0; trial < 200; trial++) {
+        sampler_params p = sampler_default_params();
+        p.penalty_last_n = 1 + (int32_t)(lcg(&x) % 400);
+        p.repeat_penalty = 1.0f + (float)(lcg(&x) % 100) / 100.0f;
+        p.frequency_penalty = (float)(lcg(&x) % 50) / 100.0f;
+        p.presence_penalty = (float)(lcg(&x) % 50) / 100.0f;
+        for (int i = 0; i < V; i++) l[i] = (float)(lcg(&x) % 2000) / 500.0f - 2.0f;
+        /* Few distinct tokens or many, so counts run from 1 to hundreds. */
+        const int32_t spread = trial % 2 ? V : 8;
+        const int32_t n = (int32_t)(lcg(&x) % 600);
+        for (int32_t i = 0; i < n; i++)
+            hist[i] = (int32_t)(lcg(&x) % (uint32_t)spread) * (V / spread);
+        const int32_t from = n > p.penalty_last_n ? n - p.penalty_last_n : 0;
+        memcpy(adj, l, sizeof l);
+        for (int32_t t = 0; t < V; t++) {
+            int32_t c = 0;
+            for (int32_t i = from; i < n; i++) c += hist[i] == t;
+            if (!c) continue;
+            float y = adj[t];
+            y = y > 0 ? y / p.repeat_penalty : y * p.repeat_penalty;
+            adj[t] = y - ((float)c * p.frequency_penalty + p.presence_penalty);
+        }
+        int32_t best = 0;
+        for (int32_t t = 1; t < V; t++)
+            if (adj[t] > adj[best]) best = t;
+        /* (Up to rounding: the test may contract the multiply-add.) */
+        const int32_t got = greedy_with(&p, l, hist, n);
+        assert_true(got == best || fabsf(adj[got] - adj[best]) < 1e-5f);
+    }
+}
+
+/* Samplers made with sampler_create_shared and bound to one scratch draw,
+ * interleaved, exactly what samplers with their own draw: every
+ * truncation, the penalties, the n-gram guard and a bias on. */
+static void test_shared_scratch(void **st) {
+    (void)st;
+    enum { N = 3, STEPS = 300 };
+    sampler_scratch *x;
+    assert_int_equal(sampler_scratch_create(V, 256, &x, NULL), CELLM_OK);
+    sampler *own[N], *shared[N];
+    const sampler_logit_bias bias[] = {{5, 2.0f}, {6, -INFINITY}};
+    for (int i = 0; i < N; i++) {
+        sampler_params p = sampler_default_params();
+        p.seed = 100 + (uint64_t)i;
+        p.temperature = 0.7f + 0.2f * (float)i;
+        p.top_k = i == 0 ? 0 : 50 * i;
+        p.top_p = 0.9f;
+        p.min_p = i == 2 ? 0.05f : 0;
+        p.typical_p = i == 1 ? 0.8f : 1.0f;
+        p.penalty_last_n = 64 * (i + 1);
+        p.repeat_penalty = 1.3f;
+        p.frequency_penalty = 0.1f;
+        p.presence_penalty = 0.2f;
+        p.ngram_size = 3;
+        p.ngram_max_repeats = 1;
+        p.logit_bias = bias;
+        p.n_logit_bias = 2;
+        assert_int_equal(sampler_create(&p, V, &own[i], NULL), CELLM_OK);
+        assert_int_equal(sampler_create_shared(&p, V, &shared[i], NULL), CELLM_OK);
+        sampler_bind(shared[i], x);
+    }
+    float l[V];
+    uint32_t g = 1;
+    for (int step = 0; step < STEPS; step++)
+        for (int i = 0; i < N; i++) {
+            for (int t = 0; t < V; t++) l[t] = (float)(lcg(&g) % 1000) / 200.0f;
+            int32_t a = sampler_sample(own[i], l), b = sampler_sample(shared[i], l);
+            assert_int_equal(a, b);
+            if (step % 7 == 3) {
+                /* The speculative rule as well. */
+                const int32_t ids[2] = {a, (a + 1) % V};
+                const float q[2] = {0.5f, 0.5f};
+                a = sampler_sample_spec(own[i], l, ids[1], ids, q, 2, 0.3, 0.6);
+                b = sampler_sample_spec(shared[i], l, ids[1], ids, q, 2, 0.3, 0.6);
+                assert_int_equal(a, b);
+            }
+            assert_int_equal(sampler_accept(own[i], a, NULL), CELLM_OK);
+            assert_int_equal(sampler_accept(shared[i], a, NULL), CELLM_OK);
+        }
+    for (int i = 0; i < N; i++) {
+        sampler_free(own[i]);
+        sampler_free(shared[i]);
+    }
+    sampler_scratch_free(x);
+    /* What it allocates, at least the arrays. */
+    assert_true(sampler_scratch_bytes(V, 256) >= (size_t)V * 20);
+    assert_int_equal(sampler_scratch_create(0, 16, &x, NULL), CELLM_ERR_INVALID_ARG);
+}
+
 static void test_ngram_guard(void **st) {
     (void)st;
     float l[V];
@@ -997,17 +1101,18 @@ static void test_pick_top(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_greedy),       cmocka_unit_test(test_seed_repeats),
-        cmocka_unit_test(test_truncation),   cmocka_unit_test(test_distribution),
-        cmocka_unit_test(test_logit_bias),   cmocka_unit_test(test_penalties),
-        cmocka_unit_test(test_ngram_guard),  cmocka_unit_test(test_typical),
-        cmocka_unit_test(test_large_vocab),  cmocka_unit_test(test_stat_temperature),
-        cmocka_unit_test(test_stat_top_k),   cmocka_unit_test(test_stat_top_p),
-        cmocka_unit_test(test_stat_min_p),   cmocka_unit_test(test_stat_typical),
-        cmocka_unit_test(test_stat_chain),   cmocka_unit_test(test_stat_penalties),
-        cmocka_unit_test(test_edges),        cmocka_unit_test(test_golden_draws),
-        cmocka_unit_test(test_stale_memory), cmocka_unit_test(test_golden_logprobs),
-        cmocka_unit_test(test_stat_spec),    cmocka_unit_test(test_pick_top),
+        cmocka_unit_test(test_greedy),         cmocka_unit_test(test_seed_repeats),
+        cmocka_unit_test(test_truncation),     cmocka_unit_test(test_distribution),
+        cmocka_unit_test(test_logit_bias),     cmocka_unit_test(test_penalties),
+        cmocka_unit_test(test_ngram_guard),    cmocka_unit_test(test_typical),
+        cmocka_unit_test(test_large_vocab),    cmocka_unit_test(test_stat_temperature),
+        cmocka_unit_test(test_stat_top_k),     cmocka_unit_test(test_stat_top_p),
+        cmocka_unit_test(test_stat_min_p),     cmocka_unit_test(test_stat_typical),
+        cmocka_unit_test(test_stat_chain),     cmocka_unit_test(test_stat_penalties),
+        cmocka_unit_test(test_edges),          cmocka_unit_test(test_golden_draws),
+        cmocka_unit_test(test_stale_memory),   cmocka_unit_test(test_golden_logprobs),
+        cmocka_unit_test(test_stat_spec),      cmocka_unit_test(test_pick_top),
+        cmocka_unit_test(test_penalties_long), cmocka_unit_test(test_shared_scratch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -42,4 +42,11 @@ cellm_status device_backend(int32_t device, int32_t gpu_layers, const model *m, 
 int32_t device_fit_layers(const model *m, const kv_cache *kv, int32_t max_rows,
                           int32_t max_logit_rows, uint64_t budget);
 
+/* What the GPU's loader and drivers leave resident in the process once
+ * listed (the resident size's growth across the first listing of the
+ * devices; 0 where the OS does not tell, and for CELLM_DEVICE_CPU, which
+ * lists none). The devices are listed once per process; the phone memory
+ * mode counts this. */
+size_t device_driver_bytes(int32_t device);
+
 #endif /* CELLM_DEVICE_H */

@@ -353,6 +353,7 @@ static void finish_taken(cellm_engine *e, cellm_request *r, int why) {
 static int32_t sample_timed(cellm_engine *e, cellm_request *r, const float *row, int32_t j) {
     double t0 = engine_now_s();
     int32_t pos = r->sched.n_tokens;
+    sampler_bind(r->smp, e->smp_scr[0]);
     int32_t t = r->pre_row == row ? r->pre_tok
                 : !r->spec_q      ? sampler_sample(r->smp, row)
                 : j < 0           ? spec_sample(r->smp, row, pos, -1, NULL)
@@ -441,7 +442,9 @@ static void presample_task(void *arg, int ith, int nth) {
     tp_split(e->sched.n_fed, ith, nth, &b, &end);
     for (long i = b; i < end; i++) {
         cellm_request *r = req_of(e->sched.fed[i]);
-        if (r->pre_row) r->pre_tok = sampler_sample(r->smp, r->pre_row);
+        if (!r->pre_row) continue;
+        sampler_bind(r->smp, e->smp_scr[ith]);
+        r->pre_tok = sampler_sample(r->smp, r->pre_row);
     }
 }
 
@@ -871,16 +874,33 @@ static const char *qos_check(const cellm_qos *q, int pool) {
  * 96 bytes per vocabulary entry (measured with bench/heap_after_load.c:
  * 3.9 MiB of heap after loading SmolLM2's 49,152 tokens and merges, 83
  * bytes a token; 9.2 MiB for Gemma 3's 262,144, 37 bytes a token); code,
- * the C library, stdio and the stacks the threads touch; and per request a
- * sampler at its largest (8 arrays of the vocabulary's size, every penalty
- * and typical-p on) plus its token array and a session's history and kept
- * tokens (16 bytes per position of max_ctx). test_memory measures the peak
- * resident size of real runs against this sum. */
+ * the C library, stdio and the stacks the threads touch; what the GPU's
+ * drivers leave resident once listed (device_driver_bytes: none for the
+ * CPU device); the samplers' scratch, one a thread (sampler_scratch_bytes: 5 arrays of the
+ * vocabulary's size and a table of a window); and per request what a
+ * grammar holds by the vocabulary (a masked row of floats and 9 masks of
+ * a bit a token: 6 bytes a token), its token array and a session's history,
+ * penalty window and kept tokens (16 bytes per position of max_ctx).
+ * test_memory measures the peak resident size of real runs against this
+ * sum. */
 #define PROC_TABLE_BYTES_PER_TOKEN 96
 #define PROC_RUNTIME_BYTES ((size_t)8 << 20)
 #define PROC_THREAD_BYTES ((size_t)256 << 10)
-#define PROC_SAMPLER_BYTES_PER_TOKEN 32
+#define PROC_REQUEST_BYTES_PER_TOKEN 6
 #define PROC_SEQ_BYTES_PER_POS 16
+
+/* The smallest step process_budget_fit's caller lowers max_batch_tokens
+ * to (SmolLM2's prompt in chunks of 64 rows runs at 98% of the speed of
+ * 256: docs/benchmarks.md). */
+#define PROC_MIN_BATCH 64
+
+/* The activations of an engine with params p: the forward pass's, its row
+ * tables and the draft's. */
+static size_t act_bytes_for(const model *m, const cellm_engine_params *p, int32_t logit_rows) {
+    return forward_bytes(m, p->max_batch_tokens, logit_rows, p->n_threads, p->max_ctx) +
+           (size_t)p->max_batch_tokens * (sizeof(fwd_row) + sizeof(float *)) +
+           2 * (size_t)p->max_seqs * sizeof(cellm_request *) + spec_draft_act_bytes(p);
+}
 
 /* Fits the engine into p->process_budget_bytes: sets p->mem_budget_bytes
  * to what the process leaves for activations and KV, or fails with the
@@ -895,8 +915,11 @@ static cellm_status process_budget_fit(const cellm_model *cm, cellm_engine_param
         ((size_t)m->n_vocab + (dm ? (size_t)dm->n_vocab : 0)) * PROC_TABLE_BYTES_PER_TOKEN;
     const bool spec = dm || p->lookup_ngram > 0;
     const int32_t chunk = p->max_batch_tokens + (spec ? p->draft_max + 1 : 0);
-    const size_t runtime = PROC_RUNTIME_BYTES + (size_t)p->n_threads * PROC_THREAD_BYTES;
-    const size_t per_seq = (size_t)m->n_vocab * PROC_SAMPLER_BYTES_PER_TOKEN +
+    const size_t driver = device_driver_bytes(p->device);
+    const size_t runtime =
+        PROC_RUNTIME_BYTES + driver +
+        (size_t)p->n_threads * (PROC_THREAD_BYTES + sampler_scratch_bytes(m->n_vocab, p->max_ctx));
+    const size_t per_seq = (size_t)m->n_vocab * PROC_REQUEST_BYTES_PER_TOKEN +
                            (size_t)p->max_ctx * PROC_SEQ_BYTES_PER_POS;
     const size_t fixed =
         weights + tables + runtime + (size_t)p->max_seqs * per_seq + act_bytes + img_bytes;
@@ -915,14 +938,17 @@ static cellm_status process_budget_fit(const cellm_model *cm, cellm_engine_param
         return err_set(
             err, CELLM_ERR_NO_MEMORY,
             "a process budget of %zu MiB cannot hold %d sequences of %d positions: model "
-            "file%s %zu MiB, its tables %zu MiB, code and threads %zu MiB, %d requests' "
-            "samplers and tokens %zu MiB, activations %zu MiB, pictures %zu MiB, KV cache "
+            "file%s %zu MiB, its tables %zu MiB, code, threads, samplers and GPU driver %zu MiB, "
+            "%d "
+            "requests' tokens %zu MiB, activations %zu MiB, pictures %zu MiB, KV cache "
             "%zu MiB (%zu MiB a sequence); %zu sequence%s of %d positions would fit: lower "
-            "the context or the sessions, or raise the budget",
+            "the context or the sessions, or raise the budget%s",
             budget / mib, p->max_seqs, p->max_ctx, dm ? "s (and the draft's)" : "", weights / mib,
             tables / mib, runtime / mib, p->max_seqs, (size_t)p->max_seqs * per_seq / mib,
             act_bytes / mib, img_bytes / mib, kv_need / mib, seq_kv / mib, fit, fit == 1 ? "" : "s",
-            p->max_ctx);
+            p->max_ctx,
+            driver ? " (the GPU driver's share: the CPU device, CELLM_DEVICE_CPU, loads none)"
+                   : "");
     }
     /* What the engine's own budget covers: activations, pictures, KV. */
     p->mem_budget_bytes = budget - (fixed - act_bytes - img_bytes);
@@ -930,7 +956,22 @@ static cellm_status process_budget_fit(const cellm_model *cm, cellm_engine_param
 }
 
 /* Frees what engine_create made, in reverse; the thread is not running. */
+/* The samplers' scratch, one for each of the pool's threads. */
+static cellm_status scratch_create(cellm_engine *e, cellm_error *err) {
+    const int n = e->p.n_threads;
+    if (!(e->smp_scr = calloc((size_t)n, sizeof *e->smp_scr)))
+        return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    for (int i = 0; i < n; i++) {
+        cellm_status st =
+            sampler_scratch_create(e->model->m->n_vocab, e->p.max_ctx, &e->smp_scr[i], err);
+        if (st) return st;
+    }
+    return CELLM_OK;
+}
+
 static void engine_destroy(cellm_engine *e) {
+    for (int i = 0; e->smp_scr && i < e->p.n_threads; i++) sampler_scratch_free(e->smp_scr[i]);
+    free(e->smp_scr);
     spec_destroy(e);
     backend_free(&e->fwd);
     tp_destroy(e->tp);
@@ -986,9 +1027,7 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
     e->model = cm;
     e->p = p;
     e->logit_rows = spec_logit_rows(&p);
-    e->act_bytes = forward_bytes(m, p.max_batch_tokens, e->logit_rows, p.n_threads, p.max_ctx) +
-                   (size_t)p.max_batch_tokens * (sizeof(fwd_row) + sizeof(float *)) +
-                   2 * (size_t)p.max_seqs * sizeof(cellm_request *) + spec_draft_act_bytes(&p);
+    e->act_bytes = act_bytes_for(m, &p, e->logit_rows);
     /* Pictures' rows, for a model that takes them, come out of the budget
      * before the KV cache. */
     e->image_token = engine_image_token(cm);
@@ -997,10 +1036,36 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
                                         : DEFAULT_IMAGE_BUDGET;
     atomic_init(&e->img_held, 0);
     if (p.process_budget_bytes) {
-        if (process_budget_fit(cm, &p, e->act_bytes, e->img_cap, &err) != CELLM_OK) {
-            free(e);
-            return fail(&err);
+        /* Under a cap, max_batch_tokens is the most a step takes: where
+         * the sequences do not fit, steps of half as many rows (smaller
+         * activations) are tried, down to PROC_MIN_BATCH or one step's
+         * decode rows for every sequence. The output does not change (the
+         * engine is batch-invariant); prompts are computed in smaller
+         * chunks. */
+        const int32_t asked = p.max_batch_tokens;
+        const int64_t decode_rows = (int64_t)p.max_seqs * (1 + slack);
+        const int32_t floor_rows = decode_rows > asked            ? asked
+                                   : decode_rows > PROC_MIN_BATCH ? (int32_t)decode_rows
+                                                                  : PROC_MIN_BATCH;
+        while (process_budget_fit(cm, &p, e->act_bytes, e->img_cap, &err) != CELLM_OK) {
+            if (p.max_batch_tokens <= floor_rows) {
+                free(e);
+                return fail(&err);
+            }
+            p.max_batch_tokens =
+                p.max_batch_tokens / 2 > floor_rows ? p.max_batch_tokens / 2 : floor_rows;
+            e->logit_rows = spec_logit_rows(&p);
+            e->act_bytes = act_bytes_for(m, &p, e->logit_rows);
+            err_clear(&err);
         }
+        if (p.max_batch_tokens != asked)
+            cellm_log(CELLM_LOG_INFO,
+                      "memory cap: steps of up to %d rows, not %d, so that %d sequences of %d "
+                      "positions fit in %zu MiB",
+                      p.max_batch_tokens, asked, p.max_seqs, p.max_ctx,
+                      p.process_budget_bytes >> 20);
+        kv_chunk = p.max_batch_tokens + slack;
+        e->p.max_batch_tokens = p.max_batch_tokens;
     }
     if (p.mem_budget_bytes <= e->act_bytes || p.mem_budget_bytes - e->act_bytes <= e->img_cap) {
         err_set(&err, CELLM_ERR_NO_MEMORY,
@@ -1025,7 +1090,7 @@ cellm_status cellm_engine_create(const cellm_model *cm, const cellm_engine_param
     const char *top_env = getenv("CELLM_TOP");
     e->top_off = top_env && !strcmp(top_env, "0");
     if (kv_cache_create(m, kv_budget, p.max_ctx, p.max_seqs, kv_chunk, p.kv_type, &e->kv, &err) ||
-        tp_create(p.n_threads, &e->tp, &err) ||
+        tp_create(p.n_threads, &e->tp, &err) || scratch_create(e, &err) ||
         device_backend(p.device, p.gpu_layers, m, e->kv, e->tp, p.max_batch_tokens, e->logit_rows,
                        &e->fwd, &err) ||
         kv_calibrate(e->kv, m, cm->tok, &e->fwd, p.max_batch_tokens, &err) ||
@@ -1329,7 +1394,7 @@ static cellm_status request_sampler(cellm_engine *e, cellm_request *r, const cel
     _Static_assert(sizeof(cellm_logit_bias) == sizeof(sampler_logit_bias), "logit bias layout");
     sp.logit_bias = (const sampler_logit_bias *)s->logit_bias;
     sp.n_logit_bias = s->n_logit_bias;
-    cellm_status st = sampler_create(&sp, e->model->m->n_vocab, &r->smp, err);
+    cellm_status st = sampler_create_shared(&sp, e->model->m->n_vocab, &r->smp, err);
     if (st) return st;
     int32_t from = r->n_prompt > sp.penalty_last_n ? r->n_prompt - sp.penalty_last_n : 0;
     for (int32_t i = from; i < r->n_prompt && st == CELLM_OK; i++)

@@ -228,6 +228,9 @@ struct cellm_engine {
     backend fwd;             /* runs the forward pass (runtime/device.h) */
     sched sched;             /* the queues of requests (their sched items) and each step's batch */
     const float **embd_rows; /* [p.max_batch_tokens] a step's image rows (engine_image.c) */
+    /* Where the requests' samplers draw (sampler_create_shared): one for
+     * each of the pool's threads, [0] for draws on the engine thread. */
+    sampler_scratch **smp_scr;
     uint64_t n_steps, n_prompt_tok, n_gen_tok;
     uint64_t n_sampled;
     double t_sample;  /* seconds in sampler_sample */

@@ -43,24 +43,29 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
+/* What one draw works in: vocabulary-sized arrays, and a table of the
+ * penalty window's tokens. Nothing in it outlives a call. */
+struct sampler_scratch {
+    int32_t *idx;    /* candidate heap: token ids */
+    float *val;      /* their heap keys (logits, or typical-p scores) */
+    float *w;        /* every token's weight e^((logit - max) / T) */
+    float *work;     /* adjusted logits */
+    float *key;      /* typical-p scores by token */
+    int32_t *tab;    /* [2 * tab_cap]: a window's token (-1: an empty slot), then a count */
+    int32_t tab_cap; /* a power of two, at least twice the longest window */
+};
+
 struct sampler {
     sampler_params p;
     int32_t n_vocab;
     bool avx2; /* weigh with AVX2 */
     uint64_t rng[4];
-    int32_t *idx; /* candidate heap: token ids */
-    float *val;   /* their heap keys (logits, or typical-p scores) */
-    float *w;     /* every token's weight e^((logit - max) / T) */
-    float *work;  /* adjusted logits; NULL when nothing adjusts them */
-    float *key;   /* typical-p scores by token; NULL when typical-p is off */
+    sampler_scratch *scr; /* what sampler_bind bound, else own */
+    sampler_scratch *own; /* made by sampler_create; NULL from sampler_create_shared */
     sampler_logit_bias *bias;
     int32_t n_bias;
     int32_t *hist; /* ring of the last hist_cap accepted tokens */
     int32_t hist_cap, hist_len, hist_head;
-    int32_t *count; /* occurrences of each token in the ring */
-    uint32_t *mark; /* mark[t] == gen: token t already handled this step */
-    int32_t *tally; /* n-gram guard: continuations seen, valid where marked */
-    uint32_t gen;
 };
 
 sampler_params sampler_default_params(void) {
@@ -110,8 +115,82 @@ static bool finite_f(float x) {
     return x == x && x != INFINITY && x != -INFINITY;
 }
 
-cellm_status sampler_create(const sampler_params *p, int32_t n_vocab, sampler **out,
-                            cellm_error *err) {
+/* Whether a sampler with params p draws (rather than takes the best
+ * token), and whether it keeps a penalty window. */
+static bool p_sampled(const sampler_params *p) {
+    return p->temperature > 0 && p->top_k != 1;
+}
+
+static bool p_window(const sampler_params *p) {
+    return p->penalty_last_n > 0 && (p->repeat_penalty != 1 || p->presence_penalty != 0 ||
+                                     p->frequency_penalty != 0 || p->ngram_size > 0);
+}
+
+/* The window table's slots for windows of up to n tokens. */
+static int32_t tab_slots(int64_t n) {
+    int32_t c = 16;
+    while (c < 2 * n && c < (1 << 28)) c *= 2;
+    return c;
+}
+
+/* A scratch for n_vocab tokens and windows of up to max_window tokens;
+ * p NULL: every array, else only what a sampler with params p uses. */
+static sampler_scratch *scratch_new(int32_t n_vocab, int32_t max_window, const sampler_params *p) {
+    sampler_scratch *x = calloc(1, sizeof *x);
+    if (!x) return NULL;
+    const size_t V = (size_t)n_vocab;
+    const bool sampled = !p || p_sampled(p), win = !p || p_window(p);
+    bool ok =
+        !sampled || ((x->idx = malloc(sizeof(int32_t) * V)) &&
+                     (x->val = malloc(sizeof(float) * V)) && (x->w = calloc(V, sizeof(float))));
+    if (ok && (win || p->n_logit_bias > 0)) ok = (x->work = malloc(sizeof(float) * V)) != NULL;
+    if (ok && sampled && (!p || p->typical_p < 1))
+        ok = (x->key = malloc(sizeof(float) * V)) != NULL;
+    if (ok && win && max_window > 0) {
+        x->tab_cap = tab_slots(max_window);
+        ok = (x->tab = malloc(sizeof(int32_t) * 2 * (size_t)x->tab_cap)) != NULL;
+    }
+    if (!ok) {
+        sampler_scratch_free(x);
+        return NULL;
+    }
+    return x;
+}
+
+cellm_status sampler_scratch_create(int32_t n_vocab, int32_t max_window, sampler_scratch **out,
+                                    cellm_error *err) {
+    *out = NULL;
+    if (n_vocab < 1 || max_window < 0)
+        return err_set(err, CELLM_ERR_INVALID_ARG, "a sampler scratch of %d tokens, windows of %d",
+                       (int)n_vocab, (int)max_window);
+    if (!(*out = scratch_new(n_vocab, max_window, NULL)))
+        return err_set(err, CELLM_ERR_NO_MEMORY, "out of memory");
+    return CELLM_OK;
+}
+
+void sampler_scratch_free(sampler_scratch *x) {
+    if (!x) return;
+    free(x->idx);
+    free(x->val);
+    free(x->w);
+    free(x->work);
+    free(x->key);
+    free(x->tab);
+    free(x);
+}
+
+size_t sampler_scratch_bytes(int32_t n_vocab, int32_t max_window) {
+    return sizeof(sampler_scratch) + (size_t)n_vocab * (sizeof(int32_t) + 4 * sizeof(float)) +
+           (max_window > 0 ? sizeof(int32_t) * 2 * (size_t)tab_slots(max_window) : 0);
+}
+
+void sampler_bind(sampler *s, sampler_scratch *x) {
+    s->scr = x ? x : s->own;
+}
+
+static cellm_status create(const sampler_params *p, int32_t n_vocab, bool own, sampler **out,
+                           cellm_error *err) {
+
     *out = NULL;
     if (n_vocab < 1) return err_set(err, CELLM_ERR_INVALID_ARG, "empty vocabulary");
     if (!(p->temperature == p->temperature) || !(p->top_p == p->top_p) || !(p->min_p == p->min_p) ||
@@ -143,26 +222,15 @@ cellm_status sampler_create(const sampler_params *p, int32_t n_vocab, sampler **
     s->p = *p;
     s->p.logit_bias = NULL;
     s->n_vocab = n_vocab;
-    const size_t V = (size_t)n_vocab;
-    /* Greedy decoding needs no scratch beyond the adjusted logits. */
-    bool sampled = p->temperature > 0 && p->top_k != 1;
-    bool ok =
-        !sampled || ((s->idx = malloc(sizeof(int32_t) * V)) &&
-                     (s->val = malloc(sizeof(float) * V)) && (s->w = calloc(V, sizeof(float))));
-    bool pen = p->penalty_last_n > 0 && (p->repeat_penalty != 1 || p->presence_penalty != 0 ||
-                                         p->frequency_penalty != 0 || p->ngram_size > 0);
-    if (ok && (pen || p->n_logit_bias > 0)) ok = (s->work = malloc(sizeof(float) * V)) != NULL;
-    if (ok && sampled && p->typical_p < 1) ok = (s->key = malloc(sizeof(float) * V)) != NULL;
+    bool ok = !own || (s->own = s->scr = scratch_new(n_vocab, p->penalty_last_n, p)) != NULL;
     if (ok && p->n_logit_bias > 0) {
         ok = (s->bias = malloc(sizeof *s->bias * (size_t)p->n_logit_bias)) != NULL;
         if (ok) memcpy(s->bias, p->logit_bias, sizeof *s->bias * (size_t)p->n_logit_bias);
         s->n_bias = p->n_logit_bias;
     }
-    if (ok && pen) {
+    if (ok && p_window(p)) {
         s->hist_cap = p->penalty_last_n;
-        ok = (s->hist = malloc(sizeof(int32_t) * (size_t)s->hist_cap)) &&
-             (s->count = calloc(V, sizeof(int32_t))) && (s->mark = calloc(V, sizeof(uint32_t))) &&
-             (s->tally = calloc(V, sizeof(int32_t)));
+        ok = (s->hist = malloc(sizeof(int32_t) * (size_t)s->hist_cap)) != NULL;
     }
     if (!ok) {
         sampler_free(s);
@@ -176,18 +244,21 @@ cellm_status sampler_create(const sampler_params *p, int32_t n_vocab, sampler **
     return CELLM_OK;
 }
 
+cellm_status sampler_create(const sampler_params *p, int32_t n_vocab, sampler **out,
+                            cellm_error *err) {
+    return create(p, n_vocab, true, out, err);
+}
+
+cellm_status sampler_create_shared(const sampler_params *p, int32_t n_vocab, sampler **out,
+                                   cellm_error *err) {
+    return create(p, n_vocab, false, out, err);
+}
+
 void sampler_free(sampler *s) {
     if (!s) return;
-    free(s->idx);
-    free(s->val);
-    free(s->w);
-    free(s->work);
-    free(s->key);
+    sampler_scratch_free(s->own);
     free(s->bias);
     free(s->hist);
-    free(s->count);
-    free(s->mark);
-    free(s->tally);
     free(s);
 }
 
@@ -196,19 +267,16 @@ cellm_status sampler_accept(sampler *s, int32_t token, cellm_error *err) {
         return err_set(err, CELLM_ERR_INVALID_ARG, "token %d outside the vocabulary", (int)token);
     if (!s->hist) return CELLM_OK;
     if (s->hist_len == s->hist_cap) {
-        s->count[s->hist[s->hist_head]]--;
         s->hist[s->hist_head] = token;
         s->hist_head = (s->hist_head + 1) % s->hist_cap;
     } else {
         s->hist[(s->hist_head + s->hist_len) % s->hist_cap] = token;
         s->hist_len++;
     }
-    s->count[token]++;
     return CELLM_OK;
 }
 
 void sampler_reset_history(sampler *s) {
-    for (int32_t i = 0; i < s->hist_len; i++) s->count[s->hist[(s->hist_head + i) % s->hist_cap]]--;
     s->hist_len = 0;
     s->hist_head = 0;
 }
@@ -218,13 +286,27 @@ static int32_t hist_at(const sampler *s, int32_t i) {
     return s->hist[(s->hist_head + i) % s->hist_cap];
 }
 
-/* A fresh generation for mark[]: tokens marked before are unmarked. */
-static uint32_t next_gen(sampler *s) {
-    if (++s->gen == 0) {
-        memset(s->mark, 0, sizeof(uint32_t) * (size_t)s->n_vocab);
-        s->gen = 1;
+/* The window's table (sampler_scratch.tab): open addressing with linear
+ * probing over at least twice as many slots as the window has tokens, so
+ * it never fills; emptied for each use, and only as large as the window
+ * needs. What comes out (a count per token) does not depend on where the
+ * tokens landed. Returns the slots' mask. */
+static uint32_t tab_empty(sampler *s) {
+    const int32_t n = tab_slots(s->hist_len); /* <= tab_cap: hist_len <= the window */
+    for (int32_t i = 0; i < n; i++) s->scr->tab[2 * i] = -1;
+    return (uint32_t)n - 1;
+}
+
+/* Token t's count, entered at 0 when t is new. */
+static int32_t *tab_count(sampler *s, uint32_t mask, int32_t t) {
+    int32_t *tab = s->scr->tab;
+    uint32_t i = ((uint32_t)t * 2654435761u) & mask;
+    while (tab[2 * i] != t && tab[2 * i] >= 0) i = (i + 1) & mask;
+    if (tab[2 * i] < 0) {
+        tab[2 * i] = t;
+        tab[2 * i + 1] = 0;
     }
-    return s->gen;
+    return &tab[2 * i + 1];
 }
 
 /* Bans every token that would complete an n-gram whose first n-1 tokens
@@ -233,15 +315,13 @@ static void ban_ngrams(sampler *s, float *l) {
     const int32_t n = s->p.ngram_size, L = s->hist_len;
     const int32_t max = s->p.ngram_max_repeats > 0 ? s->p.ngram_max_repeats : 1;
     if (L < n) return;
-    uint32_t g = next_gen(s);
+    const uint32_t mask = tab_empty(s);
     for (int32_t i = 0; i + n - 1 < L; i++) {
         int32_t j = 0;
         while (j < n - 1 && hist_at(s, i + j) == hist_at(s, L - (n - 1) + j)) j++;
         if (j < n - 1) continue;
         int32_t c = hist_at(s, i + n - 1);
-        s->tally[c] = s->mark[c] == g ? s->tally[c] + 1 : 1;
-        s->mark[c] = g;
-        if (s->tally[c] >= max) l[c] = -INFINITY;
+        if (++*tab_count(s, mask, c) >= max) l[c] = -INFINITY;
     }
 }
 
@@ -253,19 +333,23 @@ static const float *adjust(sampler *s, const float *logits) {
                (p->repeat_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0);
     bool ng = s->hist && p->ngram_size > 0;
     if (!s->n_bias && !pen && !ng) return logits;
-    float *l = s->work;
+    float *l = s->scr->work;
     memcpy(l, logits, sizeof(float) * (size_t)s->n_vocab);
     for (int32_t i = 0; i < s->n_bias; i++) l[s->bias[i].token] += s->bias[i].bias;
     if (pen) {
-        uint32_t g = next_gen(s);
+        /* Each token of the window once, with its count: the counts, then
+         * the window again, a token adjusted where it is first met (its
+         * count then set to -1). */
+        const uint32_t mask = tab_empty(s);
+        for (int32_t i = 0; i < s->hist_len; i++) ++*tab_count(s, mask, hist_at(s, i));
         for (int32_t i = 0; i < s->hist_len; i++) {
-            int32_t t = hist_at(s, i);
-            if (s->mark[t] == g) continue;
-            s->mark[t] = g;
+            int32_t t = hist_at(s, i), *count = tab_count(s, mask, t);
+            if (*count < 0) continue;
             float x = l[t];
             if (p->repeat_penalty != 1) x = x > 0 ? x / p->repeat_penalty : x * p->repeat_penalty;
-            x -= (float)s->count[t] * p->frequency_penalty + p->presence_penalty;
+            x -= (float)*count * p->frequency_penalty + p->presence_penalty;
             l[t] = x;
+            *count = -1;
         }
     }
     if (ng) ban_ngrams(s, l);
@@ -402,7 +486,7 @@ AVX2 static inline __attribute__((always_inline)) v8f exp2_neg8(v8f y) {
 AVX2 static int32_t weigh_avx2(sampler *s, const float *l, float mx, float c, float gather,
                                double *z, int *g, float a[8]) {
     const int32_t n = s->n_vocab;
-    float *w = s->w;
+    float *w = s->scr->w;
     v8f acc = {0};
     int32_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -422,8 +506,8 @@ AVX2 static int32_t weigh_avx2(sampler *s, const float *l, float mx, float c, fl
             if (hit[0] | hit[1] | hit[2] | hit[3] | hit[4] | hit[5] | hit[6] | hit[7])
                 for (int j = 0; j < 8; j++)
                     if (w[i + j] >= gather) {
-                        s->idx[*g] = i + j;
-                        s->val[(*g)++] = l[i + j];
+                        s->scr->idx[*g] = i + j;
+                        s->scr->val[(*g)++] = l[i + j];
                     }
         }
     }
@@ -439,7 +523,7 @@ AVX2 static int32_t weigh_avx2(sampler *s, const float *l, float mx, float c, fl
  * sets *n_gathered: top-p's first candidates come free with this pass. */
 static double weigh(sampler *s, const float *l, float mx, float c, float gather, int *n_gathered) {
     const int32_t n = s->n_vocab;
-    float *w = s->w;
+    float *w = s->scr->w;
     double z = 0;
     int32_t i = 0;
     int g = 0;
@@ -472,8 +556,8 @@ static double weigh(sampler *s, const float *l, float mx, float c, float gather,
             if (hit[0] | hit[1] | hit[2] | hit[3])
                 for (int j = 0; j < 8; j++)
                     if (w[i + j] >= gather) {
-                        s->idx[g] = i + j;
-                        s->val[g++] = l[i + j];
+                        s->scr->idx[g] = i + j;
+                        s->scr->val[g++] = l[i + j];
                     }
         }
     }
@@ -489,8 +573,8 @@ static double weigh(sampler *s, const float *l, float mx, float c, float gather,
             w[i + j] = exp2_neg(y);
             a[j] += w[i + j];
             if (gather > 0 && w[i + j] >= gather) {
-                s->idx[g] = i + j;
-                s->val[g++] = l[i + j];
+                s->scr->idx[g] = i + j;
+                s->scr->val[g++] = l[i + j];
             }
         }
         if ((i & 1023) == 1016) {
@@ -505,8 +589,8 @@ static double weigh(sampler *s, const float *l, float mx, float c, float gather,
         w[i] = exp2_neg(y);
         a[i & 7] += w[i];
         if (gather > 0 && w[i] >= gather) {
-            s->idx[g] = i;
-            s->val[g++] = l[i];
+            s->scr->idx[g] = i;
+            s->scr->val[g++] = l[i];
         }
     }
     for (int j = 0; j < 4; j++) z += (double)a[j] + (double)a[4 + j];
@@ -517,16 +601,17 @@ static double weigh(sampler *s, const float *l, float mx, float c, float gather,
 /* Heap order: a is "worse" than b when its logit is lower, or equal with a
  * higher id; the best token is the highest logit, then the lowest id. */
 static bool worse(const sampler *s, int a, int b) {
-    return s->val[a] < s->val[b] || (s->val[a] == s->val[b] && s->idx[a] > s->idx[b]);
+    return s->scr->val[a] < s->scr->val[b] ||
+           (s->scr->val[a] == s->scr->val[b] && s->scr->idx[a] > s->scr->idx[b]);
 }
 
 static void swap(sampler *s, int a, int b) {
-    int32_t ti = s->idx[a];
-    float tv = s->val[a];
-    s->idx[a] = s->idx[b];
-    s->val[a] = s->val[b];
-    s->idx[b] = ti;
-    s->val[b] = tv;
+    int32_t ti = s->scr->idx[a];
+    float tv = s->scr->val[a];
+    s->scr->idx[a] = s->scr->idx[b];
+    s->scr->val[a] = s->scr->val[b];
+    s->scr->idx[b] = ti;
+    s->scr->val[b] = tv;
 }
 
 /* Whether a belongs above b: in a heap with the worst at the root
@@ -560,7 +645,7 @@ static int best_first(sampler *s, int n, double target) {
     int m = 0;
     while (m < n && (all || m == 0 || acc < target)) {
         /* The heap is [0, n - m); the popped best go to the end. */
-        if (!all) acc += s->w[s->idx[0]];
+        if (!all) acc += s->scr->w[s->scr->idx[0]];
         swap(s, 0, n - m - 1);
         m++;
         sift_down(s, 0, n - m, false);
@@ -568,8 +653,8 @@ static int best_first(sampler *s, int n, double target) {
     /* [n - m, n) holds the m best, best last: reverse them to the front. */
     for (int i = 0; i < m / 2; i++) swap(s, n - m + i, n - 1 - i);
     if (n - m > 0) {
-        memmove(s->idx, s->idx + (n - m), sizeof(int32_t) * (size_t)m);
-        memmove(s->val, s->val + (n - m), sizeof(float) * (size_t)m);
+        memmove(s->scr->idx, s->scr->idx + (n - m), sizeof(int32_t) * (size_t)m);
+        memmove(s->scr->val, s->scr->val + (n - m), sizeof(float) * (size_t)m);
     }
     return m;
 }
@@ -578,14 +663,14 @@ static int best_first(sampler *s, int n, double target) {
  * heap order (worst first): a bounded heap, one pass over the vocabulary. */
 static int top_k(sampler *s, const float *key, int k) {
     for (int i = 0; i < k; i++) {
-        s->idx[i] = i;
-        s->val[i] = key[i];
+        s->scr->idx[i] = i;
+        s->scr->val[i] = key[i];
     }
     for (int i = k / 2 - 1; i >= 0; i--) sift_down(s, i, k, true);
     for (int32_t t = k; t < s->n_vocab; t++) {
-        if (key[t] > s->val[0]) {
-            s->idx[0] = t;
-            s->val[0] = key[t];
+        if (key[t] > s->scr->val[0]) {
+            s->scr->idx[0] = t;
+            s->scr->val[0] = key[t];
             sift_down(s, 0, k, true);
         }
     }
@@ -603,7 +688,7 @@ static double uniform(sampler *s) {
 /* The candidates in idx[0..n) with logits in val, re-keyed by logit and
  * ordered best first. */
 static void order_by_logit(sampler *s, const float *l, int n) {
-    for (int i = 0; i < n; i++) s->val[i] = l[s->idx[i]];
+    for (int i = 0; i < n; i++) s->scr->val[i] = l[s->scr->idx[i]];
     best_first(s, n, INFINITY);
 }
 
@@ -621,34 +706,34 @@ static int typical(sampler *s, const float *l, int n, double mx, double inv, dou
     const int N = all ? V : n;
     double ex = 0;
     for (int i = 0; i < N; i++) {
-        int32_t t = all ? i : s->idx[i];
-        if (s->w[t] > 0) ex += s->w[t] * ((l[t] - mx) * inv);
+        int32_t t = all ? i : s->scr->idx[i];
+        if (s->scr->w[t] > 0) ex += s->scr->w[t] * ((l[t] - mx) * inv);
     }
     ex /= *zc;
     /* Scores go to key[] (indexed by token); banned tokens score -inf. */
     for (int i = 0; i < N; i++) {
-        int32_t t = all ? i : s->idx[i];
-        s->key[t] = s->w[t] > 0 ? (float)-fabs((l[t] - mx) * inv - ex) : -INFINITY;
+        int32_t t = all ? i : s->scr->idx[i];
+        s->scr->key[t] = s->scr->w[t] > 0 ? (float)-fabs((l[t] - mx) * inv - ex) : -INFINITY;
     }
     const double target = s->p.typical_p * *zc;
     int keep = 0;
     if (all) {
         for (int k = V < 256 ? V : 256;; k = k > V / 8 ? V : k * 8) {
-            top_k(s, s->key, k);
-            for (int i = 0; i < k; i++) s->val[i] = s->key[s->idx[i]];
+            top_k(s, s->scr->key, k);
+            for (int i = 0; i < k; i++) s->scr->val[i] = s->scr->key[s->scr->idx[i]];
             keep = best_first(s, k, target);
             double acc = 0;
-            for (int i = 0; i < keep; i++) acc += s->w[s->idx[i]];
+            for (int i = 0; i < keep; i++) acc += s->scr->w[s->scr->idx[i]];
             if (acc >= target || k == V) break;
         }
     } else {
-        for (int i = 0; i < n; i++) s->val[i] = s->key[s->idx[i]];
+        for (int i = 0; i < n; i++) s->scr->val[i] = s->scr->key[s->scr->idx[i]];
         keep = best_first(s, n, target);
     }
     /* best_first ranked by score but summed weights: it stopped at the
      * first prefix of scores holding the target. */
     *zc = 0;
-    for (int i = 0; i < keep; i++) *zc += s->w[s->idx[i]];
+    for (int i = 0; i < keep; i++) *zc += s->scr->w[s->scr->idx[i]];
     order_by_logit(s, l, keep);
     return keep;
 }
@@ -673,10 +758,10 @@ static int top_p_all(sampler *s, const float *l, double z) {
         double acc = 0;
         n = 0;
         for (int32_t t = 0; t < V; t++) {
-            const float w = s->w[t];
+            const float w = s->scr->w[t];
             if (w >= ft && w > 0) {
-                s->idx[n] = t;
-                s->val[n++] = l[t];
+                s->scr->idx[n] = t;
+                s->scr->val[n++] = l[t];
                 acc += w;
             }
         }
@@ -688,12 +773,12 @@ static int top_p_all(sampler *s, const float *l, double z) {
 /* A draw among idx[0..n) by weight at u in [0, 1); z is their total. */
 static int32_t draw(sampler *s, int n, double z, double u01) {
     double u = u01 * z, acc = 0;
-    int32_t last = s->idx[0];
+    int32_t last = s->scr->idx[0];
     for (int i = 0; i < n; i++) {
-        const float w = s->w[s->idx[i]];
+        const float w = s->scr->w[s->scr->idx[i]];
         if (w <= 0) continue;
         acc += w;
-        last = s->idx[i];
+        last = s->scr->idx[i];
         if (u < acc) return last;
     }
     return last;
@@ -736,7 +821,7 @@ static int32_t kept(sampler *s, const float *raw, kept_set *k) {
         double z = z_all;
         if (p->min_p > 0) {
             z = 0;
-            for (int32_t t = 0; t < V; t++) z += s->w[t] >= p->min_p ? s->w[t] : 0;
+            for (int32_t t = 0; t < V; t++) z += s->scr->w[t] >= p->min_p ? s->scr->w[t] : 0;
         }
         *k = (kept_set){-1, p->min_p, z, first_of(l, V, mx)};
         return -1;
@@ -749,37 +834,37 @@ static int32_t kept(sampler *s, const float *raw, kept_set *k) {
         n = top_k(s, l, p->top_k);
         order_by_logit(s, l, n);
         for (int i = 0; i < n; i++) {
-            float y = l[s->idx[i]] - mx;
+            float y = l[s->scr->idx[i]] - mx;
             y = y * c;
-            s->w[s->idx[i]] = exp2_neg(y);
+            s->scr->w[s->scr->idx[i]] = exp2_neg(y);
         }
         z = 0;
-        for (int i = 0; i < n; i++) z += s->w[s->idx[i]];
+        for (int i = 0; i < n; i++) z += s->scr->w[s->scr->idx[i]];
     }
     if (p->typical_p < 1) n = typical(s, l, n, mx, inv, &z);
     if (gather) {
         double acc = 0;
-        for (int i = 0; i < n_gathered; i++) acc += s->w[s->idx[i]];
+        for (int i = 0; i < n_gathered; i++) acc += s->scr->w[s->scr->idx[i]];
         n = acc >= p->top_p * z ? best_first(s, n_gathered, p->top_p * z) : top_p_all(s, l, z);
     } else if (p->top_p < 1) {
         double acc = 0;
         for (int i = 0; i < n; i++)
-            if ((acc += s->w[s->idx[i]]) >= p->top_p * z) {
+            if ((acc += s->scr->w[s->scr->idx[i]]) >= p->top_p * z) {
                 n = i + 1;
                 break;
             }
     }
     z = 0;
-    const float w0 = s->w[s->idx[0]];
+    const float w0 = s->scr->w[s->scr->idx[0]];
     for (int i = 0; i < n; i++) {
-        const float w = s->w[s->idx[i]];
+        const float w = s->scr->w[s->scr->idx[i]];
         if (p->min_p > 0 && w < p->min_p * w0) {
             n = i;
             break;
         }
         z += w;
     }
-    *k = (kept_set){n, 0, z, s->idx[0]};
+    *k = (kept_set){n, 0, z, s->scr->idx[0]};
     return -1;
 }
 
@@ -789,7 +874,7 @@ static int32_t draw_kept(sampler *s, const kept_set *k, double u) {
     double x = u * k->z, acc = 0;
     int32_t last = k->best;
     for (int32_t t = 0; t < s->n_vocab; t++) {
-        const float w = s->w[t];
+        const float w = s->scr->w[t];
         if (w < k->thr || w <= 0) continue;
         acc += w;
         last = t;
@@ -806,9 +891,9 @@ int32_t sampler_sample(sampler *s, const float *raw) {
 
 /* Whether token t is in the kept set (n >= 0: among idx[0..n)). */
 static bool in_kept(const sampler *s, const kept_set *k, int32_t t) {
-    if (k->n < 0) return s->w[t] >= k->thr && s->w[t] > 0;
+    if (k->n < 0) return s->scr->w[t] >= k->thr && s->scr->w[t] > 0;
     for (int i = 0; i < k->n; i++)
-        if (s->idx[i] == t) return true;
+        if (s->scr->idx[i] == t) return true;
     return false;
 }
 
@@ -818,7 +903,7 @@ int32_t sampler_sample_spec(sampler *s, const float *raw, int32_t guess, const i
     int32_t t = kept(s, raw, &k);
     if (t >= 0) return t; /* p is one token: the guess is kept exactly when it is that one */
     if (guess >= 0) {
-        double q = 0, p = in_kept(s, &k, guess) ? s->w[guess] / k.z : 0;
+        double q = 0, p = in_kept(s, &k, guess) ? s->scr->w[guess] / k.z : 0;
         for (int32_t i = 0; i < q_n; i++)
             if (q_ids[i] == guess) q = q_p[i];
         if (u_accept * q < p) return guess;
@@ -830,17 +915,17 @@ int32_t sampler_sample_spec(sampler *s, const float *raw, int32_t guess, const i
     if (k.n < 0) {
         int n = 0;
         for (int32_t i = 0; i < s->n_vocab; i++)
-            if (s->w[i] >= k.thr && s->w[i] > 0) s->idx[n++] = i;
+            if (s->scr->w[i] >= k.thr && s->scr->w[i] > 0) s->scr->idx[n++] = i;
         k.n = n;
     }
     for (int32_t i = 0; i < q_n; i++) {
         int32_t y = q_ids[i];
         if (!in_kept(s, &k, y)) continue;
-        float r = s->w[y] - (float)(q_p[i] * k.z);
-        s->w[y] = r > 0 ? r : 0;
+        float r = s->scr->w[y] - (float)(q_p[i] * k.z);
+        s->scr->w[y] = r > 0 ? r : 0;
     }
     k.z = 0;
-    for (int i = 0; i < k.n; i++) k.z += s->w[s->idx[i]];
+    for (int i = 0; i < k.n; i++) k.z += s->scr->w[s->scr->idx[i]];
     /* p <= q everywhere only when p = q, where the guess is always kept;
      * rounding may still get here. */
     if (!(k.z > 0)) return k.best;

@@ -56,11 +56,34 @@ sampler_params sampler_default_params(void);
 
 typedef struct sampler sampler;
 
-/* A sampler for a vocabulary of n_vocab tokens; its scratch is allocated
- * here, once. */
+/* Where a draw works: arrays of the vocabulary's size and a table of the
+ * penalty window, nothing kept between draws. A sampler made by
+ * sampler_create has its own; samplers made by sampler_create_shared
+ * have none and draw in one they are bound to (sampler_bind), so an
+ * engine keeps one a thread, not one a request (one request's sampler
+ * holds only its window and parameters). */
+typedef struct sampler_scratch sampler_scratch;
+/* A scratch for samplers of n_vocab tokens whose penalty windows
+ * (penalty_last_n) are at most max_window. */
+cellm_status sampler_scratch_create(int32_t n_vocab, int32_t max_window, sampler_scratch **out,
+                                    cellm_error *err);
+void sampler_scratch_free(sampler_scratch *x);
+/* What sampler_scratch_create allocates. */
+size_t sampler_scratch_bytes(int32_t n_vocab, int32_t max_window);
+
+/* A sampler for a vocabulary of n_vocab tokens, with its own scratch,
+ * allocated here, once. */
 cellm_status sampler_create(const sampler_params *p, int32_t n_vocab, sampler **out,
                             cellm_error *err);
 void sampler_free(sampler *s);
+/* A sampler with no scratch of its own: every call that draws
+ * (sampler_sample, sampler_sample_spec) needs one bound first, made for
+ * windows at least as long as p->penalty_last_n, and used by one thread
+ * at a time. */
+cellm_status sampler_create_shared(const sampler_params *p, int32_t n_vocab, sampler **out,
+                                   cellm_error *err);
+/* The scratch s's next draws work in (NULL: its own, if it has one). */
+void sampler_bind(sampler *s, sampler_scratch *x);
 
 /* Restarts the PRNG from `seed`. */
 void sampler_reseed(sampler *s, uint64_t seed);
