@@ -188,7 +188,8 @@ typedef struct cellm_qos {
 typedef struct cellm_engine_params {
     int n_threads;            /* compute threads; 0 (default): cores, at most 4 */
     size_t mem_budget_bytes;  /* KV cache + activations (+ pictures); default 256 MiB */
-    int32_t max_batch_tokens; /* rows in one step (decode tokens + prompt chunks); default 256 */
+    int32_t max_batch_tokens; /* rows in one step (decode tokens + prompt chunks); default 256
+                                 (under process_budget_bytes, at most this) */
     int32_t max_seqs;         /* requests running at once; default 16 */
     int32_t max_ctx;          /* positions per request; 0 (default): the model's, at most 4096 */
     cellm_kv_type kv_type;    /* default CELLM_KV_F16 */
@@ -217,12 +218,18 @@ typedef struct cellm_engine_params {
      * process for this model and engine (a phone app gets about 512 MiB):
      * the model's mapped file, counted whole as if every page were resident;
      * its tables (tokenizer, template); an allowance for code, the C
-     * library and thread stacks; max_seqs requests' samplers at their
-     * largest and token arrays; the activations; and the KV pool, which
-     * gets everything left (mem_budget_bytes is ignored). Creation fails
-     * with CELLM_ERR_NO_MEMORY, and a message with the figures and what
-     * would fit, unless max_seqs sequences of max_ctx positions fit in the
-     * KV cache at once; so under this cap no request is ever preempted for
+     * library and thread stacks; what the GPU's drivers leave resident
+     * once the devices are listed (none with CELLM_DEVICE_CPU, which lists
+     * none; measured where the OS tells, as on Linux and Android); the
+     * samplers' scratch, one a thread; max_seqs requests' token arrays and
+     * grammar rows; the activations; and the KV pool, which gets
+     * everything left (mem_budget_bytes is ignored). Where that does not
+     * hold max_seqs sequences of max_ctx positions at once, the engine
+     * halves max_batch_tokens (smaller activations; prompts computed in
+     * smaller chunks, the same output), down to 64 rows or one decode row
+     * a sequence, and logs the step it took; failing that, creation fails
+     * with CELLM_ERR_NO_MEMORY and a message with the figures and what
+     * would fit. So under this cap no request is ever preempted for
      * memory. */
     size_t process_budget_bytes;
     /* Speculative decoding: each decoding request guesses some tokens

@@ -940,13 +940,14 @@ static cellm_status process_budget_fit(const cellm_model *cm, cellm_engine_param
             "a process budget of %zu MiB cannot hold %d sequences of %d positions: model "
             "file%s %zu MiB, its tables %zu MiB, code, threads, samplers and GPU driver %zu MiB, "
             "%d "
-            "requests' tokens %zu MiB, activations %zu MiB, pictures %zu MiB, KV cache "
+            "requests' tokens %zu MiB, activations %zu MiB (steps of %d rows), pictures %zu "
+            "MiB, KV cache "
             "%zu MiB (%zu MiB a sequence); %zu sequence%s of %d positions would fit: lower "
             "the context or the sessions, or raise the budget%s",
             budget / mib, p->max_seqs, p->max_ctx, dm ? "s (and the draft's)" : "", weights / mib,
             tables / mib, runtime / mib, p->max_seqs, (size_t)p->max_seqs * per_seq / mib,
-            act_bytes / mib, img_bytes / mib, kv_need / mib, seq_kv / mib, fit, fit == 1 ? "" : "s",
-            p->max_ctx,
+            act_bytes / mib, (int)p->max_batch_tokens, img_bytes / mib, kv_need / mib, seq_kv / mib,
+            fit, fit == 1 ? "" : "s", p->max_ctx,
             driver ? " (the GPU driver's share: the CPU device, CELLM_DEVICE_CPU, loads none)"
                    : "");
     }
