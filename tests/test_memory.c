@@ -13,9 +13,9 @@
  *    cap gives a larger pool;
  *  - 4 sessions of 2,048 SmolLM2 positions with q3_0hw run filled under a
  *    160 MiB cap on the CPU (the engine steps in fewer rows to fit).
- * Under AddressSanitizer the shadow memory makes resident sizes
- * meaningless: the conversations still run there, the peak-size check is
- * the release build's.
+ * Under AddressSanitizer and ThreadSanitizer the shadow memory makes
+ * resident sizes meaningless: the conversations still run there, the
+ * peak-size checks are the release build's.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -33,10 +33,12 @@
 #include "cellm.h"
 #include "test_common.h"
 
-#if defined(__SANITIZE_ADDRESS__)
+/* Under AddressSanitizer or ThreadSanitizer (shadow memory) resident
+ * sizes say nothing of the engine's. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define UNDER_ASAN 1
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 #define UNDER_ASAN 1
 #endif
 #endif
