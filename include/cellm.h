@@ -162,7 +162,15 @@ typedef enum cellm_kv_type {
      * bytes per 32 values, 3.5 bits a value): both K and V (q3_0hw), or
      * 4-bit keys and 3-bit values (k4v3hw, 4.0 bits). */
     CELLM_KV_Q3_0HW = 7,
-    CELLM_KV_K4V3HW = 8
+    CELLM_KV_K4V3HW = 8,
+    /* A window type whose keys are rounded per channel, as KIVI does:
+     * once a block of 16 positions has been written, each channel of each
+     * head gets a minimum and a step over the block's 16 keys (4-bit codes,
+     * 7 bits of channel metadata under two f16 a head: 4.47 bits a key value
+     * at head size 64, 4.45 at 256), values as q4_0hw (4.5 bits). Keys
+     * have outlier channels that per-position rounding smears over the
+     * head; docs/benchmarks.md measures what this buys. */
+    CELLM_KV_K4CV4HW = 9
 } cellm_kv_type;
 
 /* The power/QoS policy: how hard the engine works, traded against heat and

@@ -342,18 +342,24 @@ if suite aarch64 "aarch64 (cross-compiled, under qemu-aarch64)"; then
                 fail "aarch64 ($cpu) generation differs from x86 (above)"
             fi
         done
-        # The same with a window KV type: its key statistics (taken at
-        # start-up), f16 copies and compressed rows, the same bits too.
-        gen_args+=(--kv-type q4_0hw)
-        build/cellm "${gen_args[@]}" >build/gen-x86-hw.txt 2>/dev/null || echo "(x86 run failed)" >>build/gen-x86-hw.txt
-        if build-aarch64/cellm-emu "${gen_args[@]}" >build/gen-max-hw.txt 2>&1 &&
-            [ -s build/gen-x86-hw.txt ] && cmp -s build/gen-x86-hw.txt build/gen-max-hw.txt; then
-            echo "-- real generation with --kv-type q4_0hw, aarch64 under qemu: the x86 text, byte for byte"
-            passed=$((passed + 1))
-        else
-            diff build/gen-x86-hw.txt build/gen-max-hw.txt >&2
-            fail "aarch64 generation with --kv-type q4_0hw differs from x86 (above)"
-        fi
+        # The same with window KV types: their key statistics (taken at
+        # start-up), f16 copies and compressed rows, the same bits too; the
+        # keys per channel (k4cv4hw) over 96 tokens, so that queries read
+        # several blocks rounded per channel.
+        for kvt in q4_0hw k4cv4hw; do
+            kv_args=(--kv-type "$kvt")
+            [ "$kvt" = k4cv4hw ] && kv_args+=(-n 96)
+            build/cellm "${gen_args[@]}" "${kv_args[@]}" >"build/gen-x86-$kvt.txt" 2>/dev/null ||
+                echo "(x86 run failed)" >>"build/gen-x86-$kvt.txt"
+            if build-aarch64/cellm-emu "${gen_args[@]}" "${kv_args[@]}" >"build/gen-max-$kvt.txt" 2>&1 &&
+                [ -s "build/gen-x86-$kvt.txt" ] && cmp -s "build/gen-x86-$kvt.txt" "build/gen-max-$kvt.txt"; then
+                echo "-- real generation with --kv-type $kvt, aarch64 under qemu: the x86 text, byte for byte"
+                passed=$((passed + 1))
+            else
+                diff "build/gen-x86-$kvt.txt" "build/gen-max-$kvt.txt" >&2
+                fail "aarch64 generation with --kv-type $kvt differs from x86 (above)"
+            fi
+        done
     else
         fail "could not set up or build the aarch64 cross build"
     fi

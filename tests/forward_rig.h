@@ -371,6 +371,7 @@ static inline void check_kv_perplexity(const char *name) {
     double k5v4w = perplexity_of(name, CELLM_KV_K5V4HW, &ref);
     double k4v3w = perplexity_of(name, CELLM_KV_K4V3HW, &ref);
     double q3w = perplexity_of(name, CELLM_KV_Q3_0HW, &ref);
+    double k4cw = perplexity_of(name, CELLM_KV_K4CV4HW, &ref);
     print_message("%s: KV f16 %.4f, q8_0 %.4f (%+.3f%%), q4_0 %.4f (%+.2f%%), q4_0h %.4f "
                   "(%+.2f%%), k5v4h %.4f (%+.2f%%)\n",
                   name, f16, q8, 100 * (q8 / f16 - 1), q4, 100 * (q4 / f16 - 1), q4h,
@@ -379,6 +380,8 @@ static inline void check_kv_perplexity(const char *name) {
                   "(%+.2f%%), q3_0hw %.4f (%+.2f%%)\n",
                   name, q4hw, 100 * (q4hw / f16 - 1), k5v4w, 100 * (k5v4w / f16 - 1), k4v3w,
                   100 * (k4v3w / f16 - 1), q3w, 100 * (q3w / f16 - 1));
+    print_message("%s: keys per channel k4cv4hw %.4f (%+.2f%%)\n", name, k4cw,
+                  100 * (k4cw / f16 - 1));
     assert_true(fabs(q8 / f16 - 1) <= 0.01);
     assert_true(q4h < q4);
     assert_true(q4 < 2 * f16 && q4h < 2 * f16);
@@ -388,9 +391,9 @@ static inline void check_kv_perplexity(const char *name) {
      * most of what their row formats lose; even 3-bit rows (q3_0hw,
      * experimental) do better than q4_0h's 4 bits. */
     assert_true(q4hw < q4h && k5v4w < k5v4 && q3w < q4h);
-    assert_true(fabs(q4hw / f16 - 1) <= WINDOW_PPL_BOUND &&
-                fabs(k5v4w / f16 - 1) <= WINDOW_PPL_BOUND &&
-                fabs(k4v3w / f16 - 1) <= WINDOW_PPL_BOUND);
+    assert_true(
+        fabs(q4hw / f16 - 1) <= WINDOW_PPL_BOUND && fabs(k5v4w / f16 - 1) <= WINDOW_PPL_BOUND &&
+        fabs(k4v3w / f16 - 1) <= WINDOW_PPL_BOUND && fabs(k4cw / f16 - 1) <= WINDOW_PPL_BOUND);
 }
 
 #endif /* CELLM_TEST_FORWARD_RIG_H */

@@ -154,6 +154,7 @@ static size_t block_bytes(kv_format f) {
     case KV_FMT_Q8_0: return 34;
     case KV_FMT_Q5_0: return 22;
     case KV_FMT_Q3_0: return 14;
+    case KV_FMT_C4: return 16;
     default: return 18;
     }
 }
@@ -181,6 +182,8 @@ static void check_quantized_variant(kv_format f, void (*deq)(const void *, float
             for (int j = 0; j < ROWS; j++) {
                 /* Rows with an outlier now and then, as real keys have. */
                 for (size_t i = 0; i < n; i++) x[i] = rnd() * (i % 29 == 3 ? 20.0f : 1.0f);
+                if (f == KV_FMT_C4) /* codes with no scale: the range they hold */
+                    for (size_t i = 0; i < n; i++) x[i] = x[i] * 0.35f - 0.5f;
                 r->kv[f].store(rows[j], x, n);
                 uint8_t again[ROWB];
                 a->kv[f].store(again, x, n);
@@ -199,7 +202,8 @@ static void check_quantized_variant(kv_format f, void (*deq)(const void *, float
                  * near amax = 8 * |d|, is amax / 8 off plus 7 times the f16
                  * rounding of d: 7 * 2^-11 of amax / 8 at most, under
                  * 1/256.) */
-                const float step = f == KV_FMT_Q8_0   ? amax / 127
+                const float step = f == KV_FMT_C4     ? 0.5f * (1 + 1.0f / 65536)
+                                   : f == KV_FMT_Q8_0 ? amax / 127
                                    : f == KV_FMT_Q5_0 ? amax / 16 * (1 + 1.0f / 256)
                                    : f == KV_FMT_Q3_0 ? amax / 4 * (1 + 1.0f / 256)
                                                       : amax / 8 * (1 + 1.0f / 256);
@@ -267,6 +271,92 @@ static void test_quantized_rows(void **state) {
     /* The KV cache's own 3-bit rows: no GGML dequantizer, so the generic
      * one, checked against the input and the double sums. */
     check_quantized(KV_FMT_Q3_0, NULL, "q3_0");
+    /* The per-channel keys' rows: 4-bit codes with no scale. */
+    check_quantized(KV_FMT_C4, NULL, "c4");
+}
+
+/* Keys per channel (attn_kc4_*): a block of 16 positions rounded channel
+ * by channel comes back within half its channel's step (each channel's
+ * step within 1/16 of the head's largest, plus the f16 rounding), codes in
+ * range whatever the keys (infinities and NaN included), the same bytes
+ * from the same keys; and a query's score, base + dot_c4 of the folded
+ * query in every variant, is the dot with the rounded keys. */
+static void test_kc4_blocks(void **state) {
+    (void)state;
+    enum { P = KV_BLOCK_POSITIONS, MAXD = 256 };
+    static const size_t dims[] = {32, 64, 256};
+    static uint16_t keys[P][MAXD];
+    static uint8_t codes[P][MAXD / 2], again[P][MAXD / 2], meta[4 + 7 * MAXD / 8],
+        meta2[4 + 7 * MAXD / 8];
+    static float st[MAXD], centre[MAXD], q[MAXD], qs[MAXD], rec[P][MAXD];
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+        const size_t hd = dims[di];
+        assert_int_equal(kv_kc4_meta_bytes(hd), 4 + 7 * hd / 8);
+        for (int round = 0; round < 30; round++) {
+            const uint16_t *k[P];
+            uint8_t *cp[P], *cp2[P];
+            /* channels of their own offset and spread, a few outliers */
+            for (size_t c = 0; c < hd; c++) {
+                const float off = rnd() * (c % 7 == 2 ? 30.0f : 2.0f),
+                            spread = (c % 11 == 5 ? 10.0f : 1.0f) * (round % 4 ? 1.0f : 0.01f);
+                for (int p = 0; p < P; p++) keys[p][c] = fp32_to_fp16(off + rnd() * spread);
+            }
+            if (round == 7) /* one channel the same at every position */
+                for (int p = 0; p < P; p++) keys[p][3] = keys[0][3];
+            if (round == 9) keys[4][1] = 0x7c00;  /* inf */
+            if (round == 10) keys[2][5] = 0x7e00; /* NaN */
+            for (int p = 0; p < P; p++) {
+                k[p] = keys[p];
+                cp[p] = codes[p];
+                cp2[p] = again[p];
+            }
+            attn_kc4_quantize(k, hd, cp, meta);
+            attn_kc4_quantize(k, hd, cp2, meta2);
+            assert_memory_equal(codes, again, sizeof codes);
+            assert_memory_equal(meta, meta2, kv_kc4_meta_bytes(hd));
+            attn_kc4_channels(meta, hd, st, centre);
+            float smax = 0;
+            for (size_t c = 0; c < hd; c++) smax = fmaxf(smax, st[c]);
+            for (int p = 0; p < P; p++) attn_kv_dequantize(KV_FMT_C4, codes[p], rec[p], hd);
+            for (size_t c = 0; c < hd; c++) {
+                assert_true(st[c] >= 0 && st[c] <= smax);
+                for (int p = 0; p < P; p++) {
+                    rec[p][c] = centre[c] + st[c] * rec[p][c];
+                    if (round == 9 || round == 10) continue; /* no bound for those */
+                    const float x = fp16_to_fp32(keys[p][c]);
+                    const float tol = st[c] * 0.5f * (1 + 1e-5f) + 1e-6f * fabsf(x) + 1e-30f;
+                    if (!(fabsf(rec[p][c] - x) <= tol))
+                        fail_msg("hd %zu round %d channel %zu position %d: key %a, back %a, "
+                                 "step %a",
+                                 hd, round, c, p, x, rec[p][c], st[c]);
+                }
+            }
+            if (round == 9 || round == 10) continue;
+            for (size_t c = 0; c < hd; c++) q[c] = rnd() * (c % 5 ? 1.0f : 8.0f);
+            const float base = attn_kc4_fold(q, st, centre, hd, qs);
+            const void *kr[P];
+            for (int p = 0; p < P; p++) kr[p] = codes[p];
+            float want_bits[P];
+            attn_kernels_ref()->kv[KV_FMT_C4].dot_tile(qs, 1, kr, P, hd, want_bits, P);
+            for (int p = 0; p < P; p++) {
+                double want = 0, mag = 0;
+                for (size_t c = 0; c < hd; c++) {
+                    want += (double)q[c] * rec[p][c];
+                    mag += fabs((double)q[c] * centre[c]) + fabs((double)q[c] * rec[p][c]);
+                }
+                const float got = base + want_bits[p];
+                if (fabs(got - want) > 1e-5 * mag + 1e-30)
+                    fail_msg("hd %zu: score %g, double sum %g", hd, got, want);
+            }
+            for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+                const attn_kernels *a = attn_kernels_variant(variants[v]);
+                if (!a) continue;
+                float out[P];
+                a->kv[KV_FMT_C4].dot_tile(qs, 1, kr, P, hd, out, P);
+                assert_memory_equal(out, want_bits, sizeof out);
+            }
+        }
+    }
 }
 
 /* The f16 entries of kv[] are the f16 kernels. */
@@ -542,6 +632,7 @@ int main(void) {
         cmocka_unit_test(test_batched_forms_exact),
         cmocka_unit_test(test_chosen_same_as_ref),
         cmocka_unit_test(test_quantized_rows),
+        cmocka_unit_test(test_kc4_blocks),
         cmocka_unit_test(test_f16_rows),
         cmocka_unit_test(test_rotation),
         cmocka_unit_test(test_tiles_exact),

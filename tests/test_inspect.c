@@ -165,9 +165,10 @@ static void test_kv_matches_cache(void **state) {
         static const struct {
             const char *name;
             cellm_kv_type type;
-        } rot[] = {{"q4_0h", CELLM_KV_Q4_0H},   {"k5v4h", CELLM_KV_K5V4H},
-                   {"q4_0hw", CELLM_KV_Q4_0HW}, {"k5v4hw", CELLM_KV_K5V4HW},
-                   {"q3_0hw", CELLM_KV_Q3_0HW}, {"k4v3hw", CELLM_KV_K4V3HW}};
+        } rot[] = {{"q4_0h", CELLM_KV_Q4_0H},    {"k5v4h", CELLM_KV_K5V4H},
+                   {"q4_0hw", CELLM_KV_Q4_0HW},  {"k5v4hw", CELLM_KV_K5V4HW},
+                   {"q3_0hw", CELLM_KV_Q3_0HW},  {"k4v3hw", CELLM_KV_K4V3HW},
+                   {"k4cv4hw", CELLM_KV_K4CV4HW}};
         for (size_t t = 0; t < sizeof rot / sizeof rot[0]; t++) {
             char cmd[4096], *out;
             snprintf(cmd, sizeof cmd,

@@ -1,6 +1,6 @@
 /*
  * test_kv_forward.c — the compressed KV cache types (q8_0, q4_0, q4_0h,
- * k5v4h, and the window types q4_0hw, k5v4hw) on
+ * k5v4h, and the window types q4_0hw, k5v4hw, q3_0hw, k4v3hw, k4cv4hw) on
  * both real models: batch invariance (a row's logits bit-identical as one
  * chunk, in pieces, token by token, beside another sequence, with 1 and 2
  * threads), and SmolLM2's perplexity over the forward fixture's text with
@@ -37,7 +37,8 @@ static void test_invariance_kv_smollm2(void **st) {
     check_invariance("smollm2-135m", CELLM_KV_Q8_0);
     check_invariance("smollm2-135m", CELLM_KV_Q4_0);
     check_invariance("smollm2-135m", CELLM_KV_Q4_0H);
-    check_invariance("smollm2-135m", CELLM_KV_K4V3HW); /* 4-bit keys, 3-bit values */
+    check_invariance("smollm2-135m", CELLM_KV_K4V3HW);  /* 4-bit keys, 3-bit values */
+    check_invariance("smollm2-135m", CELLM_KV_K4CV4HW); /* keys per channel */
 }
 /* The 5-bit keys beside 4-bit values (K and V rows of two formats), also
  * under ASan. */
@@ -52,6 +53,7 @@ static void test_invariance_kv_gemma3(void **st) {
     check_invariance("gemma3-270m", CELLM_KV_Q4_0H);
     check_invariance("gemma3-270m", CELLM_KV_K5V4HW);
     check_invariance("gemma3-270m", CELLM_KV_Q3_0HW);
+    check_invariance("gemma3-270m", CELLM_KV_K4CV4HW);
 }
 
 /* A window type's statistics (kv_calibrate): the same bits with 1 and 2

@@ -61,10 +61,11 @@ bool cli_parse_kv_type(const char *s, cellm_kv_type *out) {
     static const struct {
         const char *name;
         cellm_kv_type type;
-    } names[] = {
-        {"f16", CELLM_KV_F16},       {"q8_0", CELLM_KV_Q8_0},     {"q4_0", CELLM_KV_Q4_0},
-        {"q4_0h", CELLM_KV_Q4_0H},   {"k5v4h", CELLM_KV_K5V4H},   {"q4_0hw", CELLM_KV_Q4_0HW},
-        {"k5v4hw", CELLM_KV_K5V4HW}, {"q3_0hw", CELLM_KV_Q3_0HW}, {"k4v3hw", CELLM_KV_K4V3HW}};
+    } names[] = {{"f16", CELLM_KV_F16},       {"q8_0", CELLM_KV_Q8_0},
+                 {"q4_0", CELLM_KV_Q4_0},     {"q4_0h", CELLM_KV_Q4_0H},
+                 {"k5v4h", CELLM_KV_K5V4H},   {"q4_0hw", CELLM_KV_Q4_0HW},
+                 {"k5v4hw", CELLM_KV_K5V4HW}, {"q3_0hw", CELLM_KV_Q3_0HW},
+                 {"k4v3hw", CELLM_KV_K4V3HW}, {"k4cv4hw", CELLM_KV_K4CV4HW}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(s, names[i].name)) {
             *out = names[i].type;

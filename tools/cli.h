@@ -41,7 +41,7 @@ bool cli_parse_gpu_layers(const char *s, long *out);
 void cli_apply_gpu_layers(long arg, int32_t *device, int32_t *gpu_layers);
 
 /* Parses a KV cache type name (CLI_KV_TYPES) for --kv-type. */
-#define CLI_KV_TYPES "f16, q8_0, q4_0, q4_0h, k5v4h, q4_0hw, k5v4hw, q3_0hw, k4v3hw"
+#define CLI_KV_TYPES "f16, q8_0, q4_0, q4_0h, k5v4h, q4_0hw, k5v4hw, q3_0hw, k4v3hw, k4cv4hw"
 bool cli_parse_kv_type(const char *s, cellm_kv_type *out);
 
 /* "exact" or "resample" (--spec-accept) as a cellm_spec_accept. */

@@ -24,15 +24,19 @@
  * the size of their blocks; the window types keep f16 copies of every
  * layer beside them: per session, its sink and ring (16 + KV_RING, 64
  * positions) and one shadow of a cached block (16), and one shadow more
- * (src/model/kv_cache.c). */
+ * (src/model/kv_cache.c). The keys of k4cv4hw are codes (16 bytes per 32)
+ * plus each head's metadata per block of 16 positions (kv_kc4_meta_bytes
+ * in src/model/kv_format.h: 4 + 7 key_length / 8). */
 static const struct {
     const char *name;
     uint32_t k32, v32;
-    bool window;
-} kv_types[] = {{"f32", 128, 128, false}, {"f16", 64, 64, false},   {"q8_0", 34, 34, false},
-                {"q4_0", 18, 18, false},  {"q4_0h", 18, 18, false}, {"k5v4h", 22, 18, false},
-                {"q4_0hw", 18, 18, true}, {"k5v4hw", 22, 18, true}, {"q3_0hw", 14, 14, true},
-                {"k4v3hw", 18, 14, true}};
+    bool window, kchan;
+} kv_types[] = {{"f32", 128, 128, false, false}, {"f16", 64, 64, false, false},
+                {"q8_0", 34, 34, false, false},  {"q4_0", 18, 18, false, false},
+                {"q4_0h", 18, 18, false, false}, {"k5v4h", 22, 18, false, false},
+                {"q4_0hw", 18, 18, true, false}, {"k5v4hw", 22, 18, true, false},
+                {"q3_0hw", 14, 14, true, false}, {"k4v3hw", 18, 14, true, false},
+                {"k4cv4hw", 16, 18, true, true}};
 #define INSPECT_WINDOW_POSITIONS 80 /* 2 * KV_BLOCK_TOKENS + KV_RING, src/model/kv_cache.h */
 
 const char *inspect_kv_name(uint32_t kv_type) {
@@ -189,17 +193,19 @@ cellm_status inspect_model(const char *path, const inspect_opts *opts, inspect_r
                        "KV type %s needs head sizes that are whole blocks (key %llu, value %llu)",
                        kv_types[r->kv_type].name, (unsigned long long)r->key_length,
                        (unsigned long long)r->value_length);
-    k_row *= r->head_count_kv; /* every KV head of a token */
-    v_row *= r->head_count_kv;
+    /* a block's 16 positions, every KV head */
+    uint64_t k_blk = (16 * k_row + (kv_types[r->kv_type].kchan ? 4 + 7 * r->key_length / 8 : 0)) *
+                     r->head_count_kv,
+             v_blk = 16 * v_row * r->head_count_kv;
     uint32_t period = swa_period(r->arch);
     uint64_t window = r->sliding_window ? (r->sliding_window + 15) / 16 * 16 + 16 : 0;
     for (uint64_t l = 0; l < r->block_count; l++) {
         bool local = window && (period == 0 || (l + 1) % period != 0);
         uint64_t tokens_held = local && window < ctx ? window : ctx;
         if (local) r->n_local_layers++;
-        r->kv_bytes_per_session += tokens_held * (k_row + v_row);
+        r->kv_bytes_per_session += tokens_held / 16 * (k_blk + v_blk);
     }
-    r->kv_bytes_per_token = r->block_count * (k_row + v_row);
+    r->kv_bytes_per_token = r->block_count * (k_blk + v_blk) / 16;
     if (kv_types[r->kv_type].window) {
         uint64_t position =
             r->block_count * r->head_count_kv * (r->key_length + r->value_length) * 2;
@@ -412,7 +418,7 @@ int cmd_inspect(int argc, char **argv) {
             if (i + 1 >= argc || !inspect_kv_type(argv[++i], &opts.kv_type)) {
                 cli_error(
                     "--kv-type needs one of f32, f16, q8_0, q4_0, q4_0h, k5v4h, q4_0hw, k5v4hw, "
-                    "q3_0hw, k4v3hw");
+                    "q3_0hw, k4v3hw, k4cv4hw");
                 return 2;
             }
         } else if (!strcmp(a, "--mem-budget")) {

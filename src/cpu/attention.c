@@ -116,6 +116,21 @@ static void store_q5_0(void *dst, const float *x, size_t n) {
 static void store_q3_0(void *dst, const float *x, size_t n) {
     ref_quantize_q3_0(x, dst, n);
 }
+/* A row of scale-less codes: each x rounded to the nearest of -8..7 (the
+ * per-channel keys are written a block at a time, attn_kc4_quantize; this
+ * is the row form, for tests). */
+static void store_c4(void *dst, const float *x, size_t n) {
+    uint8_t *o = dst;
+    for (size_t ib = 0; ib < n / 32; ib++, x += 32, o += 16)
+        for (int j = 0; j < 16; j++) {
+            int c[2];
+            for (int h = 0; h < 2; h++) {
+                const float v = floorf(x[j + 16 * h] + 8.5f);
+                c[h] = v >= 15.0f ? 15 : v >= 0.0f ? (int)v : 0;
+            }
+            o[j] = (uint8_t)(c[0] | c[1] << 4);
+        }
+}
 /* The scale and the 32 codes (as floats, in element order) of block ib of
  * a quantized row. */
 static inline float block_codes(kv_format f, const void *row, size_t ib, float c[32]) {
@@ -130,12 +145,13 @@ static inline float block_codes(kv_format f, const void *row, size_t ib, float c
         for (int i = 0; i < 32; i++) c[i] = (float)ci[i];
         return d;
     }
-    const block_q4_0 *b = (const block_q4_0 *)row + ib;
+    const bool c4 = f == KV_FMT_C4;
+    const uint8_t *qs = c4 ? (const uint8_t *)row + 16 * ib : ((const block_q4_0 *)row + ib)->qs;
     for (int i = 0; i < 16; i++) {
-        c[i] = (float)((b->qs[i] & 15) - 8);
-        c[i + 16] = (float)((b->qs[i] >> 4) - 8);
+        c[i] = (float)((qs[i] & 15) - 8);
+        c[i + 16] = (float)((qs[i] >> 4) - 8);
     }
-    return fp16_to_fp32(b->d);
+    return c4 ? 1.0f : fp16_to_fp32(((const block_q4_0 *)row + ib)->d);
 }
 
 void attn_kv_dequantize(kv_format format, const void *row, float *out, size_t n) {
@@ -199,6 +215,7 @@ REF_Q_KERNELS(KV_FMT_Q8_0, q8_0)
 REF_Q_KERNELS(KV_FMT_Q4_0, q4_0)
 REF_Q_KERNELS(KV_FMT_Q5_0, q5_0)
 REF_Q_KERNELS(KV_FMT_Q3_0, q3_0)
+REF_Q_KERNELS(KV_FMT_C4, c4)
 
 /* Calls F(g) with g a constant 1..N for a count g of 1..N (N 4, 8, 12
  * or 16): the SIMD tile kernels keep a constant number of accumulators, so
@@ -265,13 +282,15 @@ REF_Q_KERNELS(KV_FMT_Q3_0, q3_0)
     Q_TILE_PAIR(ATTR, pfx, KV_FMT_Q8_0, q8_0)                                                      \
     Q_TILE_PAIR(ATTR, pfx, KV_FMT_Q4_0, q4_0)                                                      \
     Q_TILE_PAIR(ATTR, pfx, KV_FMT_Q5_0, q5_0)                                                      \
-    Q_TILE_PAIR(ATTR, pfx, KV_FMT_Q3_0, q3_0)
+    Q_TILE_PAIR(ATTR, pfx, KV_FMT_Q3_0, q3_0)                                                      \
+    Q_TILE_PAIR(ATTR, pfx, KV_FMT_C4, c4)
 
 GENERIC_TILES(ref, f16, ref_kv_dot_f16, ref_kv_dot4_f16, ref_kv_axpy_rows_f16)
 GENERIC_TILES(ref, q8_0, ref_dot_q8_0, ref_dot4_q8_0, ref_axpy_rows_q8_0)
 GENERIC_TILES(ref, q4_0, ref_dot_q4_0, ref_dot4_q4_0, ref_axpy_rows_q4_0)
 GENERIC_TILES(ref, q5_0, ref_dot_q5_0, ref_dot4_q5_0, ref_axpy_rows_q5_0)
 GENERIC_TILES(ref, q3_0, ref_dot_q3_0, ref_dot4_q3_0, ref_axpy_rows_q3_0)
+GENERIC_TILES(ref, c4, ref_dot_c4, ref_dot4_c4, ref_axpy_rows_c4)
 
 /* The softmax of attn_kernels, with a variant's exp (expn: x[i] =
  * xm_expf(x[i] - mx), bit for bit), max (scale_max: x[i] *= scale, and the
@@ -367,6 +386,11 @@ static void ref_silu_mul(float *g, const float *u, size_t n) {
         pfx##_dot_q3_0, pfx##_dot4_q3_0, pfx##_axpy_rows_q3_0, store_q3_0, pfx##_dot_tile_q3_0,    \
             pfx##_axpy_tile_q3_0                                                                   \
     }
+#define KV_OPS_C4(pfx)                                                                             \
+    {                                                                                              \
+        pfx##_dot_c4, pfx##_dot4_c4, pfx##_axpy_rows_c4, store_c4, pfx##_dot_tile_c4,              \
+            pfx##_axpy_tile_c4                                                                     \
+    }
 
 /* A quantized format's row kernels of one variant and tiles of another. */
 #define KV_OPS_Q_TILES(pfx, tpfx, sfx)                                                             \
@@ -385,7 +409,8 @@ static const attn_kernels ref_kernels = {
     .softmax = ref_softmax,
     .gelu_mul = ref_gelu_mul,
     .silu_mul = ref_silu_mul,
-    .kv = {KV_OPS_F16(ref), KV_OPS_Q8_0(ref), KV_OPS_Q4_0(ref), KV_OPS_Q5_0(ref), KV_OPS_Q3_0(ref)},
+    .kv = {KV_OPS_F16(ref), KV_OPS_Q8_0(ref), KV_OPS_Q4_0(ref), KV_OPS_Q5_0(ref), KV_OPS_Q3_0(ref),
+           KV_OPS_C4(ref)},
 };
 
 #if defined(__x86_64__)
@@ -519,12 +544,14 @@ avx2_block_i8(kv_format f, const void *row, size_t ib, __m128i *lo, __m128i *hi)
         return fp16_to_fp32(b->d);
     }
     const __m128i m15 = _mm_set1_epi8(15);
-    if (f == KV_FMT_Q4_0) {
-        const block_q4_0 *b = (const block_q4_0 *)row + ib;
-        const __m128i raw = _mm_loadu_si128((const __m128i *)b->qs), eight = _mm_set1_epi8(8);
+    if (f == KV_FMT_Q4_0 || f == KV_FMT_C4) {
+        const bool c4 = f == KV_FMT_C4;
+        const uint8_t *qs =
+            c4 ? (const uint8_t *)row + 16 * ib : ((const block_q4_0 *)row + ib)->qs;
+        const __m128i raw = _mm_loadu_si128((const __m128i *)qs), eight = _mm_set1_epi8(8);
         *lo = _mm_sub_epi8(_mm_and_si128(raw, m15), eight);
         *hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m15), eight);
-        return fp16_to_fp32(b->d);
+        return c4 ? 1.0f : fp16_to_fp32(((const block_q4_0 *)row + ib)->d);
     }
     /* Q5_0 and the 3-bit rows: bit j of qh is element j's top bit. Byte j
      * of set_lo (set_hi) is all ones where element j (j + 16) has it:
@@ -652,6 +679,7 @@ AVX2_Q_KERNELS(KV_FMT_Q8_0, q8_0)
 AVX2_Q_KERNELS(KV_FMT_Q4_0, q4_0)
 AVX2_Q_KERNELS(KV_FMT_Q5_0, q5_0)
 AVX2_Q_KERNELS(KV_FMT_Q3_0, q3_0)
+AVX2_Q_KERNELS(KV_FMT_C4, c4)
 
 /* dot_tile of a quantized format: each block of a key unpacked once for
  * all the queries, which then do avx2_dot_q's operations (a block's part
@@ -893,7 +921,7 @@ static const attn_kernels avx2_kernels = {
     .gelu_mul = avx2_gelu_mul,
     .silu_mul = avx2_silu_mul,
     .kv = {KV_OPS_F16(avx2), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_Q5_0(avx2),
-           KV_OPS_Q3_0(avx2)},
+           KV_OPS_Q3_0(avx2), KV_OPS_C4(avx2)},
 };
 
 /* AVX-512: the same lanes and order as above, two keys' 8-lane chunks in
@@ -1307,7 +1335,7 @@ static const attn_kernels avx512_kernels = {
     .silu_mul = avx512_silu_mul,
     .kv = {KV_OPS_F16(avx512), KV_OPS_Q_TILES(avx2, avx512, q8_0),
            KV_OPS_Q_TILES(avx2, avx512, q4_0), KV_OPS_Q_TILES(avx2, avx512, q5_0),
-           KV_OPS_Q_TILES(avx2, avx512, q3_0)},
+           KV_OPS_Q_TILES(avx2, avx512, q3_0), KV_OPS_Q_TILES(avx2, avx512, c4)},
 };
 #endif
 
@@ -1421,12 +1449,14 @@ neon_block_i8(kv_format f, const void *row, size_t ib, int8x16_t *a, int8x16_t *
         *b = vld1q_s8(bl->qs + 16);
         return fp16_to_fp32(bl->d);
     }
-    if (f == KV_FMT_Q4_0) {
-        const block_q4_0 *bl = (const block_q4_0 *)row + ib;
-        const uint8x16_t raw = vld1q_u8(bl->qs);
+    if (f == KV_FMT_Q4_0 || f == KV_FMT_C4) {
+        const bool c4 = f == KV_FMT_C4;
+        const uint8_t *qs =
+            c4 ? (const uint8_t *)row + 16 * ib : ((const block_q4_0 *)row + ib)->qs;
+        const uint8x16_t raw = vld1q_u8(qs);
         *a = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(15))), vdupq_n_s8(8));
         *b = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(raw, 4)), vdupq_n_s8(8));
-        return fp16_to_fp32(bl->d);
+        return c4 ? 1.0f : fp16_to_fp32(((const block_q4_0 *)row + ib)->d);
     }
     /* Bit j of qh (element j's top bit): byte j / 8 of qh in eight lanes,
      * tested against bit j % 8; all ones where it is set. */
@@ -1554,6 +1584,7 @@ NEON_Q_KERNELS(KV_FMT_Q8_0, q8_0)
 NEON_Q_KERNELS(KV_FMT_Q4_0, q4_0)
 NEON_Q_KERNELS(KV_FMT_Q5_0, q5_0)
 NEON_Q_KERNELS(KV_FMT_Q3_0, q3_0)
+NEON_Q_KERNELS(KV_FMT_C4, c4)
 
 /* Quantized keys for several queries: neon_dot_q's operations per (query,
  * key), through the same neon_dot_codes (a block's part from zero, FMA'd
@@ -1808,7 +1839,7 @@ static const attn_kernels neon_kernels = {
     .gelu_mul = ref_gelu_mul,
     .silu_mul = neon_silu_mul,
     .kv = {KV_OPS_F16(neon), KV_OPS_Q8_0(neon), KV_OPS_Q4_0(neon), KV_OPS_Q5_0(neon),
-           KV_OPS_Q3_0(neon)},
+           KV_OPS_Q3_0(neon), KV_OPS_C4(neon)},
 };
 #endif
 
@@ -1893,4 +1924,101 @@ void attn_unrotate(float *x, size_t n) {
     fwht(x, n);
     const float s = 1.0f / sqrtf((float)n);
     for (size_t i = 0; i < n; i++) x[i] *= rot_signs[i] * s;
+}
+
+/* An f16 of x rounded up (x >= 0 finite, below f16's largest): the
+ * smallest f16 not below x. */
+static uint16_t f16_up(float x) {
+    uint16_t h = fp32_to_fp16(x);
+    if (fp16_to_fp32(h) < x) h++;
+    return h;
+}
+
+/* Float to a code in lo..hi (NaN: lo), from a value already floored. */
+static int clamp_code(float v, int lo, int hi) {
+    return v >= (float)hi ? hi : v >= (float)lo ? (int)v : lo;
+}
+
+void attn_kc4_quantize(const uint16_t *const k[KV_BLOCK_POSITIONS], size_t hd,
+                       uint8_t *const codes[KV_BLOCK_POSITIONS], uint8_t *meta) {
+    enum { P = KV_BLOCK_POSITIONS };
+    float lo[1024], hi[1024], mn[1024], st[1024];
+    float mabs = 0.0f;
+    for (size_t c = 0; c < hd; c++) {
+        float a = fp16_to_fp32(k[0][c]), b = a;
+        for (int p = 1; p < P; p++) {
+            const float x = fp16_to_fp32(k[p][c]);
+            if (x < a) a = x;
+            if (x > b) b = x;
+        }
+        lo[c] = a;
+        hi[c] = b;
+        if (fabsf(a) > mabs) mabs = fabsf(a);
+    }
+    /* The minimums: multiples -4..3 of mref, at or below the channel's
+     * lowest key (mref a quarter of the largest |lowest|, rounded up). */
+    const uint16_t mh = f16_up(mabs / 4.0f);
+    const float mref = fp16_to_fp32(mh);
+    float dmax = 0.0f;
+    uint8_t *sc = meta + 4, *mc = sc + hd / 2;
+    memset(sc, 0, hd / 2 + 3 * hd / 8);
+    for (size_t c = 0; c < hd; c++) {
+        const int m = mref > 0.0f ? clamp_code(floorf(lo[c] / mref), -4, 3) : 0;
+        mn[c] = (float)m * mref;
+        const size_t bit = 3 * c;
+        const unsigned v = (unsigned)(m + 4) << (bit % 8);
+        mc[bit / 8] |= (uint8_t)v;
+        if (bit % 8 > 5) mc[bit / 8 + 1] |= (uint8_t)(v >> 8);
+        st[c] = (hi[c] - mn[c]) / 15.0f;
+        if (st[c] > dmax) dmax = st[c];
+    }
+    /* The steps: (s + 1) / 16 of dref (the largest, rounded up), the
+     * smallest at or above the channel's range / 15. */
+    const uint16_t dh = f16_up(dmax);
+    const float dref = fp16_to_fp32(dh);
+    for (size_t c = 0; c < hd; c++) {
+        const int s = dref > 0.0f ? clamp_code(ceilf(st[c] / dref * 16.0f) - 1.0f, 0, 15) : 0;
+        sc[c / 2] |= (uint8_t)(s << (4 * (c % 2)));
+        st[c] = dref * (float)(s + 1) / 16.0f;
+    }
+    memcpy(meta, &mh, 2);
+    memcpy(meta + 2, &dh, 2);
+    for (int p = 0; p < P; p++) {
+        memset(codes[p], 0, hd / 2);
+        for (size_t c = 0; c < hd; c++) {
+            const float x = fp16_to_fp32(k[p][c]);
+            const int q = st[c] > 0.0f ? clamp_code(floorf((x - mn[c]) / st[c] + 0.5f), 0, 15) : 0;
+            /* Q4_0's order within each 32: element j low, j + 16 high */
+            const size_t ib = c / 32, j = c % 32;
+            codes[p][16 * ib + j % 16] |= (uint8_t)(q << (4 * (j / 16)));
+        }
+    }
+}
+
+void attn_kc4_channels(const uint8_t *meta, size_t hd, float *step, float *centre) {
+    uint16_t mh, dh;
+    memcpy(&mh, meta, 2);
+    memcpy(&dh, meta + 2, 2);
+    const float mref = fp16_to_fp32(mh), dref = fp16_to_fp32(dh);
+    const uint8_t *sc = meta + 4, *mc = sc + hd / 2;
+    for (size_t c = 0; c < hd; c++) {
+        const int s = (sc[c / 2] >> (4 * (c % 2))) & 15;
+        const size_t bit = 3 * c;
+        unsigned v = mc[bit / 8] >> (bit % 8);
+        if (bit % 8 > 5) v |= (unsigned)mc[bit / 8 + 1] << (8 - bit % 8);
+        const int m = (int)(v & 7) - 4;
+        step[c] = dref * (float)(s + 1) / 16.0f;
+        /* x = mn + step * q = (mn + 8 step) + step * (q - 8): the rows'
+         * codes are read as q - 8 (KV_FMT_C4) */
+        centre[c] = (float)m * mref + 8.0f * step[c];
+    }
+}
+
+float attn_kc4_fold(const float *q, const float *step, const float *centre, size_t hd, float *qs) {
+    float base = 0.0f;
+    for (size_t c = 0; c < hd; c++) {
+        qs[c] = q[c] * step[c];
+        base += q[c] * centre[c];
+    }
+    return base;
 }

@@ -107,4 +107,19 @@ const attn_kernels *attn_kernels_variant(const char *name);
 void attn_rotate(float *x, size_t n);
 void attn_unrotate(float *x, size_t n);
 
+/* Keys rounded per channel (kv_format.h's KV_KC4): one head of one block.
+ * attn_kc4_quantize rounds the head's f16 keys of the block's 16 positions
+ * (k[p], hd values each) into 16 rows of codes (codes[p], hd / 2 bytes
+ * each, KV_FMT_C4) and the head's metadata (meta, kv_kc4_meta_bytes(hd)).
+ * attn_kc4_channels reads the metadata back as each channel's step and
+ * centre (a key is centre + step * (code - 8)); attn_kc4_fold folds them
+ * into a query: qs[c] = q[c] * step[c], and returns sum q[c] * centre[c]
+ * in channel order, so that q . key = base + dot_c4(qs, codes). Scalar, one
+ * order of operations: the same bits on every CPU. hd a multiple of 32 up
+ * to 1024. */
+void attn_kc4_quantize(const uint16_t *const k[KV_BLOCK_POSITIONS], size_t hd,
+                       uint8_t *const codes[KV_BLOCK_POSITIONS], uint8_t *meta);
+void attn_kc4_channels(const uint8_t *meta, size_t hd, float *step, float *centre);
+float attn_kc4_fold(const float *q, const float *step, const float *centre, size_t hd, float *qs);
+
 #endif /* CELLM_ATTENTION_H */

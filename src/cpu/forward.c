@@ -60,7 +60,7 @@ struct forward_ctx {
     float *og;      /* [rows][n_embd] the expert's outputs for them */
     float *moe_out; /* [rows][n_embd] the weighted sum over each row's experts */
     float *bcx;     /* [rows][3 * n_embd] a short-convolution layer's B, C, x (lfm2) */
-    float *acc;     /* [threads][tile_q * (head_dim_v + head_dim + max_ctx)] attention scratch */
+    float *acc;     /* [threads][acc_per_thread] attention scratch */
     size_t acc_stride;
     int32_t tile_q;   /* queries per attention tile, at most */
     att_tile *tiles;  /* [max_rows * n_head] one layer's attention tiles */
@@ -112,9 +112,17 @@ static int32_t tile_queries(const model *m, int32_t max_ctx) {
     return q;
 }
 
+/* Keys per channel (k4cv4hw): a block's channel steps and centres, and
+ * each query of a tile folded with them (and its base), at the end of a
+ * thread's attention scratch. */
+static size_t kc4_floats(const model *m, int32_t tile_q) {
+    return 2 * (size_t)m->head_dim + (size_t)tile_q * ((size_t)m->head_dim + 1);
+}
+
 static size_t acc_per_thread(const model *m, int32_t max_ctx) {
-    return (size_t)tile_queries(m, max_ctx) *
-           ((size_t)m->head_dim_v + (size_t)m->head_dim + (size_t)max_ctx);
+    int32_t tq = tile_queries(m, max_ctx);
+    return (size_t)tq * ((size_t)m->head_dim_v + (size_t)m->head_dim + (size_t)max_ctx) +
+           kc4_floats(m, tq);
 }
 
 static fwd_sizes sizes_for(const model *m, int32_t rows, int32_t logit_rows, int n_threads,
@@ -406,7 +414,8 @@ static void task_qk(void *arg, int ith, int nth) {
                 attn_rotate(k + h * hd, (size_t)hd);
                 attn_rotate(v + h * hdv, (size_t)hdv);
             }
-            kops->store(kc + h * kb, k + h * hd, (size_t)hd);
+            /* keys per channel: the block's rows at once, task_kblocks */
+            if (kv->kformat != KV_FMT_C4) kops->store(kc + h * kb, k + h * hd, (size_t)hd);
             vops->store(vc + h * vb, v + h * hdv, (size_t)hdv);
         }
         if (kv->recent) { /* the pass's own f16 rows (rotated like the cache's) */
@@ -478,6 +487,74 @@ static const uint16_t *recent_row(const step *s, long r, int32_t p) {
     if (p >= seq->n_pos)
         return f->kv16 + (size_t)f->run_row[f->run_base[r] + p - seq->n_pos] * f->kv->tail_row;
     return kv_tail(f->kv, seq, s->L->kv_group, s->L->kv_index, p);
+}
+
+/* Keys per channel (k4cv4hw): each block whose last position the pass
+ * wrote is rounded, head by head, from the f16 keys of its 16 positions
+ * (the pass's rows and the sequence's tail), before the layer's attention
+ * reads it; its queries read a block in f16 until it has left their window
+ * (kv_recent), so no query sees a block half written. The work is the
+ * (block, head) pairs in batch order, split over the threads. */
+static void task_kblocks(void *arg, int ith, int nth) {
+    step *s = arg;
+    const forward_ctx *f = s->f;
+    const model *m = f->m;
+    const kv_cache *kv = f->kv;
+    const layer_desc *L = s->L;
+    int32_t hd = m->head_dim, nkv = m->n_head_kv;
+    long n = 0;
+    for (int32_t r = 0; r < s->n; r++) n += s->rows[r].pos % KV_BLOCK_TOKENS == KV_BLOCK_TOKENS - 1;
+    long b, e, at = 0;
+    tp_split(n * nkv, ith, nth, &b, &e);
+    size_t kb = kv_row_bytes(KV_FMT_C4, (size_t)hd), mb = kv_kc4_meta_bytes((size_t)hd);
+    for (int32_t r = 0; r < s->n && at < e; r++) {
+        int32_t last = s->rows[r].pos;
+        if (last % KV_BLOCK_TOKENS != KV_BLOCK_TOKENS - 1) continue;
+        int32_t p0 = last - (KV_BLOCK_TOKENS - 1);
+        const kv_seq *seq = s->rows[r].seq;
+        for (int32_t h = 0; h < nkv; h++, at++) {
+            if (at < b || at >= e) continue;
+            const uint16_t *k[KV_BLOCK_TOKENS];
+            uint8_t *codes[KV_BLOCK_TOKENS];
+            for (int32_t j = 0; j < KV_BLOCK_TOKENS; j++) {
+                k[j] = recent_row(s, r, p0 + j) + (size_t)h * hd;
+                codes[j] = (uint8_t *)kv_k(kv, seq, L->kv_group, L->kv_index, p0 + j) + h * kb;
+            }
+            attn_kc4_quantize(k, (size_t)hd, codes,
+                              kv_kmeta(kv, seq, L->kv_group, L->kv_index, p0) + h * mb);
+        }
+    }
+}
+
+/* Keys per channel: the scores of the tile's nq queries (q16, rotated and
+ * balanced) for the positions p.. of p's block up to thi, into out (query
+ * i's at out + i * span): each query folded with the block's steps and
+ * centres (attn_kc4_fold), then dot_c4 with the codes, plus its base.
+ * Returns the next position. */
+static int32_t kc4_scores(const step *s, const att_tile *T, const float *q16, int32_t nq, int32_t p,
+                          int32_t thi, float *out, size_t span, float *kcs) {
+    const forward_ctx *f = s->f;
+    const kv_cache *kv = f->kv;
+    const model *m = f->m;
+    const kv_seq *seq = s->rows[T->r0].seq;
+    int32_t hd = m->head_dim, kvh = T->h0 / (m->n_head / m->n_head_kv);
+    int32_t end = (p / KV_BLOCK_TOKENS + 1) * KV_BLOCK_TOKENS - 1;
+    if (end > thi) end = thi;
+    float *st = kcs, *centre = st + hd, *qs = centre + hd, *base = qs + (size_t)nq * hd;
+    attn_kc4_channels(kv_kmeta(kv, seq, s->L->kv_group, s->L->kv_index, p) +
+                          (size_t)kvh * kv_kc4_meta_bytes((size_t)hd),
+                      (size_t)hd, st, centre);
+    for (int32_t i = 0; i < nq; i++)
+        base[i] = attn_kc4_fold(q16 + (size_t)i * hd, st, centre, (size_t)hd, qs + (size_t)i * hd);
+    const void *kr[KV_BLOCK_TOKENS];
+    int32_t cnt = end - p + 1;
+    size_t kb = kv_row_bytes(KV_FMT_C4, (size_t)hd);
+    for (int32_t j = 0; j < cnt; j++)
+        kr[j] = (const uint8_t *)kv_k(kv, seq, s->L->kv_group, s->L->kv_index, p + j) + kvh * kb;
+    f->ak->kv[KV_FMT_C4].dot_tile(qs, (size_t)nq, kr, (size_t)cnt, (size_t)hd, out, span);
+    for (int32_t i = 0; i < nq; i++)
+        for (int32_t j = 0; j < cnt; j++) out[(size_t)i * span + j] += base[i];
+    return end + 1;
 }
 
 /* Where each sequence's rows of the pass are (forward_ctx.run_row), for a
@@ -563,9 +640,14 @@ static void attend_tile(const step *s, const att_tile *T, float *scr) {
     const int32_t q0 = hi[0], kd = m->n_head_kv * hd;
     const bool recent = kv->recent;
     const void *kr[CHUNK];
+    float *kcs = scr + f->acc_stride - kc4_floats(m, f->tile_q);
     for (int32_t p = tlo; p <= thi;) {
         int32_t p0 = p, cnt = 0;
         bool f16 = recent && kv_recent(q0, p);
+        if (!f16 && kv->kformat == KV_FMT_C4) { /* a block of keys per channel */
+            p = kc4_scores(s, T, q16, nq, p, thi, sc + (p0 - tlo), (size_t)span, kcs);
+            continue;
+        }
         for (; cnt < CHUNK && p <= thi && (recent && kv_recent(q0, p)) == f16; cnt++, p++)
             kr[cnt] = f16 ? (const void *)(recent_row(s, T->r0, p) + (size_t)kvh * hd)
                           : (const uint8_t *)kv_k(kv, seq, L->kv_group, L->kv_index, p) + kvh * kb;
@@ -758,6 +840,17 @@ static void rope_slot(forward_ctx *f, step *s) {
  * all, as one thread would inside the pool anyway, and the hand-off to the
  * others is skipped. The same code runs per row either way. */
 #define ROWS_INLINE 4
+/* task_kblocks where the step ends a block: on the threads when it ends
+ * several, else on this one. */
+static void kblocks(forward_ctx *f, step *s) {
+    int32_t n = 0;
+    for (int32_t r = 0; r < s->n; r++) n += s->rows[r].pos % KV_BLOCK_TOKENS == KV_BLOCK_TOKENS - 1;
+    if (n * f->m->n_head_kv >= 4)
+        tp_run(f->tp, task_kblocks, s);
+    else if (n > 0)
+        task_kblocks(s, 0, 1);
+}
+
 static void run_rows(forward_ctx *f, void (*fn)(void *, int, int), step *s) {
     if (s->n < ROWS_INLINE)
         fn(s, 0, 1);
@@ -948,6 +1041,7 @@ static void run_layers(forward_ctx *f, const fwd_row *rows, const float *const *
             rope_slot(f, &s);
             run_rows(f, task_qk, &s);
             if (f->kv->calib) calib_rows(&s);
+            if (f->kv->kformat == KV_FMT_C4) kblocks(f, &s);
             plan_tiles(&s);
             tp_run(f->tp, task_attention, &s);
             if (f->kv->recent) save_recent(&s);

@@ -45,6 +45,8 @@ static const struct {
     [CELLM_KV_K5V4HW] = {"k5v4hw", KV_FMT_Q5_0, KV_FMT_Q4_0, true, true},
     [CELLM_KV_Q3_0HW] = {"q3_0hw", KV_FMT_Q3_0, KV_FMT_Q3_0, true, true},
     [CELLM_KV_K4V3HW] = {"k4v3hw", KV_FMT_Q4_0, KV_FMT_Q3_0, true, true},
+    /* keys per channel: KV_FMT_C4 rows and each block's metadata */
+    [CELLM_KV_K4CV4HW] = {"k4cv4hw", KV_FMT_C4, KV_FMT_Q4_0, true, true},
 };
 
 /* A window type's f16 values of one position, every group and layer (0
@@ -83,7 +85,7 @@ cellm_status kv_type_check(const model *m, cellm_kv_type type, cellm_error *err)
     if ((unsigned)type >= sizeof kv_types / sizeof kv_types[0])
         return err_set(err, CELLM_ERR_INVALID_ARG,
                        "KV type %d is not one of f16, q8_0, q4_0, q4_0h, k5v4h, q4_0hw, k5v4hw, "
-                       "q3_0hw, k4v3hw",
+                       "q3_0hw, k4v3hw, k4cv4hw",
                        (int)type);
     const int32_t dims[2] = {m->head_dim, m->head_dim_v};
     for (int i = 0; i < 2; i++) {
@@ -107,7 +109,10 @@ static void group_sizes(const model *m, cellm_kv_type type, int32_t gi, kv_group
     g->window = m->kv_group_window[gi];
     g->k_row = (size_t)m->n_head_kv * kv_row_bytes(kv_types[type].kformat, (size_t)m->head_dim);
     g->v_row = (size_t)m->n_head_kv * kv_row_bytes(kv_types[type].vformat, (size_t)m->head_dim_v);
-    g->layer_bytes = KV_BLOCK_TOKENS * (g->k_row + g->v_row);
+    g->k_meta = kv_types[type].kformat == KV_FMT_C4
+                    ? (size_t)m->n_head_kv * kv_kc4_meta_bytes((size_t)m->head_dim)
+                    : 0;
+    g->layer_bytes = KV_BLOCK_TOKENS * (g->k_row + g->v_row) + g->k_meta;
     g->block_bytes = g->layer_bytes * (size_t)g->n_layers;
 }
 
@@ -116,9 +121,9 @@ size_t kv_cache_token_bytes(const model *m, cellm_kv_type type) {
     size_t total = 0;
     for (int32_t gi = 0; gi < m->n_kv_groups; gi++) {
         group_sizes(m, type, gi, &g);
-        total += g.block_bytes / KV_BLOCK_TOKENS;
+        total += g.block_bytes;
     }
-    return total;
+    return total / KV_BLOCK_TOKENS; /* keys per channel: their metadata is per block */
 }
 
 size_t kv_cache_bytes(const model *m, cellm_kv_type type, int32_t ctx, int32_t n_seqs,

@@ -12,6 +12,9 @@
  *
  *   block = [layer 0: K[16][kv_dim] V[16][kv_dim]] [layer 1: ...] ...
  *
+ * (k4cv4hw, keys per channel: K[16][kv_dim] holds codes, and each head's
+ * metadata, kv_format.h's KV_KC4, follows them, before V.)
+ *
  * K and V rows are stored in the engine's KV type (cellm_kv_type): f16,
  * Q8_0 or Q4_0 blocks of 32 (each head's blocks in order, kv_format.h),
  * or, for the rotated types, blocks of each head rotated by attn_rotate:
@@ -66,6 +69,7 @@
 #include "base/util.h"
 
 #define KV_BLOCK_TOKENS 16
+_Static_assert(KV_BLOCK_TOKENS == KV_BLOCK_POSITIONS, "kv_format.h's block");
 /* Positions of a window type's recent ring: 31 for the window, the rest
  * for taking back guesses (a truncation of up to KV_RING - 31 positions
  * stays inside it; a longer one is refused, and the caller recomputes). */
@@ -75,6 +79,7 @@ typedef struct kv_group {
     int32_t n_layers;
     int32_t window;      /* 0: full attention */
     size_t k_row, v_row; /* bytes of one token's K (V) for one layer */
+    size_t k_meta;       /* keys per channel (KV_FMT_C4): each head's metadata, after the K rows */
     size_t layer_bytes;  /* one layer's slice of a block */
     size_t block_bytes;
     int32_t n_blocks;
@@ -321,7 +326,16 @@ static inline void *kv_v(const kv_cache *c, const kv_seq *s, int32_t group, int3
     const kv_group *g = &c->groups[group];
     int32_t b = s->table[group][pos / KV_BLOCK_TOKENS];
     return g->mem + (size_t)b * g->block_bytes + (size_t)layer * g->layer_bytes +
-           KV_BLOCK_TOKENS * g->k_row + (size_t)(pos % KV_BLOCK_TOKENS) * g->v_row;
+           KV_BLOCK_TOKENS * g->k_row + g->k_meta + (size_t)(pos % KV_BLOCK_TOKENS) * g->v_row;
+}
+/* Keys per channel (k4cv4hw): the metadata of the block holding pos, one
+ * layer, head after head (kv_kc4_meta_bytes(head_dim) each). */
+static inline uint8_t *kv_kmeta(const kv_cache *c, const kv_seq *s, int32_t group, int32_t layer,
+                                int32_t pos) {
+    const kv_group *g = &c->groups[group];
+    int32_t b = s->table[group][pos / KV_BLOCK_TOKENS];
+    return g->mem + (size_t)b * g->block_bytes + (size_t)layer * g->layer_bytes +
+           KV_BLOCK_TOKENS * g->k_row;
 }
 
 /* The f16 values of one position's K and V in one layer (kv_cache.tail_row

@@ -369,7 +369,7 @@ class Engine(_Owner):
     arguments: n_threads (0: cores, at most 4), mem_budget (bytes, default
     256 MiB: KV cache and activations), max_ctx (positions per request),
     max_seqs (requests at once), kv_type ("f16", "q8_0", "q4_0", "q4_0h", "k5v4h", "q4_0hw",
-    "k5v4hw", "q3_0hw" or "k4v3hw"),
+    "k5v4hw", "q3_0hw", "k4v3hw" or "k4cv4hw"),
     prefix_cache (default True), process_budget (bytes: a cap on the whole
     process, the phone memory mode; refused unless max_seqs requests of
     max_ctx fit).
@@ -379,7 +379,7 @@ class Engine(_Owner):
     (a string or a list of up to 16)."""
 
     _KV_TYPES = {"f16": 0, "q8_0": 1, "q4_0": 2, "q4_0h": 3, "k5v4h": 4, "q4_0hw": 5, "k5v4hw": 6,
-                 "q3_0hw": 7, "k4v3hw": 8}
+                 "q3_0hw": 7, "k4v3hw": 8, "k4cv4hw": 9}
 
     def __init__(self, model, n_threads=0, mem_budget=None, max_ctx=0, max_seqs=None,
                  kv_type="f16", prefix_cache=True, process_budget=None):
