@@ -348,12 +348,26 @@ static void test_kc4_blocks(void **state) {
                 if (fabs(got - want) > 1e-5 * mag + 1e-30)
                     fail_msg("hd %zu: score %g, double sum %g", hd, got, want);
             }
+            /* three queries (a pair and one alone in the AVX2 fold), the
+             * middle one q: each folded as attn_kc4_fold folds it */
+            static float q3[3 * MAXD], qs3[3 * MAXD], want3[3 * MAXD];
+            float wbase3[3];
+            for (size_t c = 0; c < 3 * hd; c++) q3[c] = rnd() * 4.0f;
+            memcpy(q3 + hd, q, hd * sizeof(float));
+            for (int i = 0; i < 3; i++)
+                wbase3[i] = attn_kc4_fold(q3 + i * hd, st, centre, hd, want3 + i * hd);
+            assert_memory_equal(&wbase3[1], &base, sizeof base);
             for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
                 const attn_kernels *a = attn_kernels_variant(variants[v]);
                 if (!a) continue;
-                float out[P];
+                float out[P], base3[3];
                 a->kv[KV_FMT_C4].dot_tile(qs, 1, kr, P, hd, out, P);
                 assert_memory_equal(out, want_bits, sizeof out);
+                for (size_t nq = 1; nq <= 3; nq++) {
+                    a->kc4_fold(q3, nq, st, centre, hd, qs3, base3);
+                    assert_memory_equal(qs3, want3, nq * hd * sizeof(float));
+                    assert_memory_equal(base3, wbase3, nq * sizeof(float));
+                }
             }
         }
     }

@@ -392,6 +392,11 @@ static void ref_silu_mul(float *g, const float *u, size_t n) {
             pfx##_axpy_tile_c4                                                                     \
     }
 
+static void ref_kc4_fold(const float *q, size_t nq, const float *step, const float *centre,
+                         size_t n, float *qs, float *base) {
+    for (size_t i = 0; i < nq; i++) base[i] = attn_kc4_fold(q + i * n, step, centre, n, qs + i * n);
+}
+
 /* A quantized format's row kernels of one variant and tiles of another. */
 #define KV_OPS_Q_TILES(pfx, tpfx, sfx)                                                             \
     {                                                                                              \
@@ -409,6 +414,7 @@ static const attn_kernels ref_kernels = {
     .softmax = ref_softmax,
     .gelu_mul = ref_gelu_mul,
     .silu_mul = ref_silu_mul,
+    .kc4_fold = ref_kc4_fold,
     .kv = {KV_OPS_F16(ref), KV_OPS_Q8_0(ref), KV_OPS_Q4_0(ref), KV_OPS_Q5_0(ref), KV_OPS_Q3_0(ref),
            KV_OPS_C4(ref)},
 };
@@ -910,6 +916,39 @@ AVX2_ATTR static void avx2_gelu_mul(float *g, const float *u, const uint16_t *ta
     ref_gelu_mul(g + i, u + i, table, n - i);
 }
 
+/* attn_kc4_fold's lanes in one register, two queries at a time (their
+ * chains of fused multiply-adds interleave). */
+AVX2_ATTR static void avx2_kc4_fold(const float *q, size_t nq, const float *step,
+                                    const float *centre, size_t n, float *qs, float *base) {
+    size_t i = 0;
+    for (; i + 2 <= nq; i += 2) {
+        const float *q0 = q + i * n, *q1 = q0 + n;
+        float *s0 = qs + i * n, *s1 = s0 + n;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        for (size_t c = 0; c < n; c += 8) {
+            const __m256 st = _mm256_loadu_ps(step + c), ce = _mm256_loadu_ps(centre + c);
+            const __m256 x0 = _mm256_loadu_ps(q0 + c), x1 = _mm256_loadu_ps(q1 + c);
+            _mm256_storeu_ps(s0 + c, _mm256_mul_ps(x0, st));
+            _mm256_storeu_ps(s1 + c, _mm256_mul_ps(x1, st));
+            a0 = _mm256_fmadd_ps(x0, ce, a0);
+            a1 = _mm256_fmadd_ps(x1, ce, a1);
+        }
+        base[i] = avx2_lanes_sum(a0);
+        base[i + 1] = avx2_lanes_sum(a1);
+    }
+    for (; i < nq; i++) {
+        const float *q0 = q + i * n;
+        float *s0 = qs + i * n;
+        __m256 a0 = _mm256_setzero_ps();
+        for (size_t c = 0; c < n; c += 8) {
+            const __m256 x0 = _mm256_loadu_ps(q0 + c);
+            _mm256_storeu_ps(s0 + c, _mm256_mul_ps(x0, _mm256_loadu_ps(step + c)));
+            a0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(centre + c), a0);
+        }
+        base[i] = avx2_lanes_sum(a0);
+    }
+}
+
 static const attn_kernels avx2_kernels = {
     .dot_f16 = avx2_dot_f16,
     .axpy_f16 = avx2_axpy_f16,
@@ -920,6 +959,7 @@ static const attn_kernels avx2_kernels = {
     .softmax = avx2_softmax,
     .gelu_mul = avx2_gelu_mul,
     .silu_mul = avx2_silu_mul,
+    .kc4_fold = avx2_kc4_fold,
     .kv = {KV_OPS_F16(avx2), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_Q5_0(avx2),
            KV_OPS_Q3_0(avx2), KV_OPS_C4(avx2)},
 };
@@ -1333,6 +1373,7 @@ static const attn_kernels avx512_kernels = {
     .softmax = avx512_softmax,
     .gelu_mul = avx512_gelu_mul,
     .silu_mul = avx512_silu_mul,
+    .kc4_fold = avx2_kc4_fold, /* attn_kc4_fold's 8 lanes */
     .kv = {KV_OPS_F16(avx512), KV_OPS_Q_TILES(avx2, avx512, q8_0),
            KV_OPS_Q_TILES(avx2, avx512, q4_0), KV_OPS_Q_TILES(avx2, avx512, q5_0),
            KV_OPS_Q_TILES(avx2, avx512, q3_0), KV_OPS_Q_TILES(avx2, avx512, c4)},
@@ -1828,6 +1869,24 @@ static void neon_silu_mul(float *g, const float *u, size_t n) {
     ref_silu_mul(g + i, u + i, n - i);
 }
 
+/* attn_kc4_fold's lanes 0..3 in lo, 4..7 in hi, summed as
+ * neon_dot_finish does. */
+static void neon_kc4_fold(const float *q, size_t nq, const float *step, const float *centre,
+                          size_t n, float *qs, float *base) {
+    for (size_t i = 0; i < nq; i++, q += n, qs += n) {
+        float32x4_t lo = vdupq_n_f32(0.0f), hi = vdupq_n_f32(0.0f);
+        for (size_t c = 0; c < n; c += 8) {
+            const float32x4_t x0 = vld1q_f32(q + c), x1 = vld1q_f32(q + c + 4);
+            vst1q_f32(qs + c, vmulq_f32(x0, vld1q_f32(step + c)));
+            vst1q_f32(qs + c + 4, vmulq_f32(x1, vld1q_f32(step + c + 4)));
+            lo = vfmaq_f32(lo, x0, vld1q_f32(centre + c));
+            hi = vfmaq_f32(hi, x1, vld1q_f32(centre + c + 4));
+        }
+        const float32x4_t sum = vaddq_f32(lo, hi), pr = vpaddq_f32(sum, sum);
+        base[i] = vgetq_lane_f32(pr, 0) + vgetq_lane_f32(pr, 1);
+    }
+}
+
 static const attn_kernels neon_kernels = {
     .dot_f16 = neon_dot_f16,
     .axpy_f16 = neon_axpy_f16,
@@ -1838,6 +1897,7 @@ static const attn_kernels neon_kernels = {
     .softmax = neon_softmax,
     .gelu_mul = ref_gelu_mul,
     .silu_mul = neon_silu_mul,
+    .kc4_fold = neon_kc4_fold,
     .kv = {KV_OPS_F16(neon), KV_OPS_Q8_0(neon), KV_OPS_Q4_0(neon), KV_OPS_Q5_0(neon),
            KV_OPS_Q3_0(neon), KV_OPS_C4(neon)},
 };
@@ -2015,10 +2075,10 @@ void attn_kc4_channels(const uint8_t *meta, size_t hd, float *step, float *centr
 }
 
 float attn_kc4_fold(const float *q, const float *step, const float *centre, size_t hd, float *qs) {
-    float base = 0.0f;
+    float lane[8] = {0};
     for (size_t c = 0; c < hd; c++) {
         qs[c] = q[c] * step[c];
-        base += q[c] * centre[c];
+        lane[c % 8] = fmaf(q[c], centre[c], lane[c % 8]);
     }
-    return base;
+    return lanes_sum(lane);
 }

@@ -79,6 +79,11 @@ typedef struct attn_kernels {
     /* g[i] = g[i] / (1 + xm_expf(-g[i])) * u[i] (SiLU), the same bits in
      * every variant. */
     void (*silu_mul)(float *g, const float *u, size_t n);
+    /* Keys per channel (KV_FMT_C4): nq queries (query i at q + i * n)
+     * folded with a block's channel steps and centres (attn_kc4_channels):
+     * attn_kc4_fold for each, bit for bit, into qs + i * n and base[i]. */
+    void (*kc4_fold)(const float *q, size_t nq, const float *step, const float *centre, size_t n,
+                     float *qs, float *base);
     /* The row kernels of each format; kv[KV_FMT_F16] are the f16 ones
      * above. */
     attn_kv_ops kv[KV_FMT_COUNT];
@@ -114,9 +119,10 @@ void attn_unrotate(float *x, size_t n);
  * attn_kc4_channels reads the metadata back as each channel's step and
  * centre (a key is centre + step * (code - 8)); attn_kc4_fold folds them
  * into a query: qs[c] = q[c] * step[c], and returns sum q[c] * centre[c]
- * in channel order, so that q . key = base + dot_c4(qs, codes). Scalar, one
- * order of operations: the same bits on every CPU. hd a multiple of 32 up
- * to 1024. */
+ * (channel c fused into lane c % 8 in channel order, the lanes summed as
+ * dot's), so that q . key = base + dot_c4(qs, codes). Scalar, one order of
+ * operations: the same bits on every CPU (attn_kernels.kc4_fold is the
+ * fast form). hd a multiple of 32 up to 1024. */
 void attn_kc4_quantize(const uint16_t *const k[KV_BLOCK_POSITIONS], size_t hd,
                        uint8_t *const codes[KV_BLOCK_POSITIONS], uint8_t *meta);
 void attn_kc4_channels(const uint8_t *meta, size_t hd, float *step, float *centre);

@@ -529,7 +529,7 @@ static void task_kblocks(void *arg, int ith, int nth) {
 /* Keys per channel: the scores of the tile's nq queries (q16, rotated and
  * balanced) for the positions p.. of p's block up to thi, into out (query
  * i's at out + i * span): each query folded with the block's steps and
- * centres (attn_kc4_fold), then dot_c4 with the codes, plus its base.
+ * centres (attn_kernels.kc4_fold), then dot_c4 with the codes, plus its base.
  * Returns the next position. */
 static int32_t kc4_scores(const step *s, const att_tile *T, const float *q16, int32_t nq, int32_t p,
                           int32_t thi, float *out, size_t span, float *kcs) {
@@ -544,8 +544,7 @@ static int32_t kc4_scores(const step *s, const att_tile *T, const float *q16, in
     attn_kc4_channels(kv_kmeta(kv, seq, s->L->kv_group, s->L->kv_index, p) +
                           (size_t)kvh * kv_kc4_meta_bytes((size_t)hd),
                       (size_t)hd, st, centre);
-    for (int32_t i = 0; i < nq; i++)
-        base[i] = attn_kc4_fold(q16 + (size_t)i * hd, st, centre, (size_t)hd, qs + (size_t)i * hd);
+    f->ak->kc4_fold(q16, (size_t)nq, st, centre, (size_t)hd, qs, base);
     const void *kr[KV_BLOCK_TOKENS];
     int32_t cnt = end - p + 1;
     size_t kb = kv_row_bytes(KV_FMT_C4, (size_t)hd);
