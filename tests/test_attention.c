@@ -363,6 +363,10 @@ static void test_kc4_blocks(void **state) {
                 float out[P], base3[3];
                 a->kv[KV_FMT_C4].dot_tile(qs, 1, kr, P, hd, out, P);
                 assert_memory_equal(out, want_bits, sizeof out);
+                static float st2[MAXD], centre2[MAXD];
+                a->kc4_channels(meta, hd, st2, centre2);
+                assert_memory_equal(st2, st, hd * sizeof(float));
+                assert_memory_equal(centre2, centre, hd * sizeof(float));
                 for (size_t nq = 1; nq <= 3; nq++) {
                     a->kc4_fold(q3, nq, st, centre, hd, qs3, base3);
                     assert_memory_equal(qs3, want3, nq * hd * sizeof(float));

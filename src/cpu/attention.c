@@ -415,6 +415,7 @@ static const attn_kernels ref_kernels = {
     .gelu_mul = ref_gelu_mul,
     .silu_mul = ref_silu_mul,
     .kc4_fold = ref_kc4_fold,
+    .kc4_channels = attn_kc4_channels,
     .kv = {KV_OPS_F16(ref), KV_OPS_Q8_0(ref), KV_OPS_Q4_0(ref), KV_OPS_Q5_0(ref), KV_OPS_Q3_0(ref),
            KV_OPS_C4(ref)},
 };
@@ -949,6 +950,37 @@ AVX2_ATTR static void avx2_kc4_fold(const float *q, size_t nq, const float *step
     }
 }
 
+/* attn_kc4_channels eight channels at a time: their step codes are the
+ * four bytes from sc + c / 2 (a nibble each), their minimum codes the
+ * three bytes from mc + 3 c / 8 (3 bits each); the same products and sum
+ * as the scalar form (x / 16 and x * 0.0625 are the same float). */
+AVX2_ATTR static void avx2_kc4_channels(const uint8_t *meta, size_t hd, float *step,
+                                        float *centre) {
+    uint16_t mh, dh;
+    memcpy(&mh, meta, 2);
+    memcpy(&dh, meta + 2, 2);
+    const __m256 mref = _mm256_set1_ps(fp16_to_fp32(mh)), dref = _mm256_set1_ps(fp16_to_fp32(dh));
+    const uint8_t *sc = meta + 4, *mc = sc + hd / 2;
+    const __m256i s4 = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28),
+                  s3 = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
+    for (size_t c = 0; c < hd; c += 8) {
+        uint32_t ws, wm = 0;
+        memcpy(&ws, sc + c / 2, 4);
+        memcpy(&wm, mc + 3 * c / 8, 3);
+        const __m256i s = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)ws), s4),
+                                           _mm256_set1_epi32(15));
+        const __m256i m = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)wm), s3),
+                                           _mm256_set1_epi32(7));
+        const __m256 st = _mm256_mul_ps(
+            _mm256_mul_ps(dref, _mm256_cvtepi32_ps(_mm256_add_epi32(s, _mm256_set1_epi32(1)))),
+            _mm256_set1_ps(0.0625f));
+        const __m256 mn =
+            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(m, _mm256_set1_epi32(4))), mref);
+        _mm256_storeu_ps(step + c, st);
+        _mm256_storeu_ps(centre + c, _mm256_add_ps(mn, _mm256_mul_ps(_mm256_set1_ps(8.0f), st)));
+    }
+}
+
 static const attn_kernels avx2_kernels = {
     .dot_f16 = avx2_dot_f16,
     .axpy_f16 = avx2_axpy_f16,
@@ -960,6 +992,7 @@ static const attn_kernels avx2_kernels = {
     .gelu_mul = avx2_gelu_mul,
     .silu_mul = avx2_silu_mul,
     .kc4_fold = avx2_kc4_fold,
+    .kc4_channels = avx2_kc4_channels,
     .kv = {KV_OPS_F16(avx2), KV_OPS_Q8_0(avx2), KV_OPS_Q4_0(avx2), KV_OPS_Q5_0(avx2),
            KV_OPS_Q3_0(avx2), KV_OPS_C4(avx2)},
 };
@@ -1374,6 +1407,7 @@ static const attn_kernels avx512_kernels = {
     .gelu_mul = avx512_gelu_mul,
     .silu_mul = avx512_silu_mul,
     .kc4_fold = avx2_kc4_fold, /* attn_kc4_fold's 8 lanes */
+    .kc4_channels = avx2_kc4_channels,
     .kv = {KV_OPS_F16(avx512), KV_OPS_Q_TILES(avx2, avx512, q8_0),
            KV_OPS_Q_TILES(avx2, avx512, q4_0), KV_OPS_Q_TILES(avx2, avx512, q5_0),
            KV_OPS_Q_TILES(avx2, avx512, q3_0), KV_OPS_Q_TILES(avx2, avx512, c4)},
@@ -1887,6 +1921,36 @@ static void neon_kc4_fold(const float *q, size_t nq, const float *step, const fl
     }
 }
 
+/* attn_kc4_channels four channels at a time (as avx2_kc4_channels: two
+ * bytes of step codes, and the minimum codes of eight channels as three
+ * bytes, shifted per lane). */
+static void neon_kc4_channels(const uint8_t *meta, size_t hd, float *step, float *centre) {
+    uint16_t mh, dh;
+    memcpy(&mh, meta, 2);
+    memcpy(&dh, meta + 2, 2);
+    const float32x4_t mref = vdupq_n_f32(fp16_to_fp32(mh)), dref = vdupq_n_f32(fp16_to_fp32(dh));
+    const uint8_t *sc = meta + 4, *mc = sc + hd / 2;
+    static const int32_t sh_s[8] = {0, -4, -8, -12, -16, -20, -24, -28},
+                         sh_m[8] = {0, -3, -6, -9, -12, -15, -18, -21};
+    for (size_t c = 0; c < hd; c += 8) {
+        uint32_t ws, wm = 0;
+        memcpy(&ws, sc + c / 2, 4);
+        memcpy(&wm, mc + 3 * c / 8, 3);
+        for (int h = 0; h < 2; h++) {
+            const uint32x4_t s =
+                vandq_u32(vshlq_u32(vdupq_n_u32(ws), vld1q_s32(sh_s + 4 * h)), vdupq_n_u32(15));
+            const uint32x4_t m =
+                vandq_u32(vshlq_u32(vdupq_n_u32(wm), vld1q_s32(sh_m + 4 * h)), vdupq_n_u32(7));
+            const float32x4_t st = vmulq_f32(
+                vmulq_f32(dref, vcvtq_f32_u32(vaddq_u32(s, vdupq_n_u32(1)))), vdupq_n_f32(0.0625f));
+            const float32x4_t mn =
+                vmulq_f32(vcvtq_f32_s32(vsubq_s32(vreinterpretq_s32_u32(m), vdupq_n_s32(4))), mref);
+            vst1q_f32(step + c + 4 * h, st);
+            vst1q_f32(centre + c + 4 * h, vaddq_f32(mn, vmulq_f32(vdupq_n_f32(8.0f), st)));
+        }
+    }
+}
+
 static const attn_kernels neon_kernels = {
     .dot_f16 = neon_dot_f16,
     .axpy_f16 = neon_axpy_f16,
@@ -1898,6 +1962,7 @@ static const attn_kernels neon_kernels = {
     .gelu_mul = ref_gelu_mul,
     .silu_mul = neon_silu_mul,
     .kc4_fold = neon_kc4_fold,
+    .kc4_channels = neon_kc4_channels,
     .kv = {KV_OPS_F16(neon), KV_OPS_Q8_0(neon), KV_OPS_Q4_0(neon), KV_OPS_Q5_0(neon),
            KV_OPS_Q3_0(neon), KV_OPS_C4(neon)},
 };

@@ -84,6 +84,8 @@ typedef struct attn_kernels {
      * attn_kc4_fold for each, bit for bit, into qs + i * n and base[i]. */
     void (*kc4_fold)(const float *q, size_t nq, const float *step, const float *centre, size_t n,
                      float *qs, float *base);
+    /* attn_kc4_channels, bit for bit. */
+    void (*kc4_channels)(const uint8_t *meta, size_t n, float *step, float *centre);
     /* The row kernels of each format; kv[KV_FMT_F16] are the f16 ones
      * above. */
     attn_kv_ops kv[KV_FMT_COUNT];

@@ -541,9 +541,9 @@ static int32_t kc4_scores(const step *s, const att_tile *T, const float *q16, in
     int32_t end = (p / KV_BLOCK_TOKENS + 1) * KV_BLOCK_TOKENS - 1;
     if (end > thi) end = thi;
     float *st = kcs, *centre = st + hd, *qs = centre + hd, *base = qs + (size_t)nq * hd;
-    attn_kc4_channels(kv_kmeta(kv, seq, s->L->kv_group, s->L->kv_index, p) +
-                          (size_t)kvh * kv_kc4_meta_bytes((size_t)hd),
-                      (size_t)hd, st, centre);
+    f->ak->kc4_channels(kv_kmeta(kv, seq, s->L->kv_group, s->L->kv_index, p) +
+                            (size_t)kvh * kv_kc4_meta_bytes((size_t)hd),
+                        (size_t)hd, st, centre);
     f->ak->kc4_fold(q16, (size_t)nq, st, centre, (size_t)hd, qs, base);
     const void *kr[KV_BLOCK_TOKENS];
     int32_t cnt = end - p + 1;
