@@ -550,6 +550,18 @@ static int32_t kc4_scores(const step *s, const att_tile *T, const float *q16, in
     size_t kb = kv_row_bytes(KV_FMT_C4, (size_t)hd);
     for (int32_t j = 0; j < cnt; j++)
         kr[j] = (const uint8_t *)kv_k(kv, seq, s->L->kv_group, s->L->kv_index, p + j) + kvh * kb;
+    if (end + KV_BLOCK_TOKENS <= thi) { /* the next block's codes and metadata, ahead: blocks
+                                         * are far apart in the pool, too short a run for the
+                                         * hardware's prefetch (a decode's loads missed) */
+        const uint8_t *nk = (const uint8_t *)kv_k(kv, seq, s->L->kv_group, s->L->kv_index, end + 1);
+        const size_t row = kv->groups[s->L->kv_group].k_row;
+        for (int32_t j = 0; j < KV_BLOCK_TOKENS; j++) {
+            __builtin_prefetch(nk + (size_t)j * row + kvh * kb);
+            __builtin_prefetch(nk + (size_t)j * row + kvh * kb + kb - 1);
+        }
+        __builtin_prefetch(kv_kmeta(kv, seq, s->L->kv_group, s->L->kv_index, end + 1) +
+                           (size_t)kvh * kv_kc4_meta_bytes((size_t)hd));
+    }
     f->ak->kv[KV_FMT_C4].dot_tile(qs, (size_t)nq, kr, (size_t)cnt, (size_t)hd, out, span);
     for (int32_t i = 0; i < nq; i++)
         for (int32_t j = 0; j < cnt; j++) out[(size_t)i * span + j] += base[i];
