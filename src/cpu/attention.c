@@ -917,37 +917,30 @@ AVX2_ATTR static void avx2_gelu_mul(float *g, const float *u, const uint16_t *ta
     ref_gelu_mul(g + i, u + i, table, n - i);
 }
 
-/* attn_kc4_fold's lanes in one register, two queries at a time (their
- * chains of fused multiply-adds interleave). */
+/* attn_kc4_fold's lanes in one register for G queries (1 or 2) at once:
+ * their chains of fused multiply-adds interleave, each step and centre
+ * loaded once for them. */
+AVX2_ATTR static inline __attribute__((always_inline)) void
+avx2_kc4_fold_group(const float *q, const float *step, const float *centre, size_t n, float *qs,
+                    float *base, const int G) {
+    __m256 a[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (size_t c = 0; c < n; c += 8) {
+        const __m256 st = _mm256_loadu_ps(step + c), ce = _mm256_loadu_ps(centre + c);
+        for (int i = 0; i < G; i++) {
+            const __m256 x = _mm256_loadu_ps(q + (size_t)i * n + c);
+            _mm256_storeu_ps(qs + (size_t)i * n + c, _mm256_mul_ps(x, st));
+            a[i] = _mm256_fmadd_ps(x, ce, a[i]);
+        }
+    }
+    for (int i = 0; i < G; i++) base[i] = avx2_lanes_sum(a[i]);
+}
+
 AVX2_ATTR static void avx2_kc4_fold(const float *q, size_t nq, const float *step,
                                     const float *centre, size_t n, float *qs, float *base) {
     size_t i = 0;
-    for (; i + 2 <= nq; i += 2) {
-        const float *q0 = q + i * n, *q1 = q0 + n;
-        float *s0 = qs + i * n, *s1 = s0 + n;
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-        for (size_t c = 0; c < n; c += 8) {
-            const __m256 st = _mm256_loadu_ps(step + c), ce = _mm256_loadu_ps(centre + c);
-            const __m256 x0 = _mm256_loadu_ps(q0 + c), x1 = _mm256_loadu_ps(q1 + c);
-            _mm256_storeu_ps(s0 + c, _mm256_mul_ps(x0, st));
-            _mm256_storeu_ps(s1 + c, _mm256_mul_ps(x1, st));
-            a0 = _mm256_fmadd_ps(x0, ce, a0);
-            a1 = _mm256_fmadd_ps(x1, ce, a1);
-        }
-        base[i] = avx2_lanes_sum(a0);
-        base[i + 1] = avx2_lanes_sum(a1);
-    }
-    for (; i < nq; i++) {
-        const float *q0 = q + i * n;
-        float *s0 = qs + i * n;
-        __m256 a0 = _mm256_setzero_ps();
-        for (size_t c = 0; c < n; c += 8) {
-            const __m256 x0 = _mm256_loadu_ps(q0 + c);
-            _mm256_storeu_ps(s0 + c, _mm256_mul_ps(x0, _mm256_loadu_ps(step + c)));
-            a0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(centre + c), a0);
-        }
-        base[i] = avx2_lanes_sum(a0);
-    }
+    for (; i + 2 <= nq; i += 2)
+        avx2_kc4_fold_group(q + i * n, step, centre, n, qs + i * n, base + i, 2);
+    if (i < nq) avx2_kc4_fold_group(q + i * n, step, centre, n, qs + i * n, base + i, 1);
 }
 
 /* attn_kc4_channels eight channels at a time: their step codes are the
@@ -1903,8 +1896,8 @@ static void neon_silu_mul(float *g, const float *u, size_t n) {
     ref_silu_mul(g + i, u + i, n - i);
 }
 
-/* attn_kc4_fold's lanes 0..3 in lo, 4..7 in hi, summed as
- * neon_dot_finish does. */
+/* attn_kc4_fold's lanes 0..3 in lo, 4..7 in hi, summed by
+ * neon_dot_finish. */
 static void neon_kc4_fold(const float *q, size_t nq, const float *step, const float *centre,
                           size_t n, float *qs, float *base) {
     for (size_t i = 0; i < nq; i++, q += n, qs += n) {
@@ -1916,8 +1909,7 @@ static void neon_kc4_fold(const float *q, size_t nq, const float *step, const fl
             lo = vfmaq_f32(lo, x0, vld1q_f32(centre + c));
             hi = vfmaq_f32(hi, x1, vld1q_f32(centre + c + 4));
         }
-        const float32x4_t sum = vaddq_f32(lo, hi), pr = vpaddq_f32(sum, sum);
-        base[i] = vgetq_lane_f32(pr, 0) + vgetq_lane_f32(pr, 1);
+        base[i] = neon_dot_finish(lo, hi, NULL, NULL, n, n); /* no tail: n % 8 == 0 */
     }
 }
 
