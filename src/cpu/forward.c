@@ -18,6 +18,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,11 +63,11 @@ struct forward_ctx {
     float *bcx;     /* [rows][3 * n_embd] a short-convolution layer's B, C, x (lfm2) */
     float *acc;     /* [threads][acc_per_thread] attention scratch */
     size_t acc_stride;
-    int32_t tile_q;   /* queries per attention tile, at most */
-    att_tile *tiles;  /* [max_rows * n_head] one layer's attention tiles */
-    int64_t *tile_at; /* [max_rows * n_head] their costs summed up to each */
+    int32_t tile_q;  /* queries per attention tile, at most */
+    att_tile *tiles; /* [max_rows * n_head] one layer's attention tiles */
     int32_t n_tiles;
-    void *scratch; /* quantized activations for matmul */
+    _Atomic int32_t tile_next; /* the next tile a thread claims (task_attention) */
+    void *scratch;             /* quantized activations for matmul */
     int32_t *logit_rows;
     /* Each row's RoPE cos and sin for up to two (base, scale) pairs of one
      * step (a model's local and global layers), so the layers after the
@@ -195,7 +196,6 @@ void forward_free(forward_ctx *f) {
     free(f->logits);
     free(f->acc);
     free(f->tiles);
-    free(f->tile_at);
     free(f->scratch);
     free(f->logit_rows);
     free(f->router);
@@ -245,7 +245,6 @@ cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_
     f->acc = malloc(s.acc * sizeof(float));
     f->tile_q = tile_queries(m, kv->max_ctx);
     f->tiles = malloc((size_t)max_rows * (size_t)m->n_head * sizeof(att_tile));
-    f->tile_at = malloc((size_t)max_rows * (size_t)m->n_head * sizeof(int64_t));
     f->scratch = malloc(s.scratch ? s.scratch : 1);
     f->logit_rows = malloc((size_t)max_rows * sizeof(int32_t));
     f->rope_cs = malloc(s.rope * sizeof(float));
@@ -273,8 +272,8 @@ cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_
         if (!f->kv16 || !f->run_row || !f->run_base || !f->run_tmp || !f->run_seq) moe_ok = false;
     }
     if (!f->x || !f->xb || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2 || !f->logits ||
-        !f->acc || !f->tiles || !f->tile_at || !f->scratch || !f->logit_rows || !f->rope_cs ||
-        !f->rope_sn || !moe_ok) {
+        !f->acc || !f->tiles || !f->scratch || !f->logit_rows || !f->rope_cs || !f->rope_sn ||
+        !moe_ok) {
         forward_free(f);
         return err_set(err, CELLM_ERR_NO_MEMORY, "cannot allocate %zu bytes of activations",
                        forward_bytes(m, max_rows, max_logit_rows, tp_size(tp), kv->max_ctx));
@@ -436,15 +435,13 @@ static int32_t row_lo(const step *s, long r) {
 
 /* Cuts the step's attention into tiles: runs of up to tile_q / nh rows of
  * one sequence at consecutive positions (so that every position in the
- * tile's span is in the cache), times each KV head's query heads (nh of them at a time),
- * with their costs (visible keys, plus a little per row) summed up so that
- * the threads can split them by cost. */
+ * tile's span is in the cache), times each KV head's query heads (nh of
+ * them at a time). */
 static void plan_tiles(step *s) {
     forward_ctx *f = s->f;
     const model *m = f->m;
     int32_t group = m->n_head / m->n_head_kv, nh = group < f->tile_q ? group : f->tile_q;
     int32_t rows_per = f->tile_q / nh;
-    int64_t total = 0;
     f->n_tiles = 0;
     for (int32_t r0 = 0; r0 < s->n;) {
         int32_t nr = 1;
@@ -454,28 +451,13 @@ static void plan_tiles(step *s) {
                s->rows[r0 + nr].pos == s->rows[r0 + nr - 1].pos + 1 &&
                !(f->kv->recent && s->rows[r0 + nr].pos % KV_BLOCK_TOKENS == 0))
             nr++;
-        int64_t keys = 0;
-        for (int32_t r = r0; r < r0 + nr; r++) keys += s->rows[r].pos - row_lo(s, r) + 1 + 16;
         for (int32_t kvh = 0; kvh < m->n_head_kv; kvh++)
             for (int32_t h = kvh * group; h < (kvh + 1) * group; h += nh) {
                 int32_t k = (kvh + 1) * group - h < nh ? (kvh + 1) * group - h : nh;
-                f->tiles[f->n_tiles] = (att_tile){r0, nr, h, k};
-                total += keys * k;
-                f->tile_at[f->n_tiles++] = total;
+                f->tiles[f->n_tiles++] = (att_tile){r0, nr, h, k};
             }
         r0 += nr;
     }
-}
-
-/* The tiles thread ith of nth takes: those whose cost ends in its share. */
-static void split_tiles(const forward_ctx *f, int ith, int nth, long *b, long *e) {
-    int64_t total = f->n_tiles ? f->tile_at[f->n_tiles - 1] : 0;
-    int64_t from = total * ith / nth, to = total * (ith + 1) / nth;
-    long t = 0;
-    while (t < f->n_tiles && f->tile_at[t] <= from) t++;
-    *b = ith == 0 ? 0 : t;
-    while (t < f->n_tiles && f->tile_at[t] <= to) t++;
-    *e = ith == nth - 1 ? f->n_tiles : t;
 }
 
 /* A window type's f16 copy of position p's K of layer s->L (V: kd
@@ -763,12 +745,19 @@ static void save_recent(const step *s) {
                s->f->kv16 + (size_t)r * kv->tail_row, kv->tail_row * sizeof(uint16_t));
 }
 
+/* Each thread claims the next tile until none is left, the costliest
+ * first (plan_tiles' order backwards: a sequence's later rows see more
+ * keys), so a thread that gets through its tiles faster takes more of
+ * them; a tile's result does not depend on the thread that computes it. */
 static void task_attention(void *arg, int ith, int nth) {
     step *s = arg;
-    long b, e;
-    split_tiles(s->f, ith, nth, &b, &e);
-    for (long t = b; t < e; t++)
-        attend_tile(s, &s->f->tiles[t], s->f->acc + (size_t)ith * s->f->acc_stride);
+    forward_ctx *f = s->f;
+    (void)nth;
+    for (;;) {
+        int32_t t = atomic_fetch_add_explicit(&f->tile_next, 1, memory_order_relaxed);
+        if (t >= f->n_tiles) break;
+        attend_tile(s, &f->tiles[f->n_tiles - 1 - t], f->acc + (size_t)ith * f->acc_stride);
+    }
 }
 
 /* The residual of row r: x += y, after the layer's post-norm of y where it
@@ -1054,6 +1043,7 @@ static void run_layers(forward_ctx *f, const fwd_row *rows, const float *const *
             if (f->kv->calib) calib_rows(&s);
             if (f->kv->kformat == KV_FMT_C4) kblocks(f, &s);
             plan_tiles(&s);
+            atomic_store_explicit(&f->tile_next, 0, memory_order_relaxed); /* tp_run publishes */
             tp_run(f->tp, task_attention, &s);
             if (f->kv->recent) save_recent(&s);
             mm(f, &L->wo, f->att, n, f->hb);
