@@ -4,7 +4,6 @@
  */
 #include "cpu/matmul.h"
 
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -28,9 +27,6 @@ typedef struct mm_multi {
     mm_task t[MATMUL_MAX_MULTI];
     int n_t;
     long total; /* rows of all the weights */
-    bool tail;  /* a shared tail (dot_rows_multi) */
-    /* the next row of the shared tail, on a line of its own */
-    _Alignas(64) _Atomic long next;
 } mm_multi;
 
 static void quantize_rows(void *arg, int ith, int nth) {
@@ -133,48 +129,24 @@ static void dot_tile(const mm_task *t, long j0, long j1) {
     }
 }
 
-/* Rows [b, e) of the concatenated rows of every weight. */
-static void dot_rows_range(const mm_multi *mt, long b, long e) {
-    long base = 0;
+/* This thread's share of the concatenated rows of every weight. (Ranges
+ * taken from an atomic counter as each thread got through its last,
+ * guided self-scheduling, were tried: on x86 they moved the waiting in
+ * the profile of 8 sessions but not the tokens a second. So was the last
+ * 3/16 of the rows claimed 16 at a time where a tile has 4 or more
+ * activation rows (2026-12-07): the two threads' waiting fell from 10-14%
+ * of the samples to 3-7%, and 8 sessions lost 1-3% in alternating runs;
+ * a thread waiting at the end of a task leaves the other the memory
+ * bandwidth its tiles partly need.) */
+static void dot_rows_multi(void *arg, int ith, int nth) {
+    mm_multi *mt = arg;
+    long b, e, base = 0;
+    tp_split(mt->total, ith, nth, &b, &e);
     for (int i = 0; i < mt->n_t; base += (long)mt->t[i].n, i++) {
         const mm_task *t = &mt->t[i];
         long lo = b > base ? b - base : 0, hi = e - base < (long)t->n ? e - base : (long)t->n;
         for (long j0 = lo; j0 < hi; j0 += TILE_ROWS)
             dot_tile(t, j0, j0 + TILE_ROWS < hi ? j0 + TILE_ROWS : hi);
-    }
-}
-
-/* The rows a task splits statically, in sixteenths; the rest is claimed a
- * tile at a time (TAIL_ROWS), where a tile has at least TAIL_MIN_M
- * activation rows (with fewer, the rows stream from memory and are better
- * read in two long runs). */
-#define STATIC_SIXTEENTHS 13
-#define TAIL_ROWS 16
-#define TAIL_MIN_M 4
-
-/* The first part of the rows split evenly (each thread a contiguous range,
- * even-sized so that pairs of rows stay pairs), then the tail taken
- * TAIL_ROWS at a time from a shared counter by whichever thread is free:
- * a thread the machine slowed down does less of the tail instead of
- * making the others wait for it. (Taking every range from the counter,
- * guided self-scheduling, was tried before: it moved the waiting in the
- * profile of 8 sessions but not the tokens a second.) Each row's result is
- * the same whichever thread computes it. */
-static void dot_rows_multi(void *arg, int ith, int nth) {
-    mm_multi *mt = arg;
-    long b, e;
-    if (!mt->tail) {
-        tp_split(mt->total, ith, nth, &b, &e);
-        dot_rows_range(mt, b, e);
-        return;
-    }
-    long fixed = mt->total * STATIC_SIXTEENTHS / 16 / (2L * nth) * (2L * nth);
-    tp_split(fixed / 2, ith, nth, &b, &e);
-    dot_rows_range(mt, 2 * b, 2 * e);
-    for (;;) {
-        long r = atomic_fetch_add_explicit(&mt->next, TAIL_ROWS, memory_order_relaxed) + fixed;
-        if (r >= mt->total) break;
-        dot_rows_range(mt, r, r + TAIL_ROWS < mt->total ? r + TAIL_ROWS : mt->total);
     }
 }
 
@@ -208,7 +180,7 @@ static void quantize_input(threadpool *tp, mm_task *t) {
 
 void matmul(threadpool *tp, const void *w, uint32_t type, int64_t n, int64_t k, const float *x,
             int64_t m, float *y, void *scratch) {
-    mm_multi mt = {.n_t = 1, .total = (long)n, .tail = m >= TAIL_MIN_M};
+    mm_multi mt = {.n_t = 1, .total = (long)n};
     mt.t[0] = make_task(w, type, n, k, x, m, y, scratch);
     quantize_input(tp, &mt.t[0]);
     pad_input(&mt.t[0]);
@@ -236,7 +208,7 @@ void matmul_quantize_row(uint32_t type, int64_t k, const float *x, void *xq) {
 
 void matmul_multi(threadpool *tp, const matmul_job *jobs, int n_jobs, int64_t k, const float *x,
                   int64_t m, void *scratch, bool quantized) {
-    mm_multi mt = {.n_t = 0, .total = 0, .tail = m >= TAIL_MIN_M};
+    mm_multi mt = {.n_t = 0, .total = 0};
     if (!matmul_shares_input(jobs, n_jobs)) { /* one input format per call: each on its own */
         for (int i = 0; i < n_jobs; i++)
             matmul(tp, jobs[i].w, jobs[i].type, jobs[i].n, k, x, m, jobs[i].y, scratch);
