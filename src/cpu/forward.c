@@ -66,7 +66,6 @@ struct forward_ctx {
     int32_t tile_q;  /* queries per attention tile, at most */
     att_tile *tiles; /* [max_rows * n_head] one layer's attention tiles */
     int32_t n_tiles;
-    _Atomic int32_t tile_next; /* the next tile a thread claims (task_attention) */
     void *scratch;             /* quantized activations for matmul */
     int32_t *logit_rows;
     /* Each row's RoPE cos and sin for up to two (base, scale) pairs of one
@@ -86,6 +85,11 @@ struct forward_ctx {
     int32_t *run_row, *run_base;
     int32_t *run_tmp;       /* [rows] scratch: rows, then first slot, per sequence */
     const kv_seq **run_seq; /* [rows] scratch: the pass's sequences */
+    /* The next tile a thread claims (task_attention), last and after a
+     * cache line of padding: the threads' claims do not evict the fields
+     * above from each other's caches. */
+    char pad[64];
+    _Atomic int32_t tile_next;
 };
 
 static int32_t max_i32(int32_t a, int32_t b) {

@@ -135,9 +135,9 @@ static void dot_tile(const mm_task *t, long j0, long j1) {
  * the profile of 8 sessions but not the tokens a second. So was the last
  * 3/16 of the rows claimed 16 at a time where a tile has 4 or more
  * activation rows (2026-12-07): the two threads' waiting fell from 10-14%
- * of the samples to 3-7%, and 8 sessions lost 1-3% in alternating runs;
- * a thread waiting at the end of a task leaves the other the memory
- * bandwidth its tiles partly need.) */
+ * of the samples to 3-7%, and 8 sessions lost 1-3% in alternating runs,
+ * likely because a thread waiting at the end of a task leaves the other
+ * the memory bandwidth its tiles partly need.) */
 static void dot_rows_multi(void *arg, int ith, int nth) {
     mm_multi *mt = arg;
     long b, e, base = 0;
