@@ -66,7 +66,7 @@ struct forward_ctx {
     int32_t tile_q;  /* queries per attention tile, at most */
     att_tile *tiles; /* [max_rows * n_head] one layer's attention tiles */
     int32_t n_tiles;
-    void *scratch;             /* quantized activations for matmul */
+    void *scratch; /* quantized activations for matmul */
     int32_t *logit_rows;
     /* Each row's RoPE cos and sin for up to two (base, scale) pairs of one
      * step (a model's local and global layers), so the layers after the
