@@ -264,6 +264,19 @@ static void test_quantizers(void **state) {
                              ib);
                 }
             }
+            /* Short rows (a kernel may take several blocks at a time and
+             * the rest one by one), starting at the edge blocks. */
+            static const size_t short_rows[] = {1, 7, 9, 18};
+            for (size_t k = 0; info->block_size == QK8_0 && k < 4; k++) {
+                size_t n = short_rows[k] * QK8_0, bytes = n / QK8_0 * info->type_size;
+                memset(a, 0, bytes);
+                memset(b, 0xff, bytes);
+                c->ref(x, a, n);
+                c->simd(x, b, n);
+                if (memcmp(a, b, bytes) != 0)
+                    fail_msg("%s: round %d, a row of %zu blocks differs from the reference",
+                             c->name, round, short_rows[k]);
+            }
         }
     }
     print_message("%d quantizer variant(s) checked\n", ran);
