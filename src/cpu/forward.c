@@ -437,24 +437,74 @@ static int32_t row_lo(const step *s, long r) {
     return w > 0 && pos - w + 1 > 0 ? pos - w + 1 : 0;
 }
 
-/* Cuts the step's attention into tiles: runs of up to tile_q / nh rows of
- * one sequence at consecutive positions (so that every position in the
- * tile's span is in the cache), times each KV head's query heads (nh of
- * them at a time). */
+/* Rows r0.. of the step that one tile takes, at most rows_per: one
+ * sequence at consecutive positions (every position in the tile's span is
+ * then in the cache), inside one block for a window type (its queries then
+ * read the same positions in f16). */
+static int32_t tile_rows(const step *s, int32_t r0, int32_t rows_per) {
+    int32_t nr = 1;
+    while (nr < rows_per && r0 + nr < s->n && s->rows[r0 + nr].seq == s->rows[r0].seq &&
+           s->rows[r0 + nr].pos == s->rows[r0 + nr - 1].pos + 1 &&
+           !(s->f->kv->recent && s->rows[r0 + nr].pos % KV_BLOCK_TOKENS == 0))
+        nr++;
+    return nr;
+}
+
+/* The longest thread's work when the threads claim these tiles costliest
+ * first: `units` runs of a KV head's `group` query heads, cut into tiles
+ * of nh heads; a tile costs its heads plus one for reading and
+ * converting its keys and values (a guess; the same for every split). */
+static int32_t tiles_span(int32_t units, int32_t group, int32_t nh, int nth) {
+    int32_t load[64] = {0}, sizes[2] = {nh, group % nh}, counts[2] = {group / nh, 1};
+    int32_t most = 0;
+    for (int k = 0; k < 2; k++)
+        for (int32_t t = 0; sizes[k] > 0 && t < units * counts[k]; t++) {
+            int least = 0;
+            for (int i = 1; i < nth; i++)
+                if (load[i] < load[least]) least = i;
+            load[least] += sizes[k] + 1;
+            if (load[least] > most) most = load[least];
+        }
+    return most;
+}
+
+/* Query heads per tile: a KV head's group (up to tile_q). Where the step
+ * has too few tiles to keep the threads busy (decoding one row or a few,
+ * or a model with one KV head), the group is cut into tiles of fewer
+ * heads when that shortens the longest thread's work: the keys and values
+ * are then read once per tile, by the threads at the same time. Which
+ * tile a query is in does not change its bits. */
+static int32_t tile_heads(const step *s) {
+    const forward_ctx *f = s->f;
+    const model *m = f->m;
+    int32_t group = m->n_head / m->n_head_kv, nh = group < f->tile_q ? group : f->tile_q;
+    int nth = tp_threads(f->tp);
+    if (nth < 2 || nth > 64) return nh;
+    int32_t runs = 0, rows_per = f->tile_q / nh;
+    for (int32_t r0 = 0; r0 < s->n; runs++) r0 += tile_rows(s, r0, rows_per);
+    int32_t units = runs * m->n_head_kv;
+    if (units >= 2 * nth) return nh;
+    int32_t best = nh, span = tiles_span(units, group, nh, nth);
+    for (int32_t h = nh - 1; h >= 1; h--) {
+        int32_t sp = tiles_span(units, group, h, nth);
+        if (sp < span) {
+            span = sp;
+            best = h;
+        }
+    }
+    return best;
+}
+
+/* Cuts the step's attention into tiles: runs of rows (tile_rows), times
+ * each KV head's query heads, nh of them at a time (tile_heads). */
 static void plan_tiles(step *s) {
     forward_ctx *f = s->f;
     const model *m = f->m;
-    int32_t group = m->n_head / m->n_head_kv, nh = group < f->tile_q ? group : f->tile_q;
+    int32_t group = m->n_head / m->n_head_kv, nh = tile_heads(s);
     int32_t rows_per = f->tile_q / nh;
     f->n_tiles = 0;
     for (int32_t r0 = 0; r0 < s->n;) {
-        int32_t nr = 1;
-        /* A window type's tile stays inside one block: its queries then
-         * read the same positions in f16. */
-        while (nr < rows_per && r0 + nr < s->n && s->rows[r0 + nr].seq == s->rows[r0].seq &&
-               s->rows[r0 + nr].pos == s->rows[r0 + nr - 1].pos + 1 &&
-               !(f->kv->recent && s->rows[r0 + nr].pos % KV_BLOCK_TOKENS == 0))
-            nr++;
+        int32_t nr = tile_rows(s, r0, rows_per);
         for (int32_t kvh = 0; kvh < m->n_head_kv; kvh++)
             for (int32_t h = kvh * group; h < (kvh + 1) * group; h += nh) {
                 int32_t k = (kvh + 1) * group - h < nh ? (kvh + 1) * group - h : nh;
