@@ -41,13 +41,13 @@ def model_path(name):
     return os.path.join(home, "models", name + ".gguf")
 
 
-def run(args, binary=CELLM):
+def run(binary, args):
     return subprocess.run([binary] + args, capture_output=True, text=True, check=True).stdout
 
 
-def weights_by_type(model):
+def weights_by_type(binary, model):
     """Weights a decode step multiplies, by type, from inspect's MiB per type."""
-    out, w = run(["inspect", model]), {}
+    out, w = run(binary, ["inspect", model]), {}
     for m in re.finditer(r"^\s+(\w+)\s+\d+ tensors\s+([\d.]+) (KiB|MiB)", out, re.M):
         t, size, unit = m.group(1), float(m.group(2)), m.group(3)
         if t not in BLOCK:
@@ -59,8 +59,8 @@ def weights_by_type(model):
     return w
 
 
-def gf_m8(threads):
-    out, gf = run(["bench-kernels", "--threads", str(threads), "--reps", "5"]), {}
+def gf_m8(binary, threads):
+    out, gf = run(binary, ["bench-kernels", "--threads", str(threads), "--reps", "5"]), {}
     for line in out.splitlines():
         f = line.split()
         if len(f) >= 11 and f[0] in BLOCK and f[1] == str(threads):
@@ -69,8 +69,8 @@ def gf_m8(threads):
 
 
 def sessions_rate(binary, model, threads, n):
-    out = run(["bench", model, "-s", "8", "-n", str(n), "-t", str(threads), "--ignore-eos"],
-              binary)
+    out = run(binary, ["bench", model, "-s", "8", "-n", str(n), "-t", str(threads),
+                       "--ignore-eos"])
     for line in out.splitlines():
         f = line.split()
         if len(f) > 2 and f[0] == "8":
@@ -86,11 +86,9 @@ def main():
     ap.add_argument("--cellm", action="append", help="a cellm binary (repeatable)")
     ap.add_argument("model", nargs="?", default="smollm2-135m")
     a = ap.parse_args()
-    global CELLM
     bins = a.cellm or [CELLM]
-    CELLM = bins[0]
     model = model_path(a.model)
-    w = weights_by_type(model)
+    w = weights_by_type(bins[0], model)
     print("weights: " + ", ".join(f"{t} {v / 1e6:.1f} M" for t, v in w.items()))
     print("| round | cellm | GF m8 by type | roofline tok/s | 8 sessions tok/s | share |")
     print("| ---: | --- | --- | ---: | ---: | ---: |")
@@ -98,7 +96,7 @@ def main():
     rates = {b: [] for b in bins}
     roofs = []
     for i in range(a.rounds):
-        gf = gf_m8(a.threads)
+        gf = gf_m8(bins[0], a.threads)
         step_s = sum(2 * v * 8 / (gf[t] * 1e9) for t, v in w.items())
         roof = 8 / step_s
         roofs.append(roof)

@@ -480,9 +480,10 @@ static int32_t tile_heads(const step *s) {
     int32_t group = m->n_head / m->n_head_kv, nh = group < f->tile_q ? group : f->tile_q;
     int nth = tp_threads(f->tp);
     if (nth < 2 || nth > 64) return nh;
-    int32_t runs = 0, rows_per = f->tile_q / nh;
-    for (int32_t r0 = 0; r0 < s->n; runs++) r0 += tile_rows(s, r0, rows_per);
-    int32_t units = runs * m->n_head_kv;
+    /* the runs of rows, counted until there are enough for the threads */
+    int32_t units = 0, rows_per = f->tile_q / nh;
+    for (int32_t r0 = 0; r0 < s->n && units < 2 * nth; units += m->n_head_kv)
+        r0 += tile_rows(s, r0, rows_per);
     if (units >= 2 * nth) return nh;
     int32_t best = nh, span = tiles_span(units, group, nh, nth);
     for (int32_t h = nh - 1; h >= 1; h--) {
