@@ -181,8 +181,14 @@ void tp_run(threadpool *tp, tp_task_fn fn, void *arg) {
     tp->arg = arg;
     atomic_store_explicit(&tp->pending, nth - 1, memory_order_relaxed);
     tp->n_tasks++;
-    /* seq_cst: pairs with `sleepers` */
-    atomic_store(&tp->task, tp->n_tasks << TASK_NTH_BITS | (uint64_t)nth);
+    /* Published before `sleepers` is read, and a sleeper counts itself
+     * before it reads `task` (seq_cst on both sides), so either it sees
+     * the task or it is woken. The publication is an exchange, not a
+     * store: a store-release followed by a load-acquire is ordered on
+     * ARM, but qemu-user runs them as a plain store and load on an x86
+     * host, which may pass each other (a sleeping worker left asleep with
+     * the task pending: a hang); a read-modify-write orders both. */
+    atomic_exchange(&tp->task, tp->n_tasks << TASK_NTH_BITS | (uint64_t)nth);
     if (atomic_load(&tp->sleepers) > 0) {
         pthread_mutex_lock(&tp->lock);
         pthread_cond_broadcast(&tp->wake);
