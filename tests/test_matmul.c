@@ -132,7 +132,7 @@ static void check_multi(const uint32_t types[3]) {
                 jobs[i] = (matmul_job){.w = w[i], .type = types[i], .n = ns[i], .y = y[i]};
                 memset(y[i], 0xff, sizeof(float) * M * (size_t)ns[i]);
             }
-            matmul_multi(tp[t], jobs, 3, K, x, ms[mi], scratch, false);
+            matmul_multi(tp[t], jobs, 3, K, x, ms[mi], scratch, false, NULL);
             for (int i = 0; i < 3; i++)
                 assert_memory_equal(y[i], yref[i], sizeof(float) * (size_t)ms[mi] * (size_t)ns[i]);
             if (!matmul_shares_input(jobs, 3)) continue;
@@ -143,7 +143,12 @@ static void check_multi(const uint32_t types[3]) {
             for (int r = 0; r < ms[mi]; r++)
                 matmul_quantize_row(types[0], K, x + (size_t)r * K, (uint8_t *)scratch + r * rb);
             for (int i = 0; i < 3; i++) memset(y[i], 0xff, sizeof(float) * M * (size_t)ns[i]);
-            matmul_multi(tp[t], jobs, 3, K, NULL, ms[mi], scratch, true);
+            /* ... with memory to prefetch meanwhile (regions of odd
+             * lengths, one of a byte): a hint, the same bits. */
+            const char *pf_base[] = {(const char *)x, (const char *)w[0], (const char *)x + 4};
+            const size_t pf_len[] = {sizeof(float) * M * K, 1, 99};
+            const matmul_prefetch pf = {pf_base, pf_len, 3};
+            matmul_multi(tp[t], jobs, 3, K, NULL, ms[mi], scratch, true, &pf);
             for (int i = 0; i < 3; i++)
                 assert_memory_equal(y[i], yref[i], sizeof(float) * (size_t)ms[mi] * (size_t)ns[i]);
         }

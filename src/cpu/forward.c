@@ -928,9 +928,46 @@ static int mm_jobs(const weight *const *w, float *const *y, int nw, matmul_job j
  * with `quantized`, x's rows are in the scratch already (a row task did
  * it, where mm_fusable said it could). */
 static void mm_shared(forward_ctx *f, const weight *const *w, float *const *y, int nw,
-                      const float *x, int32_t rows, bool quantized) {
+                      const float *x, int32_t rows, bool quantized, const matmul_prefetch *pf) {
     matmul_job jobs[3];
-    matmul_multi(f->tp, jobs, mm_jobs(w, y, nw, jobs), w[0]->ne0, x, rows, f->scratch, quantized);
+    matmul_multi(f->tp, jobs, mm_jobs(w, y, nw, jobs), w[0]->ne0, x, rows, f->scratch, quantized,
+                 pf);
+}
+
+/* The K/V of layer s->L that the step's attention will read from the
+ * cache, as prefetch regions for the Q/K/V matmul before it: each
+ * sequence's blocks from its first row's window start up to that row's
+ * position (the layer's K rows, block metadata and V rows of a block are
+ * one run of layer_bytes). Only where the matmul has rows enough (4 or
+ * more) to compute more than it reads (a matrix-vector product is bound by
+ * memory already, and the prefetches would take its bandwidth), and the
+ * step decodes (at most 4 rows a sequence: a prefill's attention computes
+ * more than it reads, and its matmul's L2 is better left alone). At most
+ * KV_PREFETCH_BYTES a thread, about half an L2 (a long context's blocks
+ * beyond it are left to the attention). Decoding 8 sessions of SmolLM2,
+ * the attention's K/V loads were its largest stall (docs/benchmarks.md). */
+#define KV_PREFETCH_BYTES (512 * 1024)
+#define KV_PREFETCH_REGIONS 128
+static int kv_prefetch_regions(const step *s, const char **base, size_t *len, int max) {
+    const forward_ctx *f = s->f;
+    const kv_cache *kv = f->kv;
+    int32_t runs = 1;
+    for (int32_t r = 1; r < s->n; r++) runs += s->rows[r].seq != s->rows[r - 1].seq;
+    if (s->n < 4 || s->n > 4 * runs) return 0; /* a prefill: its attention computes more */
+    size_t layer_bytes = kv->groups[s->L->kv_group].layer_bytes,
+           budget = KV_PREFETCH_BYTES * (size_t)tp_threads(f->tp);
+    int nr = 0;
+    for (int32_t r = 0; r < s->n; r++) {
+        if (r > 0 && s->rows[r].seq == s->rows[r - 1].seq) continue; /* later rows of a run */
+        for (int32_t p = row_lo(s, r) / KV_BLOCK_TOKENS * KV_BLOCK_TOKENS; p < s->rows[r].pos;
+             p += KV_BLOCK_TOKENS) {
+            if (nr == max || budget < layer_bytes) return nr;
+            base[nr] = kv_k(kv, s->rows[r].seq, s->L->kv_group, s->L->kv_index, p);
+            len[nr++] = layer_bytes;
+            budget -= layer_bytes;
+        }
+    }
+    return nr;
 }
 
 /* Whether the row task before a matmul of these weights may quantize its
@@ -1008,7 +1045,7 @@ static void moe(forward_ctx *f, step *s) {
         weight g = model_expert(&L->gate_exps, ne, e), u = model_expert(&L->up_exps, ne, e),
                dn = model_expert(&L->down_exps, ne, e);
         mm_shared(f, (const weight *const[]){&g, &u}, (float *const[]){f->hb2, f->hb}, 2, f->xg,
-                  cnt, false);
+                  cnt, false, NULL);
         step se = *s;
         se.n = cnt;
         se.ff = m->n_ff_exp;
@@ -1092,7 +1129,11 @@ static void run_layers(forward_ctx *f, const fwd_row *rows, const float *const *
         if (L->is_conv) {
             conv_block(f, &s);
         } else {
-            mm_shared(f, qkv, (float *const[]){f->q, f->k, f->v}, 3, f->xb, n, s.quant);
+            const char *pf_base[KV_PREFETCH_REGIONS];
+            size_t pf_len[KV_PREFETCH_REGIONS];
+            matmul_prefetch pf = {pf_base, pf_len,
+                                  kv_prefetch_regions(&s, pf_base, pf_len, KV_PREFETCH_REGIONS)};
+            mm_shared(f, qkv, (float *const[]){f->q, f->k, f->v}, 3, f->xb, n, s.quant, &pf);
             rope_slot(f, &s);
             run_rows(f, task_qk, &s);
             if (f->kv->calib) calib_rows(&s);
@@ -1111,11 +1152,11 @@ static void run_layers(forward_ctx *f, const fwd_row *rows, const float *const *
         if (L->ffn_gate_inp.data) {
             moe(f, &s);
         } else {
-            mm_shared(f, gu, (float *const[]){f->hb2, f->hb}, 2, f->xb, n, s.quant);
+            mm_shared(f, gu, (float *const[]){f->hb2, f->hb}, 2, f->xb, n, s.quant, NULL);
             s.quant = &L->w_down;
             run_rows(f, task_act, &s);
             mm_shared(f, (const weight *const[]){&L->w_down}, (float *const[]){f->hb}, 1, f->hb2, n,
-                      true);
+                      true, NULL);
         }
     }
     if (end > 0) { /* the last MLP residual */

@@ -27,6 +27,7 @@ typedef struct mm_multi {
     mm_task t[MATMUL_MAX_MULTI];
     int n_t;
     long total; /* rows of all the weights */
+    const matmul_prefetch *pf;
 } mm_multi;
 
 static void quantize_rows(void *arg, int ith, int nth) {
@@ -142,11 +143,29 @@ static void dot_rows_multi(void *arg, int ith, int nth) {
     mm_multi *mt = arg;
     long b, e, base = 0;
     tp_split(mt->total, ith, nth, &b, &e);
+    /* This thread's prefetch regions [ri, re), `per` bytes before each tile. */
+    long ri = 0, re = 0;
+    size_t off = 0, per = 0;
+    if (mt->pf && mt->pf->n > 0) {
+        tp_split(mt->pf->n, ith, nth, &ri, &re);
+        size_t bytes = 0;
+        for (long r = ri; r < re; r++) bytes += mt->pf->len[r];
+        long tiles = (e - b) / TILE_ROWS + mt->n_t; /* at least this thread's tiles */
+        per = (bytes / (size_t)tiles + 63) & ~(size_t)63;
+    }
     for (int i = 0; i < mt->n_t; base += (long)mt->t[i].n, i++) {
         const mm_task *t = &mt->t[i];
         long lo = b > base ? b - base : 0, hi = e - base < (long)t->n ? e - base : (long)t->n;
-        for (long j0 = lo; j0 < hi; j0 += TILE_ROWS)
+        for (long j0 = lo; j0 < hi; j0 += TILE_ROWS) {
+            for (size_t done = 0; done < per && ri < re; done += 64) {
+                __builtin_prefetch(mt->pf->base[ri] + off, 0, 2); /* to L2 */
+                if ((off += 64) >= mt->pf->len[ri]) {
+                    off = 0;
+                    ri++;
+                }
+            }
             dot_tile(t, j0, j0 + TILE_ROWS < hi ? j0 + TILE_ROWS : hi);
+        }
     }
 }
 
@@ -207,8 +226,8 @@ void matmul_quantize_row(uint32_t type, int64_t k, const float *x, void *xq) {
 }
 
 void matmul_multi(threadpool *tp, const matmul_job *jobs, int n_jobs, int64_t k, const float *x,
-                  int64_t m, void *scratch, bool quantized) {
-    mm_multi mt = {.n_t = 0, .total = 0};
+                  int64_t m, void *scratch, bool quantized, const matmul_prefetch *pf) {
+    mm_multi mt = {.n_t = 0, .total = 0, .pf = pf};
     if (!matmul_shares_input(jobs, n_jobs)) { /* one input format per call: each on its own */
         for (int i = 0; i < n_jobs; i++)
             matmul(tp, jobs[i].w, jobs[i].type, jobs[i].n, k, x, m, jobs[i].y, scratch);

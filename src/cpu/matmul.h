@@ -50,6 +50,18 @@ typedef struct matmul_job {
 
 #define MATMUL_MAX_MULTI 4
 
+/* Memory that the task after a matmul will read (the attention's K and V),
+ * in n regions: each thread prefetches its share of the regions (split as
+ * tp_split splits them) into its L2, a slice after each tile of weight
+ * rows, so that the loads ride on a matmul that computes more than it
+ * reads (several activation rows) instead of stalling the task after it.
+ * A hint only: the results do not change. */
+typedef struct matmul_prefetch {
+    const char *const *base;
+    const size_t *len;
+    int n;
+} matmul_prefetch;
+
 /* matmul() of up to MATMUL_MAX_MULTI weights on the same input x[m][k]
  * (Q, K and V; gate and up): x is quantized once and all their rows are
  * one parallel task, so two hand-offs between threads instead of two per
@@ -59,9 +71,9 @@ typedef struct matmul_job {
  * `quantized`, the caller has already put x's rows into scratch in the
  * weights' input format (matmul_quantize_row, rows matmul_input_row_bytes
  * apart), which it may do only where matmul_shares_input holds; x is read
- * only where it does not. */
+ * only where it does not. `pf` (or NULL): memory to prefetch meanwhile. */
 void matmul_multi(threadpool *tp, const matmul_job *jobs, int n_jobs, int64_t k, const float *x,
-                  int64_t m, void *scratch, bool quantized);
+                  int64_t m, void *scratch, bool quantized, const matmul_prefetch *pf);
 
 /* Whether matmul_multi quantizes its input once for all of `jobs`. */
 bool matmul_shares_input(const matmul_job *jobs, int n_jobs);

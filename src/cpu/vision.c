@@ -382,7 +382,7 @@ cellm_status vision_encode(const vision_model *vm, threadpool *tp, const float *
             matmul_job jobs[3] = {{ly->q->data, ly->q->type, D, q},
                                   {ly->k->data, ly->k->type, D, k},
                                   {ly->v->data, ly->v->type, D, v}};
-            matmul_multi(tp, jobs, 3, D, h, N, scratch, false);
+            matmul_multi(tp, jobs, 3, D, h, N, scratch, false, NULL);
             add_bias(q, N, D, ly->q_b);
             add_bias(k, N, D, ly->k_b);
             add_bias(v, N, D, ly->v_b);
