@@ -817,15 +817,28 @@ static void task_attention(void *arg, int ith, int nth) {
 
 /* The residual of row r: x += y, after the layer's post-norm of y where it
  * has one. */
+/* x[i] += y[i] * scale (scale 1: x[i] += y[i]), the same operations one
+ * element at a time; eight at a time in the source so that -O2 makes
+ * vector adds of them (x and y do not overlap). */
+static void add_scaled(float *restrict x, const float *restrict y, float scale, int32_t n) {
+    int32_t i = 0;
+    if (scale != 1.0f) {
+        for (; i + 8 <= n; i += 8)
+            for (int32_t j = 0; j < 8; j++) x[i + j] += y[i + j] * scale;
+        for (; i < n; i++) x[i] += y[i] * scale;
+    } else {
+        for (; i + 8 <= n; i += 8)
+            for (int32_t j = 0; j < 8; j++) x[i + j] += y[i + j];
+        for (; i < n; i++) x[i] += y[i];
+    }
+}
+
 static void residual_row(const step *s, long r, float *y, const weight *post) {
     const model *m = s->f->m;
     float *x = s->f->x + r * m->n_embd;
     float *yr = y + r * m->n_embd;
     if (post->data) rmsnorm(yr, yr, post->data, m->n_embd, m->norm_eps); /* in place */
-    if (m->residual_scale != 1.0f)
-        for (int32_t i = 0; i < m->n_embd; i++) x[i] += yr[i] * m->residual_scale;
-    else
-        for (int32_t i = 0; i < m->n_embd; i++) x[i] += yr[i];
+    add_scaled(x, yr, m->residual_scale, m->n_embd);
 }
 
 /* Row r of `x` (k wide) into the matmul scratch as the input of s->quant. */
