@@ -163,6 +163,8 @@ static const quant_case quant_cases[] = {
     {"avx2 A8", QT_A8, ref_quantize_a8, avx2_quantize_a8, avx2_cpu_supported},
     {"avx2 A8S", QT_A8S, ref_quantize_a8s, avx2_quantize_a8s, avx2_cpu_supported},
     {"avx2 Q8_K", QT_Q8_K, ref_quantize_q8_k, avx2_quantize_q8_k, avx2_cpu_supported},
+    {"avx512 A8", QT_A8, ref_quantize_a8, avx512_quantize_a8, avx512_cpu_supported},
+    {"avx512 A8S", QT_A8S, ref_quantize_a8s, avx512_quantize_a8s, avx512_cpu_supported},
 #endif
 #if defined(__aarch64__)
     {"neon A8", QT_A8, ref_quantize_a8, neon_quantize_a8, have_neon},

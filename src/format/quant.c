@@ -131,6 +131,8 @@ static void select_kernels(void) {
 #define SET_DOT512(T, name)                                                                        \
     (t[T].vec_dot = avx512_vec_dot_##name, t[T].dot4_y = avx512_dot4_y_##name,                     \
      t[T].dot8_y = avx512_dot8_y_##name, t[T].dot8_y_x2 = avx512_dot8_y_x2_##name)
+            t[QT_A8].from_float = avx512_quantize_a8;
+            t[QT_A8S].from_float = avx512_quantize_a8s;
             SET_DOT512(QT_Q4_0, q4_0_a8);
             SET_DOT512(QT_Q4_1, q4_1_a8s);
             SET_DOT512(QT_Q5_0, q5_0_a8);

@@ -119,6 +119,8 @@ void avx2_dot4_y_q6_k_q8_k(size_t n, const void *x, size_t xs, const void *y, si
 /* ---- x86-64 AVX-512 F/BW/VL + VNNI (x86_avx512.c) ---- */
 /* True when this CPU (and OS) runs the avx512_* kernels; implies AVX2. */
 bool avx512_cpu_supported(void);
+void avx512_quantize_a8(const float *src, void *dst, size_t n);
+void avx512_quantize_a8s(const float *src, void *dst, size_t n);
 /* Bit-identical to the avx2_ kernels of the same name; dot8_y_x2 is
  * dot8_y on two weight rows (x and x + xs), out[i * os + w]. */
 #define CELLM_AVX512_DOT(name)                                                                     \

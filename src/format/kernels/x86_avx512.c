@@ -38,6 +38,66 @@ bool avx512_cpu_supported(void) {
            __builtin_cpu_supports("avx512vnni");
 }
 
+/* ---- the activation quantizers ---- */
+
+/* round_clamp(v, -127, 127) of ref.c, sixteen at a time: avx2's
+ * round_clamp_127 in 512-bit registers (clamp, NaN to -127; truncate and
+ * round up from a fraction of 0.5 on, away from zero). The sign bit by
+ * integer logic (AVX-512F has no float and/or). */
+AVX512 static inline __m512i round_clamp_127_512(__m512 v) {
+    v = _mm512_max_ps(v, _mm512_set1_ps(-127.0f)); /* max(NaN, lo) = lo */
+    v = _mm512_min_ps(v, _mm512_set1_ps(127.0f));
+    const __m512i bits = _mm512_castps_si512(v), sign = _mm512_set1_epi32((int)0x80000000u);
+    const __m512 a = _mm512_abs_ps(v);
+    __m512 t = _mm512_roundscale_ps(a, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __mmask16 up = _mm512_cmp_ps_mask(_mm512_sub_ps(a, t), _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    t = _mm512_mask_add_ps(t, up, t, _mm512_set1_ps(1.0f));
+    return _mm512_cvtps_epi32(
+        _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), _mm512_and_si512(bits, sign))));
+}
+
+/* x86_avx2.c's f16_round (F16C's rounding of a quantizer's scale or sum,
+ * the reference's bits). */
+AVX512 static inline float f16_round(float x) {
+    return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
+}
+
+/* A8 or A8S rows (with_sum), a block in two registers: the largest |x|
+ * (NaN passed over, as fmaxf does: max keeps its second operand), the
+ * codes narrowed by VPMOVSDB (they are within -127..127 already), the
+ * scale and sum rounded to F16 by F16C (f16_round). The bytes of
+ * ref_quantize_a8 and ref_quantize_a8s (test_kernels_simd). */
+AVX512 static inline __attribute__((always_inline)) void
+quantize_a8_row_512(const float *src, void *dst, size_t nb, bool with_sum) {
+    float *ds = dst, *ss = (float *)dst + nb;
+    int8_t *qs = (int8_t *)dst + (with_sum ? 8 : 4) * nb;
+    for (size_t ib = 0; ib < nb; ib++, src += QK8_0, qs += QK8_0) {
+        const __m512 v0 = _mm512_loadu_ps(src), v1 = _mm512_loadu_ps(src + 16);
+        __m512 m = _mm512_max_ps(_mm512_abs_ps(v0), _mm512_setzero_ps());
+        m = _mm512_max_ps(_mm512_abs_ps(v1), m);
+        const float d = _mm512_reduce_max_ps(m) / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const __m512 vid = _mm512_set1_ps(id);
+        const __m512i i0 = round_clamp_127_512(_mm512_mul_ps(v0, vid)),
+                      i1 = round_clamp_127_512(_mm512_mul_ps(v1, vid));
+        ds[ib] = f16_round(d);
+        if (with_sum)
+            ss[ib] = f16_round(d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1)));
+        _mm_storeu_si128((__m128i *)qs, _mm512_cvtsepi32_epi8(i0));
+        _mm_storeu_si128((__m128i *)(qs + 16), _mm512_cvtsepi32_epi8(i1));
+    }
+}
+
+AVX512 void avx512_quantize_a8(const float *src, void *dst, size_t n) {
+    assert(n % QK8_0 == 0);
+    quantize_a8_row_512(src, dst, n / QK8_0, false);
+}
+
+AVX512 void avx512_quantize_a8s(const float *src, void *dst, size_t n) {
+    assert(n % QK8_0 == 0);
+    quantize_a8_row_512(src, dst, n / QK8_0, true);
+}
+
 /* sum of x * y over each group of four bytes for the tail's one block:
  * x unsigned (q4_1) or, for the signed kinds, |x| against y negated where
  * x < 0 — the products of dot_i8x32, summed exactly. */
