@@ -292,6 +292,21 @@ GENERIC_TILES(ref, q5_0, ref_dot_q5_0, ref_dot4_q5_0, ref_axpy_rows_q5_0)
 GENERIC_TILES(ref, q3_0, ref_dot_q3_0, ref_dot4_q3_0, ref_axpy_rows_q3_0)
 GENERIC_TILES(ref, c4, ref_dot_c4, ref_dot4_c4, ref_axpy_rows_c4)
 
+/* sum[i] += s[i][p] for p < common, each query's sum in index order, the
+ * G sums side by side. */
+static inline __attribute__((always_inline)) void softmax_sums(float *const *s, int32_t common,
+                                                               const int G, double *sum) {
+    double a[8];
+    const float *r[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < G; i++) a[i] = sum[i], r[i] = s[i];
+    for (int32_t p = 0; p < common; p++)
+#pragma GCC unroll 8
+        for (int i = 0; i < G; i++) a[i] += r[i][p];
+#pragma GCC unroll 8
+    for (int i = 0; i < G; i++) sum[i] = a[i];
+}
+
 /* The softmax of attn_kernels, with a variant's exp (expn: x[i] =
  * xm_expf(x[i] - mx), bit for bit), max (scale_max: x[i] *= scale, and the
  * largest x[i], -inf when none is larger) and f16 rounding. The double sums
@@ -321,8 +336,19 @@ softmax_with(float *const *s, const int32_t *n, size_t nq, float scale, float so
         int32_t common = n[i0];
         for (size_t i = 1; i < g; i++)
             if (n[i0 + i] < common) common = n[i0 + i];
-        for (int32_t p = 0; p < common; p++)
-            for (size_t i = 0; i < g; i++) sum[i] += s[i0 + i][p];
+        switch (g) { /* a count known here, so the sums stay in registers */
+#define SOFTMAX_SUMS(G)                                                                            \
+    case G: softmax_sums(s + i0, common, G, sum); break;
+            SOFTMAX_SUMS(1)
+            SOFTMAX_SUMS(2)
+            SOFTMAX_SUMS(3)
+            SOFTMAX_SUMS(4)
+            SOFTMAX_SUMS(5)
+            SOFTMAX_SUMS(6)
+            SOFTMAX_SUMS(7)
+            SOFTMAX_SUMS(8)
+#undef SOFTMAX_SUMS
+        }
         for (size_t i = 0; i < g; i++) {
             for (int32_t p = common; p < n[i0 + i]; p++) sum[i] += s[i0 + i][p];
             round_f16(s[i0 + i], s[i0 + i], (float)(1.0 / sum[i]), (size_t)n[i0 + i]);
@@ -1074,7 +1100,12 @@ AVX512_ATTR static void avx512_scale_round_f16(float *out, const float *x, float
         const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), sv);
         _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)));
     }
-    avx2_scale_round_f16(out + i, x + i, s, n - i);
+    if (i < n) { /* the rest under a mask */
+        const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), sv);
+        _mm512_mask_storeu_ps(out + i, k,
+                              _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)));
+    }
 }
 
 AVX512_ATTR static float avx512_dot_f16(const float *q, const uint16_t *k, size_t n) {
@@ -1309,11 +1340,13 @@ AVX512_ATTR static float avx512_scale_max(float *x, size_t n, float scale) {
         _mm512_storeu_ps(x + i, v);
         m = _mm512_max_ps(v, m);
     }
-    float l[16], mx = avx2_scale_max(x + i, n - i, scale);
-    _mm512_storeu_ps(l, m);
-    for (int j = 0; j < 16; j++)
-        if (l[j] > mx) mx = l[j];
-    return mx;
+    if (i < n) { /* the rest under a mask (the maximum of a set: any order) */
+        const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), sv);
+        _mm512_mask_storeu_ps(x + i, k, v);
+        m = _mm512_mask_max_ps(m, k, v, m);
+    }
+    return _mm512_reduce_max_ps(m);
 }
 
 /* xm_expf of eight floats, in xmath.h's operations on eight doubles. */
@@ -1352,7 +1385,11 @@ AVX512_ATTR static void avx512_expn(float *x, size_t n, float mx) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(x + i, avx512_exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv)));
-    avx2_expn(x + i, n - i, mx);
+    if (i < n) { /* the rest under a mask: each lane is xm_expf of its own */
+        const __mmask8 k = (__mmask8)((1u << (n - i)) - 1);
+        _mm256_mask_storeu_ps(x + i, k,
+                              avx512_exp8(_mm256_sub_ps(_mm256_maskz_loadu_ps(k, x + i), mv)));
+    }
 }
 
 /* Eight at a time around avx512_exp8. */
