@@ -288,6 +288,10 @@ cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_
 
 /* ------------------------------------------------------------ row kernels */
 
+/* Four floats as one vector (GCC's vector extension): +, -, * on it are
+ * the same operations, lane by lane, as on each float. */
+typedef float fv4 __attribute__((vector_size(16)));
+
 /* out = x / rms(x) * w, over n elements, for nr <= 4 rows `stride` floats
  * apart (out may be x): each row's sum of squares in its own double, in
  * order, so a row's bits do not depend on the others; four rows' sums
@@ -304,7 +308,20 @@ static void rmsnorm_rows(float *out, const float *x, size_t stride, int nr, cons
     }
     for (int r = 0; r < nr; r++) {
         float scale = 1.0f / sqrtf((float)(ss[r] / n) + eps);
-        for (int32_t i = 0; i < n; i++) out[r * stride + i] = x[r * stride + i] * scale * w[i];
+        float *o = out + r * stride;
+        const float *xr = x + r * stride;
+        int32_t i = 0;
+        /* (x * scale) * w, four at a time (o may be xr: each group is read
+         * before it is written) */
+        const fv4 sv = {scale, scale, scale, scale};
+        for (; i + 4 <= n; i += 4) {
+            fv4 xv, wv;
+            memcpy(&xv, xr + i, sizeof xv);
+            memcpy(&wv, w + i, sizeof wv);
+            xv = xv * sv * wv;
+            memcpy(o + i, &xv, sizeof xv);
+        }
+        for (; i < n; i++) o[i] = xr[i] * scale * w[i];
     }
 }
 
@@ -312,24 +329,22 @@ static void rmsnorm(float *out, const float *x, const float *w, int32_t n, float
     rmsnorm_rows(out, x, 0, 1, w, n, eps);
 }
 
-/* Rotates the first rope_dim dimensions of one head. */
-/* Pairs (h[a], h[b]) turned by (cs[i], sn[i]): a = i, b = i + half (NEOX)
- * or a = 2i, b = 2i + 1. Four pairs at a time as vectors (NEOX: GCC's
- * vector type; the adjacent pairs: written four at a time for -O2's SLP
- * vectorizer), each element through the same multiplies and add or
- * subtract as one at a time. */
-typedef float rope_v4 __attribute__((vector_size(16)));
+/* Rotates the first rope_dim dimensions of one head: pairs (h[a], h[b])
+ * turned by (cs[i], sn[i]), a = i, b = i + half (NEOX) or a = 2i, b =
+ * 2i + 1. Four pairs at a time as vectors (NEOX: fv4; the adjacent pairs:
+ * written four at a time for -O2's SLP vectorizer), each element through
+ * the same multiplies and add or subtract as one at a time. */
 static void rope_head(const model *m, float *restrict h, const float *restrict cs,
                       const float *restrict sn) {
     int32_t half = m->rope_dim / 2, i = 0;
     if (m->rope == ROPE_NEOX) {
         for (; i + 4 <= half; i += 4) {
-            rope_v4 x0, x1, c, s;
+            fv4 x0, x1, c, s;
             memcpy(&x0, h + i, sizeof x0);
             memcpy(&x1, h + half + i, sizeof x1);
             memcpy(&c, cs + i, sizeof c);
             memcpy(&s, sn + i, sizeof s);
-            const rope_v4 a = x0 * c - x1 * s, b = x0 * s + x1 * c;
+            const fv4 a = x0 * c - x1 * s, b = x0 * s + x1 * c;
             memcpy(h + i, &a, sizeof a);
             memcpy(h + half + i, &b, sizeof b);
         }
