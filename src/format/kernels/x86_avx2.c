@@ -60,14 +60,6 @@ AVX2 static inline __m256i round_clamp_127(__m256 v) {
     return _mm256_cvtps_epi32(_mm256_or_ps(t, sign));
 }
 
-/* fp16_to_fp32(fp32_to_fp16(x)) by F16C, for what the quantizers round:
- * the same bits for every float but a signalling NaN (F16C quiets it),
- * which arithmetic does not make (d = max |x| / 127 is never a NaN; d *
- * sum is one only as inf * 0, a quiet NaN). */
-AVX2 static inline float f16_round(float x) {
-    return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
-}
-
 /* A8 or A8S rows (with_sum): each block's codes and F16-rounded scale
  * (and sum); same bytes as the reference. */
 AVX2 static inline __attribute__((always_inline)) void quantize_a8_row(const float *src, void *dst,

@@ -56,12 +56,6 @@ AVX512 static inline __m512i round_clamp_127_512(__m512 v) {
         _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), _mm512_and_si512(bits, sign))));
 }
 
-/* x86_avx2.c's f16_round (F16C's rounding of a quantizer's scale or sum,
- * the reference's bits). */
-AVX512 static inline float f16_round(float x) {
-    return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
-}
-
 /* A8 or A8S rows (with_sum), a block in two registers: the largest |x|
  * (NaN passed over, as fmaxf does: max keeps its second operand), the
  * codes narrowed by VPMOVSDB (they are within -127..127 already), the

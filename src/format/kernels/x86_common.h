@@ -30,6 +30,14 @@ static inline void prefetch_ahead(const void *p, size_t extra) {
     __builtin_prefetch((const void *)((uintptr_t)p + PREFETCH_AHEAD + extra), 0, 3);
 }
 
+/* fp16_to_fp32(fp32_to_fp16(x)) by F16C, for what the quantizers round:
+ * the same bits for every float but a signalling NaN (F16C quiets it),
+ * which arithmetic does not make (d = max |x| / 127 is never a NaN; d *
+ * sum is one only as inf * 0, a quiet NaN). */
+AVX2 static inline float f16_round(float x) {
+    return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
+}
+
 AVX2 static inline float hsum_f32x8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
