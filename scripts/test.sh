@@ -148,7 +148,10 @@ run_python_tests() {
 # prefix cache, server, speculation, memory), test_commands and the Python
 # end-to-end tests are left to the native runs (their code is the same C
 # on every CPU, and qemu on an x86 host runs threads with x86's memory
-# order, so it cannot show what ARM's weaker order would); every other test
+# order, so it cannot show what ARM's weaker order would; it is weaker
+# than ARM in one place, a store-release then a load-acquire, which it lets
+# pass each other: src/base/threadpool.c publishes its tasks with a
+# read-modify-write for that); every other test
 # runs whole, but for test_sampler_plain (the sampler's portable C, the
 # same on every CPU). The kernel-level tests run again on a Cortex-A53
 # (plain NEON, no SDOT; the sampler's vector code uses no SDOT). The arm64
