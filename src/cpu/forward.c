@@ -859,8 +859,6 @@ static void task_attention(void *arg, int ith, int nth) {
     }
 }
 
-/* The residual of row r: x += y, after the layer's post-norm of y where it
- * has one. */
 /* x[i] += y[i] * scale (scale 1: x[i] += y[i]), the same operations one
  * element at a time; eight at a time in the source so that -O2 makes
  * vector adds of them (x and y do not overlap). */
@@ -877,6 +875,8 @@ static void add_scaled(float *restrict x, const float *restrict y, float scale, 
     }
 }
 
+/* The residual of row r: x += y, after the layer's post-norm of y where it
+ * has one. */
 static void residual_row(const step *s, long r, float *y, const weight *post) {
     const model *m = s->f->m;
     float *x = s->f->x + r * m->n_embd;

@@ -150,7 +150,7 @@ static void dot_rows_multi(void *arg, int ith, int nth) {
         tp_split(mt->pf->n, ith, nth, &ri, &re);
         size_t bytes = 0;
         for (long r = ri; r < re; r++) bytes += mt->pf->len[r];
-        long tiles = (e - b) / TILE_ROWS + mt->n_t; /* at least this thread's tiles */
+        long tiles = (e - b) / TILE_ROWS + mt->n_t; /* this thread's tiles, or a few more */
         per = (bytes / (size_t)tiles + 63) & ~(size_t)63;
     }
     for (int i = 0; i < mt->n_t; base += (long)mt->t[i].n, i++) {
