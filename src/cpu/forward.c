@@ -1008,9 +1008,10 @@ static void mm_shared(forward_ctx *f, const weight *const *w, float *const *y, i
 static int kv_prefetch_regions(const step *s, const char **base, size_t *len, int max) {
     const forward_ctx *f = s->f;
     const kv_cache *kv = f->kv;
+    if (s->n < 4) return 0;
     int32_t runs = 1;
     for (int32_t r = 1; r < s->n; r++) runs += s->rows[r].seq != s->rows[r - 1].seq;
-    if (s->n < 4 || s->n > 4 * runs) return 0; /* a prefill: its attention computes more */
+    if (s->n > 4 * runs) return 0; /* a prefill: its attention computes more */
     size_t layer_bytes = kv->groups[s->L->kv_group].layer_bytes,
            budget = KV_PREFETCH_BYTES * (size_t)tp_threads(f->tp);
     int nr = 0;
