@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <stdatomic.h>
 #include <time.h>
 
 #include <cmocka.h>
@@ -114,11 +115,94 @@ static void test_split(void **st) {
         }
 }
 
+/* Spans: each thread takes its own span's items from the front (runs of
+ * half or one at a time), then the others' from their back; thread
+ * `slow` starts only once another has taken from its span (or after 20 s,
+ * and the test fails). */
+typedef struct span_job {
+    tp_span span[TP_SPAN_MAX];
+    long n;
+    _Atomic int *taken; /* per item: the times taken */
+    int *by;            /* per item: the thread that took it */
+    bool half;
+    int slow;
+    long own[TP_SPAN_MAX]; /* items a thread took from its own span */
+    long first[TP_SPAN_MAX], last[TP_SPAN_MAX];
+} span_job;
+
+static void span_task(void *arg, int ith, int nth) {
+    span_job *j = arg;
+    if (ith == j->slow && nth > 1) {
+        uint64_t start = (uint64_t)j->first[ith] << 32 | (uint64_t)j->last[ith];
+        for (int k = 0; k < 20000 && atomic_load(&j->span[ith].fb) == start; k++)
+            nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    long lo, hi, prev = -1;
+    j->own[ith] = 0;
+    while (tp_span_take(&j->span[ith], false, j->half, &lo, &hi)) {
+        assert_true(lo >= j->first[ith] && hi <= j->last[ith] && lo < hi && lo > prev);
+        prev = hi - 1;
+        for (long i = lo; i < hi; i++) {
+            atomic_fetch_add(&j->taken[i], 1);
+            j->by[i] = ith;
+        }
+        j->own[ith] += hi - lo;
+    }
+    for (int d = 1; d < nth; d++) {
+        int v = (ith + d) % nth;
+        while (tp_span_take(&j->span[v], true, j->half, &lo, &hi)) {
+            assert_true(lo >= j->first[v] && hi <= j->last[v] && lo < hi);
+            for (long i = lo; i < hi; i++) {
+                atomic_fetch_add(&j->taken[i], 1);
+                j->by[i] = ith;
+            }
+        }
+    }
+}
+
+static void test_spans(void **st) {
+    (void)st;
+    enum { N = 3001 };
+    static _Atomic int taken[N];
+    static int by[N];
+    for (int threads = 1; threads <= 4; threads++) {
+        threadpool *tp;
+        assert_int_equal(tp_create(threads, &tp, NULL), CELLM_OK);
+        for (int round = 0; round < 8; round++) {
+            span_job j = {.n = N, .taken = taken, .by = by, .half = round % 2, .slow = -1};
+            if (round >= 4) j.slow = round % threads;
+            /* uneven spans: thread i gets a share growing with i, the
+             * last thread what is left (round 2: all in thread 0's) */
+            long at = 0;
+            for (int i = 0; i < threads; i++) {
+                long len = round == 2 ? (i == 0 ? N : 0) : N * (i + 1) / (threads * threads);
+                if (i == threads - 1 || at + len > N) len = N - at;
+                j.first[i] = at;
+                j.last[i] = at + len;
+                tp_span_set(&j.span[i], at, at + len);
+                at += len;
+            }
+            for (long i = 0; i < N; i++) atomic_store(&taken[i], 0);
+            tp_run(tp, span_task, &j);
+            for (long i = 0; i < N; i++) assert_int_equal(atomic_load(&taken[i]), 1);
+            if (j.slow >= 0 && threads > 1) {
+                /* the late thread's span went partly to the others */
+                long others = 0;
+                for (long i = j.first[j.slow]; i < j.last[j.slow]; i++) others += by[i] != j.slow;
+                assert_true(others > 0);
+                assert_int_equal(others + j.own[j.slow], j.last[j.slow] - j.first[j.slow]);
+            }
+        }
+        tp_destroy(tp);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_runs_every_share),
         cmocka_unit_test(test_threads_in_use),
         cmocka_unit_test(test_split),
+        cmocka_unit_test(test_spans),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,6 +15,10 @@
 #ifndef CELLM_THREADPOOL_H
 #define CELLM_THREADPOOL_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
 #include "base/util.h"
 
 typedef struct threadpool threadpool;
@@ -40,6 +44,42 @@ static inline void tp_split(long n, int ith, int nth, long *begin, long *end) {
     long base = n / nth, extra = n % nth;
     *begin = ith * base + (ith < extra ? ith : extra);
     *end = *begin + base + (ith < extra ? 1 : 0);
+}
+
+/* Spans: a task's items split into one contiguous share per thread, which
+ * its thread takes from the front and the others, once out of their own,
+ * from the back, so the threads finish together whichever ran slower (a
+ * thread woken late, a core the host lent elsewhere for a while) while
+ * each keeps to its own items where it can (the memory it streams in
+ * order, or what it prefetched). Items must give the same results
+ * whichever thread takes them. For pools of up to TP_SPAN_MAX threads. */
+#define TP_SPAN_MAX 16
+
+typedef struct tp_span {
+    _Alignas(64) _Atomic uint64_t fb; /* [front, back): front in the high half */
+} tp_span;
+
+/* Sets span s to items [lo, hi) (before tp_run publishes the task). */
+static inline void tp_span_set(tp_span *s, long lo, long hi) {
+    atomic_store_explicit(&s->fb, (uint64_t)lo << 32 | (uint64_t)hi, memory_order_relaxed);
+}
+
+/* Takes items [*lo, *hi) of span s, from its back or front: half of those
+ * left (at least one) with `half`, else one. False when none is left. */
+static inline bool tp_span_take(tp_span *s, bool back, bool half, long *lo, long *hi) {
+    uint64_t v = atomic_load_explicit(&s->fb, memory_order_relaxed);
+    for (;;) {
+        uint32_t f = (uint32_t)(v >> 32), b = (uint32_t)v;
+        if (f >= b) return false;
+        uint32_t c = half ? (b - f + 1) / 2 : 1;
+        uint64_t nv = back ? v - c : v + ((uint64_t)c << 32);
+        if (atomic_compare_exchange_weak_explicit(&s->fb, &v, nv, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *lo = back ? (long)(b - c) : (long)f;
+            *hi = back ? (long)b : (long)(f + c);
+            return true;
+        }
+    }
 }
 
 #endif /* CELLM_THREADPOOL_H */

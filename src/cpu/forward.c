@@ -67,7 +67,6 @@ struct forward_ctx {
     att_tile *tiles; /* [max_rows * n_head] one layer's attention tiles */
     int32_t n_tiles;
     void *scratch; /* quantized activations for matmul */
-    int32_t *logit_rows;
     /* Each row's RoPE cos and sin for up to two (base, scale) pairs of one
      * step (a model's local and global layers), so the layers after the
      * first of a pair reuse them: [2][rows][rope_dim / 2] each. */
@@ -90,6 +89,14 @@ struct forward_ctx {
      * above from each other's caches. */
     char pad[64];
     _Atomic int32_t tile_next;
+    /* Decoding with the K/V prefetched: each row's first prefetch region
+     * ([rows], kv_prefetch_regions), and the threads' spans of the tiles
+     * (att_spans) in span_mem, aligned to a cache line; att_nth is the
+     * threads they are for, 0 while the tiles are claimed by tile_next. */
+    int32_t *pf_row;
+    int att_nth;
+    tp_span *att_span;
+    char span_mem[(TP_SPAN_MAX + 1) * sizeof(tp_span)];
 };
 
 static int32_t max_i32(int32_t a, int32_t b) {
@@ -201,7 +208,7 @@ void forward_free(forward_ctx *f) {
     free(f->acc);
     free(f->tiles);
     free(f->scratch);
-    free(f->logit_rows);
+    free(f->pf_row);
     free(f->router);
     free(f->sel);
     free(f->sel_w);
@@ -235,6 +242,8 @@ cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_
     f->ak = attn_kernels_get();
     f->max_rows = max_rows;
     f->max_logit_rows = max_logit_rows;
+    f->att_span = (tp_span *)(((uintptr_t)f->span_mem + sizeof(tp_span) - 1) &
+                              ~(uintptr_t)(sizeof(tp_span) - 1));
     fwd_sizes s = sizes_for(m, max_rows, max_logit_rows, tp_size(tp), kv->max_ctx);
     f->acc_stride = acc_per_thread(m, kv->max_ctx);
     f->x = malloc(s.x * sizeof(float));
@@ -250,7 +259,7 @@ cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_
     f->tile_q = tile_queries(m, kv->max_ctx);
     f->tiles = malloc((size_t)max_rows * (size_t)m->n_head * sizeof(att_tile));
     f->scratch = malloc(s.scratch ? s.scratch : 1);
-    f->logit_rows = malloc((size_t)max_rows * sizeof(int32_t));
+    f->pf_row = malloc((size_t)max_rows * sizeof(int32_t));
     f->rope_cs = malloc(s.rope * sizeof(float));
     f->rope_sn = malloc(s.rope * sizeof(float));
     bool moe_ok = true;
@@ -276,7 +285,7 @@ cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_
         if (!f->kv16 || !f->run_row || !f->run_base || !f->run_tmp || !f->run_seq) moe_ok = false;
     }
     if (!f->x || !f->xb || !f->q || !f->k || !f->v || !f->att || !f->hb || !f->hb2 || !f->logits ||
-        !f->acc || !f->tiles || !f->scratch || !f->logit_rows || !f->rope_cs || !f->rope_sn ||
+        !f->acc || !f->tiles || !f->scratch || !f->pf_row || !f->rope_cs || !f->rope_sn ||
         !moe_ok) {
         forward_free(f);
         return err_set(err, CELLM_ERR_NO_MEMORY, "cannot allocate %zu bytes of activations",
@@ -851,11 +860,20 @@ static void save_recent(const step *s) {
 static void task_attention(void *arg, int ith, int nth) {
     step *s = arg;
     forward_ctx *f = s->f;
-    (void)nth;
+    float *acc = f->acc + (size_t)ith * f->acc_stride;
+    if (f->att_nth == nth) { /* spans (att_spans) */
+        long t, end;
+        while (tp_span_take(&f->att_span[ith], false, false, &t, &end))
+            attend_tile(s, &f->tiles[t], acc);
+        for (int d = 1; d < nth; d++)
+            while (tp_span_take(&f->att_span[(ith + d) % nth], true, false, &t, &end))
+                attend_tile(s, &f->tiles[t], acc);
+        return;
+    }
     for (;;) {
         int32_t t = atomic_fetch_add_explicit(&f->tile_next, 1, memory_order_relaxed);
         if (t >= f->n_tiles) break;
-        attend_tile(s, &f->tiles[f->n_tiles - 1 - t], f->acc + (size_t)ith * f->acc_stride);
+        attend_tile(s, &f->tiles[f->n_tiles - 1 - t], acc);
     }
 }
 
@@ -1016,16 +1034,40 @@ static int kv_prefetch_regions(const step *s, const char **base, size_t *len, in
            budget = KV_PREFETCH_BYTES * (size_t)tp_threads(f->tp);
     int nr = 0;
     for (int32_t r = 0; r < s->n; r++) {
-        if (r > 0 && s->rows[r].seq == s->rows[r - 1].seq) continue; /* later rows of a run */
-        for (int32_t p = row_lo(s, r) / KV_BLOCK_TOKENS * KV_BLOCK_TOKENS; p < s->rows[r].pos;
-             p += KV_BLOCK_TOKENS) {
-            if (nr == max || budget < layer_bytes) return nr;
+        f->pf_row[r] = nr;
+        if (r > 0 && s->rows[r].seq == s->rows[r - 1].seq) { /* later rows of a run */
+            f->pf_row[r] = f->pf_row[r - 1];
+            continue;
+        }
+        for (int32_t p = row_lo(s, r) / KV_BLOCK_TOKENS * KV_BLOCK_TOKENS;
+             p < s->rows[r].pos && nr < max && budget >= layer_bytes; p += KV_BLOCK_TOKENS) {
             base[nr] = kv_k(kv, s->rows[r].seq, s->L->kv_group, s->L->kv_index, p);
             len[nr++] = layer_bytes;
             budget -= layer_bytes;
         }
     }
     return nr;
+}
+
+/* The threads' spans of the layer's tiles where its Q/K/V matmul
+ * prefetched the K/V (n_regions of kv_prefetch_regions, split over the
+ * threads as matmul splits them): a thread's span is the tiles of the
+ * rows whose first region it prefetched, so its attention reads what its
+ * own L2 holds (the rows past the prefetch budget go to the last thread);
+ * the others take from its back once out of their own. (One counter for
+ * all the tiles gave each thread half of its tiles' K/V from the other
+ * core's cache.) Else att_nth 0: task_attention's shared counter. */
+static void att_spans(step *s, int n_regions) {
+    forward_ctx *f = s->f;
+    int nth = tp_threads(f->tp);
+    f->att_nth = n_regions > 0 && nth > 1 && nth <= TP_SPAN_MAX ? nth : 0;
+    for (int i = 0, t = 0; i < f->att_nth; i++) {
+        long rb, re;
+        tp_split(n_regions, i, nth, &rb, &re);
+        int t0 = t;
+        while (t < f->n_tiles && (i == nth - 1 || f->pf_row[f->tiles[t].r0] < re)) t++;
+        tp_span_set(&f->att_span[i], t0, t);
+    }
 }
 
 /* Whether the row task before a matmul of these weights may quantize its
@@ -1197,6 +1239,7 @@ static void run_layers(forward_ctx *f, const fwd_row *rows, const float *const *
             if (f->kv->calib) calib_rows(&s);
             if (f->kv->kformat == KV_FMT_C4) kblocks(f, &s);
             plan_tiles(&s);
+            att_spans(&s, pf.n);
             atomic_store_explicit(&f->tile_next, 0, memory_order_relaxed); /* tp_run publishes */
             tp_run(f->tp, task_attention, &s);
             if (f->kv->recent) save_recent(&s);

@@ -2,9 +2,10 @@
  * matmul.h — y = x·Wᵀ for a quantized weight matrix W (n rows of k
  * elements, any type with a vec_dot in the type table) and m activation
  * rows x (f32). The activation rows are quantized once to W's vec_dot_type,
- * then each thread takes a contiguous range of W's rows and, for each small
- * tile of them, runs every activation row over the tile while it is in
- * cache, so one read of the weights serves the whole batch.
+ * then each thread takes a contiguous range of W's rows (its tp_span of
+ * 16-row tiles; a thread out of its own takes runs from the back of
+ * another's) and, for each tile, runs every activation row over it while
+ * it is in cache, so one read of the weights serves the whole batch.
  *
  * Every y[r][j] is one vec_dot call on row r alone: a row's result is
  * bit-identical whatever m is and however many threads run.
@@ -53,7 +54,7 @@ typedef struct matmul_job {
 /* Memory that the task after a matmul will read (the attention's K and V),
  * in n regions: each thread prefetches its share of the regions (split as
  * tp_split splits them) into its L2, a slice before each tile of weight
- * rows, so that the loads ride on a matmul that computes more than it
+ * rows it takes, so that the loads ride on a matmul that computes more than it
  * reads (several activation rows) instead of stalling the task after it.
  * A hint only: the results do not change. */
 typedef struct matmul_prefetch {
