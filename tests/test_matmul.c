@@ -139,9 +139,18 @@ static void check_multi(const uint32_t types[3]) {
             /* The rows quantized by the caller, one at a time, and no x:
              * the same bits. */
             size_t rb = matmul_input_row_bytes(types[0], K);
+            assert_int_equal(rb % 64, 0);
             memset(scratch, 0xa5, scratch_bytes);
-            for (int r = 0; r < ms[mi]; r++)
-                matmul_quantize_row(types[0], K, x + (size_t)r * K, (uint8_t *)scratch + r * rb);
+            for (int r = 0; r < ms[mi]; r++) {
+                uint8_t *row = matmul_input_row(types[0], K, scratch, r);
+                assert_ptr_equal(row,
+                                 (uint8_t *)matmul_input_row(types[0], K, scratch, 0) + r * rb);
+                /* A8 and A8S codes (after 4 or 8 bytes a block) on a cache line */
+                uint32_t xt = quant_type_get(types[0])->vec_dot_type;
+                if (xt == QT_A8 || xt == QT_A8S)
+                    assert_int_equal(((uintptr_t)row + (xt == QT_A8 ? 4 : 8) * (K / 32)) % 64, 0);
+                matmul_quantize_row(types[0], K, x + (size_t)r * K, row);
+            }
             for (int i = 0; i < 3; i++) memset(y[i], 0xff, sizeof(float) * M * (size_t)ns[i]);
             /* ... with memory to prefetch meanwhile (regions of odd
              * lengths, one of a byte): a hint, the same bits. */

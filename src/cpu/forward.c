@@ -906,8 +906,7 @@ static void residual_row(const step *s, long r, float *y, const weight *post) {
 /* Row r of `x` (k wide) into the matmul scratch as the input of s->quant. */
 static void quantize_row(const step *s, long r, const float *x, int32_t k) {
     const weight *w = s->quant;
-    size_t rb = matmul_input_row_bytes(w->type, k);
-    matmul_quantize_row(w->type, k, x + r * k, (uint8_t *)s->f->scratch + (size_t)r * rb);
+    matmul_quantize_row(w->type, k, x + r * k, matmul_input_row(w->type, k, s->f->scratch, r));
 }
 
 /* The steps between two matmuls that work row by row (see step): one

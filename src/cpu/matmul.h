@@ -79,12 +79,15 @@ void matmul_multi(threadpool *tp, const matmul_job *jobs, int n_jobs, int64_t k,
 /* Whether matmul_multi quantizes its input once for all of `jobs`. */
 bool matmul_shares_input(const matmul_job *jobs, int n_jobs);
 
-/* Bytes of one activation row of k elements in the input format of a
- * weight of `type`, and that row quantized: what matmul does with each
- * row of x, so a caller that produces the rows one by one (a norm, an
- * activation) can quantize each as it is made and save matmul a pass and
- * a hand-off between threads. */
+/* Where matmul keeps activation row r of k elements, quantized to the
+ * input format of a weight of `type`, in `scratch`: matmul_input_row(...,
+ * 0) plus r times matmul_input_row_bytes (rows padded to whole cache
+ * lines, placed so that each row's int8 codes start on one); and that row
+ * quantized: what matmul does with each row of x, so a caller that
+ * produces the rows one by one (a norm, an activation) can quantize each
+ * as it is made and save matmul a pass and a hand-off between threads. */
 size_t matmul_input_row_bytes(uint32_t type, int64_t k);
+void *matmul_input_row(uint32_t type, int64_t k, void *scratch, int64_t r);
 void matmul_quantize_row(uint32_t type, int64_t k, const float *x, void *xq);
 
 /* Dequantizes row `row` of a matrix of `type` with `k` elements per row. */
