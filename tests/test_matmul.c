@@ -157,6 +157,12 @@ static void check_multi(const uint32_t types[3]) {
             const char *pf_base[] = {(const char *)x, (const char *)w[0], (const char *)x + 4};
             const size_t pf_len[] = {sizeof(float) * M * K, 1, 99};
             const matmul_prefetch pf = {pf_base, pf_len, 3};
+            /* ... and each thread's first weight rows prefetched before,
+             * for more threads than tiles too, and more bytes than the
+             * weights hold: a hint, the same bits. */
+            for (int nth = 1; nth <= 9; nth += 4)
+                for (int ith = 0; ith < nth; ith++)
+                    matmul_prefetch_start(jobs, 3, K, ith, nth, ith % 2 ? 64 : 1 << 20);
             matmul_multi(tp[t], jobs, 3, K, NULL, ms[mi], scratch, true, &pf);
             for (int i = 0; i < 3; i++)
                 assert_memory_equal(y[i], yref[i], sizeof(float) * (size_t)ms[mi] * (size_t)ns[i]);

@@ -411,9 +411,35 @@ typedef struct step {
      * matmul scratch as the input of `quant` where set. task_act quantizes
      * its hb2 rows for `quant` where set. */
     const weight *res_post, *norm, *quant;
+    /* The matmul after the task: its weights, whose first rows each
+     * thread prefetches (prefetch_next), or n_next 0. */
+    const weight *next[3];
+    int n_next;
     int rope_slot;  /* task_qk's slot of the RoPE tables */
     bool rope_fill; /* ... which it fills first (a new base and scale) */
 } step;
+
+/* The start of each thread's share of the next matmul's weights,
+ * prefetched into L2 at the start of the task before it (the norms, the
+ * activation, the attention), so the weight stream does not begin with
+ * misses: decoding 8 sessions of SmolLM2, a thread's first tile of a
+ * matmul took 3.2 times as long as its tenth, its second 1.6 times (the
+ * kernels prefetch 8 KiB ahead of the rows they read, so the first 8 KiB
+ * come from memory on demand). 8 KiB: +2.0% (32 of 40 alternating
+ * rounds); 4 and 16 KiB did no better (0.993, 0.996 against it); 32-256
+ * KiB at the end of the tasks had lost 1% (docs/benchmarks.md). Only
+ * where the task runs on the pool's threads, which split the matmul the
+ * same way. */
+#define NEXT_PREFETCH_BYTES (8 * 1024)
+
+static void prefetch_next(const step *s, int ith, int nth) {
+    if (s->n_next == 0 || nth != tp_threads(s->f->tp)) return;
+    matmul_job jobs[3];
+    for (int i = 0; i < s->n_next; i++)
+        jobs[i] =
+            (matmul_job){.w = s->next[i]->data, .type = s->next[i]->type, .n = s->next[i]->ne1};
+    matmul_prefetch_start(jobs, s->n_next, s->next[0]->ne0, ith, nth, NEXT_PREFETCH_BYTES);
+}
 
 static void add_bias(float *x, const float *b, int32_t n) {
     for (int32_t i = 0; i < n; i++) x[i] += b[i];
@@ -861,6 +887,7 @@ static void task_attention(void *arg, int ith, int nth) {
     step *s = arg;
     forward_ctx *f = s->f;
     float *acc = f->acc + (size_t)ith * f->acc_stride;
+    prefetch_next(s, ith, nth);
     if (f->att_nth == nth) { /* spans (att_spans) */
         long t, end;
         while (tp_span_take(&f->att_span[ith], false, false, &t, &end))
@@ -913,6 +940,7 @@ static void quantize_row(const step *s, long r, const float *x, int32_t k) {
  * hand-off between the threads for all of them. */
 static void task_rows(void *arg, int ith, int nth) {
     step *s = arg;
+    prefetch_next(s, ith, nth);
     const model *m = s->f->m;
     int32_t d = m->n_embd;
     long b, e;
@@ -931,6 +959,7 @@ static void task_rows(void *arg, int ith, int nth) {
 /* hb2 = act(gate) * up, with gate in hb2 and up in hb, rows of s->ff. */
 static void task_act(void *arg, int ith, int nth) {
     step *s = arg;
+    prefetch_next(s, ith, nth);
     const model *m = s->f->m;
     int32_t ff = s->ff;
     long b, e;
@@ -1212,7 +1241,7 @@ static void run_layers(forward_ctx *f, const fwd_row *rows, const float *const *
         if (m->emb_scale != 1.0f)
             for (int32_t i = 0; i < d; i++) f->x[(size_t)r * d + i] *= m->emb_scale;
     }
-    step s = {f, rows, n, NULL, 0, m->n_ff, NULL, NULL, NULL, 0, false};
+    step s = {.f = f, .rows = rows, .n = n, .ff = m->n_ff};
     f->rope_valid[0] = f->rope_valid[1] = false;
     if (f->kv->recent) map_runs(f, rows, n);
     for (int32_t il = 0; il < end; il++) {
@@ -1224,6 +1253,8 @@ static void run_layers(forward_ctx *f, const fwd_row *rows, const float *const *
         s.quant = L->is_conv ? NULL : mm_fusable(qkv, 3);
         s.L = L;
         s.il = il;
+        s.n_next = L->is_conv ? 0 : 3;
+        memcpy(s.next, qkv, sizeof qkv);
         run_rows(f, task_rows, &s);
         if (L->is_conv) {
             conv_block(f, &s);
@@ -1239,6 +1270,8 @@ static void run_layers(forward_ctx *f, const fwd_row *rows, const float *const *
             if (f->kv->kformat == KV_FMT_C4) kblocks(f, &s);
             plan_tiles(&s);
             att_spans(&s, pf.n);
+            s.next[0] = &L->wo;
+            s.n_next = 1;
             atomic_store_explicit(&f->tile_next, 0, memory_order_relaxed); /* tp_run publishes */
             tp_run(f->tp, task_attention, &s);
             if (f->kv->recent) save_recent(&s);
@@ -1248,12 +1281,16 @@ static void run_layers(forward_ctx *f, const fwd_row *rows, const float *const *
         s.res_post = &L->post_attn_norm;
         s.norm = &L->ffn_norm;
         s.quant = L->ffn_gate_inp.data ? NULL : mm_fusable(gu, 2);
+        s.n_next = L->ffn_gate_inp.data ? 0 : 2;
+        memcpy(s.next, gu, sizeof gu);
         run_rows(f, task_rows, &s);
         if (L->ffn_gate_inp.data) {
             moe(f, &s);
         } else {
             mm_shared(f, gu, (float *const[]){f->hb2, f->hb}, 2, f->xb, n, s.quant, NULL);
             s.quant = &L->w_down;
+            s.next[0] = &L->w_down;
+            s.n_next = 1;
             run_rows(f, task_act, &s);
             mm_shared(f, (const weight *const[]){&L->w_down}, (float *const[]){f->hb}, 1, f->hb2, n,
                       true, NULL);
@@ -1262,6 +1299,7 @@ static void run_layers(forward_ctx *f, const fwd_row *rows, const float *const *
     if (end > 0) { /* the last MLP residual */
         s.res_post = &m->layers[end - 1].post_ffn_norm;
         s.norm = s.quant = NULL;
+        s.n_next = 0;
         run_rows(f, task_rows, &s);
     }
 }

@@ -275,6 +275,26 @@ void matmul(threadpool *tp, const void *w, uint32_t type, int64_t n, int64_t k, 
     tp_run(tp, dot_rows_multi, &mt);
 }
 
+void matmul_prefetch_start(const matmul_job *jobs, int n_jobs, int64_t k, int ith, int nth,
+                           size_t bytes) {
+    long tiles = 0, lo, hi;
+    for (int i = 0; i < n_jobs; i++) tiles += ((long)jobs[i].n + TILE_ROWS - 1) / TILE_ROWS;
+    tp_split(tiles, ith, nth, &lo, &hi);
+    for (int i = 0; i < n_jobs && lo < hi; i++) {
+        long t = ((long)jobs[i].n + TILE_ROWS - 1) / TILE_ROWS;
+        if (lo >= t) {
+            lo -= t;
+            continue;
+        }
+        uint64_t row;
+        if (!quant_nbytes(jobs[i].type, (uint64_t)k, &row)) return;
+        size_t len = ((size_t)jobs[i].n - (size_t)lo * TILE_ROWS) * (size_t)row;
+        const char *p = (const char *)jobs[i].w + (size_t)lo * TILE_ROWS * (size_t)row;
+        for (size_t o = 0; o < bytes && o < len; o += 64) __builtin_prefetch(p + o, 0, 2);
+        return;
+    }
+}
+
 bool matmul_shares_input(const matmul_job *jobs, int n_jobs) {
     bool shared = n_jobs <= MATMUL_MAX_MULTI;
     for (int i = 0; i < n_jobs && shared; i++)

@@ -76,6 +76,14 @@ typedef struct matmul_prefetch {
 void matmul_multi(threadpool *tp, const matmul_job *jobs, int n_jobs, int64_t k, const float *x,
                   int64_t m, void *scratch, bool quantized, const matmul_prefetch *pf);
 
+/* Prefetches into L2 the first `bytes` (at most the rest of that weight)
+ * of the weight rows that thread ith of nth starts a matmul_multi of
+ * `jobs` (k columns) with, or a matmul of one: the front of its span,
+ * where its weight stream starts and the kernels' own prefetching ahead
+ * has not begun. For the task before the matmul; a hint only. */
+void matmul_prefetch_start(const matmul_job *jobs, int n_jobs, int64_t k, int ith, int nth,
+                           size_t bytes);
+
 /* Whether matmul_multi quantizes its input once for all of `jobs`. */
 bool matmul_shares_input(const matmul_job *jobs, int n_jobs);
 
