@@ -432,12 +432,17 @@ typedef struct step {
  * same way. */
 #define NEXT_PREFETCH_BYTES (8 * 1024)
 
+/* The matmul jobs of weights w (outputs y). */
+static int mm_jobs(const weight *const *w, float *const *y, int nw, matmul_job jobs[3]) {
+    for (int i = 0; i < nw; i++)
+        jobs[i] = (matmul_job){.w = w[i]->data, .type = w[i]->type, .n = w[i]->ne1, .y = y[i]};
+    return nw;
+}
+
 static void prefetch_next(const step *s, int ith, int nth) {
     if (s->n_next == 0 || nth != tp_threads(s->f->tp)) return;
     matmul_job jobs[3];
-    for (int i = 0; i < s->n_next; i++)
-        jobs[i] =
-            (matmul_job){.w = s->next[i]->data, .type = s->next[i]->type, .n = s->next[i]->ne1};
+    mm_jobs(s->next, (float *const[]){NULL, NULL, NULL}, s->n_next, jobs);
     matmul_prefetch_start(jobs, s->n_next, s->next[0]->ne0, ith, nth, NEXT_PREFETCH_BYTES);
 }
 
@@ -1020,12 +1025,6 @@ static void mm(forward_ctx *f, const weight *w, const float *x, int32_t rows, fl
     matmul(f->tp, w->data, w->type, w->ne1, w->ne0, x, rows, y, f->scratch);
 }
 
-static int mm_jobs(const weight *const *w, float *const *y, int nw, matmul_job jobs[3]) {
-    for (int i = 0; i < nw; i++)
-        jobs[i] = (matmul_job){.w = w[i]->data, .type = w[i]->type, .n = w[i]->ne1, .y = y[i]};
-    return nw;
-}
-
 /* One to three weights on the same input (mm() on each gives the same
  * bits): one quantization of x, one parallel task for all their rows;
  * with `quantized`, x's rows are in the scratch already (a row task did
@@ -1048,7 +1047,9 @@ static void mm_shared(forward_ctx *f, const weight *const *w, float *const *y, i
  * more than it reads, and its matmul's L2 is better left alone). At most
  * KV_PREFETCH_BYTES a thread, about half an L2 (a long context's blocks
  * beyond it are left to the attention). Decoding 8 sessions of SmolLM2,
- * the attention's K/V loads were its largest stall (docs/benchmarks.md). */
+ * the attention's K/V loads were its largest stall (docs/benchmarks.md).
+ * Each row's first region (the count before its blocks, for those past
+ * the budget the count of all) goes to f->pf_row, for att_spans. */
 #define KV_PREFETCH_BYTES (512 * 1024)
 #define KV_PREFETCH_REGIONS 128
 static int kv_prefetch_regions(const step *s, const char **base, size_t *len, int max) {
@@ -1062,11 +1063,9 @@ static int kv_prefetch_regions(const step *s, const char **base, size_t *len, in
            budget = KV_PREFETCH_BYTES * (size_t)tp_threads(f->tp);
     int nr = 0;
     for (int32_t r = 0; r < s->n; r++) {
-        f->pf_row[r] = nr;
-        if (r > 0 && s->rows[r].seq == s->rows[r - 1].seq) { /* later rows of a run */
-            f->pf_row[r] = f->pf_row[r - 1];
-            continue;
-        }
+        bool later = r > 0 && s->rows[r].seq == s->rows[r - 1].seq; /* in a run: its first's */
+        f->pf_row[r] = later ? f->pf_row[r - 1] : nr;
+        if (later) continue;
         for (int32_t p = row_lo(s, r) / KV_BLOCK_TOKENS * KV_BLOCK_TOKENS;
              p < s->rows[r].pos && nr < max && budget >= layer_bytes; p += KV_BLOCK_TOKENS) {
             base[nr] = kv_k(kv, s->rows[r].seq, s->L->kv_group, s->L->kv_index, p);

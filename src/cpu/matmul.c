@@ -250,12 +250,16 @@ static void quantize_input(threadpool *tp, mm_task *t) {
         tp_run(tp, quantize_rows, t);
 }
 
+/* Tiles of a weight of n rows. */
+static long weight_tiles(int64_t n) {
+    return ((long)n + TILE_ROWS - 1) / TILE_ROWS;
+}
+
 /* The tile numbering of mt's weights, and each thread's span of it for
  * the pool's threads (the even split each starts from). */
 static void plan_spans(mm_multi *mt, const threadpool *tp) {
     mt->tile0[0] = 0;
-    for (int i = 0; i < mt->n_t; i++)
-        mt->tile0[i + 1] = mt->tile0[i] + ((long)mt->t[i].n + TILE_ROWS - 1) / TILE_ROWS;
+    for (int i = 0; i < mt->n_t; i++) mt->tile0[i + 1] = mt->tile0[i] + weight_tiles(mt->t[i].n);
     int nth = tp_threads(tp);
     mt->nth = nth > 1 && nth <= TP_SPAN_MAX ? nth : 0;
     for (int i = 0; i < mt->nth; i++) {
@@ -278,10 +282,10 @@ void matmul(threadpool *tp, const void *w, uint32_t type, int64_t n, int64_t k, 
 void matmul_prefetch_start(const matmul_job *jobs, int n_jobs, int64_t k, int ith, int nth,
                            size_t bytes) {
     long tiles = 0, lo, hi;
-    for (int i = 0; i < n_jobs; i++) tiles += ((long)jobs[i].n + TILE_ROWS - 1) / TILE_ROWS;
-    tp_split(tiles, ith, nth, &lo, &hi);
+    for (int i = 0; i < n_jobs; i++) tiles += weight_tiles(jobs[i].n);
+    tp_split(tiles, ith, nth, &lo, &hi); /* as plan_spans numbers and splits them */
     for (int i = 0; i < n_jobs && lo < hi; i++) {
-        long t = ((long)jobs[i].n + TILE_ROWS - 1) / TILE_ROWS;
+        long t = weight_tiles(jobs[i].n);
         if (lo >= t) {
             lo -= t;
             continue;

@@ -54,9 +54,9 @@ typedef struct matmul_job {
 /* Memory that the task after a matmul will read (the attention's K and V),
  * in n regions: each thread prefetches its share of the regions (split as
  * tp_split splits them) into its L2, a slice before each tile of weight
- * rows it takes, so that the loads ride on a matmul that computes more than it
- * reads (several activation rows) instead of stalling the task after it.
- * A hint only: the results do not change. */
+ * rows it takes, so that the loads ride on a matmul that computes more
+ * than it reads (several activation rows) instead of stalling the task
+ * after it. A hint only: the results do not change. */
 typedef struct matmul_prefetch {
     const char *const *base;
     const size_t *len;
