@@ -324,7 +324,7 @@ static void test_vec_dots(void **state) {
 }
 
 /* The table's tiles (dot4_y and dot8_y: four and eight activation rows;
- * dot8_y_x2: two weight rows by eight activation rows) return exactly what
+ * dot8_y_x2: pairs of weight rows by eight activation rows) return exactly what
  * its vec_dot returns for each pair: the batch invariance of matmul rests
  * on this. */
 static void test_dot4_tiles(void **state) {
@@ -350,14 +350,19 @@ static void test_dot4_tiles(void **state) {
             }
             float out[16];
             if (info->dot8_y_x2) {
-                float wide[8 * 3]; /* an output stride of 3: the third column untouched */
-                for (int i = 0; i < 8 * 3; i++) wide[i] = -7.0f;
-                info->dot8_y_x2(n, w, (size_t)wrow, a, (size_t)arow, wide, 3);
-                for (int i = 0; i < 8; i++) {
-                    for (int v = 0; v < 2; v++)
-                        assert_same_float(info->name, wide[3 * i + v],
-                                          info->vec_dot(n, w + v * wrow, a + i * arow));
-                    assert_same_float(info->name, wide[3 * i + 2], -7.0f);
+                /* one pair, then two, at an output stride one wider: the
+                 * column past them untouched */
+                for (size_t pairs = 1; pairs <= 2; pairs++) {
+                    const size_t os = 2 * pairs + 1;
+                    float wide[8 * 5];
+                    for (size_t i = 0; i < 8 * os; i++) wide[i] = -7.0f;
+                    info->dot8_y_x2(n, w, (size_t)wrow, pairs, a, (size_t)arow, wide, os);
+                    for (size_t i = 0; i < 8; i++) {
+                        for (size_t v = 0; v < 2 * pairs; v++)
+                            assert_same_float(info->name, wide[os * i + v],
+                                              info->vec_dot(n, w + v * wrow, a + i * arow));
+                        assert_same_float(info->name, wide[os * i + 2 * pairs], -7.0f);
+                    }
                 }
             }
             if (info->dot8_y) {

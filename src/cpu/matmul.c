@@ -75,7 +75,8 @@ static void pad_input(const mm_task *t) {
 /* One tile of weight rows [j0, j1) against every activation row: groups of
  * eight, then four activation rows through dot8_y and dot4_y (each weight
  * block unpacked once for all of them; two weight rows at a time through
- * dot8_y_x2 where there is one, sharing the activation rows' loads), a
+ * dot8_y_x2 where there is one, sharing the activation rows' loads, all
+ * of the tile's pairs in one call where the group's rows are live), a
  * last group filled up with pad rows where enough are left, then the rest
  * one at a time. Every (weight row, activation row) pair gets the same
  * arithmetic as vec_dot whichever path takes it, so results do not depend
@@ -92,12 +93,14 @@ static void dot_tile(const mm_task *t, long j0, long j1) {
             float *yr = t->y + (size_t)r * n;
             int64_t live = t->m - r < 8 ? t->m - r : 8;
             long j = j0;
-            if (live == 8)
-                for (; wt->dot8_y_x2 && j + 2 <= j1; j += 2)
-                    wt->dot8_y_x2(k, t->w + (size_t)j * t->w_row, t->w_row, xq, t->x_row, yr + j,
-                                  n);
+            if (live == 8 && wt->dot8_y_x2 && j + 2 <= j1) {
+                size_t pairs = (size_t)(j1 - j) / 2;
+                wt->dot8_y_x2(k, t->w + (size_t)j * t->w_row, t->w_row, pairs, xq, t->x_row, yr + j,
+                              n);
+                j += 2 * (long)pairs;
+            }
             for (; wt->dot8_y_x2 && j + 2 <= j1; j += 2) {
-                wt->dot8_y_x2(k, t->w + (size_t)j * t->w_row, t->w_row, xq, t->x_row, out, 2);
+                wt->dot8_y_x2(k, t->w + (size_t)j * t->w_row, t->w_row, 1, xq, t->x_row, out, 2);
                 for (int64_t i = 0; i < live; i++) {
                     yr[(size_t)i * n + (size_t)j] = out[2 * i];
                     yr[(size_t)i * n + (size_t)j + 1] = out[2 * i + 1];

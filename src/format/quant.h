@@ -77,10 +77,10 @@ typedef float (*quant_vec_dot_fn)(size_t n, const void *x, const void *y);
 typedef void (*quant_vec_dot4_fn)(size_t n, const void *x, size_t xs, const void *y, size_t ys,
                                   float *out);
 
-/* Two weight rows (x and x + xs) by eight activation rows (y + i * ys):
- * out[i * os + w]. */
-typedef void (*quant_dot8_x2_fn)(size_t n, const void *x, size_t xs, const void *y, size_t ys,
-                                 float *out, size_t os);
+/* Weight rows x + w * xs, w < 2 * pairs, by eight activation rows (y + i *
+ * ys): out[i * os + w]. */
+typedef void (*quant_dot8_x2_fn)(size_t n, const void *x, size_t xs, size_t pairs, const void *y,
+                                 size_t ys, float *out, size_t os);
 
 typedef struct quant_type_info {
     const char *name;    /* "Q4_K", as GGML names it */
@@ -97,9 +97,9 @@ typedef struct quant_type_info {
     quant_vec_dot4_fn dot4_y;
     /* dot4_y's tile of eight activation rows (out[8]), NULL where none. */
     quant_vec_dot4_fn dot8_y;
-    /* dot8_y on two weight rows, x and x + xs, written straight into a
-     * matmul's output: out[i * os + w] is vec_dot(n, x + w * xs, y + i *
-     * ys). NULL where none. */
+    /* dot8_y on `pairs` pairs of weight rows, x + w * xs for w < 2 *
+     * pairs, written straight into a matmul's output: out[i * os + w] is
+     * vec_dot(n, x + w * xs, y + i * ys). NULL where none. */
     quant_dot8_x2_fn dot8_y_x2;
     bool internal; /* an activation format of cellm's own: no file holds it */
 } quant_type_info;

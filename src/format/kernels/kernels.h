@@ -122,15 +122,16 @@ bool avx512_cpu_supported(void);
 void avx512_quantize_a8(const float *src, void *dst, size_t n);
 void avx512_quantize_a8s(const float *src, void *dst, size_t n);
 /* Bit-identical to the avx2_ kernels of the same name; dot8_y_x2 is
- * dot8_y on two weight rows (x and x + xs), out[i * os + w]. */
+ * dot8_y on pairs of weight rows (x + w * xs, w < 2 * pairs), out[i * os +
+ * w]. */
 #define CELLM_AVX512_DOT(name)                                                                     \
     float avx512_vec_dot_##name(size_t n, const void *x, const void *y);                           \
     void avx512_dot4_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,        \
                               float out[4]);                                                       \
     void avx512_dot8_y_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,        \
                               float out[8]);                                                       \
-    void avx512_dot8_y_x2_##name(size_t n, const void *x, size_t xs, const void *y, size_t ys,     \
-                                 float *out, size_t os);
+    void avx512_dot8_y_x2_##name(size_t n, const void *x, size_t xs, size_t pairs, const void *y,  \
+                                 size_t ys, float *out, size_t os);
 CELLM_AVX512_DOT(q4_0_a8)
 CELLM_AVX512_DOT(q4_1_a8s)
 CELLM_AVX512_DOT(q5_0_a8)

@@ -315,6 +315,11 @@ dot_rows_512(int kind, size_t n, const uint8_t *x, size_t xs, int nw, const uint
     }
 }
 
+/* dot8_y_x2 loops over its pairs inside one call: at K = 576 (SmolLM2)
+ * a pair's loop is nine block pairs, and a call for each pair spent a
+ * fifth of the kernel's samples in its set-up and end; in one loop the
+ * activation rows' pointers are set once and a pair's end overlaps the
+ * next pair's loads (8 sessions +3.2%, 28 of 30 alternating rounds). */
 #define DOT32_512(name, kind)                                                                      \
     AVX512 float avx512_vec_dot_##name(size_t n, const void *x, const void *y) {                   \
         float out[1];                                                                              \
@@ -331,9 +336,11 @@ dot_rows_512(int kind, size_t n, const uint8_t *x, size_t xs, int nw, const uint
         (void)xs;                                                                                  \
         dot_rows_512(kind, n, x, 0, 1, y, ys, 8, out, 1);                                          \
     }                                                                                              \
-    AVX512 void avx512_dot8_y_x2_##name(size_t n, const void *x, size_t xs, const void *y,         \
-                                        size_t ys, float *out, size_t os) {                        \
-        dot_rows_512(kind, n, x, xs, 2, y, ys, 8, out, os);                                        \
+    AVX512 void avx512_dot8_y_x2_##name(size_t n, const void *x, size_t xs, size_t pairs,          \
+                                        const void *y, size_t ys, float *out, size_t os) {         \
+        for (size_t p = 0; p < pairs; p++)                                                         \
+            dot_rows_512(kind, n, (const uint8_t *)x + 2 * p * xs, xs, 2, y, ys, 8, out + 2 * p,   \
+                         os);                                                                      \
     }
 
 DOT32_512(q4_0_a8, W_Q4_0)
