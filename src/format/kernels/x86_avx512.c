@@ -40,32 +40,98 @@ bool avx512_cpu_supported(void) {
 
 /* ---- the activation quantizers ---- */
 
-/* round_clamp(v, -127, 127) of ref.c, sixteen at a time: avx2's
- * round_clamp_127 in 512-bit registers (clamp, NaN to -127; truncate and
- * round up from a fraction of 0.5 on, away from zero). The sign bit by
- * integer logic (AVX-512F has no float and/or). */
+/* round_clamp(v, -127, 127) of ref.c, sixteen at a time: clamp (NaN to
+ * -127: max returns its second operand), then truncate v + copysign(0.5 -
+ * 2^-25, v). Adding the float just below one half rounds up exactly the
+ * fractions of 0.5 and more, away from zero (0.5 + 0.49999997 is a tie
+ * that rounds to 1; a fraction just below 0.5 sums to just below 1), for
+ * every float of the range: checked against roundf on all 2^32 inputs. */
 AVX512 static inline __m512i round_clamp_127_512(__m512 v) {
-    v = _mm512_max_ps(v, _mm512_set1_ps(-127.0f)); /* max(NaN, lo) = lo */
+    v = _mm512_max_ps(v, _mm512_set1_ps(-127.0f));
     v = _mm512_min_ps(v, _mm512_set1_ps(127.0f));
-    const __m512i bits = _mm512_castps_si512(v), sign = _mm512_set1_epi32((int)0x80000000u);
-    const __m512 a = _mm512_abs_ps(v);
-    __m512 t = _mm512_roundscale_ps(a, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    const __mmask16 up = _mm512_cmp_ps_mask(_mm512_sub_ps(a, t), _mm512_set1_ps(0.5f), _CMP_GE_OQ);
-    t = _mm512_mask_add_ps(t, up, t, _mm512_set1_ps(1.0f));
-    return _mm512_cvtps_epi32(
-        _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), _mm512_and_si512(bits, sign))));
+    /* (v & sign) | 0.49999997: 0xEA is (a & b) | c */
+    const __m512 h = _mm512_castsi512_ps(
+        _mm512_ternarylogic_epi32(_mm512_castps_si512(v), _mm512_set1_epi32((int)0x80000000u),
+                                  _mm512_set1_epi32(0x3EFFFFFF), 0xEA));
+    return _mm512_cvttps_epi32(_mm512_add_ps(v, h));
 }
 
-/* A8 or A8S rows (with_sum), a block in two registers: the largest |x|
- * (NaN passed over, as fmaxf does: max keeps its second operand), the
- * codes narrowed by VPMOVSDB (they are within -127..127 already), the
- * scale and sum rounded to F16 by F16C (f16_round). The bytes of
- * ref_quantize_a8 and ref_quantize_a8s (test_kernels_simd). */
+/* Sixteen vectors reduced lane-wise by op into one: lane b of the result
+ * is op over the sixteen lanes of v[b]. The transposed tree of end_16:
+ * halves, then quarters, then pairs within 128-bit lanes, leaving vector
+ * o's result in lane 4 (o % 4) + o / 4, which the last permutation puts
+ * in lane o. Exact for max and integer addition, in any order. */
+#define REDUCE16_512(name, T, op, shuf128, shufps, perm)                                           \
+    AVX512 static inline __attribute__((always_inline)) T name(const T v[16]) {                    \
+        T a[8], b[4], c[2];                                                                        \
+        _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) a[p] =                                 \
+            op(shuf128(v[2 * p], v[2 * p + 1], 0x44), shuf128(v[2 * p], v[2 * p + 1], 0xEE));      \
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) b[q] =                                 \
+            op(shuf128(a[2 * q], a[2 * q + 1], 0x88), shuf128(a[2 * q], a[2 * q + 1], 0xDD));      \
+        _Pragma("GCC unroll 2") for (int r = 0; r < 2; r++) c[r] =                                 \
+            op(shufps(b[2 * r], b[2 * r + 1], _MM_SHUFFLE(1, 0, 1, 0)),                            \
+               shufps(b[2 * r], b[2 * r + 1], _MM_SHUFFLE(3, 2, 3, 2)));                           \
+        const T d = op(shufps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),                                \
+                       shufps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));                               \
+        return perm(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), d);   \
+    }
+
+#define SHUFPS_I32(a, b, i)                                                                        \
+    _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), i))
+REDUCE16_512(reduce16_max_ps, __m512, _mm512_max_ps, _mm512_shuffle_f32x4, _mm512_shuffle_ps,
+             _mm512_permutexvar_ps)
+REDUCE16_512(reduce16_add_epi32, __m512i, _mm512_add_epi32, _mm512_shuffle_i32x4, SHUFPS_I32,
+             _mm512_permutexvar_epi32)
+#undef SHUFPS_I32
+#undef REDUCE16_512
+
+/* A8 or A8S rows (with_sum), ref.c's quantize_a8_row: each block's
+ * largest |x| (NaN passed over, as fmaxf does: max keeps its second
+ * operand), d = that / 127, the codes round_clamp(x / d) narrowed by
+ * VPMOVSDB (within -127..127 already), and d and d times the codes' sum
+ * rounded to F16 by F16C (f16_round). Sixteen blocks at a time: their
+ * maxima and sums reduced together (reduce16_max_ps, reduce16_add_epi32),
+ * their scales divided and rounded in one vector; the rest block by block
+ * (a row of 576 in a third of the time it took block by block; 8 sessions
+ * of SmolLM2 +1.2%, 19 of 30 rounds). The bytes of ref_quantize_a8 and ref_quantize_a8s
+ * (test_kernels_simd). */
 AVX512 static inline __attribute__((always_inline)) void
 quantize_a8_row_512(const float *src, void *dst, size_t nb, bool with_sum) {
     float *ds = dst, *ss = (float *)dst + nb;
     int8_t *qs = (int8_t *)dst + (with_sum ? 8 : 4) * nb;
-    for (size_t ib = 0; ib < nb; ib++, src += QK8_0, qs += QK8_0) {
+    size_t ib = 0;
+    for (; ib + 16 <= nb; ib += 16) {
+        const float *x = src + ib * QK8_0;
+        __m512 m[16];
+#pragma GCC unroll 16
+        for (int b = 0; b < 16; b++)
+            m[b] = _mm512_max_ps(
+                _mm512_abs_ps(_mm512_loadu_ps(x + 32 * b + 16)),
+                _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + 32 * b)), _mm512_setzero_ps()));
+        const __m512 d = _mm512_div_ps(reduce16_max_ps(m), _mm512_set1_ps(127.0f));
+        float id[16];
+        _mm512_storeu_ps(
+            id, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_UQ),
+                                    _mm512_set1_ps(1.0f), d));
+        _mm512_storeu_ps(ds + ib, _mm512_cvtph_ps(_mm512_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT)));
+        __m512i sum[16];
+#pragma GCC unroll 16
+        for (int b = 0; b < 16; b++) {
+            const __m512 vid = _mm512_set1_ps(id[b]);
+            const __m512i i0 = round_clamp_127_512(_mm512_mul_ps(_mm512_loadu_ps(x + 32 * b), vid)),
+                          i1 = round_clamp_127_512(
+                              _mm512_mul_ps(_mm512_loadu_ps(x + 32 * b + 16), vid));
+            _mm_storeu_si128((__m128i *)(qs + 32 * (ib + b)), _mm512_cvtsepi32_epi8(i0));
+            _mm_storeu_si128((__m128i *)(qs + 32 * (ib + b) + 16), _mm512_cvtsepi32_epi8(i1));
+            sum[b] = _mm512_add_epi32(i0, i1);
+        }
+        if (with_sum) {
+            const __m512 t = _mm512_mul_ps(d, _mm512_cvtepi32_ps(reduce16_add_epi32(sum)));
+            _mm512_storeu_ps(ss + ib,
+                             _mm512_cvtph_ps(_mm512_cvtps_ph(t, _MM_FROUND_TO_NEAREST_INT)));
+        }
+    }
+    for (src += ib * QK8_0; ib < nb; ib++, src += QK8_0) {
         const __m512 v0 = _mm512_loadu_ps(src), v1 = _mm512_loadu_ps(src + 16);
         __m512 m = _mm512_max_ps(_mm512_abs_ps(v0), _mm512_setzero_ps());
         m = _mm512_max_ps(_mm512_abs_ps(v1), m);
@@ -77,8 +143,8 @@ quantize_a8_row_512(const float *src, void *dst, size_t nb, bool with_sum) {
         ds[ib] = f16_round(d);
         if (with_sum)
             ss[ib] = f16_round(d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1)));
-        _mm_storeu_si128((__m128i *)qs, _mm512_cvtsepi32_epi8(i0));
-        _mm_storeu_si128((__m128i *)(qs + 16), _mm512_cvtsepi32_epi8(i1));
+        _mm_storeu_si128((__m128i *)(qs + 32 * ib), _mm512_cvtsepi32_epi8(i0));
+        _mm_storeu_si128((__m128i *)(qs + 32 * ib + 16), _mm512_cvtsepi32_epi8(i1));
     }
 }
 
