@@ -284,6 +284,43 @@ static void test_quantizers(void **state) {
     print_message("%d quantizer variant(s) checked\n", ran);
 }
 
+/* The activation quantizers' rounding near every tie: blocks whose
+ * largest |x| is 127 (so the scale is 1 and each code is round_clamp of
+ * its x), filled with the floats a few ulps either side of k + 0.5 for
+ * every k in -128..127 and of 127 and -127 themselves; the SIMD bytes are
+ * the reference's. */
+static void test_quantizer_ties(void **state) {
+    (void)state;
+    enum { ULPS = 6, PER = 2 * ULPS + 1, VALUES = 258 * PER, NB = (VALUES + 30) / 31 };
+    static float x[NB * QK8_0];
+    static _Alignas(32) uint8_t a[NB * 40], b[NB * 40];
+    size_t v = 0;
+    for (int i = 0; i < NB * QK8_0; i++) {
+        if (i % QK8_0 == 0) {
+            x[i] = (i / QK8_0) % 2 ? -127.0f : 127.0f;
+            continue;
+        }
+        int t = (int)(v / PER), u = (int)(v % PER) - ULPS;
+        float c = t < 256 ? (float)(t - 128) + 0.5f : t == 256 ? 127.0f : -127.0f;
+        for (; u < 0; u++) c = nextafterf(c, -INFINITY);
+        for (; u > 0; u--) c = nextafterf(c, INFINITY);
+        x[i] = v < VALUES ? c : 0.0f;
+        v++;
+    }
+    int ran = 0;
+    for (const quant_case *c = quant_cases; c->name; c++) {
+        if (!c->supported() || quant_type_get(c->type)->block_size != QK8_0) continue;
+        ran++;
+        const size_t bytes = NB * quant_type_get(c->type)->type_size;
+        memset(a, 0, bytes);
+        memset(b, 0xff, bytes);
+        c->ref(x, a, NB * QK8_0);
+        c->simd(x, b, NB * QK8_0);
+        if (memcmp(a, b, bytes) != 0) fail_msg("%s: a tie rounds unlike the reference", c->name);
+    }
+    print_message("%d quantizer variant(s) checked at the ties\n", ran);
+}
+
 /* Random and edge weight blocks against random and extreme activations.
  * Random bytes include -128 Q8_0 weights, which the kernels must handle. */
 static void test_vec_dots(void **state) {
@@ -553,6 +590,7 @@ static void test_matvec_path(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quantizers),
+        cmocka_unit_test(test_quantizer_ties),
         cmocka_unit_test(test_vec_dots),
         cmocka_unit_test(test_dot4_tiles),
 #if defined(__x86_64__)
