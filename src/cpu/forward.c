@@ -97,6 +97,11 @@ struct forward_ctx {
     int att_nth;
     tp_span *att_span;
     char span_mem[(TP_SPAN_MAX + 1) * sizeof(tp_span)];
+    /* A row task's rows (run_rows, rows_take): each thread's even share,
+     * the threads they are for in row_nth (0: the even split as it is). */
+    int row_nth;
+    tp_span *row_span;
+    char row_span_mem[(TP_SPAN_MAX + 1) * sizeof(tp_span)];
 };
 
 static int32_t max_i32(int32_t a, int32_t b) {
@@ -243,6 +248,8 @@ cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_
     f->max_rows = max_rows;
     f->max_logit_rows = max_logit_rows;
     f->att_span = (tp_span *)(((uintptr_t)f->span_mem + sizeof(tp_span) - 1) &
+                              ~(uintptr_t)(sizeof(tp_span) - 1));
+    f->row_span = (tp_span *)(((uintptr_t)f->row_span_mem + sizeof(tp_span) - 1) &
                               ~(uintptr_t)(sizeof(tp_span) - 1));
     fwd_sizes s = sizes_for(m, max_rows, max_logit_rows, tp_size(tp), kv->max_ctx);
     f->acc_stride = acc_per_thread(m, kv->max_ctx);
@@ -450,68 +457,88 @@ static void add_bias(float *x, const float *b, int32_t n) {
     for (int32_t i = 0; i < n; i++) x[i] += b[i];
 }
 
-/* Q/K/V biases, QK-norm, RoPE, and K/V into the cache, per row. */
-static void task_qk(void *arg, int ith, int nth) {
-    step *s = arg;
+/* The next rows [*lo, *hi) of a row task for thread ith of nth (*from
+ * starts at 0): its own span's, half of what is left at a time, then the
+ * others' from their backs one at a time, so a thread that starts late or
+ * runs slow leaves its last rows to the others (decoding 8 sessions, the
+ * worker began a row task 300-1,800 cycles after the step thread, which
+ * then waited for it). Without spans for nth threads, its even split at
+ * once. Every row gets the same arithmetic whichever thread takes it. */
+static bool rows_take(const step *s, int ith, int nth, int *from, long *lo, long *hi) {
+    forward_ctx *f = s->f;
+    if (f->row_nth != nth || nth == 1) {
+        if ((*from)++) return false;
+        tp_split(s->n, ith, nth, lo, hi);
+        return *lo < *hi;
+    }
+    for (; *from < nth; (*from)++)
+        if (tp_span_take(&f->row_span[(ith + *from) % nth], *from > 0, *from == 0, lo, hi))
+            return true;
+    return false;
+}
+
+/* Q/K/V biases, QK-norm, RoPE, and K/V into the cache, of row r. */
+static void qk_row(const step *s, long r) {
     forward_ctx *f = s->f;
     const model *m = f->m;
     const layer_desc *L = s->L;
     int32_t hd = m->head_dim, hdv = m->head_dim_v, qd = m->n_head * hd, kd = m->n_head_kv * hd,
             vd = m->n_head_kv * hdv;
-    long b, e;
-    tp_split(s->n, ith, nth, &b, &e);
-    for (long r = b; r < e; r++) {
-        float *q = f->q + r * qd, *k = f->k + r * kd, *v = f->v + r * vd;
-        int32_t pos = s->rows[r].pos;
-        if (L->bq.data) add_bias(q, L->bq.data, qd);
-        if (L->bk.data) add_bias(k, L->bk.data, kd);
-        if (L->bv.data) add_bias(v, L->bv.data, vd);
-        size_t half = (size_t)(m->rope_dim / 2);
-        float *cs = f->rope_cs + ((size_t)s->rope_slot * (size_t)f->max_rows + (size_t)r) * half,
-              *sn = f->rope_sn + ((size_t)s->rope_slot * (size_t)f->max_rows + (size_t)r) * half;
-        if (!L->nope && s->rope_fill)
-            model_rope_angles(m, pos, L->rope_base, L->rope_scale, cs, sn);
-        if (L->qk_norm_full) { /* across all heads at once (olmoe) */
-            rmsnorm(q, q, L->q_norm.data, qd, m->norm_eps);
-            rmsnorm(k, k, L->k_norm.data, kd, m->norm_eps);
-        }
-        bool per_head = L->q_norm.data && !L->qk_norm_full;
-        for (int32_t h = 0; h < m->n_head; h++) {
-            if (per_head) rmsnorm(q + h * hd, q + h * hd, L->q_norm.data, hd, m->norm_eps);
-            if (!L->nope) rope_head(m, q + h * hd, cs, sn);
-        }
-        for (int32_t h = 0; h < m->n_head_kv; h++) {
-            if (per_head) rmsnorm(k + h * hd, k + h * hd, L->k_norm.data, hd, m->norm_eps);
-            if (!L->nope) rope_head(m, k + h * hd, cs, sn);
-        }
-        /* Into the cache in its KV type, each head on its own (rotated
-         * first for the rotated type: k and v are not read again). */
-        const kv_cache *kv = f->kv;
-        const attn_kv_ops *kops = &f->ak->kv[kv->kformat], *vops = &f->ak->kv[kv->vformat];
-        uint8_t *kc = kv_k(kv, s->rows[r].seq, L->kv_group, L->kv_index, pos);
-        uint8_t *vc = kv_v(kv, s->rows[r].seq, L->kv_group, L->kv_index, pos);
-        size_t kb = kv_row_bytes(kv->kformat, (size_t)hd),
-               vb = kv_row_bytes(kv->vformat, (size_t)hdv);
-        if (kv->kscale) { /* centred and balanced keys (kv_cache.kmean) */
-            const float *mu = kv->kmean + (size_t)s->il * kd, *a = kv->kscale + (size_t)s->il * kd;
-            for (int32_t c = 0; c < kd; c++) k[c] = (k[c] - mu[c]) * a[c];
-        }
-        for (int32_t h = 0; h < m->n_head_kv; h++) {
-            if (kv->rotated) {
-                attn_rotate(k + h * hd, (size_t)hd);
-                attn_rotate(v + h * hdv, (size_t)hdv);
-            }
-            /* keys per channel: the block's rows at once, task_kblocks */
-            if (kv->kformat != KV_FMT_C4) kops->store(kc + h * kb, k + h * hd, (size_t)hd);
-            vops->store(vc + h * vb, v + h * hdv, (size_t)hdv);
-        }
-        if (kv->recent) { /* the pass's own f16 rows (rotated like the cache's) */
-            const attn_kv_ops *h16 = &f->ak->kv[KV_FMT_F16];
-            uint16_t *o = f->kv16 + (size_t)r * kv->tail_row;
-            h16->store(o, k, (size_t)kd);
-            h16->store(o + kd, v, (size_t)vd);
-        }
+    float *q = f->q + r * qd, *k = f->k + r * kd, *v = f->v + r * vd;
+    int32_t pos = s->rows[r].pos;
+    if (L->bq.data) add_bias(q, L->bq.data, qd);
+    if (L->bk.data) add_bias(k, L->bk.data, kd);
+    if (L->bv.data) add_bias(v, L->bv.data, vd);
+    size_t half = (size_t)(m->rope_dim / 2);
+    float *cs = f->rope_cs + ((size_t)s->rope_slot * (size_t)f->max_rows + (size_t)r) * half,
+          *sn = f->rope_sn + ((size_t)s->rope_slot * (size_t)f->max_rows + (size_t)r) * half;
+    if (!L->nope && s->rope_fill) model_rope_angles(m, pos, L->rope_base, L->rope_scale, cs, sn);
+    if (L->qk_norm_full) { /* across all heads at once (olmoe) */
+        rmsnorm(q, q, L->q_norm.data, qd, m->norm_eps);
+        rmsnorm(k, k, L->k_norm.data, kd, m->norm_eps);
     }
+    bool per_head = L->q_norm.data && !L->qk_norm_full;
+    for (int32_t h = 0; h < m->n_head; h++) {
+        if (per_head) rmsnorm(q + h * hd, q + h * hd, L->q_norm.data, hd, m->norm_eps);
+        if (!L->nope) rope_head(m, q + h * hd, cs, sn);
+    }
+    for (int32_t h = 0; h < m->n_head_kv; h++) {
+        if (per_head) rmsnorm(k + h * hd, k + h * hd, L->k_norm.data, hd, m->norm_eps);
+        if (!L->nope) rope_head(m, k + h * hd, cs, sn);
+    }
+    /* Into the cache in its KV type, each head on its own (rotated
+     * first for the rotated type: k and v are not read again). */
+    const kv_cache *kv = f->kv;
+    const attn_kv_ops *kops = &f->ak->kv[kv->kformat], *vops = &f->ak->kv[kv->vformat];
+    uint8_t *kc = kv_k(kv, s->rows[r].seq, L->kv_group, L->kv_index, pos);
+    uint8_t *vc = kv_v(kv, s->rows[r].seq, L->kv_group, L->kv_index, pos);
+    size_t kb = kv_row_bytes(kv->kformat, (size_t)hd), vb = kv_row_bytes(kv->vformat, (size_t)hdv);
+    if (kv->kscale) { /* centred and balanced keys (kv_cache.kmean) */
+        const float *mu = kv->kmean + (size_t)s->il * kd, *a = kv->kscale + (size_t)s->il * kd;
+        for (int32_t c = 0; c < kd; c++) k[c] = (k[c] - mu[c]) * a[c];
+    }
+    for (int32_t h = 0; h < m->n_head_kv; h++) {
+        if (kv->rotated) {
+            attn_rotate(k + h * hd, (size_t)hd);
+            attn_rotate(v + h * hdv, (size_t)hdv);
+        }
+        /* keys per channel: the block's rows at once, task_kblocks */
+        if (kv->kformat != KV_FMT_C4) kops->store(kc + h * kb, k + h * hd, (size_t)hd);
+        vops->store(vc + h * vb, v + h * hdv, (size_t)hdv);
+    }
+    if (kv->recent) { /* the pass's own f16 rows (rotated like the cache's) */
+        const attn_kv_ops *h16 = &f->ak->kv[KV_FMT_F16];
+        uint16_t *o = f->kv16 + (size_t)r * kv->tail_row;
+        h16->store(o, k, (size_t)kd);
+        h16->store(o + kd, v, (size_t)vd);
+    }
+}
+
+static void task_qk(void *arg, int ith, int nth) {
+    const step *s = arg;
+    long b, e;
+    for (int from = 0; rows_take(s, ith, nth, &from, &b, &e);)
+        for (long r = b; r < e; r++) qk_row(s, r);
 }
 
 /* The first position row r of the step sees in layer L (its window's
@@ -949,16 +976,16 @@ static void task_rows(void *arg, int ith, int nth) {
     const model *m = s->f->m;
     int32_t d = m->n_embd;
     long b, e;
-    tp_split(s->n, ith, nth, &b, &e);
-    for (long r0 = b; r0 < e; r0 += 4) {
-        int nr = e - r0 < 4 ? (int)(e - r0) : 4;
-        for (long r = r0; r < r0 + nr && s->res_post; r++)
-            residual_row(s, r, s->f->hb, s->res_post);
-        if (s->norm)
-            rmsnorm_rows(s->f->xb + r0 * d, s->f->x + r0 * d, (size_t)d, nr, s->norm->data, d,
-                         m->norm_eps);
-        for (long r = r0; r < r0 + nr && s->quant; r++) quantize_row(s, r, s->f->xb, d);
-    }
+    for (int from = 0; rows_take(s, ith, nth, &from, &b, &e);)
+        for (long r0 = b; r0 < e; r0 += 4) {
+            int nr = e - r0 < 4 ? (int)(e - r0) : 4;
+            for (long r = r0; r < r0 + nr && s->res_post; r++)
+                residual_row(s, r, s->f->hb, s->res_post);
+            if (s->norm)
+                rmsnorm_rows(s->f->xb + r0 * d, s->f->x + r0 * d, (size_t)d, nr, s->norm->data, d,
+                             m->norm_eps);
+            for (long r = r0; r < r0 + nr && s->quant; r++) quantize_row(s, r, s->f->xb, d);
+        }
 }
 
 /* hb2 = act(gate) * up, with gate in hb2 and up in hb, rows of s->ff. */
@@ -968,17 +995,17 @@ static void task_act(void *arg, int ith, int nth) {
     const model *m = s->f->m;
     int32_t ff = s->ff;
     long b, e;
-    tp_split(s->n, ith, nth, &b, &e);
-    for (long r = b; r < e; r++) {
-        float *g = s->f->hb2 + r * ff;
-        const float *u = s->f->hb + r * ff;
-        if (m->act == ACT_GELU_TANH) {
-            (void)pthread_once(&gelu_once, gelu_table_fill);
-            s->f->ak->gelu_mul(g, u, gelu_table, (size_t)ff);
-        } else
-            s->f->ak->silu_mul(g, u, (size_t)ff);
-        if (s->quant) quantize_row(s, r, s->f->hb2, ff);
-    }
+    for (int from = 0; rows_take(s, ith, nth, &from, &b, &e);)
+        for (long r = b; r < e; r++) {
+            float *g = s->f->hb2 + r * ff;
+            const float *u = s->f->hb + r * ff;
+            if (m->act == ACT_GELU_TANH) {
+                (void)pthread_once(&gelu_once, gelu_table_fill);
+                s->f->ak->gelu_mul(g, u, gelu_table, (size_t)ff);
+            } else
+                s->f->ak->silu_mul(g, u, (size_t)ff);
+            if (s->quant) quantize_row(s, r, s->f->hb2, ff);
+        }
 }
 
 /* The RoPE tables' slot for layer s->L's base and scale: one this step
@@ -1015,10 +1042,18 @@ static void kblocks(forward_ctx *f, step *s) {
 }
 
 static void run_rows(forward_ctx *f, void (*fn)(void *, int, int), step *s) {
-    if (s->n < ROWS_INLINE)
+    if (s->n < ROWS_INLINE) {
         fn(s, 0, 1);
-    else
-        tp_run(f->tp, fn, s);
+        return;
+    }
+    int nth = tp_threads(f->tp);
+    f->row_nth = nth > 1 && nth <= TP_SPAN_MAX ? nth : 0;
+    for (int i = 0; i < f->row_nth; i++) {
+        long lo, hi;
+        tp_split(s->n, i, nth, &lo, &hi);
+        tp_span_set(&f->row_span[i], lo, hi); /* tp_run publishes */
+    }
+    tp_run(f->tp, fn, s);
 }
 
 static void mm(forward_ctx *f, const weight *w, const float *x, int32_t rows, float *y) {
