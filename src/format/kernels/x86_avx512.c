@@ -46,7 +46,8 @@ bool avx512_cpu_supported(void) {
  * fractions of 0.5 and more, away from zero (0.5 + 0.49999997 is a tie
  * that rounds to 1; a fraction just below 0.5 sums to just below 1), for
  * every float of the range: checked against roundf(fminf(fmaxf(v, -127),
- * 127)) on every float that is not a NaN. */
+ * 127)) on every float that is not a NaN, and the quantizer's bytes
+ * against ref.c's for every such float (bench/round_check.c). */
 AVX512 static inline __m512i round_clamp_127_512(__m512 v) {
     v = _mm512_max_ps(v, _mm512_set1_ps(-127.0f));
     v = _mm512_min_ps(v, _mm512_set1_ps(127.0f));
