@@ -284,11 +284,11 @@ static void test_quantizers(void **state) {
     print_message("%d quantizer variant(s) checked\n", ran);
 }
 
-/* The activation quantizers' rounding near every tie: blocks whose
- * largest |x| is 127 (so the scale is 1 and each code is round_clamp of
- * its x), filled with the floats a few ulps either side of k + 0.5 for
- * every k in -128..127 and of 127 and -127 themselves; the SIMD bytes are
- * the reference's. */
+/* The activation quantizers' rounding near every tie: blocks led by 127
+ * or -127 (so the scale is 1 and each code is round_clamp of its x, but
+ * in the blocks that hold ±127.5), filled with the floats a few ulps
+ * either side of k + 0.5 for every k in -128..127 and of 127 and -127
+ * themselves; the SIMD bytes are the reference's. */
 static void test_quantizer_ties(void **state) {
     (void)state;
     enum { ULPS = 6, PER = 2 * ULPS + 1, VALUES = 258 * PER, NB = (VALUES + 30) / 31 };
