@@ -115,8 +115,9 @@ static void test_split(void **st) {
         }
 }
 
-/* Spans: each thread takes its own span's items from the front (runs of
- * half or one at a time), then the others' from their back; thread
+/* Spans (tp_span_next): each thread takes its own span's items from the
+ * front (runs of half or one at a time), then the others' from their
+ * back; thread
  * `slow` starts only once another has taken from its span (or after 20 s,
  * and the test fails). */
 typedef struct span_job {
@@ -139,26 +140,25 @@ static void span_task(void *arg, int ith, int nth) {
         for (int k = 0; k < 20000 && atomic_load(&j->span[ith].fb) == start; k++)
             nanosleep(&(struct timespec){0, 1000000}, NULL);
     }
-    long lo, hi, prev = -1;
+    long lo, hi, prev = -1, back = 0;
+    int victim = -1;
     j->own[ith] = 0;
     j->bad[ith] = 0;
-    while (tp_span_take(&j->span[ith], false, j->half, &lo, &hi)) {
-        j->bad[ith] += !(lo >= j->first[ith] && hi <= j->last[ith] && lo < hi && lo > prev);
-        prev = hi - 1;
+    for (int from = 0; tp_span_next(j->span, ith, nth, j->half, j->half, &from, &lo, &hi);) {
+        int v = (ith + from) % nth;
+        j->bad[ith] += !(lo >= j->first[v] && hi <= j->last[v] && lo < hi);
+        if (from == 0) { /* its own span: in ascending order */
+            j->bad[ith] += !(lo > prev);
+            prev = hi - 1;
+            j->own[ith] += hi - lo;
+        } else { /* another's: from its back, so descending */
+            if (v != victim) back = j->last[v], victim = v;
+            j->bad[ith] += !(hi <= back);
+            back = lo;
+        }
         for (long i = lo; i < hi; i++) {
             atomic_fetch_add(&j->taken[i], 1);
             j->by[i] = ith;
-        }
-        j->own[ith] += hi - lo;
-    }
-    for (int d = 1; d < nth; d++) {
-        int v = (ith + d) % nth;
-        while (tp_span_take(&j->span[v], true, j->half, &lo, &hi)) {
-            j->bad[ith] += !(lo >= j->first[v] && hi <= j->last[v] && lo < hi);
-            for (long i = lo; i < hi; i++) {
-                atomic_fetch_add(&j->taken[i], 1);
-                j->by[i] = ith;
-            }
         }
     }
 }

@@ -82,4 +82,32 @@ static inline bool tp_span_take(tp_span *s, bool back, bool half, long *lo, long
     }
 }
 
+/* Sets spans s[0..nth) to the even split of n items (tp_split) where
+ * nth threads can share them (2..TP_SPAN_MAX) and returns nth; else sets
+ * none and returns 0 (each thread then takes its even split as it is). */
+static inline int tp_spans_split(tp_span *s, long n, int nth) {
+    if (nth < 2 || nth > TP_SPAN_MAX) return 0;
+    for (int i = 0; i < nth; i++) {
+        long lo, hi;
+        tp_split(n, i, nth, &lo, &hi);
+        tp_span_set(&s[i], lo, hi);
+    }
+    return nth;
+}
+
+/* The next items [*lo, *hi) that thread ith of nth takes from spans
+ * s[0..nth): its own span's from the front (half of those left at a time
+ * with own_half, else one), then each other span in turn, thread ith +
+ * 1's first, from its back (half with steal_half, else one). *from starts
+ * at 0 and says whose span the items came from: thread (ith + *from) %
+ * nth's. False once every span is empty. */
+static inline bool tp_span_next(tp_span *s, int ith, int nth, bool own_half, bool steal_half,
+                                int *from, long *lo, long *hi) {
+    for (; *from < nth; (*from)++)
+        if (tp_span_take(&s[(ith + *from) % nth], *from > 0, *from == 0 ? own_half : steal_half, lo,
+                         hi))
+            return true;
+    return false;
+}
+
 #endif /* CELLM_THREADPOOL_H */

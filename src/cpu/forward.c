@@ -90,18 +90,15 @@ struct forward_ctx {
     char pad[64];
     _Atomic int32_t tile_next;
     /* Decoding with the K/V prefetched: each row's first prefetch region
-     * ([rows], kv_prefetch_regions), and the threads' spans of the tiles
-     * (att_spans) in span_mem, aligned to a cache line; att_nth is the
-     * threads they are for, 0 while the tiles are claimed by tile_next. */
+     * ([rows], kv_prefetch_regions). */
     int32_t *pf_row;
-    int att_nth;
-    tp_span *att_span;
+    /* The threads' spans of the task running now, in span_mem aligned to
+     * a cache line: the attention's tiles (att_spans; att_nth the threads
+     * they are for, 0 while the tiles are claimed by tile_next), or a row
+     * task's rows (run_rows; row_nth, 0 for the even split as it is). */
+    int att_nth, row_nth;
+    tp_span *span;
     char span_mem[(TP_SPAN_MAX + 1) * sizeof(tp_span)];
-    /* A row task's rows (run_rows, rows_take): each thread's even share,
-     * the threads they are for in row_nth (0: the even split as it is). */
-    int row_nth;
-    tp_span *row_span;
-    char row_span_mem[(TP_SPAN_MAX + 1) * sizeof(tp_span)];
 };
 
 static int32_t max_i32(int32_t a, int32_t b) {
@@ -247,10 +244,8 @@ cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_
     f->ak = attn_kernels_get();
     f->max_rows = max_rows;
     f->max_logit_rows = max_logit_rows;
-    f->att_span = (tp_span *)(((uintptr_t)f->span_mem + sizeof(tp_span) - 1) &
-                              ~(uintptr_t)(sizeof(tp_span) - 1));
-    f->row_span = (tp_span *)(((uintptr_t)f->row_span_mem + sizeof(tp_span) - 1) &
-                              ~(uintptr_t)(sizeof(tp_span) - 1));
+    f->span = (tp_span *)(((uintptr_t)f->span_mem + sizeof(tp_span) - 1) &
+                          ~(uintptr_t)(sizeof(tp_span) - 1));
     fwd_sizes s = sizes_for(m, max_rows, max_logit_rows, tp_size(tp), kv->max_ctx);
     f->acc_stride = acc_per_thread(m, kv->max_ctx);
     f->x = malloc(s.x * sizeof(float));
@@ -466,15 +461,12 @@ static void add_bias(float *x, const float *b, int32_t n) {
  * once. Every row gets the same arithmetic whichever thread takes it. */
 static bool rows_take(const step *s, int ith, int nth, int *from, long *lo, long *hi) {
     forward_ctx *f = s->f;
-    if (f->row_nth != nth || nth == 1) {
+    if (f->row_nth != nth) {
         if ((*from)++) return false;
         tp_split(s->n, ith, nth, lo, hi);
         return *lo < *hi;
     }
-    for (; *from < nth; (*from)++)
-        if (tp_span_take(&f->row_span[(ith + *from) % nth], *from > 0, *from == 0, lo, hi))
-            return true;
-    return false;
+    return tp_span_next(f->span, ith, nth, true, false, from, lo, hi);
 }
 
 /* Q/K/V biases, QK-norm, RoPE, and K/V into the cache, of row r. */
@@ -922,11 +914,8 @@ static void task_attention(void *arg, int ith, int nth) {
     prefetch_next(s, ith, nth);
     if (f->att_nth == nth) { /* spans (att_spans) */
         long t, end;
-        while (tp_span_take(&f->att_span[ith], false, false, &t, &end))
+        for (int from = 0; tp_span_next(f->span, ith, nth, false, false, &from, &t, &end);)
             attend_tile(s, &f->tiles[t], acc);
-        for (int d = 1; d < nth; d++)
-            while (tp_span_take(&f->att_span[(ith + d) % nth], true, false, &t, &end))
-                attend_tile(s, &f->tiles[t], acc);
         return;
     }
     for (;;) {
@@ -1046,13 +1035,7 @@ static void run_rows(forward_ctx *f, void (*fn)(void *, int, int), step *s) {
         fn(s, 0, 1);
         return;
     }
-    int nth = tp_threads(f->tp);
-    f->row_nth = nth > 1 && nth <= TP_SPAN_MAX ? nth : 0;
-    for (int i = 0; i < f->row_nth; i++) {
-        long lo, hi;
-        tp_split(s->n, i, nth, &lo, &hi);
-        tp_span_set(&f->row_span[i], lo, hi); /* tp_run publishes */
-    }
+    f->row_nth = tp_spans_split(f->span, s->n, tp_threads(f->tp)); /* tp_run publishes */
     tp_run(f->tp, fn, s);
 }
 
@@ -1128,7 +1111,7 @@ static void att_spans(step *s, int n_regions) {
         tp_split(n_regions, i, nth, &rb, &re);
         int t0 = t;
         while (t < f->n_tiles && (i == nth - 1 || f->pf_row[f->tiles[t].r0] < re)) t++;
-        tp_span_set(&f->att_span[i], t0, t);
+        tp_span_set(&f->span[i], t0, t);
     }
 }
 

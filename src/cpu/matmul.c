@@ -198,10 +198,8 @@ static void dot_rows_multi(void *arg, int ith, int nth) {
         dot_tiles(mt, lo, hi, &ps);
         return;
     }
-    while (tp_span_take(&mt->span[ith], false, true, &lo, &hi)) dot_tiles(mt, lo, hi, &ps);
-    for (int d = 1; d < nth; d++)
-        while (tp_span_take(&mt->span[(ith + d) % nth], true, true, &lo, &hi))
-            dot_tiles(mt, lo, hi, &ps);
+    for (int from = 0; tp_span_next(mt->span, ith, nth, true, true, &from, &lo, &hi);)
+        dot_tiles(mt, lo, hi, &ps);
 }
 
 /* Quantized activation rows in the scratch: padded to whole cache lines,
@@ -263,13 +261,7 @@ static long weight_tiles(int64_t n) {
 static void plan_spans(mm_multi *mt, const threadpool *tp) {
     mt->tile0[0] = 0;
     for (int i = 0; i < mt->n_t; i++) mt->tile0[i + 1] = mt->tile0[i] + weight_tiles(mt->t[i].n);
-    int nth = tp_threads(tp);
-    mt->nth = nth > 1 && nth <= TP_SPAN_MAX ? nth : 0;
-    for (int i = 0; i < mt->nth; i++) {
-        long lo, hi;
-        tp_split(mt->tile0[mt->n_t], i, nth, &lo, &hi);
-        tp_span_set(&mt->span[i], lo, hi);
-    }
+    mt->nth = tp_spans_split(mt->span, mt->tile0[mt->n_t], tp_threads(tp));
 }
 
 void matmul(threadpool *tp, const void *w, uint32_t type, int64_t n, int64_t k, const float *x,
