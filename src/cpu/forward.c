@@ -303,8 +303,19 @@ cellm_status forward_create(const model *m, kv_cache *kv, threadpool *tp, int32_
  * the same operations, lane by lane, as on each float. */
 typedef float fv4 __attribute__((vector_size(16)));
 
-/* Four doubles as one vector. */
-typedef double dv4 __attribute__((vector_size(32)));
+/* Two floats, two doubles as vectors (a double vector of SSE2's and
+ * NEON's width: GCC kept wider ones in memory between a loop's
+ * iterations for a target without AVX). */
+typedef float fv2 __attribute__((vector_size(8)));
+typedef double dv2 __attribute__((vector_size(16)));
+
+/* The squares of two floats as two doubles. */
+static inline dv2 squares2(const float *x) {
+    fv2 v;
+    memcpy(&v, x, sizeof v);
+    const dv2 d = __builtin_convertvector(v, dv2);
+    return d * d;
+}
 
 /* The sum of x[i]^2 over a row, in double: each square is exact (a
  * float's 24 bits squared fit a double's 53), added into eight lanes
@@ -314,17 +325,15 @@ typedef double dv4 __attribute__((vector_size(32)));
  * was 576 dependent additions, about 1,700 cycles; decoding 8 sessions
  * of SmolLM2 spent 1.7% of its samples there). */
 static double sum_squares(const float *x, int32_t n) {
-    dv4 a = {0, 0, 0, 0}, b = {0, 0, 0, 0};
+    dv2 a0 = {0, 0}, a1 = {0, 0}, a2 = {0, 0}, a3 = {0, 0};
     int32_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        fv4 lo, hi;
-        memcpy(&lo, x + i, sizeof lo);
-        memcpy(&hi, x + i + 4, sizeof hi);
-        const dv4 dl = __builtin_convertvector(lo, dv4), dh = __builtin_convertvector(hi, dv4);
-        a += dl * dl;
-        b += dh * dh;
+        a0 += squares2(x + i);
+        a1 += squares2(x + i + 2);
+        a2 += squares2(x + i + 4);
+        a3 += squares2(x + i + 6);
     }
-    double l[8] = {a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};
+    double l[8] = {a0[0], a0[1], a1[0], a1[1], a2[0], a2[1], a3[0], a3[1]};
     for (int j = 0; i < n; i++, j++) l[j] += (double)x[i] * x[i];
     return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
 }
