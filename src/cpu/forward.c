@@ -824,6 +824,11 @@ static void attend_tile(const step *s, const att_tile *T, float *scr) {
             p = kc4_scores(s, T, q16, nq, p, thi, sc + (p0 - tlo), (size_t)span, kcs);
             continue;
         }
+        if (!recent) { /* the cache's rows: a whole chunk */
+            cnt = thi - p + 1 < CHUNK ? thi - p + 1 : CHUNK;
+            kv_rows(kv, seq, L->kv_group, L->kv_index, false, p, cnt, (size_t)kvh * kb, kr);
+            p += cnt;
+        }
         for (; cnt < CHUNK && p <= thi && (recent && kv_recent(q0, p)) == f16; cnt++, p++)
             kr[cnt] = f16 ? (const void *)(recent_row(s, T->r0, p) + (size_t)kvh * hd)
                           : (const uint8_t *)kv_k(kv, seq, L->kv_group, L->kv_index, p) + kvh * kb;
@@ -869,6 +874,11 @@ static void attend_tile(const step *s, const att_tile *T, float *scr) {
             const void *vr[CHUNK];
             int32_t cnt = 0;
             bool f16 = recent && kv_recent(q0, p);
+            if (!recent) { /* the cache's rows: a whole chunk */
+                cnt = b - p < CHUNK ? b - p : CHUNK;
+                kv_rows(kv, seq, L->kv_group, L->kv_index, true, p, cnt, (size_t)kvh * vb, vr);
+                p += cnt;
+            }
             for (; cnt < CHUNK && p < b && (recent && kv_recent(q0, p)) == f16; cnt++, p++)
                 vr[cnt] =
                     f16 ? (const void *)(recent_row(s, T->r0, p) + kd + (size_t)kvh * hdv)

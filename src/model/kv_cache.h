@@ -328,6 +328,22 @@ static inline void *kv_v(const kv_cache *c, const kv_seq *s, int32_t group, int3
     return g->mem + (size_t)b * g->block_bytes + (size_t)layer * g->layer_bytes +
            KV_BLOCK_TOKENS * g->k_row + g->k_meta + (size_t)(pos % KV_BLOCK_TOKENS) * g->v_row;
 }
+/* kv_k (v false) or kv_v (v true) of positions [p0, p0 + n), each plus
+ * `off` bytes, into out[0..n): the layer's offsets looked up once, not
+ * once a position. The blocks must exist. */
+static inline void kv_rows(const kv_cache *c, const kv_seq *s, int32_t group, int32_t layer, bool v,
+                           int32_t p0, int32_t n, size_t off, const void **out) {
+    const kv_group *g = &c->groups[group];
+    const int32_t *table = s->table[group];
+    const uint8_t *base = g->mem + (size_t)layer * g->layer_bytes + off +
+                          (v ? KV_BLOCK_TOKENS * g->k_row + g->k_meta : 0);
+    const size_t block = g->block_bytes, row = v ? g->v_row : g->k_row;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t p = p0 + i;
+        out[i] =
+            base + (size_t)table[p / KV_BLOCK_TOKENS] * block + (size_t)(p % KV_BLOCK_TOKENS) * row;
+    }
+}
 /* Keys per channel (k4cv4hw): the metadata of the block holding pos, one
  * layer, head after head (kv_kc4_meta_bytes(head_dim) each). */
 static inline uint8_t *kv_kmeta(const kv_cache *c, const kv_seq *s, int32_t group, int32_t layer,
