@@ -222,6 +222,61 @@ static uint32_t lcg(uint32_t *x) {
     return *x >> 8;
 }
 
+/* Greedy with bans only takes the raw row's best without adjusting a
+ * copy (sampler.c, greedy_unbanned) where that best is not banned: the
+ * pick must still be the first best of the adjusted row, else the raw
+ * argmax when every adjusted logit is -inf or NaN. Ties, an infinite or
+ * NaN logit, the best banned, and random rows with few best values
+ * against that rule computed here on a copy. */
+static int32_t banned_pick(const float *l, const sampler_logit_bias *b, int nb) {
+    float a[V];
+    memcpy(a, l, sizeof a);
+    for (int i = 0; i < nb; i++) a[b[i].token] += b[i].bias;
+    int32_t best = -1;
+    for (int32_t i = 0; i < V; i++)
+        if (a[i] > -INFINITY && (best < 0 || a[i] > a[best])) best = i;
+    return best >= 0 ? best : sampler_argmax(l, V);
+}
+
+static void test_greedy_bans(void **st) {
+    (void)st;
+    float l[V];
+    sampler_params p = sampler_default_params();
+    p.temperature = 0;
+    sampler_logit_bias b[3] = {{3, -INFINITY}, {20, -INFINITY}, {500, -INFINITY}};
+    p.logit_bias = b;
+    const int tok[3] = {3, 9, 20};
+    sparse(l, 3, tok, (const float[]){2.0f, 2.0f, 1.0f});
+    p.n_logit_bias = 1; /* ties: the first best banned, the second wins */
+    assert_int_equal(greedy_with(&p, l, NULL, 0), 9);
+    b[0].token = 9;
+    assert_int_equal(greedy_with(&p, l, NULL, 0), 3);
+    b[0].token = 500;
+    assert_int_equal(greedy_with(&p, l, NULL, 0), 3);
+    b[0].token = 3;
+    l[3] = INFINITY; /* banned +inf is NaN in the adjusted row: loses */
+    assert_int_equal(greedy_with(&p, l, NULL, 0), 9);
+    l[3] = NAN;
+    assert_int_equal(greedy_with(&p, l, NULL, 0), 9);
+    for (int i = 0; i < V; i++) l[i] = -INFINITY; /* only banned tokens finite */
+    l[3] = 1.0f;
+    l[20] = 2.0f;
+    p.n_logit_bias = 2;
+    assert_int_equal(greedy_with(&p, l, NULL, 0), 20);
+    uint32_t x = 12345;
+    for (int round = 0; round < 200; round++) {
+        for (int i = 0; i < V; i++) l[i] = (float)(lcg(&x) % 8); /* many ties */
+        if (round % 4 == 0) l[lcg(&x) % V] = INFINITY;
+        if (round % 5 == 0) l[lcg(&x) % V] = NAN;
+        int nb = 1 + (int)(lcg(&x) % 3);
+        for (int i = 0; i < nb; i++)
+            b[i].token = i == 0 ? sampler_argmax(l, V) : (int32_t)(lcg(&x) % V);
+        if (round % 2) b[0].token = (int32_t)(lcg(&x) % V); /* the best not always banned */
+        p.n_logit_bias = nb;
+        assert_int_equal(greedy_with(&p, l, NULL, 0), banned_pick(l, b, nb));
+    }
+}
+
 /* Penalties over a long window of many distinct tokens (the window's
  * table with collisions and long probes): the greedy token is the argmax
  * of the logits adjusted as docs/sampling.md says, computed here from the
@@ -1101,18 +1156,19 @@ static void test_pick_top(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_greedy),         cmocka_unit_test(test_seed_repeats),
-        cmocka_unit_test(test_truncation),     cmocka_unit_test(test_distribution),
-        cmocka_unit_test(test_logit_bias),     cmocka_unit_test(test_penalties),
-        cmocka_unit_test(test_ngram_guard),    cmocka_unit_test(test_typical),
-        cmocka_unit_test(test_large_vocab),    cmocka_unit_test(test_stat_temperature),
-        cmocka_unit_test(test_stat_top_k),     cmocka_unit_test(test_stat_top_p),
-        cmocka_unit_test(test_stat_min_p),     cmocka_unit_test(test_stat_typical),
-        cmocka_unit_test(test_stat_chain),     cmocka_unit_test(test_stat_penalties),
-        cmocka_unit_test(test_edges),          cmocka_unit_test(test_golden_draws),
-        cmocka_unit_test(test_stale_memory),   cmocka_unit_test(test_golden_logprobs),
-        cmocka_unit_test(test_stat_spec),      cmocka_unit_test(test_pick_top),
-        cmocka_unit_test(test_penalties_long), cmocka_unit_test(test_shared_scratch),
+        cmocka_unit_test(test_greedy),           cmocka_unit_test(test_seed_repeats),
+        cmocka_unit_test(test_truncation),       cmocka_unit_test(test_distribution),
+        cmocka_unit_test(test_logit_bias),       cmocka_unit_test(test_greedy_bans),
+        cmocka_unit_test(test_penalties),        cmocka_unit_test(test_ngram_guard),
+        cmocka_unit_test(test_typical),          cmocka_unit_test(test_large_vocab),
+        cmocka_unit_test(test_stat_temperature), cmocka_unit_test(test_stat_top_k),
+        cmocka_unit_test(test_stat_top_p),       cmocka_unit_test(test_stat_min_p),
+        cmocka_unit_test(test_stat_typical),     cmocka_unit_test(test_stat_chain),
+        cmocka_unit_test(test_stat_penalties),   cmocka_unit_test(test_edges),
+        cmocka_unit_test(test_golden_draws),     cmocka_unit_test(test_stale_memory),
+        cmocka_unit_test(test_golden_logprobs),  cmocka_unit_test(test_stat_spec),
+        cmocka_unit_test(test_pick_top),         cmocka_unit_test(test_penalties_long),
+        cmocka_unit_test(test_shared_scratch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

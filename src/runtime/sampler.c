@@ -327,11 +327,19 @@ static void ban_ngrams(sampler *s, float *l) {
 
 /* The logits after bias, penalties and the n-gram guard: `logits` itself
  * when none is on. */
+static bool pen_on(const sampler *s) {
+    const sampler_params *p = &s->p;
+    return s->hist_len > 0 &&
+           (p->repeat_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0);
+}
+
+static bool ngram_on(const sampler *s) {
+    return s->hist && s->p.ngram_size > 0;
+}
+
 static const float *adjust(sampler *s, const float *logits) {
     const sampler_params *p = &s->p;
-    bool pen = s->hist_len > 0 &&
-               (p->repeat_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0);
-    bool ng = s->hist && p->ngram_size > 0;
+    bool pen = pen_on(s), ng = ngram_on(s);
     if (!s->n_bias && !pen && !ng) return logits;
     float *l = s->scr->work;
     memcpy(l, logits, sizeof(float) * (size_t)s->n_vocab);
@@ -796,9 +804,29 @@ typedef struct kept_set {
     int32_t best;
 } kept_set;
 
+/* The greedy pick where the only adjustments are bans (biases of -inf:
+ * `cellm bench --ignore-eos`, a request's banned tokens), without
+ * adjust's copy of the row: the raw row's first best when it is finite
+ * from below and not banned (a ban only lowers a token, so no token
+ * before it reaches its logit in the adjusted row); else -1. */
+static int32_t greedy_unbanned(const sampler *s, const float *raw) {
+    const sampler_params *p = &s->p;
+    if (!(p->temperature <= 0 || p->top_k == 1) || !s->n_bias || pen_on(s) || ngram_on(s))
+        return -1;
+    for (int32_t i = 0; i < s->n_bias; i++)
+        if (s->bias[i].bias != -INFINITY) return -1;
+    int32_t t = sampler_argmax(raw, s->n_vocab);
+    if (!(raw[t] > -INFINITY)) return -1;
+    for (int32_t i = 0; i < s->n_bias; i++)
+        if (s->bias[i].token == t) return -1;
+    return t;
+}
+
 static int32_t kept(sampler *s, const float *raw, kept_set *k) {
     const sampler_params *p = &s->p;
     const int32_t V = s->n_vocab;
+    const int32_t pick = greedy_unbanned(s, raw);
+    if (pick >= 0) return pick;
     const float *l = adjust(s, raw);
     const float mx = max_of(l, V);
     /* Everything banned: the raw choice is the least surprising answer. */
