@@ -178,7 +178,7 @@ dot_f16_rows(size_t n, const uint16_t *x, const void *vy, size_t ys, int ny, flo
     }
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        if (ny > 1) prefetch_ahead(x + i, 0);
+        if (ny > 1) prefetch_ahead(x + i, 0, ny);
         const __m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
         const __m256 x1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i + 8)));
 #pragma GCC unroll 4
@@ -258,8 +258,8 @@ AVX2 static inline __attribute__((always_inline)) void dot_tile_32(int kind, siz
 #pragma GCC unroll 4
         for (int i = 0; i < nx; i++) {
             const uint8_t *b0 = x + i * xs + ib0 * xbytes;
-            if (kind == W_Q5_0 || kind == W_Q8_0 || !(ib0 & 2)) prefetch_ahead(b0, 0);
-            if (kind == W_Q8_0) prefetch_ahead(b0, 64);
+            if (kind == W_Q5_0 || kind == W_Q8_0 || !(ib0 & 2)) prefetch_ahead(b0, 0, ny);
+            if (kind == W_Q8_0) prefetch_ahead(b0, 64, ny);
         }
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
@@ -334,7 +334,7 @@ dot_tile_k(int kind, size_t n, const uint8_t *x, const uint8_t *y, size_t ys, in
                                          : sizeof(block_q6_K);
     float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (size_t ib = 0; ib < n / QK_K; ib++) {
-        for (size_t off = 0; off < xbytes; off += 64) prefetch_ahead(x + ib * xbytes, off);
+        for (size_t off = 0; off < xbytes; off += 64) prefetch_ahead(x + ib * xbytes, off, ny);
         const block_q8_K *yb[4];
 #pragma GCC unroll 4
         for (int j = 0; j < ny; j++) yb[j] = (const block_q8_K *)(y + j * ys) + ib;

@@ -180,15 +180,15 @@ AVX512 static inline __attribute__((always_inline)) __m256i dot_pairs_256(int ki
  * blocks' qh (bit j is element j's); Q8_0's signed codes flip their top
  * bit (q + 128). Prefetches the weight row ahead of the pair. */
 AVX512 static inline __attribute__((always_inline)) __m512i
-codes_pair_512(int kind, const uint8_t *b0, const uint8_t *b1, size_t ib, __m128 *dx2,
+codes_pair_512(int kind, const uint8_t *b0, const uint8_t *b1, size_t ib, int ny, __m128 *dx2,
                __m128 *mx2) {
     const __m512i nib_shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
     /* One prefetch per line-sized step: a Q4_0/Q4_1 pair is 36-40 bytes
      * (one per two pairs: one per pair cost Q4_0 4% from memory, 0.60
      * against 0.575 ns a block, one thread), a Q5_0 pair 44, a Q8_0 pair
      * 68 (two per pair). */
-    if (kind == W_Q5_0 || kind == W_Q8_0 || !(ib & 2)) prefetch_ahead(b0, 0);
-    if (kind == W_Q8_0) prefetch_ahead(b0, 64);
+    if (kind == W_Q5_0 || kind == W_Q8_0 || !(ib & 2)) prefetch_ahead(b0, 0, ny);
+    if (kind == W_Q8_0) prefetch_ahead(b0, 64, ny);
     __m512i qx;
     if (kind == W_Q8_0) {
         const __m256i r0 = _mm256_loadu_si256((const __m256i *)(b0 + 2));
@@ -325,7 +325,7 @@ dot_rows_512(int kind, size_t n, const uint8_t *x, size_t xs, int nw, const uint
 #pragma GCC unroll 2
         for (int w = 0; w < nw; w++) {
             const uint8_t *b0 = x + w * xs + ib * xbytes;
-            qx[w] = codes_pair_512(kind, b0, b0 + xbytes, ib, &dx2[w], &mx2[w]);
+            qx[w] = codes_pair_512(kind, b0, b0 + xbytes, ib, ny, &dx2[w], &mx2[w]);
         }
         const __m128 mxw = nw == 2 ? _mm_movelh_ps(mx2[0], mx2[1]) : mx2[0];
         /* The scales spread over their blocks' lanes, the product formed
@@ -456,7 +456,7 @@ dot_tile_q4k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
     __m128 sum4[2] = {_mm_setzero_ps(), _mm_setzero_ps()}; /* rows 4g..4g+3, ny >= 4 */
     for (size_t ib = 0; ib < n / QK_K; ib++) {
         const block_q4_K *xb = (const block_q4_K *)x + ib;
-        for (size_t off = 0; off < sizeof *xb; off += 64) prefetch_ahead(xb, off);
+        for (size_t off = 0; off < sizeof *xb; off += 64) prefetch_ahead(xb, off, ny);
         uint8_t sc[8], m[8];
         k4_scales_mins(xb->scales, sc, m);
         uint64_t sc8;
@@ -578,7 +578,7 @@ dot_tile_q6k_512(size_t n, const uint8_t *x, const uint8_t *y, size_t ys, int ny
     __m128 sum4[2] = {_mm_setzero_ps(), _mm_setzero_ps()}; /* rows 4g..4g+3, ny >= 4 */
     for (size_t ib = 0; ib < n / QK_K; ib++) {
         const block_q6_K *xb = (const block_q6_K *)x + ib;
-        for (size_t off = 0; off < sizeof *xb; off += 64) prefetch_ahead(xb, off);
+        for (size_t off = 0; off < sizeof *xb; off += 64) prefetch_ahead(xb, off, ny);
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)xb->scales));
         const __m512i s16 = _mm512_castsi256_si512(sc16);
         __m512i q[4], scale[4];
@@ -649,7 +649,7 @@ dot_tile_f16_512(size_t n, const uint16_t *x, const uint16_t *y, size_t ys, int 
     for (int j = 0; j < ny; j++) acc[j] = _mm512_setzero_ps();
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        prefetch_ahead(x + i, 0);
+        prefetch_ahead(x + i, 0, ny);
         const __m512 xv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i)));
 #pragma GCC unroll 8
         for (int j = 0; j < ny; j++) {

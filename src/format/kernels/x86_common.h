@@ -18,16 +18,23 @@
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
-/* How far ahead of the block being read the matvec loops prefetch their
+/* How far ahead of the block being read the kernels prefetch their
  * weight row (into the next rows: matmul's rows are contiguous). The
  * hardware prefetcher alone left a matvec from memory 20-50% slower than
  * from cache (docs/benchmarks.md); 4-16 KiB ahead all closed most of that
- * gap, 8 KiB was best. A prefetch never faults past the end. */
+ * gap, 8 KiB was best for the matvec. With several activation rows a
+ * weight row is read more slowly, and 6 KiB ahead was best: 8 sessions of
+ * SmolLM2 +3.8% against 8 KiB (57 of 60 alternating rounds; 2, 4, 5, 7
+ * and 16 KiB measured too, docs/benchmarks.md "8 sessions, round
+ * eight"). A prefetch never faults past the end. */
 #define PREFETCH_AHEAD 8192
+#define PREFETCH_AHEAD_ROWS 6144
 
-/* The address is formed as an integer: it may lie past the row's object. */
-static inline void prefetch_ahead(const void *p, size_t extra) {
-    __builtin_prefetch((const void *)((uintptr_t)p + PREFETCH_AHEAD + extra), 0, 3);
+/* For a kernel of ny activation rows. The address is formed as an
+ * integer: it may lie past the row's object. */
+static inline void prefetch_ahead(const void *p, size_t extra, int ny) {
+    const size_t ahead = ny > 1 ? PREFETCH_AHEAD_ROWS : PREFETCH_AHEAD;
+    __builtin_prefetch((const void *)((uintptr_t)p + ahead + extra), 0, 3);
 }
 
 /* fp16_to_fp32(fp32_to_fp16(x)) by F16C, for what the quantizers round:
