@@ -325,8 +325,7 @@ static void ban_ngrams(sampler *s, float *l) {
     }
 }
 
-/* The logits after bias, penalties and the n-gram guard: `logits` itself
- * when none is on. */
+/* Whether the penalties or the n-gram guard change this step's logits. */
 static bool pen_on(const sampler *s) {
     const sampler_params *p = &s->p;
     return s->hist_len > 0 &&
@@ -337,6 +336,8 @@ static bool ngram_on(const sampler *s) {
     return s->hist && s->p.ngram_size > 0;
 }
 
+/* The logits after bias, penalties and the n-gram guard: `logits` itself
+ * when none is on. */
 static const float *adjust(sampler *s, const float *logits) {
     const sampler_params *p = &s->p;
     bool pen = pen_on(s), ng = ngram_on(s);

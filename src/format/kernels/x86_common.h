@@ -24,9 +24,9 @@
  * from cache (docs/benchmarks.md); 4-16 KiB ahead all closed most of that
  * gap, 8 KiB was best for the matvec. With several activation rows a
  * weight row is read more slowly, and 6 KiB ahead was best: 8 sessions of
- * SmolLM2 +3.8% against 8 KiB (57 of 60 alternating rounds; 2, 4, 5, 7
- * and 16 KiB measured too, docs/benchmarks.md "8 sessions, round
- * eight"). A prefetch never faults past the end. */
+ * SmolLM2 2-4% faster than with 8 KiB in most runs, the same in a later
+ * one (2, 4, 5, 7 and 16 KiB measured too: docs/benchmarks.md, "8
+ * sessions, round eight"). A prefetch never faults past the end. */
 #define PREFETCH_AHEAD 8192
 #define PREFETCH_AHEAD_ROWS 6144
 
