@@ -117,9 +117,8 @@ static void test_split(void **st) {
 
 /* Spans (tp_span_next): each thread takes its own span's items from the
  * front (runs of half or one at a time), then the others' from their
- * back; thread
- * `slow` starts only once another has taken from its span (or after 20 s,
- * and the test fails). */
+ * back; thread `slow` starts only once another has taken from its span
+ * (or after 20 s, and the test fails). */
 typedef struct span_job {
     tp_span span[TP_SPAN_MAX];
     _Atomic int *taken; /* per item: the times taken */

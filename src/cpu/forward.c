@@ -338,31 +338,21 @@ static double sum_squares(const float *x, int32_t n) {
     return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
 }
 
-/* out = x / rms(x) * w, over n elements, for nr rows `stride` floats
- * apart (out may be x); a row's bits do not depend on the others. */
-static void rmsnorm_rows(float *out, const float *x, size_t stride, int nr, const float *w,
-                         int32_t n, float eps) {
-    for (int r = 0; r < nr; r++) {
-        const float *xr = x + r * stride;
-        float scale = 1.0f / sqrtf((float)(sum_squares(xr, n) / n) + eps);
-        float *o = out + r * stride;
-        int32_t i = 0;
-        /* (x * scale) * w, four at a time (o may be xr: each group is read
-         * before it is written) */
-        const fv4 sv = {scale, scale, scale, scale};
-        for (; i + 4 <= n; i += 4) {
-            fv4 xv, wv;
-            memcpy(&xv, xr + i, sizeof xv);
-            memcpy(&wv, w + i, sizeof wv);
-            xv = xv * sv * wv;
-            memcpy(o + i, &xv, sizeof xv);
-        }
-        for (; i < n; i++) o[i] = xr[i] * scale * w[i];
-    }
-}
-
+/* out = x / rms(x) * w over n elements (out may be x). */
 static void rmsnorm(float *out, const float *x, const float *w, int32_t n, float eps) {
-    rmsnorm_rows(out, x, 0, 1, w, n, eps);
+    float scale = 1.0f / sqrtf((float)(sum_squares(x, n) / n) + eps);
+    int32_t i = 0;
+    /* (x * scale) * w, four at a time (out may be x: each group is read
+     * before it is written) */
+    const fv4 sv = {scale, scale, scale, scale};
+    for (; i + 4 <= n; i += 4) {
+        fv4 xv, wv;
+        memcpy(&xv, x + i, sizeof xv);
+        memcpy(&wv, w + i, sizeof wv);
+        xv = xv * sv * wv;
+        memcpy(out + i, &xv, sizeof xv);
+    }
+    for (; i < n; i++) out[i] = x[i] * scale * w[i];
 }
 
 /* Rotates the first rope_dim dimensions of one head: pairs (h[a], h[b])
@@ -1001,14 +991,10 @@ static void task_rows(void *arg, int ith, int nth) {
     int32_t d = m->n_embd;
     long b, e;
     for (int from = 0; rows_take(s, ith, nth, &from, &b, &e);)
-        for (long r0 = b; r0 < e; r0 += 4) {
-            int nr = e - r0 < 4 ? (int)(e - r0) : 4;
-            for (long r = r0; r < r0 + nr && s->res_post; r++)
-                residual_row(s, r, s->f->hb, s->res_post);
-            if (s->norm)
-                rmsnorm_rows(s->f->xb + r0 * d, s->f->x + r0 * d, (size_t)d, nr, s->norm->data, d,
-                             m->norm_eps);
-            for (long r = r0; r < r0 + nr && s->quant; r++) quantize_row(s, r, s->f->xb, d);
+        for (long r = b; r < e; r++) {
+            if (s->res_post) residual_row(s, r, s->f->hb, s->res_post);
+            if (s->norm) rmsnorm(s->f->xb + r * d, s->f->x + r * d, s->norm->data, d, m->norm_eps);
+            if (s->quant) quantize_row(s, r, s->f->xb, d);
         }
 }
 

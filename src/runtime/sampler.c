@@ -336,6 +336,25 @@ static bool ngram_on(const sampler *s) {
     return s->hist && s->p.ngram_size > 0;
 }
 
+/* Whether the step is greedy: the best adjusted logit, no draw. */
+static bool greedy(const sampler_params *p) {
+    return p->temperature <= 0 || p->top_k == 1;
+}
+
+/* Whether every logit bias is a ban (-inf). */
+static bool bias_bans_only(const sampler *s) {
+    for (int32_t i = 0; i < s->n_bias; i++)
+        if (s->bias[i].bias != -INFINITY) return false;
+    return true;
+}
+
+/* Whether token t has a bias (a ban where bias_bans_only holds). */
+static bool banned(const sampler *s, int32_t t) {
+    for (int32_t i = 0; i < s->n_bias; i++)
+        if (s->bias[i].token == t) return true;
+    return false;
+}
+
 /* The logits after bias, penalties and the n-gram guard: `logits` itself
  * when none is on. */
 static const float *adjust(sampler *s, const float *logits) {
@@ -393,13 +412,10 @@ int32_t sampler_argmax(const float *logits, int32_t n) {
 
 bool sampler_top_ok(const sampler *s, int32_t k) {
     const sampler_params *p = &s->p;
-    if (!(p->temperature <= 0 || p->top_k == 1) || s->n_vocab < k || s->n_bias >= k) return false;
+    if (!greedy(p) || s->n_vocab < k || s->n_bias >= k) return false;
     if (p->repeat_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0)
         return false;
-    if (s->hist && p->ngram_size > 0) return false;
-    for (int32_t i = 0; i < s->n_bias; i++)
-        if (s->bias[i].bias != -INFINITY) return false;
-    return true;
+    return !ngram_on(s) && bias_bans_only(s);
 }
 
 /* Among a row's k best, the first not banned is the best of the adjusted
@@ -408,11 +424,8 @@ bool sampler_top_ok(const sampler *s, int32_t k) {
  * adjusted logit is -inf or NaN, and the pick is the raw argmax, the
  * first of the k. With fewer bans than k, one of the k is not banned. */
 int32_t sampler_pick_top(const sampler *s, const float *logit, const int32_t *token, int32_t k) {
-    for (int32_t i = 0; i < k; i++) {
-        bool banned = false;
-        for (int32_t j = 0; j < s->n_bias && !banned; j++) banned = s->bias[j].token == token[i];
-        if (!banned) return logit[i] > -INFINITY ? token[i] : token[0];
-    }
+    for (int32_t i = 0; i < k; i++)
+        if (!banned(s, token[i])) return logit[i] > -INFINITY ? token[i] : token[0];
     return token[0];
 }
 
@@ -811,16 +824,9 @@ typedef struct kept_set {
  * from below and not banned (a ban only lowers a token, so no token
  * before it reaches its logit in the adjusted row); else -1. */
 static int32_t greedy_unbanned(const sampler *s, const float *raw) {
-    const sampler_params *p = &s->p;
-    if (!(p->temperature <= 0 || p->top_k == 1) || !s->n_bias || pen_on(s) || ngram_on(s))
-        return -1;
-    for (int32_t i = 0; i < s->n_bias; i++)
-        if (s->bias[i].bias != -INFINITY) return -1;
+    if (!greedy(&s->p) || !s->n_bias || pen_on(s) || ngram_on(s) || !bias_bans_only(s)) return -1;
     int32_t t = sampler_argmax(raw, s->n_vocab);
-    if (!(raw[t] > -INFINITY)) return -1;
-    for (int32_t i = 0; i < s->n_bias; i++)
-        if (s->bias[i].token == t) return -1;
-    return t;
+    return raw[t] > -INFINITY && !banned(s, t) ? t : -1;
 }
 
 static int32_t kept(sampler *s, const float *raw, kept_set *k) {
@@ -832,7 +838,7 @@ static int32_t kept(sampler *s, const float *raw, kept_set *k) {
     const float mx = max_of(l, V);
     /* Everything banned: the raw choice is the least surprising answer. */
     if (!(mx > -INFINITY)) return sampler_argmax(raw, V);
-    if (p->temperature <= 0 || p->top_k == 1 || !(mx < INFINITY)) return first_of(l, V, mx);
+    if (greedy(p) || !(mx < INFINITY)) return first_of(l, V, mx);
     const float inv = 1.0f / p->temperature;
     const bool top_k_first = p->top_k > 0 && p->top_k < V;
     const bool ranked = top_k_first || p->typical_p < 1 || p->top_p < 1;
