@@ -18,7 +18,8 @@ Usage: python3 bench/sessions_share.py [--rounds 5] [--threads 2] [-n 64]
        smollm2-135m)
 The cellm binary is $CELLM_BIN, else build/cellm. With --cellm given more
 than once, each round runs the sessions with every binary in turn (the
-roofline with the first), to compare two builds under the same host.
+roofline with the first), to compare two builds under the same host, in
+turn first and last.
 """
 import argparse
 import os
@@ -101,7 +102,9 @@ def main():
         roof = 8 / step_s
         roofs.append(roof)
         kinds = ", ".join(f"{t} {gf[t]:.1f}" for t in w)
-        for b in bins:
+        # the builds' order turned every round: the one run just after
+        # bench-kernels is not always the same
+        for b in bins if i % 2 == 0 else bins[::-1]:
             rate = sessions_rate(b, model, a.threads, a.n)
             rates[b].append(rate)
             shares[b].append(rate / roof)
