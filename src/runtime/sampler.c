@@ -325,11 +325,15 @@ static void ban_ngrams(sampler *s, float *l) {
     }
 }
 
-/* Whether the penalties or the n-gram guard change this step's logits. */
+/* Whether any repetition penalty is set. */
+static bool penalties_set(const sampler_params *p) {
+    return p->repeat_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0;
+}
+
+/* Whether the penalties change this step's logits (one is set, and there
+ * are tokens to penalise). */
 static bool pen_on(const sampler *s) {
-    const sampler_params *p = &s->p;
-    return s->hist_len > 0 &&
-           (p->repeat_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0);
+    return s->hist_len > 0 && penalties_set(&s->p);
 }
 
 static bool ngram_on(const sampler *s) {
@@ -413,9 +417,7 @@ int32_t sampler_argmax(const float *logits, int32_t n) {
 bool sampler_top_ok(const sampler *s, int32_t k) {
     const sampler_params *p = &s->p;
     if (!greedy(p) || s->n_vocab < k || s->n_bias >= k) return false;
-    if (p->repeat_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0)
-        return false;
-    return !ngram_on(s) && bias_bans_only(s);
+    return !penalties_set(p) && !ngram_on(s) && bias_bans_only(s);
 }
 
 /* Among a row's k best, the first not banned is the best of the adjusted
